@@ -1,0 +1,230 @@
+//! Records shared by reaper's kernel programs and its user-space daemon.
+//!
+//! Every type here is `#[repr(C)]` and defined once: the kernel side writes it into the ring
+//! buffer, user space decodes it (see the `user` feature). Sizes and field orders are part of
+//! the contract between the two halves of one build, not a public interface: the public
+//! interface is the NDJSON stream produced by `reaper-user`.
+#![no_std]
+
+/// Length of `task_struct::comm`, NUL included.
+pub const COMM_LEN: usize = 16;
+/// Bytes of argv copied from the new mm at exec (the rest is cut and flagged `truncated`).
+pub const ARGV_MAX: usize = 4096;
+/// Bytes of the exec'd filename copied from `linux_binprm::filename`.
+pub const FILENAME_MAX: usize = 256;
+
+/// What a record in the ring buffer describes. The discriminant is the first `u32` of every
+/// record, so user space can tell records apart before it knows their size.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Fork = 1,
+    Exec = 2,
+    Exit = 3,
+    Free = 4,
+    Setsid = 5,
+}
+
+impl EventKind {
+    /// All kinds, in the order of their loss counters (see [`LossSlot`]).
+    pub const ALL: [EventKind; 5] = [
+        EventKind::Fork,
+        EventKind::Exec,
+        EventKind::Exit,
+        EventKind::Free,
+        EventKind::Setsid,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<EventKind> {
+        match v {
+            1 => Some(EventKind::Fork),
+            2 => Some(EventKind::Exec),
+            3 => Some(EventKind::Exit),
+            4 => Some(EventKind::Free),
+            5 => Some(EventKind::Setsid),
+            _ => None,
+        }
+    }
+
+    /// The slot of this kind in the per-CPU loss counters.
+    pub const fn loss_slot(self) -> u32 {
+        self as u32 - 1
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventKind::Fork => "fork",
+            EventKind::Exec => "exec",
+            EventKind::Exit => "exit",
+            EventKind::Free => "free",
+            EventKind::Setsid => "setsid",
+        }
+    }
+}
+
+/// Slots of the per-CPU `LOSSES` array beyond one per [`EventKind`].
+pub struct LossSlot;
+impl LossSlot {
+    /// A tracked process forked a child that could not be inserted into the full tracked map:
+    /// the child's own descendants will not be followed in the kernel.
+    pub const TRACKED_FULL: u32 = 5;
+    /// Number of slots in `LOSSES`.
+    pub const COUNT: u32 = 6;
+}
+
+/// Header at the start of every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventHeader {
+    /// An [`EventKind`] discriminant.
+    pub kind: u32,
+    /// Process id (thread-group id) the event is about.
+    pub pid: u32,
+    /// Global sequence number, taken before the ring-buffer reservation: a failed reservation
+    /// leaves a gap that the per-CPU loss counters account for.
+    pub seq: u64,
+    /// `bpf_ktime_get_boot_ns()` when the event happened.
+    pub ts: u64,
+    /// `task_struct::start_boottime` of the thread-group leader: with `pid`, the identity of the
+    /// process across pid reuse.
+    pub start: u64,
+}
+
+/// `fork` flag: the child could not be inserted into the tracked map (it is full).
+pub const FORK_UNTRACKED: u32 = 1;
+
+/// A tracked process created a new process (never a thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ForkEvent {
+    pub header: EventHeader,
+    /// Thread-group id of the process that called fork/clone/vfork.
+    pub spawner: u32,
+    /// Real parent's thread-group id right after the fork (differs with `CLONE_PARENT`).
+    pub ppid: u32,
+    pub sid: u32,
+    pub pgid: u32,
+    pub uid: u32,
+    pub flags: u32,
+    pub cgroup_id: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// `exec` flag: argv was longer than [`ARGV_MAX`] and was cut.
+pub const EXEC_ARGV_TRUNCATED: u32 = 1;
+/// `exec` flag: the filename was longer than [`FILENAME_MAX`] and was cut.
+pub const EXEC_FILENAME_TRUNCATED: u32 = 2;
+
+/// A tracked process executed a new program. Sent with variable length: only the first
+/// `argv_len` bytes of `argv` are in the record.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ExecEvent {
+    pub header: EventHeader,
+    /// Thread id that called execve (differs from `pid` for exec from a non-leader thread).
+    pub old_tid: u32,
+    pub flags: u32,
+    pub filename_len: u32,
+    pub argv_len: u32,
+    pub comm: [u8; COMM_LEN],
+    pub filename: [u8; FILENAME_MAX],
+    /// NUL-separated arguments as laid out in the new mm (`arg_start..arg_end`).
+    pub argv: [u8; ARGV_MAX],
+}
+
+/// Offset of `argv` in [`ExecEvent`]: the fixed part of an exec record.
+pub const EXEC_FIXED_LEN: usize = core::mem::offset_of!(ExecEvent, argv);
+
+/// The last thread of a tracked process exited (the whole thread group is dead).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExitEvent {
+    pub header: EventHeader,
+    /// `task_struct::exit_code`: a wait(2) status (exit code << 8, or the killing signal, with
+    /// 0x80 when it dumped core).
+    pub status: u32,
+    pub _pad: u32,
+}
+
+/// A tracked process was released (reaped by its parent, or auto-reaped).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FreeEvent {
+    pub header: EventHeader,
+}
+
+/// A tracked process called setsid() successfully.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SetsidEvent {
+    pub header: EventHeader,
+    pub sid: u32,
+    pub _pad: u32,
+}
+
+/// Value of the in-kernel tracked-process map (keyed by tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tracked {
+    /// `start_boottime` of the process, or 0 when user space seeded it from /proc (which only
+    /// knows clock ticks); the kernel fills it in at the process's first fork.
+    pub start: u64,
+}
+
+/// Field offsets resolved by user space from the running kernel's BTF and passed to the
+/// programs as one read-only global. Rust eBPF emits no CO-RE relocations, so nothing here may
+/// be baked in at build time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelOffsets {
+    pub task_pid: u64,
+    pub task_tgid: u64,
+    pub task_real_parent: u64,
+    pub task_group_leader: u64,
+    pub task_start_boottime: u64,
+    pub task_comm: u64,
+    pub task_signal: u64,
+    pub task_mm: u64,
+    pub task_exit_code: u64,
+    pub task_real_cred: u64,
+    pub task_cgroups: u64,
+    pub cred_uid: u64,
+    pub css_set_dfl_cgrp: u64,
+    pub cgroup_kn: u64,
+    pub kernfs_node_id: u64,
+    pub signal_live: u64,
+    /// Offset of `signal_struct::pids[PIDTYPE_SID]`.
+    pub signal_pids_sid: u64,
+    /// Offset of `signal_struct::pids[PIDTYPE_PGID]`.
+    pub signal_pids_pgid: u64,
+    /// Offset of `pid::numbers[0].nr` (the pid number in the initial namespace).
+    pub pid_numbers_nr: u64,
+    pub mm_arg_start: u64,
+    pub mm_arg_end: u64,
+    pub bprm_filename: u64,
+    /// Offset of the syscall number in `struct pt_regs` (`orig_ax` on x86_64), for the
+    /// raw `sys_exit` fallback of the setsid hook.
+    pub pt_regs_syscall_nr: u64,
+}
+
+/// Run-time settings of the kernel programs, set by user space at load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeConfig {
+    /// Wake the reader at most this often while events stream (ns); 0 wakes it for every record.
+    pub wakeup_interval_ns: u64,
+    /// Wake the reader at once when this many bytes are waiting in the ring.
+    pub wakeup_bytes: u64,
+    /// Offset of `ret` in the `syscalls/sys_exit_setsid` record, read from tracefs.
+    pub setsid_ret_offset: u64,
+    /// The setsid syscall number on this architecture (for the raw `sys_exit` fallback).
+    pub setsid_nr: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data with no padding holes that matter and no pointers.
+    unsafe impl aya::Pod for super::Tracked {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::ProbeConfig {}
+}

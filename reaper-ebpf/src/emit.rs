@@ -1,0 +1,81 @@
+//! Putting records into the ring buffer: sequence numbers, loss counting, batched wake-ups.
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::bpf_ktime_get_boot_ns,
+};
+use reaper_common::{EventHeader, EventKind};
+
+use crate::{
+    global,
+    maps::{EVENTS, LAST_WAKEUP, SEQ, count_loss},
+};
+
+/// Takes the next global sequence number. Taken before the reservation, so a failed one
+/// leaves a gap in the stream that the loss counters explain.
+#[inline(always)]
+fn next_seq() -> u64 {
+    match SEQ.get_ptr_mut(0) {
+        // SAFETY: a valid, 8-byte aligned map value, shared by all CPUs, hence atomic. The BPF
+        // target has no compare-and-swap, so core's AtomicU64 offers no fetch_add; the
+        // intrinsic compiles to one BPF_ATOMIC | BPF_FETCH add.
+        Some(p) => unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1) },
+        None => 0,
+    }
+}
+
+/// A header for an event about process `pid` (identity `start`), stamped now.
+#[inline(always)]
+pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
+    EventHeader {
+        kind: kind as u32,
+        pid,
+        seq: next_seq(),
+        // SAFETY: plain helper call.
+        ts: unsafe { bpf_ktime_get_boot_ns() },
+        start,
+    }
+}
+
+/// Chooses the submit flags. Waking the reader for every record costs a context switch per
+/// event on a small machine, so records go in quietly and the reader is woken when the last
+/// wake-up is older than the interval or the ring is filling. User space drains again shortly
+/// after every batch, which bounds the latency of the records that came in quietly.
+#[inline(always)]
+pub fn submit_flags(now: u64) -> u64 {
+    let interval = global!(CONFIG.wakeup_interval_ns);
+    if interval == 0 {
+        return 0;
+    }
+    let Some(last) = LAST_WAKEUP.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: valid map value; a racy read/write only moves the next wake-up a little.
+    let due = now.wrapping_sub(unsafe { *last }) >= interval
+        || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= global!(CONFIG.wakeup_bytes);
+    if due {
+        unsafe { *last = now };
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// Sends a fixed-size record built in place in the ring buffer.
+#[inline(always)]
+pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T) -> EventHeader) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut entry) => {
+            // SAFETY: `fill` writes every field the reader looks at.
+            let record = unsafe { &mut *entry.as_mut_ptr() };
+            let header = fill(record);
+            entry.submit(submit_flags(header.ts));
+        }
+        None => {
+            // Consume a sequence number anyway so the gap shows in the stream.
+            let _ = next_seq();
+            count_loss(kind.loss_slot());
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Maps and load-time globals shared by the probes.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use reaper_common::{ExecEvent, KernelOffsets, LossSlot, ProbeConfig, Tracked};
+
+/// Processes under the gateways, keyed by tgid. Seeded by user space, extended here at fork
+/// (before the child can run), removed here when the process is freed.
+/// User space sets the real capacity at load (`--max-tracked`).
+#[map]
+pub static TRACKED: HashMap<u32, Tracked> = HashMap::with_max_entries(1, 0);
+
+/// The one event stream. User space sets the real size at load (`--ring-size`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Next sequence number (index 0).
+#[map]
+pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
+
+/// When the reader was last woken (boot ns, index 0).
+#[map]
+pub static LAST_WAKEUP: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Records that could not be reserved, per event kind, plus tracked-map insert failures.
+#[map]
+pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossSlot::COUNT, 0);
+
+/// Scratch space for exec records, too large for the 512-byte stack.
+#[map]
+pub static EXEC_SCRATCH: PerCpuArray<ExecEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Kernel struct offsets from the running kernel's BTF (set by user space at load).
+#[unsafe(no_mangle)]
+pub static OFFSETS: KernelOffsets = KernelOffsets {
+    task_pid: 0,
+    task_tgid: 0,
+    task_real_parent: 0,
+    task_group_leader: 0,
+    task_start_boottime: 0,
+    task_comm: 0,
+    task_signal: 0,
+    task_mm: 0,
+    task_exit_code: 0,
+    task_real_cred: 0,
+    task_cgroups: 0,
+    cred_uid: 0,
+    css_set_dfl_cgrp: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
+    signal_live: 0,
+    signal_pids_sid: 0,
+    signal_pids_pgid: 0,
+    pid_numbers_nr: 0,
+    mm_arg_start: 0,
+    mm_arg_end: 0,
+    bprm_filename: 0,
+    pt_regs_syscall_nr: 0,
+};
+
+/// Run-time settings (set by user space at load).
+#[unsafe(no_mangle)]
+pub static CONFIG: ProbeConfig = ProbeConfig {
+    wakeup_interval_ns: 0,
+    wakeup_bytes: 0,
+    setsid_ret_offset: 0,
+    setsid_nr: 0,
+};
+
+/// Reads one field of a load-time global. Volatile, so the compiler cannot fold the
+/// placeholder value; the verifier then sees the frozen .rodata value as a constant.
+#[macro_export]
+macro_rules! global {
+    ($static:ident . $field:ident) => {
+        unsafe { core::ptr::read_volatile(core::ptr::addr_of!($crate::maps::$static.$field)) }
+    };
+}
+
+/// Whether a tracked-map entry names the process that started at `start`.
+///
+/// An entry can outlive its process for an RCU grace period (it is removed at
+/// `sched_process_free`, after the pid was already released), so a reused pid must not
+/// inherit it. Entries seeded from /proc carry `start == 0` until the kernel learns it here,
+/// at the process's first event (while its pid is still held, so it cannot be another's).
+#[inline(always)]
+pub fn same_process(entry: *mut Tracked, start: u64) -> bool {
+    // SAFETY: `entry` is a valid value pointer from a TRACKED lookup.
+    let known = unsafe { (*entry).start };
+    if known == 0 {
+        unsafe { (*entry).start = start };
+        return true;
+    }
+    known == start
+}
+
+/// Counts one loss in `slot` on this CPU.
+#[inline(always)]
+pub fn count_loss(slot: u32) {
+    if let Some(counter) = LOSSES.get_ptr_mut(slot) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU while the program runs.
+        unsafe { *counter += 1 };
+    }
+}

@@ -1,0 +1,98 @@
+//! `sched_process_exec`: a tracked process executed a new program.
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_probe_read_kernel_str, bpf_probe_read_user, bpf_ringbuf_output},
+    },
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use reaper_common::{
+    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
+    FILENAME_MAX,
+};
+
+use crate::{
+    emit::{header, submit_flags},
+    global,
+    maps::{EVENTS, EXEC_SCRATCH, TRACKED, count_loss, same_process},
+    task::{Task, read_ptr_at},
+};
+
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
+    // After de_thread(): even an exec from a non-leader thread now runs as the leader, with
+    // the process's tgid and start time; `old_pid` (arg 1) is the thread id that called it.
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+        return 0;
+    };
+    let task = Task(ctx.arg::<*const u8>(0));
+    let start = task.start_boottime();
+    if !same_process(entry, start) {
+        return 0;
+    }
+    let Some(ev) = EXEC_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU map value, ours alone while this program runs.
+    let ev = unsafe { &mut *ev };
+    ev.header = header(EventKind::Exec, pid, start);
+    ev.old_tid = ctx.arg::<u32>(1);
+    ev.comm = task.comm();
+    ev.flags = 0;
+
+    let bprm = ctx.arg::<*const u8>(2);
+    let filename = read_ptr_at(bprm, global!(OFFSETS.bprm_filename));
+    // SAFETY: the helper bounds the copy by the buffer size and faults safely.
+    let n = unsafe {
+        bpf_probe_read_kernel_str(
+            ev.filename.as_mut_ptr() as *mut c_void,
+            FILENAME_MAX as u32,
+            filename as *const c_void,
+        )
+    };
+    ev.filename_len = if n > 0 { (n - 1) as u32 } else { 0 };
+    if ev.filename_len as usize == FILENAME_MAX - 1 {
+        ev.flags |= EXEC_FILENAME_TRUNCATED;
+    }
+
+    // argv lives in the new mm, just copied in by the kernel, so its pages are present.
+    let (arg_start, arg_end) = task.arg_range();
+    let mut len = arg_end.saturating_sub(arg_start);
+    if len > ARGV_MAX as u64 {
+        len = ARGV_MAX as u64;
+        ev.flags |= EXEC_ARGV_TRUNCATED;
+    }
+    // SAFETY: `len` ≤ the size of `argv`; the helper faults safely.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            ev.argv.as_mut_ptr() as *mut c_void,
+            len as u32,
+            arg_start as *const c_void,
+        )
+    };
+    if rc < 0 {
+        len = 0;
+    }
+    ev.argv_len = len as u32;
+
+    // Variable length: only the bytes of argv actually read go into the ring.
+    let size = EXEC_FIXED_LEN as u64 + (len & (ARGV_MAX as u64 * 2 - 1));
+    let flags = submit_flags(ev.header.ts);
+    // SAFETY: `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
+    let rc = unsafe {
+        bpf_ringbuf_output(
+            core::ptr::addr_of!(EVENTS) as *mut c_void,
+            ev as *mut _ as *mut c_void,
+            size,
+            flags,
+        )
+    };
+    if rc < 0 {
+        count_loss(EventKind::Exec.loss_slot());
+    }
+    0
+}

@@ -1,0 +1,52 @@
+//! `sched_process_fork`: a tracked process made a new process.
+use aya_ebpf::{
+    bindings::BPF_ANY, helpers::bpf_get_current_pid_tgid, macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
+
+use crate::{
+    emit::{header, send},
+    maps::{TRACKED, count_loss, same_process},
+    task::Task,
+};
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
+    // Runs in the context of the thread that called fork/clone/vfork, before the child is
+    // first woken: whatever is inserted here is in place before the child runs.
+    let spawner = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // The untracked path: one map lookup, then return.
+    let Some(entry) = TRACKED.get_ptr_mut(&spawner) else {
+        return 0;
+    };
+    let child = Task(ctx.arg::<*const u8>(1));
+    let pid = child.pid();
+    if pid != child.tgid() {
+        return 0; // a new thread is not a new process
+    }
+    if !same_process(entry, Task::current().process_start()) {
+        return 0; // a stale entry whose pid now names another process
+    }
+    let start = child.start_boottime();
+    let flags = match TRACKED.insert(pid, Tracked { start }, BPF_ANY as u64) {
+        Ok(()) => 0,
+        Err(_) => {
+            count_loss(LossSlot::TRACKED_FULL);
+            FORK_UNTRACKED
+        }
+    };
+    send::<ForkEvent>(EventKind::Fork, |ev| {
+        ev.header = header(EventKind::Fork, pid, start);
+        ev.spawner = spawner;
+        ev.ppid = child.real_parent_tgid();
+        ev.sid = child.sid();
+        ev.pgid = child.pgid();
+        ev.uid = child.uid();
+        ev.flags = flags;
+        ev.cgroup_id = child.cgroup_id();
+        ev.comm = child.comm();
+        ev.header
+    });
+    0
+}

@@ -1,0 +1,33 @@
+//! `sched_process_free`: a tracked process was released (reaped); forget it.
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use reaper_common::{EventKind, FreeEvent};
+
+use crate::{
+    emit::{header, send},
+    maps::{TRACKED, same_process},
+    task::Task,
+};
+
+#[btf_tracepoint(function = "sched_process_free")]
+pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
+    // Runs from an RCU callback: `current` is unrelated, only the argument counts.
+    let task = Task(ctx.arg::<*const u8>(0));
+    let pid = task.pid();
+    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+        return 0;
+    };
+    if pid != task.tgid() {
+        return 0; // a thread
+    }
+    let start = task.start_boottime();
+    // The pid may already name a newer tracked process: only its own entry is removed.
+    if !same_process(entry, start) {
+        return 0;
+    }
+    let _ = TRACKED.remove(&pid);
+    send::<FreeEvent>(EventKind::Free, |ev| {
+        ev.header = header(EventKind::Free, pid, start);
+        ev.header
+    });
+    0
+}

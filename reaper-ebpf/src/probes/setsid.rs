@@ -1,0 +1,58 @@
+//! setsid() by a tracked process, reported when it returns.
+//!
+//! Preferred hook: the `syscalls/sys_exit_setsid` tracepoint (needs tracefs, which user space
+//! mounts when missing). Fallback: the raw `sys_exit` tracepoint, filtered here by syscall
+//! number before anything else.
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
+};
+use reaper_common::{EventKind, SetsidEvent};
+
+use crate::{
+    emit::{header, send},
+    global,
+    maps::{TRACKED, same_process},
+    task::{Task, read_u64_at},
+};
+
+#[tracepoint]
+pub fn sys_exit_setsid(ctx: TracePointContext) -> u32 {
+    let offset = global!(CONFIG.setsid_ret_offset) as usize;
+    // SAFETY: the offset comes from the tracepoint's own format file.
+    let ret = unsafe { ctx.read_at::<i64>(offset) }.unwrap_or(-1);
+    report(ret);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn raw_sys_exit(ctx: RawTracePointContext) -> u32 {
+    let regs = ctx.arg::<*const u8>(0);
+    if read_u64_at(regs, global!(OFFSETS.pt_regs_syscall_nr)) != global!(CONFIG.setsid_nr) {
+        return 0;
+    }
+    report(ctx.arg::<i64>(1));
+    0
+}
+
+#[inline(always)]
+fn report(ret: i64) {
+    if ret < 0 {
+        return; // setsid failed: nothing changed
+    }
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+        return;
+    };
+    let start = Task::current().process_start();
+    if !same_process(entry, start) {
+        return;
+    }
+    send::<SetsidEvent>(EventKind::Setsid, |ev| {
+        ev.header = header(EventKind::Setsid, pid, start);
+        ev.sid = ret as u32;
+        ev._pad = 0;
+        ev.header
+    });
+}

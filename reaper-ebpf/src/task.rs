@@ -1,0 +1,99 @@
+//! Reads of `task_struct` and friends through offsets resolved from BTF at start-up.
+use aya_ebpf::helpers::bpf_probe_read_kernel;
+
+use crate::global;
+
+/// A kernel `task_struct *`.
+#[derive(Clone, Copy)]
+pub struct Task(pub *const u8);
+
+#[inline(always)]
+fn read<T: Copy + Default>(base: *const u8, off: u64) -> T {
+    // SAFETY: bpf_probe_read_kernel faults safely on bad addresses; a failed read yields the
+    // default, which the callers treat as "unknown".
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const T) }.unwrap_or_default()
+}
+
+#[inline(always)]
+fn read_ptr(base: *const u8, off: u64) -> *const u8 {
+    read::<usize>(base, off) as *const u8
+}
+
+impl Task {
+    pub fn current() -> Task {
+        // SAFETY: plain helper call.
+        Task(unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8)
+    }
+    pub fn pid(self) -> u32 {
+        read::<i32>(self.0, global!(OFFSETS.task_pid)) as u32
+    }
+    pub fn tgid(self) -> u32 {
+        read::<i32>(self.0, global!(OFFSETS.task_tgid)) as u32
+    }
+    pub fn start_boottime(self) -> u64 {
+        read(self.0, global!(OFFSETS.task_start_boottime))
+    }
+    pub fn group_leader(self) -> Task {
+        Task(read_ptr(self.0, global!(OFFSETS.task_group_leader)))
+    }
+    /// `start_boottime` of the thread-group leader: the process's identity with its tgid.
+    pub fn process_start(self) -> u64 {
+        self.group_leader().start_boottime()
+    }
+    pub fn real_parent_tgid(self) -> u32 {
+        Task(read_ptr(self.0, global!(OFFSETS.task_real_parent))).tgid()
+    }
+    pub fn comm(self) -> [u8; reaper_common::COMM_LEN] {
+        read(self.0, global!(OFFSETS.task_comm))
+    }
+    pub fn exit_code(self) -> u32 {
+        read::<i32>(self.0, global!(OFFSETS.task_exit_code)) as u32
+    }
+    fn signal(self) -> *const u8 {
+        read_ptr(self.0, global!(OFFSETS.task_signal))
+    }
+    /// True once every thread of the group has entered do_exit (`signal->live` reached 0).
+    /// Read instead of the tracepoint's `group_dead` argument, which older kernels lack.
+    pub fn group_dead(self) -> bool {
+        read::<i32>(self.signal(), global!(OFFSETS.signal_live)) == 0
+    }
+    fn pid_nr(pid: *const u8) -> u32 {
+        if pid.is_null() {
+            return 0;
+        }
+        read::<i32>(pid, global!(OFFSETS.pid_numbers_nr)) as u32
+    }
+    pub fn sid(self) -> u32 {
+        Self::pid_nr(read_ptr(self.signal(), global!(OFFSETS.signal_pids_sid)))
+    }
+    pub fn pgid(self) -> u32 {
+        Self::pid_nr(read_ptr(self.signal(), global!(OFFSETS.signal_pids_pgid)))
+    }
+    pub fn uid(self) -> u32 {
+        let cred = read_ptr(self.0, global!(OFFSETS.task_real_cred));
+        read(cred, global!(OFFSETS.cred_uid))
+    }
+    pub fn cgroup_id(self) -> u64 {
+        let css_set = read_ptr(self.0, global!(OFFSETS.task_cgroups));
+        let cgroup = read_ptr(css_set, global!(OFFSETS.css_set_dfl_cgrp));
+        let kn = read_ptr(cgroup, global!(OFFSETS.cgroup_kn));
+        read(kn, global!(OFFSETS.kernfs_node_id))
+    }
+    /// `(arg_start, arg_end)` of the task's mm (user addresses).
+    pub fn arg_range(self) -> (u64, u64) {
+        let mm = read_ptr(self.0, global!(OFFSETS.task_mm));
+        if mm.is_null() {
+            return (0, 0);
+        }
+        (read(mm, global!(OFFSETS.mm_arg_start)), read(mm, global!(OFFSETS.mm_arg_end)))
+    }
+}
+
+/// Reads a pointer-sized field at `off` from `base` (used for tracepoint arguments' structs).
+pub fn read_ptr_at(base: *const u8, off: u64) -> *const u8 {
+    read_ptr(base, off)
+}
+
+pub fn read_u64_at(base: *const u8, off: u64) -> u64 {
+    read(base, off)
+}

@@ -1,0 +1,77 @@
+//! Builds the eBPF object (crate `reaper-ebpf`) for `bpfel-unknown-none` with the nightly
+//! toolchain and leaves it in `$OUT_DIR/reaper`, where `src/loader.rs` embeds it.
+//!
+//! This does what aya-build 0.2 does, plus one thing it cannot: `-C target-cpu=v3`. aya-build
+//! replaces every outer RUSTFLAGS, and the sequence counter the probes share needs the BPF v3
+//! atomic fetch-add (kernels 5.12 and later). `cargo xtask setup` installs what this needs.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+const EBPF_CRATE: &str = "reaper-ebpf";
+const EBPF_BIN: &str = "reaper";
+const TOOLCHAIN: &str = "nightly";
+
+fn main() {
+    if let Err(message) = build() {
+        // A panic would bury the message under a backtrace; print it as the build's error.
+        eprintln!("\nerror: {message}\n");
+        std::process::exit(1);
+    }
+}
+
+fn build() -> Result<(), String> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
+    let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let ebpf_dir = manifest_dir.join("..").join(EBPF_CRATE);
+    println!("cargo:rerun-if-changed={}", ebpf_dir.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest_dir.join("../reaper-common").display()
+    );
+
+    let dest = out_dir.join(EBPF_BIN);
+    let target_dir = out_dir.join("ebpf-target");
+    let rustflags = [
+        "--cfg=bpf_target_arch=\"x86_64\"",
+        "-Cdebuginfo=2",
+        "-Clink-arg=--btf",
+        "-Ctarget-cpu=v3",
+    ]
+    .join("\x1f");
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", TOOLCHAIN, "cargo", "build", "--package", EBPF_CRATE])
+        .args(["--bins", "--release", "--target", "bpfel-unknown-none"])
+        .args(["-Z", "build-std=core", "--target-dir"])
+        .arg(&target_dir)
+        .current_dir(&ebpf_dir)
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        // The outer build's compiler settings belong to the host toolchain.
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET");
+    let output = cmd.output().map_err(|e| {
+        format!("cannot run `rustup` to build the eBPF programs ({e}); run `cargo xtask setup`")
+    })?;
+    if !output.status.success() {
+        return Err(format!(
+            "building the eBPF programs failed:\n{}\n\
+             If a tool is missing (nightly, rust-src, bpf-linker), `cargo xtask setup` installs it.",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let built = target_dir.join("bpfel-unknown-none/release").join(EBPF_BIN);
+    copy_if_changed(&built, &dest)
+}
+
+fn copy_if_changed(from: &Path, to: &Path) -> Result<(), String> {
+    let new = std::fs::read(from).map_err(|e| format!("reading {}: {e}", from.display()))?;
+    if std::fs::read(to).ok().as_deref() != Some(&new[..]) {
+        std::fs::write(to, &new).map_err(|e| format!("writing {}: {e}", to.display()))?;
+    }
+    Ok(())
+}

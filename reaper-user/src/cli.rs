@@ -1,0 +1,136 @@
+//! Command line of `reaper-trace`.
+use std::{ffi::OsString, time::Duration};
+
+use clap::Parser;
+
+/// Trace every descendant of a gateway process with eBPF: an exact spawn-lineage graph,
+/// however the descendants escaped (setsid, double fork, reparenting).
+///
+/// Runs as root. Either attach to running gateways (`--gateway-pid`), or start one:
+/// `reaper-trace [OPTIONS] -- CMD [ARGS...]`, traced from its first instruction; then the exit
+/// status follows CMD's.
+#[derive(Debug, Parser)]
+#[command(name = "reaper-trace", version)]
+pub struct Cli {
+    /// A running process to trace with all its descendants (repeatable).
+    #[arg(long = "gateway-pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    pub gateway_pid: Vec<u32>,
+
+    /// Write NDJSON events to stdout (one object per line); readable lines go to stderr, and
+    /// CMD's own stdout is sent to stderr so the stream stays clean.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No readable lines (with --json: only the NDJSON stream).
+    #[arg(long)]
+    pub quiet: bool,
+
+    /// Stop after this long (e.g. 30s, 10m, 2h). Otherwise: on SIGINT/SIGTERM, or when the
+    /// gateways have exited and no tracked process is left.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Capacity of the in-kernel map of tracked processes. When it is full, new children are
+    /// reported but not followed, and the loss is reported.
+    #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(16..))]
+    pub max_tracked: u32,
+
+    /// Size of the kernel→user ring buffer (a power of two, at least 4KiB; e.g. 16MiB).
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_ring_size)]
+    pub ring_size: u32,
+
+    /// Longest time an event may wait in the ring before the reader is woken. Batching wake-ups
+    /// is what keeps tracing cheap under a fork storm; 0 wakes the reader for every event.
+    #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]
+    pub wakeup_interval: Duration,
+
+    /// Exited and reaped processes to keep in the graph for lineage and reports (ancestors of
+    /// live processes are always kept).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub retain_dead: usize,
+
+    /// The gateway command to start and trace (after `--`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `30s`, `10m`, `2h`, `1ms`, `1h30m`; a bare `0` means zero.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration like 30s, 10m or 2h ({e})"))
+}
+
+/// A byte size like `16MiB`, `8M`, `64KiB` or `4096`, which must be a power of two of at
+/// least one page (what the kernel accepts for a ring buffer).
+pub fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("`{s}` is not a size like 16MiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("`{s}`: unknown unit `{other}` (use KiB, MiB or GiB)")),
+    };
+    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
+    if bytes < 4096 || !bytes.is_power_of_two() || bytes > 1 << 30 {
+        return Err(format!("`{s}` must be a power of two from 4KiB to 1GiB"));
+    }
+    Ok(bytes as u32)
+}
+
+impl Cli {
+    /// Checks what clap cannot: there is something to trace.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.gateway_pid.is_empty() && self.command.is_empty() {
+            return Err("nothing to trace: give --gateway-pid PID or a command after `--`".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("ten").unwrap_err().contains("not a duration"));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+
+    #[test]
+    fn ring_sizes() {
+        assert_eq!(parse_ring_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_ring_size("8M"), Ok(8 << 20));
+        assert_eq!(parse_ring_size("4096"), Ok(4096));
+        assert!(parse_ring_size("3MiB").unwrap_err().contains("power of two"));
+        assert!(parse_ring_size("1KiB").is_err());
+        assert!(parse_ring_size("16XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_ring_size("99999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn command_line_shapes() {
+        let cli = Cli::try_parse_from(["reaper-trace", "--json", "--", "sh", "-c", "true"]).unwrap();
+        assert_eq!(cli.command, vec!["sh", "-c", "true"]);
+        assert!(cli.validate().is_ok());
+        let cli = Cli::try_parse_from(["reaper-trace", "--gateway-pid", "1", "--gateway-pid", "7"]).unwrap();
+        assert_eq!(cli.gateway_pid, vec![1, 7]);
+        assert!(Cli::try_parse_from(["reaper-trace"]).unwrap().validate().is_err());
+        assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "0"]).is_err());
+        assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "x"]).is_err());
+        assert!(Cli::try_parse_from(["reaper-trace", "--duration", "soon", "--", "true"]).is_err());
+    }
+}

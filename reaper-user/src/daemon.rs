@@ -1,0 +1,218 @@
+//! One tracing run: load and attach, seed, start the gateway command, stream events until a
+//! stop condition, then detach, drain and summarise.
+use std::{
+    ffi::OsString,
+    io::{BufWriter, Write},
+    os::fd::AsFd,
+    process::{ExitStatus, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, anyhow};
+use aya::maps::{MapData, RingBuf};
+use reaper_common::Tracked;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    process::{Child, Command},
+    signal::unix::{SignalKind, signal},
+    time::{Instant, sleep_until},
+};
+
+use crate::{
+    cli::Cli,
+    events::Event,
+    graph::LineageGraph,
+    loader::{LoadOptions, Probes},
+    output::Output,
+    procfs::{self, boottime_now},
+    seed::{self, TrackedMap},
+    tracer::Tracer,
+    tree::render_alive_tree,
+};
+
+/// Exit status for a run-time failure (documented in the README).
+pub const EXIT_FAILURE: i32 = 1;
+/// Exit status for a bad command line.
+pub const EXIT_USAGE: i32 = 2;
+
+/// How often losses are checked and pending reparents re-read when nothing else happens.
+const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// How soon a child whose parent exited is looked at again.
+const REPARENT_RETRY: Duration = Duration::from_millis(5);
+/// Time for probes still running on another CPU to finish after detaching.
+const DETACH_SETTLE: Duration = Duration::from_millis(20);
+
+/// Runs reaper-trace; returns the process exit status.
+pub async fn run(cli: Cli) -> Result<i32> {
+    let t0 = boottime_now();
+    // Check the gateways before touching the kernel: a typo should cost nothing.
+    let gateways = cli
+        .gateway_pid
+        .iter()
+        .map(|&pid| seed::check_gateway(pid))
+        .collect::<Result<Vec<_>>>()?;
+
+    let mut probes = Probes::load(&LoadOptions {
+        max_tracked: cli.max_tracked,
+        ring_bytes: cli.ring_size,
+        wakeup_interval_ns: cli.wakeup_interval.as_nanos() as u64,
+    })?;
+    for note in &probes.notes {
+        eprintln!("reaper-trace: {note}");
+    }
+
+    let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
+    let mut tracer = Tracer::new(graph, output_for(&cli, t0));
+
+    let seeds = seed::seed(&mut probes.tracked, &gateways)?;
+    tracer.add_seeds(seeds)?;
+    let mut child = match cli.command.is_empty() {
+        true => None,
+        false => {
+            let child = spawn_gateway(&mut probes.tracked, &cli.command, cli.json)?;
+            tracer.expect_gateway(child.id().ok_or_else(|| anyhow!("the gateway exited at once"))?);
+            Some(child)
+        }
+    };
+    let ready = Event::Ready {
+        gateway: tracer.gateway_pids(),
+        tracked: probes.tracked.keys().count(),
+        setsid_hook: probes.setsid_hook.name(),
+    };
+    let ready_at = boottime_now();
+    tracer.out.set_t0(ready_at);
+    tracer.out.event(ready_at, &ready)?;
+    tracer.out.flush()?;
+
+    // SAFETY: the RingBuf owns its map fd, open and unchanged for as long as the AsyncFd.
+    let mut ring = unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
+        .map_err(|e| anyhow!("polling the ring buffer: {e}"))?;
+    let mut gateway_status: Option<ExitStatus> = None;
+    event_loop(&cli, &mut ring, &mut tracer, &probes.counters, &probes.tracked, &mut child, &mut gateway_status)
+        .await?;
+
+    // Stop: detach, let running probes finish, take in the rest, and account for it all.
+    probes.programs = None;
+    tokio::time::sleep(DETACH_SETTLE).await;
+    drain(ring.get_mut(), &mut tracer)?;
+    tracer.check_reparents()?;
+    tracer.check_losses(&probes.counters, &probes.tracked)?;
+    let gateway_code = gateway_status.map(exit_code);
+    let summary = tracer.summary(&probes.counters, gateway_code)?;
+    tracer.out.event(boottime_now(), &summary)?;
+    let tree = render_alive_tree(&tracer.graph);
+    tracer.out.human_block(&tree)?;
+    tracer.out.flush()?;
+    Ok(gateway_code.unwrap_or(0))
+}
+
+/// Streams events until a stop condition: the duration, a signal, or every gateway gone with
+/// no tracked process left alive.
+async fn event_loop(
+    cli: &Cli,
+    ring: &mut AsyncFd<RingBuf<MapData>>,
+    tracer: &mut Tracer,
+    counters: &crate::loader::KernelCounters,
+    tracked: &TrackedMap,
+    child: &mut Option<Child>,
+    gateway_status: &mut Option<ExitStatus>,
+) -> Result<()> {
+    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    let deadline = cli.duration.map(|d| Instant::now() + d).unwrap_or(far);
+    // Records may be put in the ring without waking us (batched wake-ups): after any batch,
+    // look again one wake-up interval later, until a look finds nothing.
+    let tail_interval = cli.wakeup_interval.max(Duration::from_micros(100));
+    let mut tail: Option<Instant> = None;
+    let mut housekeeping = Instant::now() + HOUSEKEEPING;
+    loop {
+        let house_at = match tracer.has_pending_reparents() {
+            true => housekeeping.min(Instant::now() + REPARENT_RETRY),
+            false => housekeeping,
+        };
+        tokio::select! {
+            ready = ring.readable_mut() => {
+                // Clear first, then drain: a record arriving meanwhile re-arms readiness.
+                ready.context("waiting on the ring buffer")?.clear_ready();
+                drain(ring.get_mut(), tracer)?;
+                tail = Some(Instant::now() + tail_interval);
+            }
+            _ = sleep_until(tail.unwrap_or(far)), if tail.is_some() => {
+                let n = drain(ring.get_mut(), tracer)?;
+                tail = (n > 0).then(|| Instant::now() + tail_interval);
+            }
+            _ = sleep_until(house_at) => {
+                tracer.check_reparents()?;
+                tracer.check_losses(counters, tracked)?;
+                housekeeping = Instant::now() + HOUSEKEEPING;
+            }
+            status = wait_child(child), if child.is_some() && gateway_status.is_none() => {
+                *gateway_status = Some(status?);
+                // Its exit event may still be in the ring.
+                drain(ring.get_mut(), tracer)?;
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sleep_until(deadline) => break,
+        }
+        tracer.out.flush().context("writing output")?;
+        let child_done = child.is_none() || gateway_status.is_some();
+        if child_done && tracer.gateways_exited() && tracer.tree_finished() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+async fn wait_child(child: &mut Option<Child>) -> Result<ExitStatus> {
+    match child.as_mut() {
+        Some(c) => c.wait().await.context("waiting for the gateway command"),
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads every record now in the ring. Returns how many.
+fn drain(ring: &mut RingBuf<MapData>, tracer: &mut Tracer) -> Result<usize> {
+    let mut n = 0;
+    while let Some(item) = ring.next() {
+        tracer.record(&item)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Starts the gateway command so that it is tracked before its first instruction: reaper-trace
+/// tracks itself for the moment of the fork, so the kernel inserts the child at fork time.
+fn spawn_gateway(tracked: &mut TrackedMap, argv: &[OsString], json: bool) -> Result<Child> {
+    let me = std::process::id();
+    tracked.insert(me, Tracked { start: 0 }, 0).context("tracking the gateway command")?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    if json {
+        // Keep stdout for the NDJSON stream.
+        let stderr = std::io::stderr().as_fd().try_clone_to_owned()?;
+        cmd.stdout(Stdio::from(stderr));
+    }
+    let spawned = cmd.spawn();
+    let _ = tracked.remove(&me);
+    spawned.with_context(|| format!("cannot start {:?}", argv[0]))
+}
+
+/// The shell convention: the exit code, or 128 + the signal that killed it.
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+fn output_for(cli: &Cli, t0: u64) -> Output {
+    let stdout = || Box::new(BufWriter::new(std::io::stdout())) as Box<dyn Write + Send>;
+    let stderr = || Box::new(BufWriter::new(std::io::stderr())) as Box<dyn Write + Send>;
+    let json = cli.json.then(stdout);
+    let human = match (cli.quiet, cli.json) {
+        (true, _) => None,
+        (false, true) => Some(stderr()),
+        (false, false) => Some(stdout()),
+    };
+    Output::new(json, human, t0)
+}

@@ -1,0 +1,215 @@
+//! Ring-buffer records → typed kernel events. Never panics on malformed input: a record that
+//! does not decode is an error the caller reports.
+use std::mem::size_of;
+
+use anyhow::{Result, bail};
+use reaper_common::{
+    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FIXED_LEN, EXEC_FILENAME_TRUNCATED, EventHeader,
+    EventKind, ExecEvent, ExitEvent, FORK_UNTRACKED, ForkEvent, SetsidEvent,
+};
+
+use crate::procfs::split_args;
+
+/// Most arguments kept from one exec (the rest is cut and flagged `truncated`).
+pub const MAX_ARGS: usize = 256;
+
+/// A fork/exec/exit/free/setsid as the kernel reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelEvent {
+    /// Kernel sequence number (global across CPUs).
+    pub seq: u64,
+    /// Boot-time ns when it happened.
+    pub ts: u64,
+    /// The process (tgid) it is about, and its start_boottime: together its identity.
+    pub pid: u32,
+    pub start: u64,
+    pub what: What,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum What {
+    Fork {
+        spawner: u32,
+        ppid: u32,
+        sid: u32,
+        pgid: u32,
+        uid: u32,
+        cgroup_id: u64,
+        comm: Vec<u8>,
+        /// The tracked map was full: this child's own children will not be followed.
+        untracked: bool,
+    },
+    Exec {
+        old_tid: u32,
+        comm: Vec<u8>,
+        filename: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        truncated: bool,
+    },
+    Exit {
+        /// A wait(2) status.
+        status: u32,
+    },
+    Free,
+    Setsid {
+        sid: u32,
+    },
+}
+
+fn read<T: Copy>(bytes: &[u8]) -> Result<T> {
+    if bytes.len() < size_of::<T>() {
+        bail!(
+            "record of {} bytes is shorter than {} ({} bytes)",
+            bytes.len(),
+            std::any::type_name::<T>(),
+            size_of::<T>()
+        );
+    }
+    // SAFETY: length checked; T is a plain #[repr(C)] record of integers and byte arrays,
+    // valid for any bit pattern; read_unaligned copes with the ring's 8-byte alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Bytes up to the first NUL.
+fn c_bytes(raw: &[u8]) -> Vec<u8> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    raw[..end].to_vec()
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
+    let header: EventHeader = read(bytes)?;
+    let Some(kind) = EventKind::from_u32(header.kind) else {
+        bail!("unknown record kind {}", header.kind);
+    };
+    let what = match kind {
+        EventKind::Fork => {
+            let ev: ForkEvent = read(bytes)?;
+            What::Fork {
+                spawner: ev.spawner,
+                ppid: ev.ppid,
+                sid: ev.sid,
+                pgid: ev.pgid,
+                uid: ev.uid,
+                cgroup_id: ev.cgroup_id,
+                comm: c_bytes(&ev.comm),
+                untracked: ev.flags & FORK_UNTRACKED != 0,
+            }
+        }
+        EventKind::Exec => decode_exec(bytes)?,
+        EventKind::Exit => What::Exit {
+            status: read::<ExitEvent>(bytes)?.status,
+        },
+        EventKind::Free => What::Free,
+        EventKind::Setsid => What::Setsid {
+            sid: read::<SetsidEvent>(bytes)?.sid,
+        },
+    };
+    Ok(KernelEvent {
+        seq: header.seq,
+        ts: header.ts,
+        pid: header.pid,
+        start: header.start,
+        what,
+    })
+}
+
+/// Exec records have a fixed part and then only `argv_len` bytes of argv.
+fn decode_exec(bytes: &[u8]) -> Result<What> {
+    if bytes.len() < EXEC_FIXED_LEN {
+        bail!("exec record of {} bytes is shorter than its fixed part", bytes.len());
+    }
+    let mut ev = std::mem::MaybeUninit::<ExecEvent>::zeroed();
+    let n = bytes.len().min(size_of::<ExecEvent>());
+    // SAFETY: copies at most the size of the record into it; zeroed bytes are a valid
+    // ExecEvent (integers and byte arrays only).
+    let ev = unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ev.as_mut_ptr().cast::<u8>(), n);
+        ev.assume_init()
+    };
+    let argv_len = ev.argv_len as usize;
+    if argv_len > ARGV_MAX || bytes.len() < EXEC_FIXED_LEN + argv_len {
+        bail!("exec record claims {argv_len} bytes of argv in {} bytes", bytes.len());
+    }
+    let filename_len = (ev.filename_len as usize).min(ev.filename.len());
+    let (argv, cut) = split_args(&ev.argv[..argv_len], MAX_ARGS);
+    Ok(What::Exec {
+        old_tid: ev.old_tid,
+        comm: c_bytes(&ev.comm),
+        filename: c_bytes(&ev.filename[..filename_len]),
+        argv,
+        truncated: cut || ev.flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_bytes<T>(v: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a plain record.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+            .to_vec()
+    }
+
+    fn header(kind: EventKind) -> EventHeader {
+        EventHeader { kind: kind as u32, pid: 42, seq: 7, ts: 1000, start: 99 }
+    }
+
+    #[test]
+    fn fork_round_trip() {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"bash");
+        let ev = ForkEvent {
+            header: header(EventKind::Fork),
+            spawner: 40,
+            ppid: 1,
+            sid: 40,
+            pgid: 40,
+            uid: 0,
+            flags: FORK_UNTRACKED,
+            cgroup_id: 5,
+            comm,
+        };
+        let got = decode(&as_bytes(&ev)).unwrap();
+        assert_eq!((got.pid, got.seq, got.start), (42, 7, 99));
+        match got.what {
+            What::Fork { spawner, ppid, comm, untracked, .. } => {
+                assert_eq!((spawner, ppid, comm.as_slice(), untracked), (40, 1, &b"bash"[..], true))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn exec_variable_length() {
+        let mut ev: ExecEvent = unsafe { std::mem::zeroed() };
+        ev.header = header(EventKind::Exec);
+        ev.filename[..9].copy_from_slice(b"/bin/true");
+        ev.filename_len = 9;
+        let argv = b"true\0--x\0";
+        ev.argv[..argv.len()].copy_from_slice(argv);
+        ev.argv_len = argv.len() as u32;
+        let bytes = as_bytes(&ev)[..EXEC_FIXED_LEN + argv.len()].to_vec();
+        match decode(&bytes).unwrap().what {
+            What::Exec { filename, argv, truncated, .. } => {
+                assert_eq!(filename, b"/bin/true");
+                assert_eq!(argv, vec![b"true".to_vec(), b"--x".to_vec()]);
+                assert!(!truncated);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A record shorter than it claims is an error, not a panic.
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn malformed_records_are_errors() {
+        assert!(decode(&[]).is_err());
+        assert!(decode(&[9, 0, 0, 0]).is_err());
+        let mut h = as_bytes(&header(EventKind::Exit));
+        assert!(decode(&h).is_err(), "exit record without its status");
+        h[0] = 77;
+        assert!(decode(&h).is_err());
+    }
+}

@@ -1,0 +1,257 @@
+//! The public event stream: one JSON object per line (NDJSON), documented in the README.
+//! Names and fields change only compatibly (new optional fields, new events).
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::text::{Text, text_list};
+
+/// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
+/// `event` name, and the event's own fields.
+#[derive(Serialize)]
+pub struct Envelope<'a> {
+    pub event: &'static str,
+    pub seq: u64,
+    pub ts: u64,
+    #[serde(flatten)]
+    pub body: &'a Event,
+}
+
+/// A process's name or path, lossless: `lossy` is the field itself, `b64` its `_b64` twin.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcText {
+    #[serde(flatten)]
+    inner: BTreeMap<String, String>,
+}
+
+impl ProcText {
+    /// `name` and, when the bytes are not UTF-8, `name_b64`.
+    pub fn new(name: &str, bytes: &[u8]) -> ProcText {
+        let t = Text::new(bytes);
+        let mut inner = BTreeMap::new();
+        if let Some(b64) = t.b64 {
+            inner.insert(format!("{name}_b64"), b64);
+        }
+        inner.insert(name.to_owned(), t.lossy);
+        ProcText { inner }
+    }
+
+    /// The lossy text of field `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.inner.get(name).map(String::as_str)
+    }
+}
+
+/// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Argv {
+    pub argv: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub argv_b64: Option<Vec<String>>,
+}
+
+impl Argv {
+    pub fn new(args: &[Vec<u8>]) -> Argv {
+        let (argv, argv_b64) = text_list(args);
+        Argv { argv, argv_b64 }
+    }
+}
+
+/// A live process in the closing summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct AliveProcess {
+    pub pid: u32,
+    /// Pids from the gateway to this process along spawner edges.
+    pub lineage: Vec<u32>,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+    pub ppid: u32,
+    pub escaped: bool,
+    pub uncertain: bool,
+}
+
+/// Counts in the closing summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    pub fork: u64,
+    pub exec: u64,
+    pub exit: u64,
+    pub reaped: u64,
+    pub setsid: u64,
+    pub reparent: u64,
+    pub snapshot: u64,
+}
+
+/// How the event stream checked out against the kernel's own counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Delivery {
+    /// Records the kernel produced (its sequence numbers used).
+    pub kernel_events: u64,
+    /// Records received.
+    pub received: u64,
+    /// Records the kernel could not reserve, by kind.
+    pub dropped: BTreeMap<&'static str, u64>,
+    /// Children not followed because the tracked map was full.
+    pub tracked_full: u64,
+    /// `kernel_events == received + dropped`: nothing vanished unaccounted for.
+    pub consistent: bool,
+}
+
+/// Every event of the stream.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Event {
+    Snapshot {
+        pid: u32,
+        ppid: u32,
+        spawner: Option<u32>,
+        #[serde(flatten)]
+        comm: ProcText,
+        #[serde(flatten)]
+        argv: Argv,
+        sid: u32,
+        pgid: u32,
+    },
+    Ready {
+        gateway: Vec<u32>,
+        tracked: usize,
+        /// How setsid() is observed: "tracepoint", "raw_syscalls" or "none".
+        setsid_hook: &'static str,
+    },
+    Fork {
+        pid: u32,
+        ppid: u32,
+        spawner: u32,
+        #[serde(flatten)]
+        comm: ProcText,
+        start: u64,
+        sid: u32,
+        pgid: u32,
+        uid: u32,
+        cgroup_id: u64,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        untracked: bool,
+    },
+    Exec {
+        pid: u32,
+        #[serde(flatten)]
+        filename: ProcText,
+        #[serde(flatten)]
+        argv: Argv,
+        truncated: bool,
+        tid: u32,
+    },
+    Exit {
+        pid: u32,
+        exit_code: Option<i32>,
+        signal: Option<String>,
+        core: bool,
+    },
+    Reaped {
+        pid: u32,
+    },
+    Setsid {
+        pid: u32,
+        sid: u32,
+    },
+    Reparent {
+        pid: u32,
+        old_ppid: u32,
+        new_ppid: u32,
+    },
+    Lost {
+        count: u64,
+        /// Lost records by kind ("fork", "exec", ...) and "tracked_full".
+        kinds: BTreeMap<&'static str, u64>,
+        /// Processes re-read from /proc because of the loss (marked uncertain until then).
+        affected: Vec<u32>,
+    },
+    Summary {
+        counts: Counts,
+        delivery: Delivery,
+        alive: Vec<AliveProcess>,
+        zombies: Vec<u32>,
+        gateway_exit_code: Option<i32>,
+        duration_ns: u64,
+    },
+}
+
+impl Event {
+    /// The `event` name on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Snapshot { .. } => "snapshot",
+            Event::Ready { .. } => "ready",
+            Event::Fork { .. } => "fork",
+            Event::Exec { .. } => "exec",
+            Event::Exit { .. } => "exit",
+            Event::Reaped { .. } => "reaped",
+            Event::Setsid { .. } => "setsid",
+            Event::Reparent { .. } => "reparent",
+            Event::Lost { .. } => "lost",
+            Event::Summary { .. } => "summary",
+        }
+    }
+}
+
+/// Splits a wait(2) status into (exit code, signal name, core dumped).
+pub fn wait_status(status: u32) -> (Option<i32>, Option<String>, bool) {
+    let sig = (status & 0x7f) as i32;
+    if sig == 0 {
+        (Some(((status >> 8) & 0xff) as i32), None, false)
+    } else {
+        (None, Some(signal_name(sig)), status & 0x80 != 0)
+    }
+}
+
+/// `SIGKILL` for 9; `SIG41` for a number without a name (real-time signals).
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_owned())
+        .unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(body: &Event) -> serde_json::Value {
+        let s = serde_json::to_string(&Envelope { event: body.name(), seq: 3, ts: 9, body })
+            .unwrap();
+        assert!(!s.contains('\n'));
+        serde_json::from_str(&s).unwrap()
+    }
+
+    #[test]
+    fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
+        let v = line(&Event::Exec {
+            pid: 5,
+            filename: ProcText::new("filename", b"/bin/\xffx"),
+            argv: Argv::new(&[b"a\nb".to_vec()]),
+            truncated: false,
+            tid: 5,
+        });
+        assert_eq!(v["event"], "exec");
+        assert_eq!(v["seq"], 3);
+        assert_eq!(v["argv"][0], "a\nb");
+        assert!(v.get("argv_b64").is_none());
+        assert_eq!(v["filename_b64"], "L2Jpbi//eA==");
+    }
+
+    #[test]
+    fn wait_status_decoding() {
+        assert_eq!(wait_status(3 << 8), (Some(3), None, false));
+        assert_eq!(wait_status(9), (None, Some("SIGKILL".to_owned()), false));
+        assert_eq!(wait_status(0x80 | 11), (None, Some("SIGSEGV".to_owned()), true));
+        assert_eq!(signal_name(41), "SIG41");
+    }
+
+    #[test]
+    fn exit_nulls_are_explicit() {
+        let v = line(&Event::Exit { pid: 1, exit_code: None, signal: Some("SIGTERM".into()), core: false });
+        assert!(v["exit_code"].is_null());
+        assert_eq!(v["signal"], "SIGTERM");
+    }
+}

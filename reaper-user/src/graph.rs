@@ -1,0 +1,612 @@
+//! The exact spawn-lineage graph of everything under the gateways.
+//!
+//! One node per process ever seen, identified by (pid, start time) so that a reused pid is a
+//! new node. The lineage edge (spawner → child) is fixed when the fork is seen and never
+//! re-derived from the parent pid, which changes when a process is reparented. Dead nodes are
+//! kept while they have retained descendants (lineage must always resolve) and otherwise up to
+//! a bounded number, oldest pruned first.
+use std::collections::{HashMap, VecDeque};
+
+use crate::decode::{KernelEvent, What};
+use crate::procfs::boottime_to_ticks;
+
+/// Internal handle of a node; never reused.
+pub type NodeId = u64;
+
+/// When a process started: exact from the kernel, or in clock ticks when it was found in
+/// /proc before any kernel event named it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    Exact(u64),
+    Ticks(u64),
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub ts: u64,
+    /// A wait(2) status.
+    pub status: u32,
+}
+
+/// One process.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub id: NodeId,
+    pub pid: u32,
+    pub start: Start,
+    /// The process that forked this one (the lineage edge), if it is in the graph.
+    pub spawner: Option<NodeId>,
+    /// The spawner's pid as reported, even when it is not in the graph.
+    pub spawner_pid: Option<u32>,
+    /// Current real parent.
+    pub ppid: u32,
+    pub sid: u32,
+    pub pgid: u32,
+    pub uid: Option<u32>,
+    pub cgroup_id: Option<u64>,
+    pub comm: Vec<u8>,
+    pub filename: Option<Vec<u8>>,
+    pub argv: Vec<Vec<u8>>,
+    pub execs: u32,
+    pub forked_at: Option<u64>,
+    pub exited: Option<ExitInfo>,
+    pub reaped_at: Option<u64>,
+    pub is_gateway: bool,
+    /// Found in /proc at start-up or at a resync, not seen forking.
+    pub seeded: bool,
+    /// Called setsid() since it was first seen.
+    pub escaped: bool,
+    /// Part of the graph after an event loss, until re-verified from /proc.
+    pub uncertain: bool,
+    /// Processes whose real parent this is (kept for reparent checks at exit).
+    real_children: Vec<NodeId>,
+    /// Retained nodes whose spawner this is.
+    spawned: u32,
+}
+
+impl Node {
+    pub fn alive(&self) -> bool {
+        self.exited.is_none()
+    }
+    pub fn zombie(&self) -> bool {
+        self.exited.is_some() && self.reaped_at.is_none()
+    }
+}
+
+/// What a kernel event did to the graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The event named a node (created or updated).
+    Node(NodeId),
+    /// An exit: also the live processes whose real parent it was, to be reparented.
+    Exit { node: NodeId, orphans: Vec<NodeId> },
+    /// A process the graph does not know (only after a loss): resync it.
+    Unknown,
+}
+
+/// A process found in /proc, for seeding and resyncs.
+#[derive(Clone, Debug)]
+pub struct Seed {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub ppid: u32,
+    pub sid: u32,
+    pub pgid: u32,
+    pub comm: Vec<u8>,
+    pub argv: Vec<Vec<u8>>,
+    pub is_gateway: bool,
+    pub uncertain: bool,
+}
+
+/// The graph. See the module documentation.
+pub struct LineageGraph {
+    nodes: HashMap<NodeId, Node>,
+    /// The newest node of each pid.
+    current: HashMap<u32, NodeId>,
+    /// Nodes with an exact start time, for events about a pid that was reused meanwhile.
+    by_identity: HashMap<(u32, u64), NodeId>,
+    /// Reaped nodes, oldest first, waiting to be pruned.
+    retired: VecDeque<NodeId>,
+    retain_dead: usize,
+    ticks_per_second: u64,
+    next_id: NodeId,
+}
+
+impl LineageGraph {
+    /// `retain_dead`: how many reaped processes without retained descendants to keep for
+    /// reporting; `ticks_per_second`: the unit of /proc start times.
+    pub fn new(retain_dead: usize, ticks_per_second: u64) -> Self {
+        LineageGraph {
+            nodes: HashMap::new(),
+            current: HashMap::new(),
+            by_identity: HashMap::new(),
+            retired: VecDeque::new(),
+            retain_dead,
+            ticks_per_second,
+            next_id: 1,
+        }
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The newest process with this pid.
+    pub fn current(&self, pid: u32) -> Option<&Node> {
+        self.current.get(&pid).and_then(|id| self.nodes.get(id))
+    }
+
+    /// Live processes (not exited), in no particular order.
+    pub fn alive(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| n.alive())
+    }
+
+    /// Exited processes not yet reaped.
+    pub fn zombies(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| n.zombie())
+    }
+
+    pub fn gateways(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| n.is_gateway)
+    }
+
+    /// Retained children of `id` along lineage edges.
+    pub fn spawned_by(&self, id: NodeId) -> Vec<&Node> {
+        let mut kids: Vec<&Node> =
+            self.nodes.values().filter(|n| n.spawner == Some(id)).collect();
+        kids.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
+        kids
+    }
+
+    /// Pids from the root of the lineage (a gateway, normally) down to `id`.
+    pub fn lineage(&self, id: NodeId) -> Vec<u32> {
+        let mut chain = Vec::new();
+        let mut at = self.nodes.get(&id);
+        while let Some(node) = at {
+            chain.push(node.pid);
+            if node.is_gateway || chain.len() > self.nodes.len() {
+                break;
+            }
+            at = node.spawner.and_then(|s| self.nodes.get(&s));
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// The node an event about (pid, start) refers to; a tick-precision node is upgraded to
+    /// the exact start time on first match.
+    fn find(&mut self, pid: u32, start: u64) -> Option<NodeId> {
+        if let Some(&id) = self.by_identity.get(&(pid, start)) {
+            return Some(id);
+        }
+        let id = *self.current.get(&pid)?;
+        let node = self.nodes.get_mut(&id)?;
+        if let Start::Ticks(t) = node.start
+            && t == boottime_to_ticks(start, self.ticks_per_second)
+        {
+            node.start = Start::Exact(start);
+            self.by_identity.insert((pid, start), id);
+            return Some(id);
+        }
+        None
+    }
+
+    fn insert(&mut self, node: Node) -> NodeId {
+        let id = node.id;
+        if let Start::Exact(ns) = node.start {
+            self.by_identity.insert((node.pid, ns), id);
+        }
+        if let Some(parent) = self.current_id(node.ppid) {
+            self.nodes.get_mut(&parent).unwrap().real_children.push(id);
+        }
+        if let Some(s) = node.spawner {
+            self.nodes.get_mut(&s).unwrap().spawned += 1;
+        }
+        self.current.insert(node.pid, id);
+        self.nodes.insert(id, node);
+        id
+    }
+
+    fn current_id(&self, pid: u32) -> Option<NodeId> {
+        self.current.get(&pid).copied().filter(|id| self.nodes.contains_key(id))
+    }
+
+    fn blank(&mut self, pid: u32, start: Start) -> Node {
+        let id = self.next_id;
+        self.next_id += 1;
+        Node {
+            id,
+            pid,
+            start,
+            spawner: None,
+            spawner_pid: None,
+            ppid: 0,
+            sid: 0,
+            pgid: 0,
+            uid: None,
+            cgroup_id: None,
+            comm: Vec::new(),
+            filename: None,
+            argv: Vec::new(),
+            execs: 0,
+            forked_at: None,
+            exited: None,
+            reaped_at: None,
+            is_gateway: false,
+            seeded: false,
+            escaped: false,
+            uncertain: false,
+            real_children: Vec::new(),
+            spawned: 0,
+        }
+    }
+
+    /// Adds (or refreshes) a process found in /proc. Its lineage edge is its parent at that
+    /// moment, the best fact /proc has. Returns the node and whether it is new.
+    pub fn add_seed(&mut self, seed: Seed) -> (NodeId, bool) {
+        if let Some(id) = self.current_id(seed.pid) {
+            let node = self.nodes.get_mut(&id).unwrap();
+            let same = match node.start {
+                Start::Exact(ns) => boottime_to_ticks(ns, self.ticks_per_second) == seed.start_ticks,
+                Start::Ticks(t) => t == seed.start_ticks,
+            };
+            if same && node.alive() {
+                node.uncertain = seed.uncertain;
+                node.is_gateway |= seed.is_gateway;
+                return (id, false);
+            }
+        }
+        let spawner = if seed.is_gateway { None } else { self.current_id(seed.ppid) };
+        let mut node = self.blank(seed.pid, Start::Ticks(seed.start_ticks));
+        node.spawner = spawner;
+        node.ppid = seed.ppid;
+        node.sid = seed.sid;
+        node.pgid = seed.pgid;
+        node.comm = seed.comm;
+        node.argv = seed.argv;
+        node.is_gateway = seed.is_gateway;
+        node.seeded = true;
+        node.uncertain = seed.uncertain;
+        (self.insert(node), true)
+    }
+
+    /// Marks a node as a gateway (a root of lineage).
+    pub fn set_gateway(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.is_gateway = true;
+        }
+    }
+
+    /// Applies one kernel event.
+    pub fn apply(&mut self, ev: &KernelEvent) -> Applied {
+        match &ev.what {
+            What::Fork { spawner, ppid, sid, pgid, uid, cgroup_id, comm, .. } => {
+                // A fork seen after seeding already found the child in /proc: same process.
+                if let Some(id) = self.find(ev.pid, ev.start) {
+                    let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
+                    let node = self.nodes.get_mut(&id).unwrap();
+                    if node.seeded && !node.is_gateway && node.spawner != spawner_node {
+                        let old = node.spawner;
+                        node.spawner = spawner_node;
+                        self.move_spawned(old, spawner_node);
+                    }
+                    let node = self.nodes.get_mut(&id).unwrap();
+                    node.seeded = false;
+                    node.spawner_pid = Some(*spawner);
+                    node.forked_at = Some(ev.ts);
+                    node.uid = Some(*uid);
+                    node.cgroup_id = Some(*cgroup_id);
+                    return Applied::Node(id);
+                }
+                let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+                node.spawner = self.current_id(*spawner);
+                node.spawner_pid = Some(*spawner);
+                node.ppid = *ppid;
+                node.sid = *sid;
+                node.pgid = *pgid;
+                node.uid = Some(*uid);
+                node.cgroup_id = Some(*cgroup_id);
+                node.comm = comm.clone();
+                node.forked_at = Some(ev.ts);
+                // Until it execs, a child runs its parent's program.
+                if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(&s)) {
+                    node.filename = parent.filename.clone();
+                    node.argv = parent.argv.clone();
+                }
+                Applied::Node(self.insert(node))
+            }
+            What::Exec { comm, filename, argv, .. } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                let node = self.nodes.get_mut(&id).unwrap();
+                node.comm = comm.clone();
+                node.filename = Some(filename.clone());
+                node.argv = argv.clone();
+                node.execs += 1;
+                Applied::Node(id)
+            }
+            What::Exit { status } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                let node = self.nodes.get_mut(&id).unwrap();
+                node.exited = Some(ExitInfo { ts: ev.ts, status: *status });
+                let candidates = node.real_children.clone();
+                let orphans = candidates
+                    .into_iter()
+                    .filter(|c| {
+                        self.nodes.get(c).is_some_and(|n| n.alive() && n.ppid == ev.pid)
+                    })
+                    .collect();
+                Applied::Exit { node: id, orphans }
+            }
+            What::Free => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                self.mark_reaped(id, ev.ts);
+                Applied::Node(id)
+            }
+            What::Setsid { sid } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                let node = self.nodes.get_mut(&id).unwrap();
+                node.sid = *sid;
+                node.pgid = *sid;
+                node.escaped = true;
+                Applied::Node(id)
+            }
+        }
+    }
+
+    fn move_spawned(&mut self, from: Option<NodeId>, to: Option<NodeId>) {
+        if let Some(n) = from.and_then(|f| self.nodes.get_mut(&f)) {
+            n.spawned = n.spawned.saturating_sub(1);
+        }
+        if let Some(n) = to.and_then(|t| self.nodes.get_mut(&t)) {
+            n.spawned += 1;
+        }
+    }
+
+    /// Records that `id` now has real parent `new_ppid` (read from /proc after its parent
+    /// exited). Returns the previous parent.
+    pub fn reparent(&mut self, id: NodeId, new_ppid: u32) -> Option<u32> {
+        let old = self.nodes.get_mut(&id).map(|n| std::mem::replace(&mut n.ppid, new_ppid))?;
+        if let Some(parent) = self.current_id(new_ppid) {
+            self.nodes.get_mut(&parent).unwrap().real_children.push(id);
+        }
+        Some(old)
+    }
+
+    /// Records an exit learnt from /proc (the process is gone and its exit event was lost).
+    pub fn mark_gone(&mut self, id: NodeId, ts: u64) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            if n.exited.is_none() {
+                n.exited = Some(ExitInfo { ts, status: 0 });
+                n.uncertain = true;
+            }
+        }
+        self.mark_reaped(id, ts);
+    }
+
+    fn mark_reaped(&mut self, id: NodeId, ts: u64) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        if node.reaped_at.is_some() {
+            return;
+        }
+        node.reaped_at = Some(ts);
+        if node.exited.is_none() {
+            node.exited = Some(ExitInfo { ts, status: 0 });
+        }
+        self.retired.push_back(id);
+        self.prune();
+    }
+
+    /// Drops the oldest reaped leaves beyond the retention bound. A reaped node with retained
+    /// descendants stays (lineage must resolve); it is queued again when its last one goes.
+    fn prune(&mut self) {
+        while self.retired.len() > self.retain_dead {
+            let Some(id) = self.retired.pop_front() else {
+                break;
+            };
+            let Some(node) = self.nodes.get(&id) else {
+                continue;
+            };
+            if node.spawned > 0 || node.is_gateway {
+                continue;
+            }
+            let node = self.nodes.remove(&id).unwrap();
+            if self.current.get(&node.pid) == Some(&id) {
+                self.current.remove(&node.pid);
+            }
+            if let Start::Exact(ns) = node.start {
+                self.by_identity.remove(&(node.pid, ns));
+            }
+            if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(&s)) {
+                parent.spawned -= 1;
+                if parent.spawned == 0 && parent.reaped_at.is_some() {
+                    self.retired.push_back(parent.id);
+                }
+            }
+            if let Some(parent) = self.current_id(node.ppid) {
+                self.nodes.get_mut(&parent).unwrap().real_children.retain(|&c| c != id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TPS: u64 = 100;
+
+    fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
+        KernelEvent { seq, ts: seq * 1000, pid, start, what }
+    }
+
+    fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
+        ev(0, pid, start, What::Fork {
+            spawner,
+            ppid,
+            sid: spawner,
+            pgid: spawner,
+            uid: 0,
+            cgroup_id: 1,
+            comm: b"c".to_vec(),
+            untracked: false,
+        })
+    }
+
+    fn gateway(g: &mut LineageGraph, pid: u32) -> NodeId {
+        g.add_seed(Seed {
+            pid,
+            start_ticks: 1,
+            ppid: 1,
+            sid: pid,
+            pgid: pid,
+            comm: b"gw".to_vec(),
+            argv: vec![],
+            is_gateway: true,
+            uncertain: false,
+        })
+        .0
+    }
+
+    fn node_of(a: Applied) -> NodeId {
+        match a {
+            Applied::Node(id) | Applied::Exit { node: id, .. } => id,
+            Applied::Unknown => panic!("unknown"),
+        }
+    }
+
+    #[test]
+    fn escaped_grandchild_keeps_its_lineage_after_reparenting_to_init() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        let child = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+        g.apply(&ev(1, 200, 5_000, What::Setsid { sid: 200 }));
+        let grandchild = node_of(g.apply(&fork(300, 6_000, 200, 200)));
+        let Applied::Exit { orphans, .. } = g.apply(&ev(2, 200, 5_000, What::Exit { status: 0 }))
+        else {
+            panic!()
+        };
+        assert_eq!(orphans, vec![grandchild]);
+        assert_eq!(g.reparent(grandchild, 1), Some(200));
+        g.apply(&ev(3, 200, 5_000, What::Free));
+        assert_eq!(g.lineage(grandchild), vec![100, 200, 300]);
+        assert!(g.node(child).unwrap().escaped);
+        assert_eq!(g.node(grandchild).unwrap().ppid, 1);
+    }
+
+    #[test]
+    fn clone_parent_child_has_spawner_edge_but_other_real_parent() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        g.apply(&fork(200, 5_000, 100, 100));
+        let sibling = node_of(g.apply(&fork(300, 6_000, 200, 100)));
+        let n = g.node(sibling).unwrap();
+        assert_eq!((n.spawner_pid, n.ppid), (Some(200), 100));
+        assert_eq!(g.lineage(sibling), vec![100, 200, 300]);
+    }
+
+    #[test]
+    fn reused_pid_before_the_old_free_is_two_processes() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        let old = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+        g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+        // The pid is released before sched_process_free fires: a new fork can come first.
+        let new = node_of(g.apply(&fork(200, 9_000, 100, 100)));
+        assert_ne!(old, new);
+        g.apply(&ev(2, 200, 5_000, What::Free));
+        assert!(g.node(old).unwrap().reaped_at.is_some());
+        let n = g.node(new).unwrap();
+        assert!(n.alive() && n.reaped_at.is_none());
+        assert_eq!(g.current(200).unwrap().id, new);
+    }
+
+    #[test]
+    fn seeded_process_is_upgraded_by_its_fork_event_not_duplicated() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        let (seeded, new) = g.add_seed(Seed {
+            pid: 200,
+            start_ticks: 12,
+            ppid: 100,
+            sid: 100,
+            pgid: 100,
+            comm: b"w".to_vec(),
+            argv: vec![],
+            is_gateway: false,
+            uncertain: false,
+        });
+        assert!(new);
+        // 123_456_789 ns is tick 12 at 100 ticks per second.
+        let id = node_of(g.apply(&fork(200, 123_456_789, 100, 100)));
+        assert_eq!(id, seeded);
+        assert_eq!(g.node(id).unwrap().start, Start::Exact(123_456_789));
+        assert_eq!(g.len(), 2);
+    }
+
+    #[test]
+    fn events_for_unknown_processes_ask_for_a_resync() {
+        let mut g = LineageGraph::new(100, TPS);
+        assert_eq!(g.apply(&ev(0, 7, 1, What::Exit { status: 0 })), Applied::Unknown);
+    }
+
+    #[test]
+    fn pruning_is_bounded_but_keeps_ancestors_of_live_processes() {
+        let mut g = LineageGraph::new(2, TPS);
+        gateway(&mut g, 100);
+        g.apply(&fork(200, 5_000, 100, 100));
+        let leaf = node_of(g.apply(&fork(300, 6_000, 200, 200)));
+        g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+        g.apply(&ev(2, 200, 5_000, What::Free));
+        // Many short-lived siblings come and go.
+        for i in 0..50u32 {
+            let pid = 1000 + i;
+            let start = 10_000 + u64::from(i);
+            g.apply(&fork(pid, start, 100, 100));
+            g.apply(&ev(3, pid, start, What::Exit { status: 0 }));
+            g.apply(&ev(4, pid, start, What::Free));
+        }
+        // gateway + dead spawner 200 + live leaf + at most 2 retained dead siblings.
+        assert!(g.len() <= 5, "graph holds {} nodes", g.len());
+        assert_eq!(g.lineage(leaf), vec![100, 200, 300]);
+        // Once the leaf goes too, the dead chain can be pruned.
+        g.apply(&ev(5, 300, 6_000, What::Exit { status: 0 }));
+        g.apply(&ev(6, 300, 6_000, What::Free));
+        for i in 0..5u32 {
+            let pid = 2000 + i;
+            g.apply(&fork(pid, 20_000 + u64::from(i), 100, 100));
+            g.apply(&ev(7, pid, 20_000 + u64::from(i), What::Free));
+        }
+        assert!(g.current(200).is_none() && g.current(300).is_none());
+    }
+
+    #[test]
+    fn exit_status_and_zombie_state() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+        g.apply(&ev(1, 200, 5_000, What::Exit { status: 3 << 8 }));
+        let n = g.node(id).unwrap();
+        assert!(n.zombie() && !n.alive());
+        assert_eq!(n.exited.unwrap().status, 0x300);
+        assert_eq!(g.zombies().count(), 1);
+    }
+}

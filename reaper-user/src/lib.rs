@@ -1,0 +1,18 @@
+//! reaper: an exact spawn-lineage tracer for the descendants of gateway processes.
+//!
+//! The data path is a straight line: kernel probes (`reaper-ebpf`) → ring buffer →
+//! [`decode`] → [`graph`] → [`output`]. [`tracer`] drives it; [`daemon`] runs it.
+pub mod btf;
+pub mod cli;
+pub mod daemon;
+pub mod decode;
+pub mod events;
+pub mod graph;
+pub mod loader;
+pub mod output;
+pub mod procfs;
+pub mod seed;
+pub mod text;
+pub mod tracefs;
+pub mod tracer;
+pub mod tree;

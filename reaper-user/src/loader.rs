@@ -1,0 +1,238 @@
+//! Loads the embedded eBPF object with this kernel's offsets, attaches the probes, and hands
+//! out the maps user space needs. Dropping [`Probes::programs`] detaches everything.
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+};
+use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked};
+
+use crate::btf::KernelBtf;
+use crate::tracefs;
+
+/// The eBPF object built by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reaper"));
+
+/// The lifecycle tracepoints, attached as BTF tracepoints (no tracefs needed).
+const LIFECYCLE: [&str; 4] =
+    ["sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free"];
+
+/// Load-time settings.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Capacity of the in-kernel tracked-process map.
+    pub max_tracked: u32,
+    /// Ring buffer size in bytes (a power of two, at least a page).
+    pub ring_bytes: u32,
+    /// Wake the reader at most this often while events stream; 0: for every record.
+    pub wakeup_interval_ns: u64,
+}
+
+/// How setsid() calls are observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetsidHook {
+    /// The `syscalls/sys_exit_setsid` tracepoint.
+    Tracepoint,
+    /// The raw `sys_exit` tracepoint, filtered in the kernel by syscall number.
+    RawSyscalls,
+    /// Not observed: a session change shows only in the sid of later forks.
+    None,
+}
+
+impl SetsidHook {
+    pub fn name(self) -> &'static str {
+        match self {
+            SetsidHook::Tracepoint => "tracepoint",
+            SetsidHook::RawSyscalls => "raw_syscalls",
+            SetsidHook::None => "none",
+        }
+    }
+}
+
+/// The loaded, attached probes and the maps user space reads.
+pub struct Probes {
+    /// Programs and their links: dropping this detaches every probe.
+    pub programs: Option<Ebpf>,
+    pub ring: RingBuf<MapData>,
+    pub tracked: HashMap<MapData, u32, Tracked>,
+    pub counters: KernelCounters,
+    pub setsid_hook: SetsidHook,
+    /// Things worth telling the user (tracefs mounted, a hook degraded).
+    pub notes: Vec<String>,
+}
+
+/// Explains a load or attach failure in terms of what to do about it.
+fn privilege_hint(err: &anyhow::Error) -> String {
+    let text = format!("{err:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") || text.contains("permission") {
+        "\nreaper-trace needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE (and CAP_SYS_ADMIN to \
+         mount tracefs): run it as root, e.g. `sudo reaper-trace ...`"
+            .to_owned()
+    } else {
+        String::new()
+    }
+}
+
+impl Probes {
+    /// Loads and attaches everything.
+    pub fn load(opts: &LoadOptions) -> Result<Probes> {
+        Self::try_load(opts).map_err(|e| {
+            let hint = privilege_hint(&e);
+            e.context(format!("loading the eBPF probes failed{hint}"))
+        })
+    }
+
+    fn try_load(opts: &LoadOptions) -> Result<Probes> {
+        let kernel_btf = KernelBtf::from_sys_fs()?;
+        let offsets: KernelOffsets = kernel_btf.kernel_offsets()?;
+        for tp in LIFECYCLE {
+            if !kernel_btf.has_btf_tracepoint(tp) {
+                return Err(anyhow!("this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"));
+            }
+        }
+        let mut notes = Vec::new();
+
+        // The classic setsid tracepoint needs its record layout before the object is loaded.
+        let tracefs = tracefs::find_or_mount();
+        let setsid_ret_offset = match &tracefs {
+            Ok(fs) => {
+                if fs.mounted_by_us {
+                    notes.push(format!("mounted tracefs at {} (left mounted)", fs.root.display()));
+                }
+                fs.field_offset("syscalls", "sys_exit_setsid", "ret").ok()
+            }
+            Err(e) => {
+                notes.push(format!("{e:#}"));
+                None
+            }
+        };
+        let config = ProbeConfig {
+            wakeup_interval_ns: opts.wakeup_interval_ns,
+            // Wake at once when a quarter of the ring is waiting, long before it can fill.
+            wakeup_bytes: u64::from(opts.ring_bytes / 4),
+            setsid_ret_offset: setsid_ret_offset.unwrap_or(0),
+            setsid_nr: libc::SYS_setsid as u64,
+        };
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("OFFSETS", &offsets, true)
+            .override_global("CONFIG", &config, true)
+            .map_max_entries("TRACKED", opts.max_tracked)
+            .map_max_entries("EVENTS", opts.ring_bytes)
+            .load(EBPF_OBJECT)
+            .context("loading the eBPF object")?;
+
+        let btf = Btf::from_sys_fs().context("reading the kernel BTF")?;
+        for tp in LIFECYCLE {
+            let prog: &mut BtfTracePoint = ebpf
+                .program_mut(tp)
+                .ok_or_else(|| anyhow!("program {tp} missing from the object"))?
+                .try_into()?;
+            prog.load(tp, &btf).with_context(|| format!("loading {tp}"))?;
+            prog.attach().with_context(|| format!("attaching {tp}"))?;
+        }
+
+        let setsid_hook = attach_setsid(&mut ebpf, setsid_ret_offset.is_some(), &mut notes);
+
+        let map = |ebpf: &mut Ebpf, name: &str| {
+            ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the object"))
+        };
+        Ok(Probes {
+            ring: RingBuf::try_from(map(&mut ebpf, "EVENTS")?)?,
+            tracked: HashMap::try_from(map(&mut ebpf, "TRACKED")?)?,
+            counters: KernelCounters {
+                losses: PerCpuArray::try_from(map(&mut ebpf, "LOSSES")?)?,
+                seq: Array::try_from(map(&mut ebpf, "SEQ")?)?,
+            },
+            programs: Some(ebpf),
+            setsid_hook,
+            notes,
+        })
+    }
+
+    /// Detaches every probe; the maps stay readable for a final drain.
+    pub fn detach(&mut self) {
+        self.programs = None;
+    }
+}
+
+/// The kernel's own accounting: sequence numbers handed out and records lost.
+pub struct KernelCounters {
+    losses: PerCpuArray<MapData, u64>,
+    seq: Array<MapData, u64>,
+}
+
+impl KernelCounters {
+    /// Sequence numbers the kernel has handed out so far (one per record it tried to send).
+    pub fn kernel_events(&self) -> Result<u64> {
+        Ok(self.seq.get(&0, 0)?)
+    }
+
+    /// Losses so far, summed over CPUs.
+    pub fn losses(&self) -> Result<LossCounts> {
+        let slot = |i: u32| -> Result<u64> { Ok(self.losses.get(&i, 0)?.iter().sum()) };
+        let mut kinds = [0u64; EventKind::ALL.len()];
+        for kind in EventKind::ALL {
+            kinds[kind.loss_slot() as usize] = slot(kind.loss_slot())?;
+        }
+        Ok(LossCounts { kinds, tracked_full: slot(LossSlot::TRACKED_FULL)? })
+    }
+}
+
+/// Loss counters read from the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LossCounts {
+    /// Records that could not be reserved, indexed by `EventKind::loss_slot`.
+    pub kinds: [u64; EventKind::ALL.len()],
+    pub tracked_full: u64,
+}
+
+impl LossCounts {
+    pub fn dropped(&self) -> u64 {
+        self.kinds.iter().sum()
+    }
+}
+
+fn attach_setsid(ebpf: &mut Ebpf, have_format: bool, notes: &mut Vec<String>) -> SetsidHook {
+    if have_format {
+        let attached = (|| -> Result<()> {
+            let prog: &mut TracePoint = ebpf
+                .program_mut("sys_exit_setsid")
+                .ok_or_else(|| anyhow!("program sys_exit_setsid missing"))?
+                .try_into()?;
+            prog.load()?;
+            prog.attach("syscalls", "sys_exit_setsid")?;
+            Ok(())
+        })();
+        match attached {
+            Ok(()) => return SetsidHook::Tracepoint,
+            Err(e) => notes.push(format!("syscalls/sys_exit_setsid unavailable: {e:#}")),
+        }
+    }
+    let attached = (|| -> Result<()> {
+        let prog: &mut RawTracePoint = ebpf
+            .program_mut("raw_sys_exit")
+            .ok_or_else(|| anyhow!("program raw_sys_exit missing"))?
+            .try_into()?;
+        prog.load()?;
+        prog.attach("sys_exit")?;
+        Ok(())
+    })();
+    match attached {
+        Ok(()) => {
+            notes.push(
+                "setsid() is observed through the raw sys_exit tracepoint (filtered in the kernel)"
+                    .into(),
+            );
+            SetsidHook::RawSyscalls
+        }
+        Err(e) => {
+            notes.push(format!(
+                "setsid() cannot be observed as it happens ({e:#}); a session change shows in the \
+                 sid of later fork events"
+            ));
+            SetsidHook::None
+        }
+    }
+}

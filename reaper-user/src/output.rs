@@ -1,0 +1,149 @@
+//! Where events go: NDJSON for tools, one readable line per event for people.
+use std::io::{self, Write};
+
+use anyhow::{Context, Result};
+
+use crate::events::{Envelope, Event, wait_status};
+use crate::text::escape_for_terminal;
+
+/// Writes the event stream. NDJSON goes to `json` (stdout with `--json`); readable lines go to
+/// `human` (stdout by default, stderr with `--json`).
+pub struct Output {
+    json: Option<Box<dyn Write + Send>>,
+    human: Option<Box<dyn Write + Send>>,
+    seq: u64,
+    /// Boot-time ns at start, for relative times in human lines.
+    t0: u64,
+}
+
+impl Output {
+    pub fn new(json: Option<Box<dyn Write + Send>>, human: Option<Box<dyn Write + Send>>, t0: u64) -> Self {
+        Output { json, human, seq: 0, t0 }
+    }
+
+    /// Emits one event stamped `ts`.
+    pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
+        if let Some(w) = self.json.as_mut() {
+            let env = Envelope { event: body.name(), seq: self.seq, ts, body };
+            serde_json::to_writer(&mut *w, &env).context("writing an NDJSON event")?;
+            w.write_all(b"\n").context("writing an NDJSON event")?;
+        }
+        self.seq += 1;
+        if let Some(w) = self.human.as_mut() {
+            let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
+            writeln!(w, "[{rel:>9.3}s] {}", human_line(body)).context("writing output")?;
+        }
+        Ok(())
+    }
+
+    /// Starts the clock of the relative times in readable lines.
+    pub fn set_t0(&mut self, t0: u64) {
+        self.t0 = t0;
+    }
+
+    /// Writes a block of text for people only (the closing tree).
+    pub fn human_block(&mut self, text: &str) -> Result<()> {
+        if let Some(w) = self.human.as_mut() {
+            w.write_all(text.as_bytes()).context("writing output")?;
+        }
+        Ok(())
+    }
+
+    /// Flushes both outlets (after every batch of events, so a reader sees them at once).
+    pub fn flush(&mut self) -> io::Result<()> {
+        if let Some(w) = self.json.as_mut() {
+            w.flush()?;
+        }
+        if let Some(w) = self.human.as_mut() {
+            w.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn esc(s: &str) -> String {
+    escape_for_terminal(s.as_bytes())
+}
+
+fn esc_args(args: &[String]) -> String {
+    args.iter().map(|a| esc(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// One line a person reads. Every string that came from a process is escaped.
+pub fn human_line(ev: &Event) -> String {
+    match ev {
+        Event::Snapshot { pid, ppid, comm, argv, .. } => format!(
+            "found    {pid} ({}) parent {ppid}: {}",
+            esc(comm_of(comm)),
+            esc_args(&argv.argv)
+        ),
+        Event::Ready { gateway, tracked, setsid_hook } => {
+            let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
+            format!(
+                "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by {setsid_hook})",
+                gws.join(", ")
+            )
+        }
+        Event::Fork { pid, ppid, spawner, comm, untracked, .. } => {
+            let parent = if ppid == spawner { String::new() } else { format!(" (parent {ppid})") };
+            let note = if *untracked { "; NOT FOLLOWED: tracked map full" } else { "" };
+            format!("fork     {pid} ({}) by {spawner}{parent}{note}", esc(comm_of(comm)))
+        }
+        Event::Exec { pid, filename, argv, truncated, .. } => format!(
+            "exec     {pid} {}: {}{}",
+            esc(comm_of_named(filename, "filename")),
+            esc_args(&argv.argv),
+            if *truncated { " [truncated]" } else { "" }
+        ),
+        Event::Exit { pid, exit_code, signal, core } => match (exit_code, signal) {
+            (Some(code), _) => format!("exit     {pid} code {code}"),
+            (None, Some(sig)) => {
+                format!("exit     {pid} killed by {sig}{}", if *core { " (core dumped)" } else { "" })
+            }
+            (None, None) => format!("exit     {pid}"),
+        },
+        Event::Reaped { pid } => format!("reaped   {pid}"),
+        Event::Setsid { pid, sid } => format!("setsid   {pid} now leads session {sid}"),
+        Event::Reparent { pid, old_ppid, new_ppid } => {
+            format!("reparent {pid} parent {old_ppid} exited; new parent {new_ppid}")
+        }
+        Event::Lost { count, kinds, affected } => {
+            let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let pids: Vec<String> = affected.iter().map(u32::to_string).collect();
+            format!(
+                "LOST     {count} records ({}); re-read from /proc: {}",
+                kinds.join(", "),
+                if pids.is_empty() { "nothing affected".into() } else { pids.join(", ") }
+            )
+        }
+        Event::Summary { counts, delivery, alive, zombies, .. } => format!(
+            "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
+            counts.fork,
+            counts.exec,
+            counts.exit,
+            alive.len(),
+            zombies.len(),
+            delivery.received,
+            delivery.kernel_events,
+            delivery.dropped.values().sum::<u64>(),
+            if delivery.consistent { "" } else { " (INCONSISTENT)" }
+        ),
+    }
+}
+
+fn comm_of(t: &crate::events::ProcText) -> &str {
+    comm_of_named(t, "comm")
+}
+
+fn comm_of_named<'a>(t: &'a crate::events::ProcText, name: &str) -> &'a str {
+    t.get(name).unwrap_or("")
+}
+
+/// Exit status in words, for the tree.
+pub fn describe_status(status: u32) -> String {
+    match wait_status(status) {
+        (Some(code), _, _) => format!("exited {code}"),
+        (None, Some(sig), core) => format!("killed by {sig}{}", if core { ", core" } else { "" }),
+        _ => "exited".into(),
+    }
+}

@@ -1,0 +1,153 @@
+//! Reads of `/proc`: only what seeding and resynchronisation need, off the event path.
+//!
+//! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
+use std::{collections::HashMap, fs, io, path::PathBuf};
+
+/// Fields of `/proc/PID/stat`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub pid: u32,
+    pub comm: Vec<u8>,
+    pub state: u8,
+    pub ppid: u32,
+    pub pgrp: u32,
+    pub session: u32,
+    /// Start time in clock ticks since boot (`USER_HZ`).
+    pub start_ticks: u64,
+}
+
+fn proc_path(pid: u32, file: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{file}"))
+}
+
+/// Parses the text of `/proc/PID/stat`. The comm sits between the first `(` and the *last*
+/// `)`: it may itself contain parentheses, spaces and newlines.
+pub fn parse_stat(text: &[u8]) -> Option<Stat> {
+    let open = text.iter().position(|&b| b == b'(')?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    if close < open {
+        return None;
+    }
+    let pid = std::str::from_utf8(&text[..open]).ok()?.trim().parse().ok()?;
+    let comm = text[open + 1..close].to_vec();
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    // Fields after comm, numbered from 3 (state) as in proc(5).
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).copied();
+    Some(Stat {
+        pid,
+        comm,
+        state: *field(3)?.as_bytes().first()?,
+        ppid: field(4)?.parse().ok()?,
+        pgrp: field(5)?.parse().ok()?,
+        session: field(6)?.parse().ok()?,
+        start_ticks: field(22)?.parse().ok()?,
+    })
+}
+
+/// Reads `/proc/PID/stat`.
+pub fn read_stat(pid: u32) -> io::Result<Stat> {
+    let text = fs::read(proc_path(pid, "stat"))?;
+    parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
+}
+
+/// Splits a NUL-separated argument block (`/proc/PID/cmdline`, or argv read at exec) into
+/// arguments, at most `max_args`. Returns the arguments and whether any were cut.
+pub fn split_args(block: &[u8], max_args: usize) -> (Vec<Vec<u8>>, bool) {
+    let block = block.strip_suffix(&[0]).unwrap_or(block);
+    if block.is_empty() {
+        return (Vec::new(), false);
+    }
+    let mut args: Vec<Vec<u8>> = Vec::new();
+    for arg in block.split(|&b| b == 0) {
+        if args.len() == max_args {
+            return (args, true);
+        }
+        args.push(arg.to_vec());
+    }
+    (args, false)
+}
+
+/// Reads `/proc/PID/cmdline` as arguments.
+pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Vec<Vec<u8>>, bool)> {
+    Ok(split_args(&fs::read(proc_path(pid, "cmdline"))?, max_args))
+}
+
+/// Every pid in `/proc` right now (thread-group leaders only).
+pub fn all_pids() -> io::Result<Vec<u32>> {
+    Ok(fs::read_dir("/proc")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
+/// `stat` of every process, keyed by pid. Processes that vanish while being read are skipped.
+pub fn snapshot_all() -> io::Result<HashMap<u32, Stat>> {
+    Ok(all_pids()?
+        .into_iter()
+        .filter_map(|pid| read_stat(pid).ok().map(|s| (pid, s)))
+        .collect())
+}
+
+/// Clock ticks per second for `/proc` start times.
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if n > 0 { n as u64 } else { 100 }
+}
+
+/// Converts a kernel `start_boottime` (ns) to the tick count `/proc/PID/stat` shows.
+pub fn boottime_to_ticks(ns: u64, ticks_per_second: u64) -> u64 {
+    ns / (1_000_000_000 / ticks_per_second.max(1))
+}
+
+/// `CLOCK_BOOTTIME` now, in ns: the clock of every event's `ts`.
+pub fn boottime_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_parentheses_and_spaces_in_comm() {
+        let text = b"4711 (a) (b c)) S 1 4711 4711 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.pid, 4711);
+        assert_eq!(s.comm, b"a) (b c)");
+        assert_eq!((s.state, s.ppid, s.pgrp, s.session), (b'S', 1, 4711, 4711));
+        assert_eq!(s.start_ticks, 987654);
+    }
+
+    #[test]
+    fn stat_truncated_is_rejected_not_panicking() {
+        assert_eq!(parse_stat(b"12 (x) S 1"), None);
+        assert_eq!(parse_stat(b")("), None);
+        assert_eq!(parse_stat(b""), None);
+    }
+
+    #[test]
+    fn args_split_and_capped() {
+        assert_eq!(
+            split_args(b"a\0bb\0\0c\0", 10),
+            (vec![b"a".to_vec(), b"bb".to_vec(), vec![], b"c".to_vec()], false)
+        );
+        assert_eq!(split_args(b"", 10), (vec![], false));
+        assert_eq!(split_args(b"a\0b\0c\0", 2), (vec![b"a".to_vec(), b"b".to_vec()], true));
+    }
+
+    #[test]
+    fn own_process_reads_back() {
+        let me = std::process::id();
+        let s = read_stat(me).unwrap();
+        assert_eq!(s.pid, me);
+        let now_ticks = boottime_to_ticks(boottime_now(), ticks_per_second());
+        assert!(s.start_ticks <= now_ticks);
+    }
+}

@@ -1,0 +1,118 @@
+//! Seeding: the gateways and the descendants they already have, from /proc, into the kernel's
+//! tracked map. Runs after the probes are attached, so every fork from a process already in
+//! the map is caught by the kernel; repeated passes catch forks that raced a pass.
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use anyhow::{Result, bail};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use reaper_common::Tracked;
+
+use crate::decode::MAX_ARGS;
+use crate::graph::Seed;
+use crate::procfs::{self, Stat};
+
+/// Passes over /proc at most (each after the previous one's inserts took effect).
+const MAX_PASSES: usize = 5;
+
+/// The tracked map, as seeding and resyncs use it.
+pub type TrackedMap = BpfHashMap<MapData, u32, Tracked>;
+
+/// Checks that `pid` can be a gateway and returns its stat.
+pub fn check_gateway(pid: u32) -> Result<Stat> {
+    let stat = match procfs::read_stat(pid) {
+        Ok(s) => s,
+        Err(_) => bail!("--gateway-pid {pid}: no such process"),
+    };
+    if stat.state == b'Z' {
+        bail!("--gateway-pid {pid}: the process is a zombie (it has exited)");
+    }
+    if pid == std::process::id() {
+        bail!("--gateway-pid {pid}: that is reaper-trace itself");
+    }
+    Ok(stat)
+}
+
+/// Puts `stat`'s process in the tracked map, then checks it is still the same process; a
+/// process that exited in between is taken out again (its pid could be reused).
+fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
+    if let Ok(entry) = map.get(&stat.pid, 0) {
+        let ticks = procfs::boottime_to_ticks(entry.start, procfs::ticks_per_second());
+        if entry.start == 0 || ticks == stat.start_ticks {
+            return Ok(true); // the kernel already tracks this very process
+        }
+        // Otherwise a dead process's entry, not yet removed: replaced below.
+    }
+    // Start 0: the kernel learns the exact start time at the process's next event.
+    map.insert(stat.pid, Tracked { start: 0 }, 0)?;
+    match procfs::read_stat(stat.pid) {
+        Ok(now) if now.start_ticks == stat.start_ticks && now.state != b'Z' => Ok(true),
+        _ => {
+            let _ = map.remove(&stat.pid);
+            Ok(false)
+        }
+    }
+}
+
+fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
+    let argv = procfs::read_cmdline(stat.pid, MAX_ARGS).map(|(a, _)| a).unwrap_or_default();
+    Seed {
+        pid: stat.pid,
+        start_ticks: stat.start_ticks,
+        ppid: stat.ppid,
+        sid: stat.session,
+        pgid: stat.pgrp,
+        comm: stat.comm.clone(),
+        argv,
+        is_gateway,
+        uncertain: false,
+    }
+}
+
+/// Tracks the gateways and all their current descendants (by parent pid). Returns them,
+/// parents before children.
+pub fn seed(map: &mut TrackedMap, gateways: &[Stat]) -> Result<Vec<Seed>> {
+    let mut seeds = Vec::new();
+    let mut known: HashSet<u32> = HashSet::new();
+    for gw in gateways {
+        if !track(map, gw)? {
+            bail!("--gateway-pid {}: the process exited during start-up", gw.pid);
+        }
+        known.insert(gw.pid);
+        seeds.push(seed_of(gw, true));
+    }
+    for pass in 0..MAX_PASSES {
+        let found = descendants_pass(map, &mut known)?;
+        let none_new = found.is_empty();
+        seeds.extend(found);
+        // Two passes at least: the second catches forks that raced the first one's inserts.
+        if none_new && pass >= 1 {
+            break;
+        }
+    }
+    Ok(seeds)
+}
+
+/// One pass: every process whose parent chain reaches a known process, not yet known.
+fn descendants_pass(map: &mut TrackedMap, known: &mut HashSet<u32>) -> Result<Vec<Seed>> {
+    let all = procfs::snapshot_all()?;
+    let mut children: HashMap<u32, Vec<&Stat>> = HashMap::new();
+    for stat in all.values() {
+        children.entry(stat.ppid).or_default().push(stat);
+    }
+    let mut queue: VecDeque<u32> = known.iter().copied().collect();
+    let mut found = Vec::new();
+    while let Some(pid) = queue.pop_front() {
+        let Some(kids) = children.get(&pid) else { continue };
+        for kid in kids {
+            if known.contains(&kid.pid) {
+                continue;
+            }
+            if track(map, kid)? {
+                known.insert(kid.pid);
+                queue.push_back(kid.pid);
+                found.push(seed_of(kid, false));
+            }
+        }
+    }
+    Ok(found)
+}

@@ -1,0 +1,389 @@
+//! The event path in user space: ring-buffer record → decode → lineage graph → output, plus
+//! the loss accounting and /proc repairs that keep the graph exact.
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use reaper_common::EventKind;
+
+use crate::decode::{KernelEvent, What, decode};
+use crate::events::{AliveProcess, Argv, Counts, Delivery, Event, ProcText, wait_status};
+use crate::graph::{Applied, LineageGraph, NodeId, Seed, Start};
+use crate::loader::{KernelCounters, LossCounts};
+use crate::output::Output;
+use crate::procfs::{self, boottime_now};
+use crate::seed::TrackedMap;
+
+/// How long to wait for the kernel to reparent the children of an exited process.
+const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long the run waits, once nothing is alive, for the last zombies to be reaped.
+const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
+
+/// A child whose parent exited; its new parent is read from /proc once the kernel set it.
+struct PendingReparent {
+    node: NodeId,
+    pid: u32,
+    old_ppid: u32,
+    since: Instant,
+}
+
+/// State of one tracing run.
+pub struct Tracer {
+    pub graph: LineageGraph,
+    pub out: Output,
+    counts: Counts,
+    /// Kernel records received.
+    received: u64,
+    /// Loss counters as last reported.
+    reported_losses: LossCounts,
+    /// Pids to re-read from /proc (events about processes the graph did not know).
+    resync_pids: HashSet<u32>,
+    /// Children forked while the tracked map was full.
+    untracked_children: Vec<u32>,
+    pending_reparents: Vec<PendingReparent>,
+    /// When the last exit event arrived.
+    last_exit: Instant,
+    /// Pids that are gateways once their fork event arrives (the `-- CMD` gateway).
+    pending_gateways: HashSet<u32>,
+    /// Records that did not decode (a build mismatch; never expected).
+    pub undecodable: u64,
+    ticks_per_second: u64,
+    started: u64,
+}
+
+impl Tracer {
+    pub fn new(graph: LineageGraph, out: Output) -> Tracer {
+        Tracer {
+            graph,
+            out,
+            counts: Counts::default(),
+            received: 0,
+            reported_losses: LossCounts::default(),
+            resync_pids: HashSet::new(),
+            untracked_children: Vec::new(),
+            pending_reparents: Vec::new(),
+            last_exit: Instant::now(),
+            pending_gateways: HashSet::new(),
+            undecodable: 0,
+            ticks_per_second: procfs::ticks_per_second(),
+            started: boottime_now(),
+        }
+    }
+
+    /// Adds processes found in /proc and reports each as a `snapshot`.
+    pub fn add_seeds(&mut self, seeds: Vec<Seed>) -> Result<()> {
+        for seed in seeds {
+            let (id, new) = self.graph.add_seed(seed);
+            if new {
+                self.emit_snapshot(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn emit_snapshot(&mut self, id: NodeId) -> Result<()> {
+        let Some(n) = self.graph.node(id) else { return Ok(()) };
+        let ev = Event::Snapshot {
+            pid: n.pid,
+            ppid: n.ppid,
+            spawner: n.spawner_pid,
+            comm: ProcText::new("comm", &n.comm),
+            argv: Argv::new(&n.argv),
+            sid: n.sid,
+            pgid: n.pgid,
+        };
+        self.counts.snapshot += 1;
+        self.out.event(boottime_now(), &ev)
+    }
+
+    /// `pid` becomes a gateway when its fork event arrives.
+    pub fn expect_gateway(&mut self, pid: u32) {
+        self.pending_gateways.insert(pid);
+    }
+
+    /// The gateway pids (for `ready`).
+    pub fn gateway_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.graph.gateways().map(|n| n.pid).collect();
+        pids.extend(self.pending_gateways.iter().copied());
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Every gateway has exited (or none is known yet to be alive).
+    pub fn gateways_exited(&self) -> bool {
+        self.pending_gateways.is_empty() && self.graph.gateways().all(|n| !n.alive())
+    }
+
+    /// Nothing tracked is alive, and no zombie is left unless it has waited longer than a
+    /// parent takes to reap (an unreaped zombie must not keep the run going forever).
+    pub fn tree_finished(&self) -> bool {
+        if self.graph.alive().next().is_some() {
+            return false;
+        }
+        self.graph.zombies().next().is_none() || self.last_exit.elapsed() >= ZOMBIE_SETTLE
+    }
+
+    /// Handles one ring-buffer record.
+    pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
+        self.received += 1;
+        match decode(bytes) {
+            Ok(ev) => self.apply(&ev),
+            Err(_) => {
+                self.undecodable += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn apply(&mut self, ev: &KernelEvent) -> Result<()> {
+        let applied = self.graph.apply(ev);
+        let node = match &applied {
+            Applied::Node(id) | Applied::Exit { node: id, .. } => *id,
+            Applied::Unknown => {
+                self.resync_pids.insert(ev.pid);
+                return Ok(());
+            }
+        };
+        let out = match &ev.what {
+            What::Fork { spawner, ppid, sid, pgid, uid, cgroup_id, comm, untracked } => {
+                self.counts.fork += 1;
+                if self.pending_gateways.remove(&ev.pid) {
+                    self.graph.set_gateway(node);
+                }
+                if *untracked {
+                    self.untracked_children.push(ev.pid);
+                }
+                Event::Fork {
+                    pid: ev.pid,
+                    ppid: *ppid,
+                    spawner: *spawner,
+                    comm: ProcText::new("comm", comm),
+                    start: ev.start,
+                    sid: *sid,
+                    pgid: *pgid,
+                    uid: *uid,
+                    cgroup_id: *cgroup_id,
+                    untracked: *untracked,
+                }
+            }
+            What::Exec { old_tid, filename, argv, truncated, .. } => {
+                self.counts.exec += 1;
+                Event::Exec {
+                    pid: ev.pid,
+                    filename: ProcText::new("filename", filename),
+                    argv: Argv::new(argv),
+                    truncated: *truncated,
+                    tid: *old_tid,
+                }
+            }
+            What::Exit { status } => {
+                self.counts.exit += 1;
+                self.last_exit = Instant::now();
+                if let Applied::Exit { orphans, .. } = applied {
+                    let since = Instant::now();
+                    for orphan in orphans {
+                        if let Some(n) = self.graph.node(orphan) {
+                            let (pid, old_ppid) = (n.pid, n.ppid);
+                            self.pending_reparents.push(PendingReparent { node: orphan, pid, old_ppid, since });
+                        }
+                    }
+                }
+                let (exit_code, signal, core) = wait_status(*status);
+                Event::Exit { pid: ev.pid, exit_code, signal, core }
+            }
+            What::Free => {
+                self.counts.reaped += 1;
+                Event::Reaped { pid: ev.pid }
+            }
+            What::Setsid { sid } => {
+                self.counts.setsid += 1;
+                Event::Setsid { pid: ev.pid, sid: *sid }
+            }
+        };
+        self.out.event(ev.ts, &out)
+    }
+
+    /// Reads the new parents of children whose parent exited. The kernel reparents them a
+    /// little after the exit event, so a child still showing its old parent is retried.
+    pub fn check_reparents(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending_reparents);
+        for p in pending {
+            let Some(node) = self.graph.node(p.node) else { continue };
+            if !node.alive() {
+                continue;
+            }
+            let start = node.start;
+            let stat = match procfs::read_stat(p.pid) {
+                Ok(s) if self.same_start(start, s.start_ticks) => s,
+                _ => continue, // gone: its own exit event tells the rest
+            };
+            if stat.ppid == p.old_ppid {
+                if p.since.elapsed() < REPARENT_PATIENCE {
+                    self.pending_reparents.push(p);
+                }
+                continue;
+            }
+            self.graph.reparent(p.node, stat.ppid);
+            self.counts.reparent += 1;
+            let ev = Event::Reparent { pid: p.pid, old_ppid: p.old_ppid, new_ppid: stat.ppid };
+            self.out.event(boottime_now(), &ev)?;
+        }
+        Ok(())
+    }
+
+    pub fn has_pending_reparents(&self) -> bool {
+        !self.pending_reparents.is_empty()
+    }
+
+    fn same_start(&self, start: Start, ticks: u64) -> bool {
+        match start {
+            Start::Exact(ns) => procfs::boottime_to_ticks(ns, self.ticks_per_second) == ticks,
+            Start::Ticks(t) => t == ticks,
+        }
+    }
+
+    /// Compares the kernel's loss counters with what was reported; on a new loss, reports it
+    /// and repairs the graph from /proc and the kernel's tracked map.
+    pub fn check_losses(&mut self, counters: &KernelCounters, tracked: &TrackedMap) -> Result<()> {
+        let now = counters.losses()?;
+        let new_drops = now.dropped() - self.reported_losses.dropped();
+        let new_full = now.tracked_full - self.reported_losses.tracked_full;
+        if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() {
+            return Ok(());
+        }
+        let mut kinds = BTreeMap::new();
+        for kind in EventKind::ALL {
+            let i = kind.loss_slot() as usize;
+            let n = now.kinds[i] - self.reported_losses.kinds[i];
+            if n > 0 {
+                kinds.insert(kind.name(), n);
+            }
+        }
+        if new_full > 0 {
+            kinds.insert("tracked_full", new_full);
+        }
+        self.reported_losses = now;
+        let mut affected = if new_drops > 0 || !self.resync_pids.is_empty() {
+            self.resync(tracked)?
+        } else {
+            Vec::new()
+        };
+        affected.append(&mut self.untracked_children);
+        affected.sort_unstable();
+        affected.dedup();
+        if new_drops == 0 && new_full == 0 {
+            return Ok(()); // a late event for a process already repaired: nothing was lost
+        }
+        let ev = Event::Lost { count: new_drops + new_full, kinds, affected };
+        self.out.event(boottime_now(), &ev)
+    }
+
+    /// Re-reads from /proc every process the kernel tracks or the graph thinks alive, and
+    /// fixes the graph: processes it missed are added (as `snapshot`s, marked uncertain: their
+    /// lineage edge is only their parent at that moment), processes that are gone are marked
+    /// exited and reaped. Returns the pids it touched.
+    fn resync(&mut self, tracked: &TrackedMap) -> Result<Vec<u32>> {
+        let mut affected = Vec::new();
+        let kernel_pids: Vec<u32> = tracked.keys().filter_map(|k| k.ok()).collect();
+        let mut seeds = Vec::new();
+        let asked: Vec<u32> = self.resync_pids.drain().collect();
+        for pid in kernel_pids.into_iter().chain(asked) {
+            let Ok(stat) = procfs::read_stat(pid) else { continue };
+            let known = self.graph.current(pid).is_some_and(|n| {
+                n.alive() && self.same_start(n.start, stat.start_ticks)
+            });
+            if !known && stat.state != b'Z' {
+                let argv = procfs::read_cmdline(pid, crate::decode::MAX_ARGS)
+                    .map(|(a, _)| a)
+                    .unwrap_or_default();
+                seeds.push(Seed {
+                    pid,
+                    start_ticks: stat.start_ticks,
+                    ppid: stat.ppid,
+                    sid: stat.session,
+                    pgid: stat.pgrp,
+                    comm: stat.comm,
+                    argv,
+                    is_gateway: false,
+                    uncertain: true,
+                });
+            }
+        }
+        // Parents first, so that lineage edges find their parent node.
+        seeds.sort_by_key(|s| s.start_ticks);
+        for seed in seeds {
+            let pid = seed.pid;
+            let (id, new) = self.graph.add_seed(seed);
+            if new {
+                self.emit_snapshot(id)?;
+            }
+            affected.push(pid);
+        }
+        // Processes the graph holds alive that are gone (their exit was lost).
+        let stale: Vec<(NodeId, u32)> = self
+            .graph
+            .alive()
+            .filter(|n| match procfs::read_stat(n.pid) {
+                Ok(s) => !self.same_start(n.start, s.start_ticks),
+                Err(_) => true,
+            })
+            .map(|n| (n.id, n.pid))
+            .collect();
+        let now = boottime_now();
+        for (id, pid) in stale {
+            self.graph.mark_gone(id, now);
+            self.counts.exit += 1;
+            self.out.event(now, &Event::Exit { pid, exit_code: None, signal: None, core: false })?;
+            self.counts.reaped += 1;
+            self.out.event(now, &Event::Reaped { pid })?;
+            affected.push(pid);
+        }
+        Ok(affected)
+    }
+
+    /// The closing summary, after the probes were detached and the ring drained.
+    pub fn summary(
+        &mut self,
+        counters: &KernelCounters,
+        gateway_exit_code: Option<i32>,
+    ) -> Result<Event> {
+        let kernel_events = counters.kernel_events()?;
+        let losses = counters.losses()?;
+        let mut dropped = BTreeMap::new();
+        for kind in EventKind::ALL {
+            dropped.insert(kind.name(), losses.kinds[kind.loss_slot() as usize]);
+        }
+        let delivery = Delivery {
+            kernel_events,
+            received: self.received,
+            dropped,
+            tracked_full: losses.tracked_full,
+            consistent: kernel_events == self.received + losses.dropped() && self.undecodable == 0,
+        };
+        let mut alive: Vec<AliveProcess> = self
+            .graph
+            .alive()
+            .map(|n| AliveProcess {
+                pid: n.pid,
+                lineage: self.graph.lineage(n.id),
+                comm: ProcText::new("comm", &n.comm),
+                argv: Argv::new(&n.argv),
+                ppid: n.ppid,
+                escaped: n.escaped,
+                uncertain: n.uncertain,
+            })
+            .collect();
+        alive.sort_by_key(|a| a.pid);
+        let mut zombies: Vec<u32> = self.graph.zombies().map(|n| n.pid).collect();
+        zombies.sort_unstable();
+        Ok(Event::Summary {
+            counts: self.counts.clone(),
+            delivery,
+            alive,
+            zombies,
+            gateway_exit_code,
+            duration_ns: boottime_now().saturating_sub(self.started),
+        })
+    }
+}

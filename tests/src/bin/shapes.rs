@@ -1,0 +1,271 @@
+//! `reaper-shapes SHAPE TRUTH_FILE`: makes one process shape as a gateway would, and writes
+//! what it did (pids, exit codes) to TRUTH_FILE as JSON, for the integration tests to compare
+//! with what reaper-trace reported. Plain libc on purpose: each shape is the exact syscall
+//! pattern it names.
+use std::{
+    ffi::CString,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(shape), Some(truth)) = (args.get(1), args.get(2)) else {
+        eprintln!("usage: reaper-shapes SHAPE TRUTH_FILE");
+        std::process::exit(2);
+    };
+    let result = match shape.as_str() {
+        "basic" => basic(),
+        "threads" => threads(),
+        "exec-from-thread" => exec_from_thread(),
+        "spawn" => spawn(),
+        "setsid-double-fork" => setsid_double_fork(truth),
+        "clone-parent" => clone_parent(),
+        "storm" => storm(args.get(3).and_then(|n| n.parse().ok()).unwrap_or(5000)),
+        "tree" => tree(truth),
+        other => {
+            eprintln!("unknown shape {other}");
+            std::process::exit(2);
+        }
+    };
+    let mut truth_value = result;
+    truth_value["gateway"] = json!(std::process::id());
+    write_truth(truth, &truth_value);
+}
+
+fn write_truth(path: &str, value: &Value) {
+    let tmp = format!("{path}.tmp");
+    std::fs::write(&tmp, value.to_string()).expect("write truth");
+    std::fs::rename(&tmp, path).expect("publish truth");
+}
+
+/// fork(); the child runs `f` and exits with its return value.
+fn fork_then(f: impl FnOnce() -> i32) -> u32 {
+    // SAFETY: the child only runs async-signal-safe code or execs, then _exits.
+    match unsafe { libc::fork() } {
+        -1 => panic!("fork failed"),
+        0 => unsafe { libc::_exit(f()) },
+        pid => pid as u32,
+    }
+}
+
+/// Waits for a specific child; returns its raw wait status.
+fn wait_for(pid: u32) -> i32 {
+    let mut status = 0;
+    // SAFETY: plain waitpid.
+    unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    status
+}
+
+fn exec(path: &str, argv: &[&str]) -> ! {
+    let path = CString::new(path).unwrap();
+    let args: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and a NULL-terminated array.
+    unsafe { libc::execv(path.as_ptr(), ptrs.as_ptr()) };
+    unsafe { libc::_exit(127) }
+}
+
+/// Exit codes, a signal death, an exec with arguments.
+fn basic() -> Value {
+    let exits_3 = fork_then(|| 3);
+    let killed = fork_then(|| {
+        // SAFETY: signals itself.
+        unsafe { libc::raise(libc::SIGKILL) };
+        0
+    });
+    let execs = fork_then(|| exec("/bin/sh", &["sh", "-c", "exit 0", "arg with space"]));
+    for pid in [exits_3, killed, execs] {
+        wait_for(pid);
+    }
+    json!({ "exits_3": exits_3, "killed": killed, "execs": execs })
+}
+
+/// 32 threads, each forking a child: every child belongs to the gateway's tgid.
+fn threads() -> Value {
+    let handles: Vec<_> = (0..32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                // SAFETY: plain syscall.
+                let tid = unsafe { libc::gettid() } as u32;
+                let child = fork_then(|| i);
+                wait_for(child);
+                (tid, child, i)
+            })
+        })
+        .collect();
+    let results: Vec<(u32, u32, i32)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    json!({
+        "tids": results.iter().map(|r| r.0).collect::<Vec<_>>(),
+        "children": results.iter().map(|r| json!({ "pid": r.1, "code": r.2 })).collect::<Vec<_>>(),
+    })
+}
+
+/// A child whose second thread calls execve: the exec belongs to the child's tgid.
+fn exec_from_thread() -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let child = fork_then(move || {
+        let t = std::thread::spawn(move || {
+            // SAFETY: plain syscalls; the tid goes to the parent before the exec.
+            let tid = unsafe { libc::gettid() } as u32;
+            unsafe { libc::write(wr, (&tid as *const u32).cast(), 4) };
+            exec("/bin/sh", &["sh", "-c", "exit 7"]);
+        });
+        let _ = t.join();
+        1
+    });
+    let mut tid = 0u32;
+    // SAFETY: reads 4 bytes into a u32.
+    unsafe { libc::read(rd, (&mut tid as *mut u32).cast(), 4) };
+    wait_for(child);
+    json!({ "child": child, "thread": tid })
+}
+
+fn pipe(rd: &mut i32, wr: &mut i32) {
+    let mut fds = [0; 2];
+    // SAFETY: valid array of two ints.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (*rd, *wr) = (fds[0], fds[1]);
+}
+
+/// posix_spawn (CLONE_VFORK under glibc) and a bare vfork + exec.
+fn spawn() -> Value {
+    let path = CString::new("/bin/true").unwrap();
+    let argv0 = CString::new("true").unwrap();
+    let argv = [argv0.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: valid arguments; no file actions or attributes.
+    let rc = unsafe {
+        libc::posix_spawn(&mut pid, path.as_ptr(), std::ptr::null(), std::ptr::null(), argv.as_ptr(), std::ptr::null())
+    };
+    assert_eq!(rc, 0, "posix_spawn");
+    wait_for(pid as u32);
+    let sh = CString::new("/bin/sh").unwrap();
+    let args: Vec<CString> = ["sh", "-c", "exit 4"].iter().map(|a| CString::new(*a).unwrap()).collect();
+    let ptrs: Vec<*const libc::c_char> =
+        args.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+    // SAFETY: the vfork child only calls execv and _exit, with memory prepared before.
+    #[allow(deprecated)]
+    let vforked = unsafe { libc::vfork() };
+    if vforked == 0 {
+        unsafe {
+            libc::execv(sh.as_ptr(), ptrs.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    wait_for(vforked as u32);
+    json!({ "posix_spawn": pid, "vfork": vforked })
+}
+
+/// Child A calls setsid() and forks B, then exits at once: B is reparented (to init or a
+/// subreaper) and, long after A is gone, still alive. B records its new parent, then lives
+/// `REAPER_SHAPES_LINGER_MS` (default 1500) more and exits 0.
+fn setsid_double_fork(truth: &str) -> Value {
+    let linger: u64 = std::env::var("REAPER_SHAPES_LINGER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500);
+    let b_truth = format!("{truth}.grandchild");
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let a = fork_then(move || {
+        // SAFETY: plain syscalls in the child.
+        unsafe { libc::setsid() };
+        let b = fork_then(move || {
+            // Wait until the parent is gone and we were reparented.
+            let original = unsafe { libc::getppid() };
+            let start = Instant::now();
+            while unsafe { libc::getppid() } == original && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let ppid = unsafe { libc::getppid() };
+            write_truth(&b_truth, &json!({ "ppid_after": ppid, "pid": std::process::id() }));
+            std::thread::sleep(Duration::from_millis(linger));
+            0
+        });
+        unsafe { libc::write(wr, (&b as *const u32).cast(), 4) };
+        0
+    });
+    let mut b = 0u32;
+    // SAFETY: reads 4 bytes into a u32.
+    unsafe { libc::read(rd, (&mut b as *mut u32).cast(), 4) };
+    wait_for(a);
+    json!({ "session_leader": a, "grandchild": b })
+}
+
+/// Child A clone()s with CLONE_PARENT: C's real parent is the gateway, its spawner is A.
+fn clone_parent() -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let a = fork_then(move || {
+        // SAFETY: raw clone without a new stack behaves like fork for the child.
+        let c = unsafe {
+            libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0)
+        };
+        if c == 0 {
+            unsafe { libc::_exit(5) };
+        }
+        let c = c as u32;
+        unsafe { libc::write(wr, (&c as *const u32).cast(), 4) };
+        0
+    });
+    let mut c = 0u32;
+    // SAFETY: reads 4 bytes into a u32.
+    unsafe { libc::read(rd, (&mut c as *mut u32).cast(), 4) };
+    wait_for(a);
+    let status = wait_for(c); // the gateway is C's real parent and reaps it
+    json!({ "spawner": a, "child": c, "child_status": status })
+}
+
+/// `n` children that exit at once, reaped one by one, as fast as the machine forks.
+fn storm(n: usize) -> Value {
+    let mut pids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let pid = fork_then(|| 0);
+        wait_for(pid);
+        pids.push(pid);
+    }
+    json!({ "children": pids })
+}
+
+/// A tree that exists before reaper-trace attaches: child A with grandchild B, both waiting.
+/// On SIGUSR1 the gateway forks child C (which forks D), then ends everything and exits.
+fn tree(truth: &str) -> Value {
+    // SAFETY: blocking SIGUSR1 so that sigwait receives it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let a = fork_then(move || {
+        let b = fork_then(|| {
+            unsafe { libc::pause() };
+            0
+        });
+        unsafe { libc::write(wr, (&b as *const u32).cast(), 4) };
+        wait_for(b);
+        0
+    });
+    let mut b = 0u32;
+    // SAFETY: reads 4 bytes into a u32.
+    unsafe { libc::read(rd, (&mut b as *mut u32).cast(), 4) };
+    write_truth(&format!("{truth}.before"), &json!({ "a": a, "b": b, "gateway": std::process::id() }));
+    let mut sig = 0;
+    // SAFETY: waits for the blocked SIGUSR1.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    let c = fork_then(|| {
+        wait_for(fork_then(|| 0));
+        0
+    });
+    wait_for(c);
+    // SAFETY: ends the waiting grandchild; A then exits after reaping it.
+    unsafe { libc::kill(b as i32, libc::SIGTERM) };
+    wait_for(a);
+    json!({ "a": a, "b": b, "c": c })
+}

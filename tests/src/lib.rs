@@ -1,0 +1,162 @@
+//! Helpers for the integration tests: run reaper-trace on a shape, read its NDJSON stream and
+//! the shape's own record of what it did.
+use std::{
+    path::PathBuf,
+    process::{Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// True when these tests can load eBPF programs. Not root: skipped, with a line saying so,
+/// except in CI (`CI=true`), where a skip would hide a broken set-up, so it fails instead.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: the kernel tests need root, and CI=true forbids skipping them");
+    }
+    eprintln!("skipped {test}: needs root to load eBPF programs");
+    false
+}
+
+/// A binary of this workspace, next to the test's own build (`target/<profile>/`).
+fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first (`cargo xtask test` does)",
+        bin.display()
+    );
+    bin
+}
+
+/// The `reaper-trace` binary under test, or `$REAPER_TRACE`.
+pub fn reaper_trace() -> PathBuf {
+    match std::env::var_os("REAPER_TRACE") {
+        Some(p) => PathBuf::from(p),
+        None => workspace_bin("reaper-trace"),
+    }
+}
+
+/// The process-shape helper (this package's `reaper-shapes` binary).
+pub fn shapes() -> PathBuf {
+    workspace_bin("reaper-shapes")
+}
+
+/// Where the scratch directory `name` of this test process is.
+pub fn scratch_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("reaper-tests-{}-{name}", std::process::id()))
+}
+
+/// A fresh scratch directory for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = scratch_path(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// What one reaper-trace run produced.
+#[derive(Debug)]
+pub struct Run {
+    pub events: Vec<Value>,
+    pub stderr: String,
+    pub status: ExitStatus,
+}
+
+impl Run {
+    /// Parses NDJSON, failing loudly on any line that is not one JSON object.
+    pub fn from_output(stdout: &[u8], stderr: &[u8], status: ExitStatus) -> Run {
+        let text = String::from_utf8(stdout.to_vec()).expect("NDJSON is UTF-8");
+        let events = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("bad NDJSON line {l:?}: {e}")))
+            .collect();
+        Run { events, stderr: String::from_utf8_lossy(stderr).into_owned(), status }
+    }
+
+    /// Events named `name`.
+    pub fn all(&self, name: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["event"] == name).collect()
+    }
+
+    /// The only event named `name` about `pid`.
+    pub fn one(&self, name: &str, pid: u64) -> &Value {
+        let found: Vec<&Value> =
+            self.all(name).into_iter().filter(|e| e["pid"].as_u64() == Some(pid)).collect();
+        assert_eq!(found.len(), 1, "expected one {name} event for pid {pid}, got {found:?}\n{}", self.stderr);
+        found[0]
+    }
+
+    pub fn summary(&self) -> &Value {
+        let s = self.all("summary");
+        assert_eq!(s.len(), 1, "one summary: {}", self.stderr);
+        s[0]
+    }
+
+    /// Every record the kernel produced arrived, none was dropped, and no `lost` event.
+    pub fn assert_lossless(&self) {
+        let d = &self.summary()["delivery"];
+        assert_eq!(d["consistent"], true, "delivery {d}");
+        assert_eq!(d["kernel_events"], d["received"], "delivery {d}");
+        assert!(self.all("lost").is_empty(), "lost events: {:?}", self.all("lost"));
+    }
+
+    /// `seq` counts 0, 1, 2... and every line has `event` and `ts`.
+    pub fn assert_well_formed(&self) {
+        for (i, e) in self.events.iter().enumerate() {
+            assert_eq!(e["seq"].as_u64(), Some(i as u64), "seq of {e}");
+            assert!(e["event"].is_string() && e["ts"].is_u64(), "{e}");
+        }
+    }
+}
+
+/// Runs `reaper-trace --json --quiet ARGS`.
+pub fn run_reaper(args: &[&str]) -> Run {
+    let out = Command::new(reaper_trace())
+        .args(["--json", "--quiet"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run reaper-trace");
+    let run = Run::from_output(&out.stdout, &out.stderr, out.status);
+    run.assert_well_formed();
+    run
+}
+
+/// Runs `reaper-trace --json -- reaper-shapes SHAPE TRUTH [extra]` and returns the run and
+/// the shape's truth.
+pub fn run_shape(shape: &str, extra: &[&str]) -> (Run, Value) {
+    let dir = scratch(shape);
+    let truth = dir.join("truth.json");
+    let truth_s = truth.to_str().unwrap();
+    let shapes = shapes();
+    let mut args = vec!["--", shapes.to_str().unwrap(), shape, truth_s];
+    args.extend_from_slice(extra);
+    let run = run_reaper(&args);
+    let truth = read_json(&truth);
+    (run, truth)
+}
+
+pub fn read_json(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("truth is JSON")
+}
+
+/// Waits until `path` exists (a shape publishes its truth by renaming it into place).
+pub fn wait_for_file(path: &std::path::Path, limit: Duration) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < limit, "{} did not appear within {limit:?}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn pid(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
+}

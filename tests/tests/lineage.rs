@@ -1,0 +1,279 @@
+//! reaper-trace against the real kernel: each test runs a process shape under it and compares
+//! the NDJSON stream with what the shape recorded itself. Needs root (see `require_root`).
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use reaper_tests::{Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, scratch, scratch_path, shapes, wait_for_file};
+use serde_json::Value;
+
+fn forks_by(run: &Run, spawner: u64) -> Vec<&Value> {
+    run.all("fork").into_iter().filter(|e| e["spawner"].as_u64() == Some(spawner)).collect()
+}
+
+#[test]
+fn exit_codes_signals_and_exec_arguments() {
+    if !require_root("exit_codes_signals_and_exec_arguments") {
+        return;
+    }
+    let (run, truth) = run_shape("basic", &[]);
+    let gw = pid(&truth["gateway"]);
+    assert_eq!(run.all("ready")[0]["gateway"], serde_json::json!([gw]));
+    assert_eq!(forks_by(&run, gw).len(), 3, "{:?}", run.all("fork"));
+
+    let exit3 = run.one("exit", pid(&truth["exits_3"]));
+    assert_eq!((exit3["exit_code"].as_i64(), exit3["signal"].is_null()), (Some(3), true));
+    let killed = run.one("exit", pid(&truth["killed"]));
+    assert_eq!((killed["exit_code"].is_null(), killed["signal"].as_str()), (true, Some("SIGKILL")));
+    assert_eq!(killed["core"], false);
+
+    let exec = run.one("exec", pid(&truth["execs"]));
+    assert_eq!(exec["filename"], "/bin/sh");
+    assert_eq!(exec["argv"], serde_json::json!(["sh", "-c", "exit 0", "arg with space"]));
+    assert_eq!(exec["truncated"], false);
+
+    // The gateway itself: traced from its first instruction, so its own exec is seen.
+    assert_eq!(run.one("exec", gw)["argv"][1], "basic");
+    assert_eq!(run.one("exit", gw)["exit_code"], 0);
+    for p in [gw, pid(&truth["exits_3"]), pid(&truth["killed"]), pid(&truth["execs"])] {
+        run.one("reaped", p);
+    }
+    assert_eq!(run.status.code(), Some(0), "exit status follows the gateway's");
+    run.assert_lossless();
+}
+
+#[test]
+fn forks_from_32_threads_belong_to_the_process() {
+    if !require_root("forks_from_32_threads_belong_to_the_process") {
+        return;
+    }
+    let (run, truth) = run_shape("threads", &[]);
+    let gw = pid(&truth["gateway"]);
+    let tids: Vec<u64> = truth["tids"].as_array().unwrap().iter().map(pid).collect();
+    for fork in run.all("fork") {
+        let p = pid(&fork["pid"]);
+        assert!(!tids.contains(&p), "thread {p} reported as a process");
+    }
+    let children = truth["children"].as_array().unwrap();
+    assert_eq!(children.len(), 32);
+    for child in children {
+        let p = pid(&child["pid"]);
+        assert_eq!(pid(&run.one("fork", p)["spawner"]), gw, "fork from a thread is the tgid's");
+        assert_eq!(run.one("exit", p)["exit_code"], child["code"]);
+    }
+    assert_eq!(forks_by(&run, gw).len(), 32);
+    run.assert_lossless();
+}
+
+#[test]
+fn exec_from_a_non_leader_thread_is_the_process() {
+    if !require_root("exec_from_a_non_leader_thread_is_the_process") {
+        return;
+    }
+    let (run, truth) = run_shape("exec-from-thread", &[]);
+    let child = pid(&truth["child"]);
+    let exec = run.one("exec", child);
+    assert_eq!(pid(&exec["tid"]), pid(&truth["thread"]), "the exec'ing thread is recorded");
+    assert_eq!(exec["argv"], serde_json::json!(["sh", "-c", "exit 7"]));
+    assert_eq!(run.one("exit", child)["exit_code"], 7);
+    assert!(run.all("exec").iter().all(|e| pid(&e["pid"]) != pid(&truth["thread"])));
+    run.assert_lossless();
+}
+
+#[test]
+fn posix_spawn_and_vfork_children_are_followed() {
+    if !require_root("posix_spawn_and_vfork_children_are_followed") {
+        return;
+    }
+    let (run, truth) = run_shape("spawn", &[]);
+    let gw = pid(&truth["gateway"]);
+    let spawned = pid(&truth["posix_spawn"]);
+    assert_eq!(pid(&run.one("fork", spawned)["spawner"]), gw);
+    assert_eq!(run.one("exec", spawned)["filename"], "/bin/true");
+    assert_eq!(run.one("exit", spawned)["exit_code"], 0);
+    let vforked = pid(&truth["vfork"]);
+    assert_eq!(pid(&run.one("fork", vforked)["spawner"]), gw);
+    assert_eq!(run.one("exit", vforked)["exit_code"], 4);
+    run.assert_lossless();
+}
+
+#[test]
+fn setsid_double_fork_grandchild_stays_in_the_lineage() {
+    if !require_root("setsid_double_fork_grandchild_stays_in_the_lineage") {
+        return;
+    }
+    let (run, truth) = run_shape("setsid-double-fork", &[]);
+    let gw = pid(&truth["gateway"]);
+    let leader = pid(&truth["session_leader"]);
+    let grandchild = pid(&truth["grandchild"]);
+    assert_eq!(run.one("setsid", leader)["sid"].as_u64(), Some(leader));
+    let fork = run.one("fork", grandchild);
+    assert_eq!(pid(&fork["spawner"]), leader);
+    assert_eq!(fork["sid"].as_u64(), Some(leader), "born in the new session");
+    let reparent = run.one("reparent", grandchild);
+    assert_eq!(pid(&reparent["old_ppid"]), leader);
+    let b_truth = read_json(&scratch_path("setsid-double-fork").join("truth.json.grandchild"));
+    assert_eq!(reparent["new_ppid"], b_truth["ppid_after"], "the new parent is read, not guessed");
+    // reaper-trace outlives the gateway while the escaped grandchild lives, then stops.
+    assert!(run.one("exit", gw)["ts"].as_u64() < run.one("exit", grandchild)["ts"].as_u64());
+    assert_eq!(run.one("exit", grandchild)["exit_code"], 0);
+    assert!(run.summary()["alive"].as_array().unwrap().is_empty());
+    run.assert_lossless();
+}
+
+#[test]
+fn gateway_exit_leaves_a_descendant_alive_with_its_lineage() {
+    if !require_root("gateway_exit_leaves_a_descendant_alive_with_its_lineage") {
+        return;
+    }
+    let dir = scratch("leftover");
+    let truth_path = dir.join("truth.json");
+    let shapes = shapes();
+    let out = Command::new(reaper_trace())
+        .args(["--json", "--quiet", "--duration", "3s", "--"])
+        .arg(&shapes)
+        .args(["setsid-double-fork", truth_path.to_str().unwrap()])
+        .env("REAPER_SHAPES_LINGER_MS", "20000")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = Run::from_output(&out.stdout, &out.stderr, out.status);
+    let truth = read_json(&truth_path);
+    let grandchild = pid(&truth["grandchild"]);
+    // Clean up the lingering grandchild whatever the assertions say.
+    // SAFETY: plain kill of the process this test created.
+    unsafe { libc::kill(grandchild as i32, libc::SIGKILL) };
+    let alive = run.summary()["alive"].as_array().unwrap().clone();
+    assert_eq!(alive.len(), 1, "{alive:?}");
+    let left = &alive[0];
+    assert_eq!(pid(&left["pid"]), grandchild);
+    let lineage: Vec<u64> = left["lineage"].as_array().unwrap().iter().map(pid).collect();
+    assert_eq!(lineage, vec![pid(&truth["gateway"]), pid(&truth["session_leader"]), grandchild]);
+    assert_eq!(left["escaped"], false, "the grandchild itself did not call setsid");
+    assert_eq!(run.summary()["gateway_exit_code"], 0);
+    run.assert_lossless();
+}
+
+#[test]
+fn clone_parent_child_has_the_caller_as_spawner() {
+    if !require_root("clone_parent_child_has_the_caller_as_spawner") {
+        return;
+    }
+    let (run, truth) = run_shape("clone-parent", &[]);
+    let child = pid(&truth["child"]);
+    let fork = run.one("fork", child);
+    assert_eq!(pid(&fork["spawner"]), pid(&truth["spawner"]));
+    assert_eq!(pid(&fork["ppid"]), pid(&truth["gateway"]), "CLONE_PARENT: real parent is the gateway");
+    assert_eq!(run.one("exit", child)["exit_code"], 5);
+    run.one("reaped", child);
+    run.assert_lossless();
+}
+
+#[test]
+fn storm_of_5000_processes_loses_nothing() {
+    if !require_root("storm_of_5000_processes_loses_nothing") {
+        return;
+    }
+    let (run, truth) = run_shape("storm", &["5000"]);
+    let gw = pid(&truth["gateway"]);
+    let children: std::collections::HashSet<u64> =
+        truth["children"].as_array().unwrap().iter().map(pid).collect();
+    assert_eq!(children.len(), 5000);
+    let forked: std::collections::HashSet<u64> = forks_by(&run, gw).iter().map(|e| pid(&e["pid"])).collect();
+    assert_eq!(forked, children, "every fork reported, nothing else");
+    let exited = run.all("exit").iter().filter(|e| children.contains(&pid(&e["pid"]))).count();
+    let reaped = run.all("reaped").iter().filter(|e| children.contains(&pid(&e["pid"]))).count();
+    assert_eq!((exited, reaped), (5000, 5000));
+    run.assert_lossless();
+    let d = &run.summary()["delivery"];
+    assert!(d["dropped"].as_object().unwrap().values().all(|v| v == 0), "{d}");
+}
+
+#[test]
+fn tree_that_existed_before_attach_and_forks_after() {
+    if !require_root("tree_that_existed_before_attach_and_forks_after") {
+        return;
+    }
+    let dir = scratch("tree");
+    let truth_path = dir.join("truth.json");
+    let mut gateway = Command::new(shapes())
+        .args(["tree", truth_path.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let before_path = dir.join("truth.json.before");
+    wait_for_file(&before_path, Duration::from_secs(10));
+    let before = read_json(&before_path);
+    let gw = gateway.id() as u64;
+
+    let mut tracer = Command::new(reaper_trace())
+        .args(["--json", "--quiet", "--gateway-pid", &gw.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for `ready` (the first line once snapshots are out), then let the tree go on.
+    let mut stdout = std::io::BufReader::new(tracer.stdout.take().unwrap());
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(n > 0, "reaper-trace ended before ready");
+        let done = line.contains("\"event\":\"ready\"");
+        head.push(line);
+        if done {
+            break;
+        }
+    }
+    // SAFETY: signals the gateway this test started.
+    unsafe { libc::kill(gw as i32, libc::SIGUSR1) };
+    let status = gateway.wait().unwrap();
+    assert!(status.success());
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut rest).unwrap();
+    let mut stderr = Vec::new();
+    std::io::Read::read_to_end(&mut tracer.stderr.take().unwrap(), &mut stderr).unwrap();
+    let tracer_status = tracer.wait().unwrap();
+    let mut all = head.concat().into_bytes();
+    all.extend(rest);
+    let run = Run::from_output(&all, &stderr, tracer_status);
+    run.assert_well_formed();
+    let truth = read_json(&truth_path);
+
+    // Found by seeding: the gateway, A and B, as snapshots before `ready`.
+    let (a, b) = (pid(&before["a"]), pid(&before["b"]));
+    let snap_pids: Vec<u64> = run.all("snapshot").iter().map(|e| pid(&e["pid"])).collect();
+    assert_eq!(snap_pids, vec![gw, a, b]);
+    assert_eq!(pid(&run.one("snapshot", b)["ppid"]), a);
+    // Forked after attach: C by the gateway and D by C.
+    let c = pid(&truth["c"]);
+    assert_eq!(pid(&run.one("fork", c)["spawner"]), gw);
+    let d: Vec<&Value> = run.all("fork").into_iter().filter(|e| pid(&e["spawner"]) == c).collect();
+    assert_eq!(d.len(), 1);
+    // All of them end, the pre-existing ones included, and the run stops by itself.
+    for p in [gw, a, b, c, pid(&d[0]["pid"])] {
+        run.one("exit", p);
+    }
+    assert_eq!(run.one("exit", b)["signal"], "SIGTERM");
+    assert!(tracer_status.success(), "{}", run.stderr);
+    run.assert_lossless();
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    if !require_root("bad_input_is_a_clear_error") {
+        return;
+    }
+    let run = run_reaper(&["--gateway-pid", "4194304"]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(run.stderr.contains("--gateway-pid 4194304: no such process"), "{}", run.stderr);
+    assert!(run.events.is_empty());
+
+    let run = run_reaper(&["--", "/nonexistent/gateway"]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(run.stderr.contains("cannot start \"/nonexistent/gateway\""), "{}", run.stderr);
+
+    let out = Command::new(reaper_trace()).args(["--ring-size", "3MiB", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
+}
