@@ -11,7 +11,8 @@ pub struct Task(pub *const u8);
 fn read<T: Copy + Default>(base: *const u8, off: u64) -> T {
     // SAFETY: bpf_probe_read_kernel faults safely on bad addresses; a failed read yields the
     // default, which the callers treat as "unknown".
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const T) }.unwrap_or_default()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const T) }
+        .unwrap_or_default()
 }
 
 #[inline(always)]
@@ -85,7 +86,10 @@ impl Task {
         if mm.is_null() {
             return (0, 0);
         }
-        (read(mm, global!(OFFSETS.mm_arg_start)), read(mm, global!(OFFSETS.mm_arg_end)))
+        (
+            read(mm, global!(OFFSETS.mm_arg_start)),
+            read(mm, global!(OFFSETS.mm_arg_end)),
+        )
     }
 }
 

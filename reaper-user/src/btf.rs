@@ -18,7 +18,10 @@ struct BtfBytes(Vec<u8>);
 impl Readable for BtfBytes {
     fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        match start.checked_add(buffer.len()).and_then(|end| self.0.get(start..end)) {
+        match start
+            .checked_add(buffer.len())
+            .and_then(|end| self.0.get(start..end))
+        {
             Some(bytes) => {
                 buffer.copy_from_slice(bytes);
                 Ok(())
@@ -136,7 +139,10 @@ mod tests {
         }
         let btf = KernelBtf::from_sys_fs().unwrap();
         let off = btf.kernel_offsets().unwrap();
-        assert!(off.task_tgid > off.task_pid, "tgid follows pid in task_struct");
+        assert!(
+            off.task_tgid > off.task_pid,
+            "tgid follows pid in task_struct"
+        );
         assert!(off.mm_arg_end > off.mm_arg_start);
         assert_ne!(off.signal_pids_sid, off.signal_pids_pgid);
         assert!(btf.has_btf_tracepoint("sched_process_fork"));

@@ -69,15 +69,23 @@ pub fn parse_ring_size(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("`{s}` is not a size like 16MiB"))?;
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 16MiB"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("`{s}`: unknown unit `{other}` (use KiB, MiB or GiB)")),
+        other => {
+            return Err(format!(
+                "`{s}`: unknown unit `{other}` (use KiB, MiB or GiB)"
+            ));
+        }
     };
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
+    let bytes = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
     if bytes < 4096 || !bytes.is_power_of_two() || bytes > 1 << 30 {
         return Err(format!("`{s}` must be a power of two from 4KiB to 1GiB"));
     }
@@ -105,7 +113,11 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("ten").unwrap_err().contains("not a duration"));
+        assert!(
+            parse_duration("ten")
+                .unwrap_err()
+                .contains("not a duration")
+        );
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5s").is_err());
     }
@@ -115,20 +127,35 @@ mod tests {
         assert_eq!(parse_ring_size("16MiB"), Ok(16 << 20));
         assert_eq!(parse_ring_size("8M"), Ok(8 << 20));
         assert_eq!(parse_ring_size("4096"), Ok(4096));
-        assert!(parse_ring_size("3MiB").unwrap_err().contains("power of two"));
+        assert!(
+            parse_ring_size("3MiB")
+                .unwrap_err()
+                .contains("power of two")
+        );
         assert!(parse_ring_size("1KiB").is_err());
-        assert!(parse_ring_size("16XB").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_ring_size("16XB")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
         assert!(parse_ring_size("99999999999999GiB").is_err());
     }
 
     #[test]
     fn command_line_shapes() {
-        let cli = Cli::try_parse_from(["reaper-trace", "--json", "--", "sh", "-c", "true"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["reaper-trace", "--json", "--", "sh", "-c", "true"]).unwrap();
         assert_eq!(cli.command, vec!["sh", "-c", "true"]);
         assert!(cli.validate().is_ok());
-        let cli = Cli::try_parse_from(["reaper-trace", "--gateway-pid", "1", "--gateway-pid", "7"]).unwrap();
+        let cli = Cli::try_parse_from(["reaper-trace", "--gateway-pid", "1", "--gateway-pid", "7"])
+            .unwrap();
         assert_eq!(cli.gateway_pid, vec![1, 7]);
-        assert!(Cli::try_parse_from(["reaper-trace"]).unwrap().validate().is_err());
+        assert!(
+            Cli::try_parse_from(["reaper-trace"])
+                .unwrap()
+                .validate()
+                .is_err()
+        );
         assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "0"]).is_err());
         assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "x"]).is_err());
         assert!(Cli::try_parse_from(["reaper-trace", "--duration", "soon", "--", "true"]).is_err());

@@ -70,7 +70,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         true => None,
         false => {
             let child = spawn_gateway(&mut probes.tracked, &cli.command, cli.json)?;
-            tracer.expect_gateway(child.id().ok_or_else(|| anyhow!("the gateway exited at once"))?);
+            tracer.expect_gateway(
+                child
+                    .id()
+                    .ok_or_else(|| anyhow!("the gateway exited at once"))?,
+            );
             Some(child)
         }
     };
@@ -88,14 +92,23 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut ring = unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
         .map_err(|e| anyhow!("polling the ring buffer: {e}"))?;
     let mut gateway_status: Option<ExitStatus> = None;
-    event_loop(&cli, &mut ring, &mut tracer, &probes.counters, &probes.tracked, &mut child, &mut gateway_status)
-        .await?;
+    event_loop(
+        &cli,
+        &mut ring,
+        &mut tracer,
+        &probes.counters,
+        &probes.tracked,
+        &mut child,
+        &mut gateway_status,
+    )
+    .await?;
 
     // Stop: detach, let running probes finish, take in the rest, and account for it all.
     probes.programs = None;
     tokio::time::sleep(DETACH_SETTLE).await;
     drain(ring.get_mut(), &mut tracer)?;
     tracer.check_reparents()?;
+    tracer.check_unfollowed()?;
     tracer.check_losses(&probes.counters, &probes.tracked)?;
     let gateway_code = gateway_status.map(exit_code);
     let summary = tracer.summary(&probes.counters, gateway_code)?;
@@ -144,6 +157,7 @@ async fn event_loop(
             }
             _ = sleep_until(house_at) => {
                 tracer.check_reparents()?;
+                tracer.check_unfollowed()?;
                 tracer.check_losses(counters, tracked)?;
                 housekeeping = Instant::now() + HOUSEKEEPING;
             }
@@ -186,7 +200,9 @@ fn drain(ring: &mut RingBuf<MapData>, tracer: &mut Tracer) -> Result<usize> {
 /// tracks itself for the moment of the fork, so the kernel inserts the child at fork time.
 fn spawn_gateway(tracked: &mut TrackedMap, argv: &[OsString], json: bool) -> Result<Child> {
     let me = std::process::id();
-    tracked.insert(me, Tracked { start: 0 }, 0).context("tracking the gateway command")?;
+    tracked
+        .insert(me, Tracked { start: 0 }, 0)
+        .context("tracking the gateway command")?;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
     if json {
@@ -202,7 +218,9 @@ fn spawn_gateway(tracked: &mut TrackedMap, argv: &[OsString], json: bool) -> Res
 /// The shell convention: the exit code, or 128 + the signal that killed it.
 fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 fn output_for(cli: &Cli, t0: u64) -> Output {

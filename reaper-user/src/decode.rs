@@ -4,8 +4,8 @@ use std::mem::size_of;
 
 use anyhow::{Result, bail};
 use reaper_common::{
-    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FIXED_LEN, EXEC_FILENAME_TRUNCATED, EventHeader,
-    EventKind, ExecEvent, ExitEvent, FORK_UNTRACKED, ForkEvent, SetsidEvent,
+    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader, EventKind,
+    ExecEvent, ExitEvent, FORK_UNTRACKED, ForkEvent, SetsidEvent,
 };
 
 use crate::procfs::split_args;
@@ -117,7 +117,10 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
 /// Exec records have a fixed part and then only `argv_len` bytes of argv.
 fn decode_exec(bytes: &[u8]) -> Result<What> {
     if bytes.len() < EXEC_FIXED_LEN {
-        bail!("exec record of {} bytes is shorter than its fixed part", bytes.len());
+        bail!(
+            "exec record of {} bytes is shorter than its fixed part",
+            bytes.len()
+        );
     }
     let mut ev = std::mem::MaybeUninit::<ExecEvent>::zeroed();
     let n = bytes.len().min(size_of::<ExecEvent>());
@@ -129,7 +132,10 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
     };
     let argv_len = ev.argv_len as usize;
     if argv_len > ARGV_MAX || bytes.len() < EXEC_FIXED_LEN + argv_len {
-        bail!("exec record claims {argv_len} bytes of argv in {} bytes", bytes.len());
+        bail!(
+            "exec record claims {argv_len} bytes of argv in {} bytes",
+            bytes.len()
+        );
     }
     let filename_len = (ev.filename_len as usize).min(ev.filename.len());
     let (argv, cut) = split_args(&ev.argv[..argv_len], MAX_ARGS);
@@ -148,12 +154,17 @@ mod tests {
 
     fn as_bytes<T>(v: &T) -> Vec<u8> {
         // SAFETY: reading the bytes of a plain record.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-            .to_vec()
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     fn header(kind: EventKind) -> EventHeader {
-        EventHeader { kind: kind as u32, pid: 42, seq: 7, ts: 1000, start: 99 }
+        EventHeader {
+            kind: kind as u32,
+            pid: 42,
+            seq: 7,
+            ts: 1000,
+            start: 99,
+        }
     }
 
     #[test]
@@ -174,8 +185,17 @@ mod tests {
         let got = decode(&as_bytes(&ev)).unwrap();
         assert_eq!((got.pid, got.seq, got.start), (42, 7, 99));
         match got.what {
-            What::Fork { spawner, ppid, comm, untracked, .. } => {
-                assert_eq!((spawner, ppid, comm.as_slice(), untracked), (40, 1, &b"bash"[..], true))
+            What::Fork {
+                spawner,
+                ppid,
+                comm,
+                untracked,
+                ..
+            } => {
+                assert_eq!(
+                    (spawner, ppid, comm.as_slice(), untracked),
+                    (40, 1, &b"bash"[..], true)
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -192,7 +212,12 @@ mod tests {
         ev.argv_len = argv.len() as u32;
         let bytes = as_bytes(&ev)[..EXEC_FIXED_LEN + argv.len()].to_vec();
         match decode(&bytes).unwrap().what {
-            What::Exec { filename, argv, truncated, .. } => {
+            What::Exec {
+                filename,
+                argv,
+                truncated,
+                ..
+            } => {
                 assert_eq!(filename, b"/bin/true");
                 assert_eq!(argv, vec![b"true".to_vec(), b"--x".to_vec()]);
                 assert!(!truncated);

@@ -218,8 +218,13 @@ mod tests {
     use super::*;
 
     fn line(body: &Event) -> serde_json::Value {
-        let s = serde_json::to_string(&Envelope { event: body.name(), seq: 3, ts: 9, body })
-            .unwrap();
+        let s = serde_json::to_string(&Envelope {
+            event: body.name(),
+            seq: 3,
+            ts: 9,
+            body,
+        })
+        .unwrap();
         assert!(!s.contains('\n'));
         serde_json::from_str(&s).unwrap()
     }
@@ -244,13 +249,21 @@ mod tests {
     fn wait_status_decoding() {
         assert_eq!(wait_status(3 << 8), (Some(3), None, false));
         assert_eq!(wait_status(9), (None, Some("SIGKILL".to_owned()), false));
-        assert_eq!(wait_status(0x80 | 11), (None, Some("SIGSEGV".to_owned()), true));
+        assert_eq!(
+            wait_status(0x80 | 11),
+            (None, Some("SIGSEGV".to_owned()), true)
+        );
         assert_eq!(signal_name(41), "SIG41");
     }
 
     #[test]
     fn exit_nulls_are_explicit() {
-        let v = line(&Event::Exit { pid: 1, exit_code: None, signal: Some("SIGTERM".into()), core: false });
+        let v = line(&Event::Exit {
+            pid: 1,
+            exit_code: None,
+            signal: Some("SIGTERM".into()),
+            core: false,
+        });
         assert!(v["exit_code"].is_null());
         assert_eq!(v["signal"], "SIGTERM");
     }

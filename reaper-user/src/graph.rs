@@ -25,8 +25,8 @@ pub enum Start {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExitInfo {
     pub ts: u64,
-    /// A wait(2) status.
-    pub status: u32,
+    /// A wait(2) status; `None` when the exit was only learnt from /proc after a loss.
+    pub status: Option<u32>,
 }
 
 /// One process.
@@ -161,8 +161,11 @@ impl LineageGraph {
 
     /// Retained children of `id` along lineage edges.
     pub fn spawned_by(&self, id: NodeId) -> Vec<&Node> {
-        let mut kids: Vec<&Node> =
-            self.nodes.values().filter(|n| n.spawner == Some(id)).collect();
+        let mut kids: Vec<&Node> = self
+            .nodes
+            .values()
+            .filter(|n| n.spawner == Some(id))
+            .collect();
         kids.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
         kids
     }
@@ -217,7 +220,10 @@ impl LineageGraph {
     }
 
     fn current_id(&self, pid: u32) -> Option<NodeId> {
-        self.current.get(&pid).copied().filter(|id| self.nodes.contains_key(id))
+        self.current
+            .get(&pid)
+            .copied()
+            .filter(|id| self.nodes.contains_key(id))
     }
 
     fn blank(&mut self, pid: u32, start: Start) -> Node {
@@ -256,7 +262,9 @@ impl LineageGraph {
         if let Some(id) = self.current_id(seed.pid) {
             let node = self.nodes.get_mut(&id).unwrap();
             let same = match node.start {
-                Start::Exact(ns) => boottime_to_ticks(ns, self.ticks_per_second) == seed.start_ticks,
+                Start::Exact(ns) => {
+                    boottime_to_ticks(ns, self.ticks_per_second) == seed.start_ticks
+                }
                 Start::Ticks(t) => t == seed.start_ticks,
             };
             if same && node.alive() {
@@ -265,7 +273,11 @@ impl LineageGraph {
                 return (id, false);
             }
         }
-        let spawner = if seed.is_gateway { None } else { self.current_id(seed.ppid) };
+        let spawner = if seed.is_gateway {
+            None
+        } else {
+            self.current_id(seed.ppid)
+        };
         let mut node = self.blank(seed.pid, Start::Ticks(seed.start_ticks));
         node.spawner = spawner;
         node.ppid = seed.ppid;
@@ -289,7 +301,16 @@ impl LineageGraph {
     /// Applies one kernel event.
     pub fn apply(&mut self, ev: &KernelEvent) -> Applied {
         match &ev.what {
-            What::Fork { spawner, ppid, sid, pgid, uid, cgroup_id, comm, .. } => {
+            What::Fork {
+                spawner,
+                ppid,
+                sid,
+                pgid,
+                uid,
+                cgroup_id,
+                comm,
+                ..
+            } => {
                 // A fork seen after seeding already found the child in /proc: same process.
                 if let Some(id) = self.find(ev.pid, ev.start) {
                     let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
@@ -324,7 +345,12 @@ impl LineageGraph {
                 }
                 Applied::Node(self.insert(node))
             }
-            What::Exec { comm, filename, argv, .. } => {
+            What::Exec {
+                comm,
+                filename,
+                argv,
+                ..
+            } => {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
@@ -340,12 +366,17 @@ impl LineageGraph {
                     return Applied::Unknown;
                 };
                 let node = self.nodes.get_mut(&id).unwrap();
-                node.exited = Some(ExitInfo { ts: ev.ts, status: *status });
+                node.exited = Some(ExitInfo {
+                    ts: ev.ts,
+                    status: Some(*status),
+                });
                 let candidates = node.real_children.clone();
                 let orphans = candidates
                     .into_iter()
                     .filter(|c| {
-                        self.nodes.get(c).is_some_and(|n| n.alive() && n.ppid == ev.pid)
+                        self.nodes
+                            .get(c)
+                            .is_some_and(|n| n.alive() && n.ppid == ev.pid)
                     })
                     .collect();
                 Applied::Exit { node: id, orphans }
@@ -382,20 +413,31 @@ impl LineageGraph {
     /// Records that `id` now has real parent `new_ppid` (read from /proc after its parent
     /// exited). Returns the previous parent.
     pub fn reparent(&mut self, id: NodeId, new_ppid: u32) -> Option<u32> {
-        let old = self.nodes.get_mut(&id).map(|n| std::mem::replace(&mut n.ppid, new_ppid))?;
+        let old = self
+            .nodes
+            .get_mut(&id)
+            .map(|n| std::mem::replace(&mut n.ppid, new_ppid))?;
         if let Some(parent) = self.current_id(new_ppid) {
             self.nodes.get_mut(&parent).unwrap().real_children.push(id);
         }
         Some(old)
     }
 
+    /// Marks a node whose facts are incomplete (the kernel does not follow it, or it was
+    /// re-read from /proc after a loss).
+    pub fn mark_uncertain(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.uncertain = true;
+        }
+    }
+
     /// Records an exit learnt from /proc (the process is gone and its exit event was lost).
     pub fn mark_gone(&mut self, id: NodeId, ts: u64) {
-        if let Some(n) = self.nodes.get_mut(&id) {
-            if n.exited.is_none() {
-                n.exited = Some(ExitInfo { ts, status: 0 });
-                n.uncertain = true;
-            }
+        if let Some(n) = self.nodes.get_mut(&id)
+            && n.exited.is_none()
+        {
+            n.exited = Some(ExitInfo { ts, status: None });
+            n.uncertain = true;
         }
         self.mark_reaped(id, ts);
     }
@@ -409,7 +451,7 @@ impl LineageGraph {
         }
         node.reaped_at = Some(ts);
         if node.exited.is_none() {
-            node.exited = Some(ExitInfo { ts, status: 0 });
+            node.exited = Some(ExitInfo { ts, status: None });
         }
         self.retired.push_back(id);
         self.prune();
@@ -442,7 +484,11 @@ impl LineageGraph {
                 }
             }
             if let Some(parent) = self.current_id(node.ppid) {
-                self.nodes.get_mut(&parent).unwrap().real_children.retain(|&c| c != id);
+                self.nodes
+                    .get_mut(&parent)
+                    .unwrap()
+                    .real_children
+                    .retain(|&c| c != id);
             }
         }
     }
@@ -455,20 +501,31 @@ mod tests {
     const TPS: u64 = 100;
 
     fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
-        KernelEvent { seq, ts: seq * 1000, pid, start, what }
+        KernelEvent {
+            seq,
+            ts: seq * 1000,
+            pid,
+            start,
+            what,
+        }
     }
 
     fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
-        ev(0, pid, start, What::Fork {
-            spawner,
-            ppid,
-            sid: spawner,
-            pgid: spawner,
-            uid: 0,
-            cgroup_id: 1,
-            comm: b"c".to_vec(),
-            untracked: false,
-        })
+        ev(
+            0,
+            pid,
+            start,
+            What::Fork {
+                spawner,
+                ppid,
+                sid: spawner,
+                pgid: spawner,
+                uid: 0,
+                cgroup_id: 1,
+                comm: b"c".to_vec(),
+                untracked: false,
+            },
+        )
     }
 
     fn gateway(g: &mut LineageGraph, pid: u32) -> NodeId {
@@ -565,7 +622,10 @@ mod tests {
     #[test]
     fn events_for_unknown_processes_ask_for_a_resync() {
         let mut g = LineageGraph::new(100, TPS);
-        assert_eq!(g.apply(&ev(0, 7, 1, What::Exit { status: 0 })), Applied::Unknown);
+        assert_eq!(
+            g.apply(&ev(0, 7, 1, What::Exit { status: 0 })),
+            Applied::Unknown
+        );
     }
 
     #[test]
@@ -606,7 +666,7 @@ mod tests {
         g.apply(&ev(1, 200, 5_000, What::Exit { status: 3 << 8 }));
         let n = g.node(id).unwrap();
         assert!(n.zombie() && !n.alive());
-        assert_eq!(n.exited.unwrap().status, 0x300);
+        assert_eq!(n.exited.unwrap().status, Some(0x300));
         assert_eq!(g.zombies().count(), 1);
     }
 }

@@ -15,8 +15,12 @@ use crate::tracefs;
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reaper"));
 
 /// The lifecycle tracepoints, attached as BTF tracepoints (no tracefs needed).
-const LIFECYCLE: [&str; 4] =
-    ["sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free"];
+const LIFECYCLE: [&str; 4] = [
+    "sched_process_fork",
+    "sched_process_exec",
+    "sched_process_exit",
+    "sched_process_free",
+];
 
 /// Load-time settings.
 #[derive(Clone, Debug)]
@@ -65,7 +69,10 @@ pub struct Probes {
 /// Explains a load or attach failure in terms of what to do about it.
 fn privilege_hint(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");
-    if text.contains("Operation not permitted") || text.contains("EPERM") || text.contains("permission") {
+    if text.contains("Operation not permitted")
+        || text.contains("EPERM")
+        || text.contains("permission")
+    {
         "\nreaper-trace needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE (and CAP_SYS_ADMIN to \
          mount tracefs): run it as root, e.g. `sudo reaper-trace ...`"
             .to_owned()
@@ -88,7 +95,9 @@ impl Probes {
         let offsets: KernelOffsets = kernel_btf.kernel_offsets()?;
         for tp in LIFECYCLE {
             if !kernel_btf.has_btf_tracepoint(tp) {
-                return Err(anyhow!("this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"));
+                return Err(anyhow!(
+                    "this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"
+                ));
             }
         }
         let mut notes = Vec::new();
@@ -98,7 +107,10 @@ impl Probes {
         let setsid_ret_offset = match &tracefs {
             Ok(fs) => {
                 if fs.mounted_by_us {
-                    notes.push(format!("mounted tracefs at {} (left mounted)", fs.root.display()));
+                    notes.push(format!(
+                        "mounted tracefs at {} (left mounted)",
+                        fs.root.display()
+                    ));
                 }
                 fs.field_offset("syscalls", "sys_exit_setsid", "ret").ok()
             }
@@ -129,14 +141,16 @@ impl Probes {
                 .program_mut(tp)
                 .ok_or_else(|| anyhow!("program {tp} missing from the object"))?
                 .try_into()?;
-            prog.load(tp, &btf).with_context(|| format!("loading {tp}"))?;
+            prog.load(tp, &btf)
+                .with_context(|| format!("loading {tp}"))?;
             prog.attach().with_context(|| format!("attaching {tp}"))?;
         }
 
         let setsid_hook = attach_setsid(&mut ebpf, setsid_ret_offset.is_some(), &mut notes);
 
         let map = |ebpf: &mut Ebpf, name: &str| {
-            ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the object"))
+            ebpf.take_map(name)
+                .ok_or_else(|| anyhow!("map {name} missing from the object"))
         };
         Ok(Probes {
             ring: RingBuf::try_from(map(&mut ebpf, "EVENTS")?)?,
@@ -176,7 +190,10 @@ impl KernelCounters {
         for kind in EventKind::ALL {
             kinds[kind.loss_slot() as usize] = slot(kind.loss_slot())?;
         }
-        Ok(LossCounts { kinds, tracked_full: slot(LossSlot::TRACKED_FULL)? })
+        Ok(LossCounts {
+            kinds,
+            tracked_full: slot(LossSlot::TRACKED_FULL)?,
+        })
     }
 }
 

@@ -8,7 +8,10 @@ fn main() {
         eprintln!("reaper-trace: error: {e}");
         std::process::exit(daemon::EXIT_USAGE);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("reaper-trace: error: cannot start the runtime: {e}");

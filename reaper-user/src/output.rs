@@ -17,14 +17,28 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn new(json: Option<Box<dyn Write + Send>>, human: Option<Box<dyn Write + Send>>, t0: u64) -> Self {
-        Output { json, human, seq: 0, t0 }
+    pub fn new(
+        json: Option<Box<dyn Write + Send>>,
+        human: Option<Box<dyn Write + Send>>,
+        t0: u64,
+    ) -> Self {
+        Output {
+            json,
+            human,
+            seq: 0,
+            t0,
+        }
     }
 
     /// Emits one event stamped `ts`.
     pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
         if let Some(w) = self.json.as_mut() {
-            let env = Envelope { event: body.name(), seq: self.seq, ts, body };
+            let env = Envelope {
+                event: body.name(),
+                seq: self.seq,
+                ts,
+                body,
+            };
             serde_json::to_writer(&mut *w, &env).context("writing an NDJSON event")?;
             w.write_all(b"\n").context("writing an NDJSON event")?;
         }
@@ -72,51 +86,111 @@ fn esc_args(args: &[String]) -> String {
 /// One line a person reads. Every string that came from a process is escaped.
 pub fn human_line(ev: &Event) -> String {
     match ev {
-        Event::Snapshot { pid, ppid, comm, argv, .. } => format!(
+        Event::Snapshot {
+            pid,
+            ppid,
+            comm,
+            argv,
+            ..
+        } => format!(
             "found    {pid} ({}) parent {ppid}: {}",
             esc(comm_of(comm)),
             esc_args(&argv.argv)
         ),
-        Event::Ready { gateway, tracked, setsid_hook } => {
+        Event::Ready {
+            gateway,
+            tracked,
+            setsid_hook,
+        } => {
             let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
             format!(
                 "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by {setsid_hook})",
                 gws.join(", ")
             )
         }
-        Event::Fork { pid, ppid, spawner, comm, untracked, .. } => {
-            let parent = if ppid == spawner { String::new() } else { format!(" (parent {ppid})") };
-            let note = if *untracked { "; NOT FOLLOWED: tracked map full" } else { "" };
-            format!("fork     {pid} ({}) by {spawner}{parent}{note}", esc(comm_of(comm)))
+        Event::Fork {
+            pid,
+            ppid,
+            spawner,
+            comm,
+            untracked,
+            ..
+        } => {
+            let parent = if ppid == spawner {
+                String::new()
+            } else {
+                format!(" (parent {ppid})")
+            };
+            let note = if *untracked {
+                "; NOT FOLLOWED: tracked map full"
+            } else {
+                ""
+            };
+            format!(
+                "fork     {pid} ({}) by {spawner}{parent}{note}",
+                esc(comm_of(comm))
+            )
         }
-        Event::Exec { pid, filename, argv, truncated, .. } => format!(
+        Event::Exec {
+            pid,
+            filename,
+            argv,
+            truncated,
+            ..
+        } => format!(
             "exec     {pid} {}: {}{}",
             esc(comm_of_named(filename, "filename")),
             esc_args(&argv.argv),
             if *truncated { " [truncated]" } else { "" }
         ),
-        Event::Exit { pid, exit_code, signal, core } => match (exit_code, signal) {
+        Event::Exit {
+            pid,
+            exit_code,
+            signal,
+            core,
+        } => match (exit_code, signal) {
             (Some(code), _) => format!("exit     {pid} code {code}"),
             (None, Some(sig)) => {
-                format!("exit     {pid} killed by {sig}{}", if *core { " (core dumped)" } else { "" })
+                format!(
+                    "exit     {pid} killed by {sig}{}",
+                    if *core { " (core dumped)" } else { "" }
+                )
             }
             (None, None) => format!("exit     {pid}"),
         },
         Event::Reaped { pid } => format!("reaped   {pid}"),
         Event::Setsid { pid, sid } => format!("setsid   {pid} now leads session {sid}"),
-        Event::Reparent { pid, old_ppid, new_ppid } => {
+        Event::Reparent {
+            pid,
+            old_ppid,
+            new_ppid,
+        } => {
             format!("reparent {pid} parent {old_ppid} exited; new parent {new_ppid}")
         }
-        Event::Lost { count, kinds, affected } => {
+        Event::Lost {
+            count,
+            kinds,
+            affected,
+        } => {
             let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let pids: Vec<String> = affected.iter().map(u32::to_string).collect();
             format!(
                 "LOST     {count} records ({}); re-read from /proc: {}",
                 kinds.join(", "),
-                if pids.is_empty() { "nothing affected".into() } else { pids.join(", ") }
+                if pids.is_empty() {
+                    "nothing affected".into()
+                } else {
+                    pids.join(", ")
+                }
             )
         }
-        Event::Summary { counts, delivery, alive, zombies, .. } => format!(
+        Event::Summary {
+            counts,
+            delivery,
+            alive,
+            zombies,
+            ..
+        } => format!(
             "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
             counts.fork,
             counts.exec,
@@ -126,7 +200,11 @@ pub fn human_line(ev: &Event) -> String {
             delivery.received,
             delivery.kernel_events,
             delivery.dropped.values().sum::<u64>(),
-            if delivery.consistent { "" } else { " (INCONSISTENT)" }
+            if delivery.consistent {
+                ""
+            } else {
+                " (INCONSISTENT)"
+            }
         ),
     }
 }
@@ -140,7 +218,10 @@ fn comm_of_named<'a>(t: &'a crate::events::ProcText, name: &str) -> &'a str {
 }
 
 /// Exit status in words, for the tree.
-pub fn describe_status(status: u32) -> String {
+pub fn describe_status(status: Option<u32>) -> String {
+    let Some(status) = status else {
+        return "exited, status unknown".into();
+    };
     match wait_status(status) {
         (Some(code), _, _) => format!("exited {code}"),
         (None, Some(sig), core) => format!("killed by {sig}{}", if core { ", core" } else { "" }),

@@ -28,7 +28,11 @@ pub fn parse_stat(text: &[u8]) -> Option<Stat> {
     if close < open {
         return None;
     }
-    let pid = std::str::from_utf8(&text[..open]).ok()?.trim().parse().ok()?;
+    let pid = std::str::from_utf8(&text[..open])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let comm = text[open + 1..close].to_vec();
     let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
     // Fields after comm, numbered from 3 (state) as in proc(5).
@@ -117,7 +121,8 @@ mod tests {
 
     #[test]
     fn stat_with_parentheses_and_spaces_in_comm() {
-        let text = b"4711 (a) (b c)) S 1 4711 4711 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
+        let text =
+            b"4711 (a) (b c)) S 1 4711 4711 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
         let s = parse_stat(text).unwrap();
         assert_eq!(s.pid, 4711);
         assert_eq!(s.comm, b"a) (b c)");
@@ -136,10 +141,16 @@ mod tests {
     fn args_split_and_capped() {
         assert_eq!(
             split_args(b"a\0bb\0\0c\0", 10),
-            (vec![b"a".to_vec(), b"bb".to_vec(), vec![], b"c".to_vec()], false)
+            (
+                vec![b"a".to_vec(), b"bb".to_vec(), vec![], b"c".to_vec()],
+                false
+            )
         );
         assert_eq!(split_args(b"", 10), (vec![], false));
-        assert_eq!(split_args(b"a\0b\0c\0", 2), (vec![b"a".to_vec(), b"b".to_vec()], true));
+        assert_eq!(
+            split_args(b"a\0b\0c\0", 2),
+            (vec![b"a".to_vec(), b"b".to_vec()], true)
+        );
     }
 
     #[test]

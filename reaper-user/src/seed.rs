@@ -54,7 +54,9 @@ fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
 }
 
 fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
-    let argv = procfs::read_cmdline(stat.pid, MAX_ARGS).map(|(a, _)| a).unwrap_or_default();
+    let argv = procfs::read_cmdline(stat.pid, MAX_ARGS)
+        .map(|(a, _)| a)
+        .unwrap_or_default();
     Seed {
         pid: stat.pid,
         start_ticks: stat.start_ticks,
@@ -75,7 +77,10 @@ pub fn seed(map: &mut TrackedMap, gateways: &[Stat]) -> Result<Vec<Seed>> {
     let mut known: HashSet<u32> = HashSet::new();
     for gw in gateways {
         if !track(map, gw)? {
-            bail!("--gateway-pid {}: the process exited during start-up", gw.pid);
+            bail!(
+                "--gateway-pid {}: the process exited during start-up",
+                gw.pid
+            );
         }
         known.insert(gw.pid);
         seeds.push(seed_of(gw, true));
@@ -99,12 +104,16 @@ fn descendants_pass(map: &mut TrackedMap, known: &mut HashSet<u32>) -> Result<Ve
     for stat in all.values() {
         children.entry(stat.ppid).or_default().push(stat);
     }
+    let me = std::process::id();
     let mut queue: VecDeque<u32> = known.iter().copied().collect();
     let mut found = Vec::new();
     while let Some(pid) = queue.pop_front() {
-        let Some(kids) = children.get(&pid) else { continue };
+        let Some(kids) = children.get(&pid) else {
+            continue;
+        };
         for kid in kids {
-            if known.contains(&kid.pid) {
+            // reaper-trace itself may run under a gateway (a shell): it never traces itself.
+            if known.contains(&kid.pid) || kid.pid == me {
                 continue;
             }
             if track(map, kid)? {

@@ -18,7 +18,10 @@ pub struct Text {
 impl Text {
     pub fn new(bytes: &[u8]) -> Text {
         match std::str::from_utf8(bytes) {
-            Ok(s) => Text { lossy: s.to_owned(), b64: None },
+            Ok(s) => Text {
+                lossy: s.to_owned(),
+                b64: None,
+            },
             Err(_) => Text {
                 lossy: String::from_utf8_lossy(bytes).into_owned(),
                 b64: Some(STANDARD.encode(bytes)),
@@ -30,9 +33,15 @@ impl Text {
 /// A list of byte strings (argv): all shown lossily, and all in base64 as well when any one
 /// of them is not UTF-8.
 pub fn text_list(items: &[Vec<u8>]) -> (Vec<String>, Option<Vec<String>>) {
-    let lossy = items.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let lossy = items
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
     let exact = items.iter().any(|a| std::str::from_utf8(a).is_err());
-    (lossy, exact.then(|| items.iter().map(|a| STANDARD.encode(a)).collect()))
+    (
+        lossy,
+        exact.then(|| items.iter().map(|a| STANDARD.encode(a)).collect()),
+    )
 }
 
 /// Characters that reorder or hide text on a terminal (Unicode bidi controls).
@@ -66,7 +75,10 @@ pub fn escape_for_terminal(bytes: &[u8]) -> String {
 
 /// Escapes an argv for a terminal, arguments separated by spaces.
 pub fn escape_args(args: &[Vec<u8>]) -> String {
-    args.iter().map(|a| escape_for_terminal(a)).collect::<Vec<_>>().join(" ")
+    args.iter()
+        .map(|a| escape_for_terminal(a))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -101,6 +113,9 @@ mod tests {
 
     #[test]
     fn unicode_text_passes_through() {
-        assert_eq!(escape_for_terminal("naïve ✓ 日本".as_bytes()), "naïve ✓ 日本");
+        assert_eq!(
+            escape_for_terminal("naïve ✓ 日本".as_bytes()),
+            "naïve ✓ 日本"
+        );
     }
 }

@@ -15,40 +15,60 @@ pub struct Tracefs {
 }
 
 fn find() -> Option<PathBuf> {
-    CANDIDATES.iter().map(PathBuf::from).find(|p| p.join("events").is_dir())
+    CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
 }
 
 /// Finds tracefs, mounting it at /sys/kernel/tracing when it is not mounted anywhere.
 pub fn find_or_mount() -> Result<Tracefs> {
     if let Some(root) = find() {
-        return Ok(Tracefs { root, mounted_by_us: false });
+        return Ok(Tracefs {
+            root,
+            mounted_by_us: false,
+        });
     }
     nix::mount::mount(
         Some("nodev"),
         MOUNT_POINT,
         Some("tracefs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
+        nix::mount::MsFlags::MS_NOSUID
+            | nix::mount::MsFlags::MS_NODEV
+            | nix::mount::MsFlags::MS_NOEXEC,
         None::<&str>,
     )
     .map_err(|e| anyhow!("tracefs is not mounted and mounting it at {MOUNT_POINT} failed: {e}"))?;
     find()
-        .map(|root| Tracefs { root, mounted_by_us: true })
+        .map(|root| Tracefs {
+            root,
+            mounted_by_us: true,
+        })
         .ok_or_else(|| anyhow!("mounted tracefs at {MOUNT_POINT} but it has no events/"))
 }
 
 impl Tracefs {
     /// Offset of `field` in the records of tracepoint `category/event`, from its format file.
     pub fn field_offset(&self, category: &str, event: &str, field: &str) -> Result<u64> {
-        let path = self.root.join("events").join(category).join(event).join("format");
-        let text = fs::read_to_string(&path)
-            .with_context(|| format!("reading {} (is CONFIG_FTRACE_SYSCALLS set?)", path.display()))?;
+        let path = self
+            .root
+            .join("events")
+            .join(category)
+            .join(event)
+            .join("format");
+        let text = fs::read_to_string(&path).with_context(|| {
+            format!(
+                "reading {} (is CONFIG_FTRACE_SYSCALLS set?)",
+                path.display()
+            )
+        })?;
         parse_field_offset(&text, field)
             .ok_or_else(|| anyhow!("{} has no field `{field}`", path.display()))
     }
 }
 
 /// Finds `offset:N` on the line declaring `field` in a tracepoint format file, e.g.
-/// `field:long ret;	offset:16;	size:8;	signed:1;`.
+/// `field:long ret; offset:16; size:8; signed:1;` (tab-separated).
 pub fn parse_field_offset(format: &str, field: &str) -> Option<u64> {
     format.lines().find_map(|line| {
         let decl = line.trim().strip_prefix("field:")?.split(';').next()?;
@@ -57,7 +77,8 @@ pub fn parse_field_offset(format: &str, field: &str) -> Option<u64> {
         if name != field {
             return None;
         }
-        line.split(';').find_map(|part| part.trim().strip_prefix("offset:")?.parse().ok())
+        line.split(';')
+            .find_map(|part| part.trim().strip_prefix("offset:")?.parse().ok())
     })
 }
 

@@ -39,8 +39,11 @@ pub struct Tracer {
     reported_losses: LossCounts,
     /// Pids to re-read from /proc (events about processes the graph did not know).
     resync_pids: HashSet<u32>,
-    /// Children forked while the tracked map was full.
+    /// Children forked while the tracked map was full, not yet reported in a `lost` event.
     untracked_children: Vec<u32>,
+    /// Live processes the kernel does not follow (forked while the tracked map was full):
+    /// their end is learnt from /proc.
+    unfollowed: HashSet<NodeId>,
     pending_reparents: Vec<PendingReparent>,
     /// When the last exit event arrived.
     last_exit: Instant,
@@ -62,6 +65,7 @@ impl Tracer {
             reported_losses: LossCounts::default(),
             resync_pids: HashSet::new(),
             untracked_children: Vec::new(),
+            unfollowed: HashSet::new(),
             pending_reparents: Vec::new(),
             last_exit: Instant::now(),
             pending_gateways: HashSet::new(),
@@ -83,7 +87,9 @@ impl Tracer {
     }
 
     fn emit_snapshot(&mut self, id: NodeId) -> Result<()> {
-        let Some(n) = self.graph.node(id) else { return Ok(()) };
+        let Some(n) = self.graph.node(id) else {
+            return Ok(());
+        };
         let ev = Event::Snapshot {
             pid: n.pid,
             ppid: n.ppid,
@@ -146,13 +152,24 @@ impl Tracer {
             }
         };
         let out = match &ev.what {
-            What::Fork { spawner, ppid, sid, pgid, uid, cgroup_id, comm, untracked } => {
+            What::Fork {
+                spawner,
+                ppid,
+                sid,
+                pgid,
+                uid,
+                cgroup_id,
+                comm,
+                untracked,
+            } => {
                 self.counts.fork += 1;
                 if self.pending_gateways.remove(&ev.pid) {
                     self.graph.set_gateway(node);
                 }
                 if *untracked {
                     self.untracked_children.push(ev.pid);
+                    self.unfollowed.insert(node);
+                    self.graph.mark_uncertain(node);
                 }
                 Event::Fork {
                     pid: ev.pid,
@@ -167,7 +184,13 @@ impl Tracer {
                     untracked: *untracked,
                 }
             }
-            What::Exec { old_tid, filename, argv, truncated, .. } => {
+            What::Exec {
+                old_tid,
+                filename,
+                argv,
+                truncated,
+                ..
+            } => {
                 self.counts.exec += 1;
                 Event::Exec {
                     pid: ev.pid,
@@ -185,12 +208,22 @@ impl Tracer {
                     for orphan in orphans {
                         if let Some(n) = self.graph.node(orphan) {
                             let (pid, old_ppid) = (n.pid, n.ppid);
-                            self.pending_reparents.push(PendingReparent { node: orphan, pid, old_ppid, since });
+                            self.pending_reparents.push(PendingReparent {
+                                node: orphan,
+                                pid,
+                                old_ppid,
+                                since,
+                            });
                         }
                     }
                 }
                 let (exit_code, signal, core) = wait_status(*status);
-                Event::Exit { pid: ev.pid, exit_code, signal, core }
+                Event::Exit {
+                    pid: ev.pid,
+                    exit_code,
+                    signal,
+                    core,
+                }
             }
             What::Free => {
                 self.counts.reaped += 1;
@@ -198,7 +231,10 @@ impl Tracer {
             }
             What::Setsid { sid } => {
                 self.counts.setsid += 1;
-                Event::Setsid { pid: ev.pid, sid: *sid }
+                Event::Setsid {
+                    pid: ev.pid,
+                    sid: *sid,
+                }
             }
         };
         self.out.event(ev.ts, &out)
@@ -209,7 +245,9 @@ impl Tracer {
     pub fn check_reparents(&mut self) -> Result<()> {
         let pending = std::mem::take(&mut self.pending_reparents);
         for p in pending {
-            let Some(node) = self.graph.node(p.node) else { continue };
+            let Some(node) = self.graph.node(p.node) else {
+                continue;
+            };
             if !node.alive() {
                 continue;
             }
@@ -226,10 +264,56 @@ impl Tracer {
             }
             self.graph.reparent(p.node, stat.ppid);
             self.counts.reparent += 1;
-            let ev = Event::Reparent { pid: p.pid, old_ppid: p.old_ppid, new_ppid: stat.ppid };
+            let ev = Event::Reparent {
+                pid: p.pid,
+                old_ppid: p.old_ppid,
+                new_ppid: stat.ppid,
+            };
             self.out.event(boottime_now(), &ev)?;
         }
         Ok(())
+    }
+
+    /// Looks in /proc for the processes the kernel does not follow; reports those that are
+    /// gone as exited and reaped (status unknown).
+    pub fn check_unfollowed(&mut self) -> Result<()> {
+        let watched: Vec<NodeId> = self.unfollowed.iter().copied().collect();
+        for id in watched {
+            let Some(node) = self.graph.node(id) else {
+                self.unfollowed.remove(&id);
+                continue;
+            };
+            let gone = match procfs::read_stat(node.pid) {
+                Ok(s) => !self.same_start(node.start, s.start_ticks),
+                Err(_) => true,
+            };
+            if gone {
+                self.unfollowed.remove(&id);
+                self.report_gone(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a process that vanished unseen as exited and reaped, and says so.
+    fn report_gone(&mut self, id: NodeId) -> Result<()> {
+        let Some(pid) = self.graph.node(id).map(|n| n.pid) else {
+            return Ok(());
+        };
+        let now = boottime_now();
+        self.graph.mark_gone(id, now);
+        self.counts.exit += 1;
+        self.out.event(
+            now,
+            &Event::Exit {
+                pid,
+                exit_code: None,
+                signal: None,
+                core: false,
+            },
+        )?;
+        self.counts.reaped += 1;
+        self.out.event(now, &Event::Reaped { pid })
     }
 
     pub fn has_pending_reparents(&self) -> bool {
@@ -275,7 +359,11 @@ impl Tracer {
         if new_drops == 0 && new_full == 0 {
             return Ok(()); // a late event for a process already repaired: nothing was lost
         }
-        let ev = Event::Lost { count: new_drops + new_full, kinds, affected };
+        let ev = Event::Lost {
+            count: new_drops + new_full,
+            kinds,
+            affected,
+        };
         self.out.event(boottime_now(), &ev)
     }
 
@@ -289,10 +377,13 @@ impl Tracer {
         let mut seeds = Vec::new();
         let asked: Vec<u32> = self.resync_pids.drain().collect();
         for pid in kernel_pids.into_iter().chain(asked) {
-            let Ok(stat) = procfs::read_stat(pid) else { continue };
-            let known = self.graph.current(pid).is_some_and(|n| {
-                n.alive() && self.same_start(n.start, stat.start_ticks)
-            });
+            let Ok(stat) = procfs::read_stat(pid) else {
+                continue;
+            };
+            let known = self
+                .graph
+                .current(pid)
+                .is_some_and(|n| n.alive() && self.same_start(n.start, stat.start_ticks));
             if !known && stat.state != b'Z' {
                 let argv = procfs::read_cmdline(pid, crate::decode::MAX_ARGS)
                     .map(|(a, _)| a)
@@ -334,7 +425,15 @@ impl Tracer {
         for (id, pid) in stale {
             self.graph.mark_gone(id, now);
             self.counts.exit += 1;
-            self.out.event(now, &Event::Exit { pid, exit_code: None, signal: None, core: false })?;
+            self.out.event(
+                now,
+                &Event::Exit {
+                    pid,
+                    exit_code: None,
+                    signal: None,
+                    core: false,
+                },
+            )?;
             self.counts.reaped += 1;
             self.out.event(now, &Event::Reaped { pid })?;
             affected.push(pid);

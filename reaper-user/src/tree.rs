@@ -44,14 +44,34 @@ fn render(
     root: bool,
     out: &mut String,
 ) {
-    let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+    let branch = if root {
+        ""
+    } else if last {
+        "└─ "
+    } else {
+        "├─ "
+    };
     let _ = writeln!(out, "{prefix}{branch}{}", describe(node));
-    let kids: Vec<&Node> =
-        graph.spawned_by(node.id).into_iter().filter(|k| keep.contains(&k.id)).collect();
-    let child_prefix =
-        if root { prefix.to_owned() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
+    let kids: Vec<&Node> = graph
+        .spawned_by(node.id)
+        .into_iter()
+        .filter(|k| keep.contains(&k.id))
+        .collect();
+    let child_prefix = if root {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}{}", if last { "   " } else { "│  " })
+    };
     for (i, kid) in kids.iter().enumerate() {
-        render(graph, kid, keep, &child_prefix, i + 1 == kids.len(), false, out);
+        render(
+            graph,
+            kid,
+            keep,
+            &child_prefix,
+            i + 1 == kids.len(),
+            false,
+            out,
+        );
     }
 }
 
@@ -68,7 +88,12 @@ fn describe(n: &Node) -> String {
             let _ = write!(s, " [{}]", describe_status(e.status));
         }
         (Some(e), None) => {
-            let _ = write!(s, " [ZOMBIE, {}, not reaped by {}]", describe_status(e.status), n.ppid);
+            let _ = write!(
+                s,
+                " [ZOMBIE, {}, not reaped by {}]",
+                describe_status(e.status),
+                n.ppid
+            );
         }
         (None, _) => {
             let _ = write!(s, " [alive, parent {}", n.ppid);

@@ -75,9 +75,16 @@ impl Run {
         let text = String::from_utf8(stdout.to_vec()).expect("NDJSON is UTF-8");
         let events = text
             .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("bad NDJSON line {l:?}: {e}")))
+            .map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .unwrap_or_else(|e| panic!("bad NDJSON line {l:?}: {e}"))
+            })
             .collect();
-        Run { events, stderr: String::from_utf8_lossy(stderr).into_owned(), status }
+        Run {
+            events,
+            stderr: String::from_utf8_lossy(stderr).into_owned(),
+            status,
+        }
     }
 
     /// Events named `name`.
@@ -87,9 +94,17 @@ impl Run {
 
     /// The only event named `name` about `pid`.
     pub fn one(&self, name: &str, pid: u64) -> &Value {
-        let found: Vec<&Value> =
-            self.all(name).into_iter().filter(|e| e["pid"].as_u64() == Some(pid)).collect();
-        assert_eq!(found.len(), 1, "expected one {name} event for pid {pid}, got {found:?}\n{}", self.stderr);
+        let found: Vec<&Value> = self
+            .all(name)
+            .into_iter()
+            .filter(|e| e["pid"].as_u64() == Some(pid))
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "expected one {name} event for pid {pid}, got {found:?}\n{}",
+            self.stderr
+        );
         found[0]
     }
 
@@ -104,7 +119,11 @@ impl Run {
         let d = &self.summary()["delivery"];
         assert_eq!(d["consistent"], true, "delivery {d}");
         assert_eq!(d["kernel_events"], d["received"], "delivery {d}");
-        assert!(self.all("lost").is_empty(), "lost events: {:?}", self.all("lost"));
+        assert!(
+            self.all("lost").is_empty(),
+            "lost events: {:?}",
+            self.all("lost")
+        );
     }
 
     /// `seq` counts 0, 1, 2... and every line has `event` and `ts`.
@@ -152,7 +171,11 @@ pub fn read_json(path: &std::path::Path) -> Value {
 pub fn wait_for_file(path: &std::path::Path, limit: Duration) {
     let start = Instant::now();
     while !path.exists() {
-        assert!(start.elapsed() < limit, "{} did not appear within {limit:?}", path.display());
+        assert!(
+            start.elapsed() < limit,
+            "{} did not appear within {limit:?}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

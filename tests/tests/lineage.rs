@@ -5,11 +5,17 @@ use std::{
     time::Duration,
 };
 
-use reaper_tests::{Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, scratch, scratch_path, shapes, wait_for_file};
+use reaper_tests::{
+    Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, scratch, scratch_path,
+    shapes, wait_for_file,
+};
 use serde_json::Value;
 
 fn forks_by(run: &Run, spawner: u64) -> Vec<&Value> {
-    run.all("fork").into_iter().filter(|e| e["spawner"].as_u64() == Some(spawner)).collect()
+    run.all("fork")
+        .into_iter()
+        .filter(|e| e["spawner"].as_u64() == Some(spawner))
+        .collect()
 }
 
 #[test]
@@ -23,23 +29,41 @@ fn exit_codes_signals_and_exec_arguments() {
     assert_eq!(forks_by(&run, gw).len(), 3, "{:?}", run.all("fork"));
 
     let exit3 = run.one("exit", pid(&truth["exits_3"]));
-    assert_eq!((exit3["exit_code"].as_i64(), exit3["signal"].is_null()), (Some(3), true));
+    assert_eq!(
+        (exit3["exit_code"].as_i64(), exit3["signal"].is_null()),
+        (Some(3), true)
+    );
     let killed = run.one("exit", pid(&truth["killed"]));
-    assert_eq!((killed["exit_code"].is_null(), killed["signal"].as_str()), (true, Some("SIGKILL")));
+    assert_eq!(
+        (killed["exit_code"].is_null(), killed["signal"].as_str()),
+        (true, Some("SIGKILL"))
+    );
     assert_eq!(killed["core"], false);
 
     let exec = run.one("exec", pid(&truth["execs"]));
     assert_eq!(exec["filename"], "/bin/sh");
-    assert_eq!(exec["argv"], serde_json::json!(["sh", "-c", "exit 0", "arg with space"]));
+    assert_eq!(
+        exec["argv"],
+        serde_json::json!(["sh", "-c", "exit 0", "arg with space"])
+    );
     assert_eq!(exec["truncated"], false);
 
     // The gateway itself: traced from its first instruction, so its own exec is seen.
     assert_eq!(run.one("exec", gw)["argv"][1], "basic");
     assert_eq!(run.one("exit", gw)["exit_code"], 0);
-    for p in [gw, pid(&truth["exits_3"]), pid(&truth["killed"]), pid(&truth["execs"])] {
+    for p in [
+        gw,
+        pid(&truth["exits_3"]),
+        pid(&truth["killed"]),
+        pid(&truth["execs"]),
+    ] {
         run.one("reaped", p);
     }
-    assert_eq!(run.status.code(), Some(0), "exit status follows the gateway's");
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "exit status follows the gateway's"
+    );
     run.assert_lossless();
 }
 
@@ -59,7 +83,11 @@ fn forks_from_32_threads_belong_to_the_process() {
     assert_eq!(children.len(), 32);
     for child in children {
         let p = pid(&child["pid"]);
-        assert_eq!(pid(&run.one("fork", p)["spawner"]), gw, "fork from a thread is the tgid's");
+        assert_eq!(
+            pid(&run.one("fork", p)["spawner"]),
+            gw,
+            "fork from a thread is the tgid's"
+        );
         assert_eq!(run.one("exit", p)["exit_code"], child["code"]);
     }
     assert_eq!(forks_by(&run, gw).len(), 32);
@@ -74,10 +102,18 @@ fn exec_from_a_non_leader_thread_is_the_process() {
     let (run, truth) = run_shape("exec-from-thread", &[]);
     let child = pid(&truth["child"]);
     let exec = run.one("exec", child);
-    assert_eq!(pid(&exec["tid"]), pid(&truth["thread"]), "the exec'ing thread is recorded");
+    assert_eq!(
+        pid(&exec["tid"]),
+        pid(&truth["thread"]),
+        "the exec'ing thread is recorded"
+    );
     assert_eq!(exec["argv"], serde_json::json!(["sh", "-c", "exit 7"]));
     assert_eq!(run.one("exit", child)["exit_code"], 7);
-    assert!(run.all("exec").iter().all(|e| pid(&e["pid"]) != pid(&truth["thread"])));
+    assert!(
+        run.all("exec")
+            .iter()
+            .all(|e| pid(&e["pid"]) != pid(&truth["thread"]))
+    );
     run.assert_lossless();
 }
 
@@ -110,11 +146,18 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
     assert_eq!(run.one("setsid", leader)["sid"].as_u64(), Some(leader));
     let fork = run.one("fork", grandchild);
     assert_eq!(pid(&fork["spawner"]), leader);
-    assert_eq!(fork["sid"].as_u64(), Some(leader), "born in the new session");
+    assert_eq!(
+        fork["sid"].as_u64(),
+        Some(leader),
+        "born in the new session"
+    );
     let reparent = run.one("reparent", grandchild);
     assert_eq!(pid(&reparent["old_ppid"]), leader);
     let b_truth = read_json(&scratch_path("setsid-double-fork").join("truth.json.grandchild"));
-    assert_eq!(reparent["new_ppid"], b_truth["ppid_after"], "the new parent is read, not guessed");
+    assert_eq!(
+        reparent["new_ppid"], b_truth["ppid_after"],
+        "the new parent is read, not guessed"
+    );
     // reaper-trace outlives the gateway while the escaped grandchild lives, then stops.
     assert!(run.one("exit", gw)["ts"].as_u64() < run.one("exit", grandchild)["ts"].as_u64());
     assert_eq!(run.one("exit", grandchild)["exit_code"], 0);
@@ -148,9 +191,24 @@ fn gateway_exit_leaves_a_descendant_alive_with_its_lineage() {
     assert_eq!(alive.len(), 1, "{alive:?}");
     let left = &alive[0];
     assert_eq!(pid(&left["pid"]), grandchild);
-    let lineage: Vec<u64> = left["lineage"].as_array().unwrap().iter().map(pid).collect();
-    assert_eq!(lineage, vec![pid(&truth["gateway"]), pid(&truth["session_leader"]), grandchild]);
-    assert_eq!(left["escaped"], false, "the grandchild itself did not call setsid");
+    let lineage: Vec<u64> = left["lineage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(pid)
+        .collect();
+    assert_eq!(
+        lineage,
+        vec![
+            pid(&truth["gateway"]),
+            pid(&truth["session_leader"]),
+            grandchild
+        ]
+    );
+    assert_eq!(
+        left["escaped"], false,
+        "the grandchild itself did not call setsid"
+    );
     assert_eq!(run.summary()["gateway_exit_code"], 0);
     run.assert_lossless();
 }
@@ -164,7 +222,11 @@ fn clone_parent_child_has_the_caller_as_spawner() {
     let child = pid(&truth["child"]);
     let fork = run.one("fork", child);
     assert_eq!(pid(&fork["spawner"]), pid(&truth["spawner"]));
-    assert_eq!(pid(&fork["ppid"]), pid(&truth["gateway"]), "CLONE_PARENT: real parent is the gateway");
+    assert_eq!(
+        pid(&fork["ppid"]),
+        pid(&truth["gateway"]),
+        "CLONE_PARENT: real parent is the gateway"
+    );
     assert_eq!(run.one("exit", child)["exit_code"], 5);
     run.one("reaped", child);
     run.assert_lossless();
@@ -177,17 +239,33 @@ fn storm_of_5000_processes_loses_nothing() {
     }
     let (run, truth) = run_shape("storm", &["5000"]);
     let gw = pid(&truth["gateway"]);
-    let children: std::collections::HashSet<u64> =
-        truth["children"].as_array().unwrap().iter().map(pid).collect();
+    let children: std::collections::HashSet<u64> = truth["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(pid)
+        .collect();
     assert_eq!(children.len(), 5000);
-    let forked: std::collections::HashSet<u64> = forks_by(&run, gw).iter().map(|e| pid(&e["pid"])).collect();
+    let forked: std::collections::HashSet<u64> =
+        forks_by(&run, gw).iter().map(|e| pid(&e["pid"])).collect();
     assert_eq!(forked, children, "every fork reported, nothing else");
-    let exited = run.all("exit").iter().filter(|e| children.contains(&pid(&e["pid"]))).count();
-    let reaped = run.all("reaped").iter().filter(|e| children.contains(&pid(&e["pid"]))).count();
+    let exited = run
+        .all("exit")
+        .iter()
+        .filter(|e| children.contains(&pid(&e["pid"])))
+        .count();
+    let reaped = run
+        .all("reaped")
+        .iter()
+        .filter(|e| children.contains(&pid(&e["pid"])))
+        .count();
     assert_eq!((exited, reaped), (5000, 5000));
     run.assert_lossless();
     let d = &run.summary()["delivery"];
-    assert!(d["dropped"].as_object().unwrap().values().all(|v| v == 0), "{d}");
+    assert!(
+        d["dropped"].as_object().unwrap().values().all(|v| v == 0),
+        "{d}"
+    );
 }
 
 #[test]
@@ -248,7 +326,11 @@ fn tree_that_existed_before_attach_and_forks_after() {
     // Forked after attach: C by the gateway and D by C.
     let c = pid(&truth["c"]);
     assert_eq!(pid(&run.one("fork", c)["spawner"]), gw);
-    let d: Vec<&Value> = run.all("fork").into_iter().filter(|e| pid(&e["spawner"]) == c).collect();
+    let d: Vec<&Value> = run
+        .all("fork")
+        .into_iter()
+        .filter(|e| pid(&e["spawner"]) == c)
+        .collect();
     assert_eq!(d.len(), 1);
     // All of them end, the pre-existing ones included, and the run stops by itself.
     for p in [gw, a, b, c, pid(&d[0]["pid"])] {
@@ -266,14 +348,170 @@ fn bad_input_is_a_clear_error() {
     }
     let run = run_reaper(&["--gateway-pid", "4194304"]);
     assert_eq!(run.status.code(), Some(1));
-    assert!(run.stderr.contains("--gateway-pid 4194304: no such process"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("--gateway-pid 4194304: no such process"),
+        "{}",
+        run.stderr
+    );
     assert!(run.events.is_empty());
 
     let run = run_reaper(&["--", "/nonexistent/gateway"]);
     assert_eq!(run.status.code(), Some(1));
-    assert!(run.stderr.contains("cannot start \"/nonexistent/gateway\""), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot start \"/nonexistent/gateway\""),
+        "{}",
+        run.stderr
+    );
 
-    let out = Command::new(reaper_trace()).args(["--ring-size", "3MiB", "--", "true"]).output().unwrap();
+    let out = Command::new(reaper_trace())
+        .args(["--ring-size", "3MiB", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
+}
+
+#[test]
+fn a_stalled_reader_with_a_tiny_ring_loses_records_counted_exactly_and_repairs() {
+    if !require_root("a_stalled_reader_with_a_tiny_ring_loses_records_counted_exactly_and_repairs")
+    {
+        return;
+    }
+    let dir = scratch("stall");
+    let truth = dir.join("truth.json");
+    // The gateway stops its own tracer (its parent), forks a storm into a 4 KiB ring that
+    // nobody drains, then lets the tracer go on: records must be lost, and every one counted.
+    let script = format!(
+        "kill -STOP $PPID; {} storm {} 2000; kill -CONT $PPID",
+        shapes().display(),
+        truth.display()
+    );
+    let run = run_reaper(&["--ring-size", "4KiB", "--", "sh", "-c", &script]);
+    let lost = run.all("lost");
+    assert!(
+        !lost.is_empty(),
+        "a 4 KiB ring behind a stopped reader must overflow"
+    );
+    let d = &run.summary()["delivery"];
+    let dropped: u64 = d["dropped"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let reported: u64 = lost.iter().map(|l| l["count"].as_u64().unwrap()).sum();
+    assert!(dropped > 0, "{d}");
+    assert_eq!(reported, dropped, "every dropped record is in a lost event");
+    assert_eq!(
+        d["consistent"], true,
+        "kernel_events == received + dropped: {d}"
+    );
+    assert_eq!(
+        d["kernel_events"].as_u64().unwrap(),
+        d["received"].as_u64().unwrap() + dropped
+    );
+    // Repaired from /proc: nothing the storm made is left "alive" for lack of its exit record.
+    assert!(
+        run.summary()["alive"].as_array().unwrap().is_empty(),
+        "{}",
+        run.summary()
+    );
+    assert_eq!(run.status.code(), Some(0));
+}
+
+#[test]
+fn a_full_tracked_map_is_a_reported_loss_never_silent() {
+    if !require_root("a_full_tracked_map_is_a_reported_loss_never_silent") {
+        return;
+    }
+    let run = run_reaper(&[
+        "--max-tracked",
+        "16",
+        "--",
+        "sh",
+        "-c",
+        "for i in $(seq 30); do sleep 1 & done; wait",
+    ]);
+    let untracked: Vec<u64> = run
+        .all("fork")
+        .iter()
+        .filter(|f| f["untracked"] == true)
+        .map(|f| pid(&f["pid"]))
+        .collect();
+    assert!(
+        !untracked.is_empty(),
+        "30 live children cannot fit in 16 entries"
+    );
+    let full: u64 = run
+        .all("lost")
+        .iter()
+        .map(|l| l["kinds"]["tracked_full"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(full as usize, untracked.len());
+    let affected: Vec<u64> = run
+        .all("lost")
+        .iter()
+        .flat_map(|l| l["affected"].as_array().unwrap().iter().map(pid))
+        .collect();
+    for p in &untracked {
+        assert!(
+            affected.contains(p),
+            "untracked child {p} named in a lost event"
+        );
+    }
+    assert_eq!(
+        run.summary()["delivery"]["tracked_full"].as_u64(),
+        Some(full)
+    );
+    // Every child is still reported forking: `$(seq 30)` and the 30 sleeps.
+    let gw = pid(&run.all("ready")[0]["gateway"][0]);
+    assert_eq!(forks_by(&run, gw).len(), 31);
+    // The kernel could not follow them, so their ends were learnt from /proc.
+    for p in &untracked {
+        let exit = run.one("exit", *p);
+        assert!(
+            exit["exit_code"].is_null() && exit["signal"].is_null(),
+            "{exit}"
+        );
+    }
+    assert!(run.summary()["alive"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
+    if !require_root("sigint_stops_cleanly_with_a_summary_of_what_is_alive") {
+        return;
+    }
+    let mut tracer = Command::new(reaper_trace())
+        .args(["--json", "--quiet", "--", "sleep", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(tracer.stdout.take().unwrap());
+    let mut lines = String::new();
+    while !lines.contains("\"event\":\"exec\"") {
+        let n = std::io::BufRead::read_line(&mut stdout, &mut lines).unwrap();
+        assert!(n > 0, "reaper-trace ended early: {lines}");
+    }
+    // SAFETY: signals the tracer this test started.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    std::io::Read::read_to_string(&mut stdout, &mut lines).unwrap();
+    let status = tracer.wait().unwrap();
+    let run = Run::from_output(lines.as_bytes(), b"", status);
+    let sleeper = pid(&run.all("ready")[0]["gateway"][0]);
+    // SAFETY: ends the gateway this test started.
+    unsafe { libc::kill(sleeper as i32, libc::SIGKILL) };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stopped by a signal while the gateway still ran"
+    );
+    let alive = run.summary()["alive"].as_array().unwrap().clone();
+    assert_eq!(alive.len(), 1);
+    assert_eq!(pid(&alive[0]["pid"]), sleeper);
+    assert_eq!(alive[0]["argv"], serde_json::json!(["sleep", "30"]));
+    assert!(run.summary()["gateway_exit_code"].is_null());
+    run.assert_lossless();
 }

@@ -1,1 +1,182 @@
-fn main(){}
+//! `cargo xtask`: set-up, build, demo, run and test helpers for reaper.
+//!
+//! Everything a fresh machine needs is installed by `setup` (which the other commands run
+//! first): the nightly toolchain's `rust-src`, and `bpf-linker` built against the nightly
+//! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
+mod setup;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  setup            install what the eBPF build needs (nightly rust-src, bpf-linker)
+  build [--release]  build reaper-trace (eBPF object embedded)
+  demo             trace the bundled leaky example gateway for a few seconds
+  run [ARGS...]    build (release) and run reaper-trace with ARGS
+  test             fmt and clippy checks, unit tests and the kernel integration tests
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<ExitCode> {
+    let root = workspace_root();
+    match args.first().map(String::as_str) {
+        Some("setup") => setup::ensure_all().map(|_| ExitCode::SUCCESS),
+        Some("build") => {
+            setup::ensure_all()?;
+            build(&root, args.iter().any(|a| a == "--release"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("demo") => {
+            setup::ensure_all()?;
+            build(&root, true)?;
+            let gateway = root.join("examples/leaky-gateway.sh");
+            let args = ["--duration", "6s", "--", gateway.to_str().context("path")?];
+            run_reaper(&root, &args.map(String::from))
+        }
+        Some("run") => {
+            setup::ensure_all()?;
+            build(&root, true)?;
+            run_reaper(&root, &args[1..])
+        }
+        Some("test") => {
+            setup::ensure_all()?;
+            test(&root)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprint!("{USAGE}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace, failing with its name when it fails.
+pub fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn build(root: &Path, release: bool) -> Result<()> {
+    let mut args = vec!["build", "--bins"];
+    if release {
+        args.push("--release");
+    }
+    cargo(root, &args)
+}
+
+fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
+    let status = Command::new(root.join("target/release/reaper-trace"))
+        .args(args)
+        .status()
+        .context("running reaper-trace")?;
+    Ok(ExitCode::from(
+        status.code().unwrap_or(1).clamp(0, 255) as u8
+    ))
+}
+
+fn test(root: &Path) -> Result<()> {
+    cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
+    cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    // The integration tests run the workspace's binaries: build them first.
+    build(root, false)?;
+    let (passed, failed) = cargo_test(root)?;
+    // One closing line for the whole run, whatever order cargo printed its binaries in.
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} tests failed");
+    }
+    Ok(())
+}
+
+/// Runs `cargo test`, passing its output through, and adds up its `test result:` lines.
+fn cargo_test(root: &Path) -> Result<(u64, u64)> {
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["test", "--", "--test-threads=2"])
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().context("cargo test stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            passed += count_before(rest, " passed");
+            failed += count_before(rest, " failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && failed == 0 {
+        bail!("`cargo test` failed ({status})");
+    }
+    Ok((passed, failed))
+}
+
+/// In `ok. 10 passed; 0 failed; ...`, the number before `word`.
+fn count_before(text: &str, word: &str) -> u64 {
+    text.split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word.trim_start())
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_before;
+
+    #[test]
+    fn counts_cargo_test_result_lines() {
+        let ok = "ok. 10 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 2.1s";
+        assert_eq!(
+            (count_before(ok, " passed"), count_before(ok, " failed")),
+            (10, 0)
+        );
+        let bad = "FAILED. 9 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!(
+            (count_before(bad, " passed"), count_before(bad, " failed")),
+            (9, 2)
+        );
+        assert_eq!(count_before("garbage", " passed"), 0);
+    }
+}

@@ -10,8 +10,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use reaper_common::{
-    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
-    FILENAME_MAX,
+    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind, FILENAME_MAX,
 };
 
 use crate::{

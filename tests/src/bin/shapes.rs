@@ -139,14 +139,27 @@ fn spawn() -> Value {
     let mut pid: libc::pid_t = 0;
     // SAFETY: valid arguments; no file actions or attributes.
     let rc = unsafe {
-        libc::posix_spawn(&mut pid, path.as_ptr(), std::ptr::null(), std::ptr::null(), argv.as_ptr(), std::ptr::null())
+        libc::posix_spawn(
+            &mut pid,
+            path.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            argv.as_ptr(),
+            std::ptr::null(),
+        )
     };
     assert_eq!(rc, 0, "posix_spawn");
     wait_for(pid as u32);
     let sh = CString::new("/bin/sh").unwrap();
-    let args: Vec<CString> = ["sh", "-c", "exit 4"].iter().map(|a| CString::new(*a).unwrap()).collect();
-    let ptrs: Vec<*const libc::c_char> =
-        args.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+    let args: Vec<CString> = ["sh", "-c", "exit 4"]
+        .iter()
+        .map(|a| CString::new(*a).unwrap())
+        .collect();
+    let ptrs: Vec<*const libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
     // SAFETY: the vfork child only calls execv and _exit, with memory prepared before.
     #[allow(deprecated)]
     let vforked = unsafe { libc::vfork() };
@@ -178,11 +191,16 @@ fn setsid_double_fork(truth: &str) -> Value {
             // Wait until the parent is gone and we were reparented.
             let original = unsafe { libc::getppid() };
             let start = Instant::now();
-            while unsafe { libc::getppid() } == original && start.elapsed() < Duration::from_secs(10) {
+            while unsafe { libc::getppid() } == original
+                && start.elapsed() < Duration::from_secs(10)
+            {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let ppid = unsafe { libc::getppid() };
-            write_truth(&b_truth, &json!({ "ppid_after": ppid, "pid": std::process::id() }));
+            write_truth(
+                &b_truth,
+                &json!({ "ppid_after": ppid, "pid": std::process::id() }),
+            );
             std::thread::sleep(Duration::from_millis(linger));
             0
         });
@@ -203,7 +221,14 @@ fn clone_parent() -> Value {
     let a = fork_then(move || {
         // SAFETY: raw clone without a new stack behaves like fork for the child.
         let c = unsafe {
-            libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0)
+            libc::syscall(
+                libc::SYS_clone,
+                libc::CLONE_PARENT | libc::SIGCHLD,
+                0,
+                0,
+                0,
+                0,
+            )
         };
         if c == 0 {
             unsafe { libc::_exit(5) };
@@ -255,7 +280,10 @@ fn tree(truth: &str) -> Value {
     let mut b = 0u32;
     // SAFETY: reads 4 bytes into a u32.
     unsafe { libc::read(rd, (&mut b as *mut u32).cast(), 4) };
-    write_truth(&format!("{truth}.before"), &json!({ "a": a, "b": b, "gateway": std::process::id() }));
+    write_truth(
+        &format!("{truth}.before"),
+        &json!({ "a": a, "b": b, "gateway": std::process::id() }),
+    );
     let mut sig = 0;
     // SAFETY: waits for the blocked SIGUSR1.
     unsafe { libc::sigwait(&set, &mut sig) };
