@@ -193,6 +193,7 @@ fn drain(ring: &mut RingBuf<MapData>, tracer: &mut Tracer) -> Result<usize> {
         tracer.record(&item)?;
         n += 1;
     }
+    tracer.end_batch();
     Ok(n)
 }
 

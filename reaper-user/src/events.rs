@@ -99,6 +99,16 @@ pub struct Delivery {
     pub consistent: bool,
 }
 
+/// From an event in the kernel to the end of the batch that applied it to the graph.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    /// Events measured.
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
 /// Every event of the stream.
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
@@ -175,6 +185,7 @@ pub enum Event {
         zombies: Vec<u32>,
         gateway_exit_code: Option<i32>,
         duration_ns: u64,
+        latency_ns: Latency,
     },
 }
 

@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use hdrhistogram::Histogram;
 use reaper_common::EventKind;
 
 use crate::decode::{KernelEvent, What, decode};
-use crate::events::{AliveProcess, Argv, Counts, Delivery, Event, ProcText, wait_status};
+use crate::events::{AliveProcess, Argv, Counts, Delivery, Event, Latency, ProcText, wait_status};
 use crate::graph::{Applied, LineageGraph, NodeId, Seed, Start};
 use crate::loader::{KernelCounters, LossCounts};
 use crate::output::Output;
@@ -51,6 +52,10 @@ pub struct Tracer {
     pending_gateways: HashSet<u32>,
     /// Records that did not decode (a build mismatch; never expected).
     pub undecodable: u64,
+    /// Kernel timestamps of the records of the batch being handled.
+    batch_ts: Vec<u64>,
+    /// Time from an event in the kernel to the end of the batch that applied it, in ns.
+    latency: Histogram<u64>,
     ticks_per_second: u64,
     started: u64,
 }
@@ -70,6 +75,8 @@ impl Tracer {
             last_exit: Instant::now(),
             pending_gateways: HashSet::new(),
             undecodable: 0,
+            batch_ts: Vec::new(),
+            latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
             ticks_per_second: procfs::ticks_per_second(),
             started: boottime_now(),
         }
@@ -134,11 +141,25 @@ impl Tracer {
     pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
         self.received += 1;
         match decode(bytes) {
-            Ok(ev) => self.apply(&ev),
+            Ok(ev) => {
+                self.batch_ts.push(ev.ts);
+                self.apply(&ev)
+            }
             Err(_) => {
                 self.undecodable += 1;
                 Ok(())
             }
+        }
+    }
+
+    /// Ends a batch of records: each one's latency, from the kernel to now, is recorded.
+    pub fn end_batch(&mut self) {
+        if self.batch_ts.is_empty() {
+            return;
+        }
+        let now = boottime_now();
+        for ts in self.batch_ts.drain(..) {
+            let _ = self.latency.record(now.saturating_sub(ts).max(1));
         }
     }
 
@@ -483,6 +504,12 @@ impl Tracer {
             zombies,
             gateway_exit_code,
             duration_ns: boottime_now().saturating_sub(self.started),
+            latency_ns: Latency {
+                count: self.latency.len(),
+                p50: self.latency.value_at_quantile(0.5),
+                p99: self.latency.value_at_quantile(0.99),
+                max: self.latency.max(),
+            },
         })
     }
 }

@@ -3,6 +3,7 @@
 //! Everything a fresh machine needs is installed by `setup` (which the other commands run
 //! first): the nightly toolchain's `rust-src`, and `bpf-linker` built against the nightly
 //! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
+mod bench;
 mod setup;
 
 use std::{
@@ -22,6 +23,9 @@ commands:
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
   test             fmt and clippy checks, unit tests and the kernel integration tests
+  bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N]
+                   overhead, completeness, hook cost, memory, idle CPU and latency,
+                   side by side with no tracer and with perf, forkstat and bpftrace
 ";
 
 fn main() -> ExitCode {
@@ -55,6 +59,13 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             setup::ensure_all()?;
             build(&root, true)?;
             run_reaper(&root, &args[1..])
+        }
+        Some("bench") => {
+            let opts = bench::BenchOptions::parse(&args[1..])?;
+            setup::ensure_all()?;
+            build(&root, true)?;
+            bench::run(&root, &opts)?;
+            Ok(ExitCode::SUCCESS)
         }
         Some("test") => {
             setup::ensure_all()?;

@@ -22,7 +22,9 @@ fn main() {
         "spawn" => spawn(),
         "setsid-double-fork" => setsid_double_fork(truth),
         "clone-parent" => clone_parent(),
-        "storm" => storm(args.get(3).and_then(|n| n.parse().ok()).unwrap_or(5000)),
+        "storm" => storm(count_arg(&args, 5000), false),
+        "storm-exec" => storm(count_arg(&args, 5000), true),
+        "sleepers" => sleepers(truth, count_arg(&args, 1000), args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1.0)),
         "tree" => tree(truth),
         other => {
             eprintln!("unknown shape {other}");
@@ -32,6 +34,10 @@ fn main() {
     let mut truth_value = result;
     truth_value["gateway"] = json!(std::process::id());
     write_truth(truth, &truth_value);
+}
+
+fn count_arg(args: &[String], default: usize) -> usize {
+    args.get(3).and_then(|n| n.parse().ok()).unwrap_or(default)
 }
 
 fn write_truth(path: &str, value: &Value) {
@@ -245,13 +251,54 @@ fn clone_parent() -> Value {
     json!({ "spawner": a, "child": c, "child_status": status })
 }
 
-/// `n` children that exit at once, reaped one by one, as fast as the machine forks.
-fn storm(n: usize) -> Value {
+/// `n` children that exit at once (or exec /bin/true), reaped one by one, as fast as the
+/// machine forks. Records the loop's own duration for the benchmarks.
+fn storm(n: usize, exec_true: bool) -> Value {
     let mut pids = Vec::with_capacity(n);
+    let path = CString::new("/bin/true").unwrap();
+    let argv0 = CString::new("true").unwrap();
+    let argv = [argv0.as_ptr(), std::ptr::null()];
+    let start = Instant::now();
     for _ in 0..n {
-        let pid = fork_then(|| 0);
+        let pid = fork_then(|| {
+            if exec_true {
+                // SAFETY: prepared before the fork; execv or _exit only.
+                unsafe { libc::execv(path.as_ptr(), argv.as_ptr()) };
+                return 127;
+            }
+            0
+        });
         wait_for(pid);
         pids.push(pid);
+    }
+    let elapsed = start.elapsed();
+    json!({ "children": pids, "elapsed_ns": elapsed.as_nanos() as u64 })
+}
+
+/// `n` quiet children blocked reading a pipe the gateway holds; after `secs` seconds the
+/// gateway closes it, and they all exit. Publishes `TRUTH.ready` once all are forked.
+fn sleepers(truth: &str, n: usize, secs: f64) -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let pids: Vec<u32> = (0..n)
+        .map(|_| {
+            fork_then(move || {
+                let mut byte = 0u8;
+                // SAFETY: closes its copy of the write end, then blocks until EOF.
+                unsafe {
+                    libc::close(wr);
+                    libc::read(rd, (&mut byte as *mut u8).cast(), 1);
+                }
+                0
+            })
+        })
+        .collect();
+    write_truth(&format!("{truth}.ready"), &json!({ "children": pids.len() }));
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    // SAFETY: closing our write end ends every child's read.
+    unsafe { libc::close(wr) };
+    for pid in &pids {
+        wait_for(*pid);
     }
     json!({ "children": pids })
 }
