@@ -211,8 +211,9 @@ pub struct KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProbeConfig {
-    /// Wake the reader at most this often while events stream (ns); 0 wakes it for every record.
-    pub wakeup_interval_ns: u64,
+    /// 1: wake the reader only when it said it went idle (it polls on its own while events
+    /// stream); 0: the kernel's default, a wake-up whenever the reader has caught up.
+    pub batch_wakeups: u64,
     /// Wake the reader at once when this many bytes are waiting in the ring.
     pub wakeup_bytes: u64,
     /// Offset of `ret` in the `syscalls/sys_exit_setsid` record, read from tracefs.

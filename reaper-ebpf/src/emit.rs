@@ -9,7 +9,7 @@ use reaper_common::{EventHeader, EventKind};
 
 use crate::{
     global,
-    maps::{EVENTS, LAST_WAKEUP, SEQ, count_loss},
+    maps::{EVENTS, READER_IDLE, SEQ, count_loss},
 };
 
 /// Takes the next global sequence number. Taken before the reservation, so a failed one
@@ -38,24 +38,23 @@ pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
     }
 }
 
-/// Chooses the submit flags. Waking the reader for every record costs a context switch per
-/// event on a small machine, so records go in quietly and the reader is woken when the last
-/// wake-up is older than the interval or the ring is filling. User space drains again shortly
-/// after every batch, which bounds the latency of the records that came in quietly.
+/// Chooses the submit flags. A wake-up costs the producer an irq_work and the reader a
+/// context switch, per record if nothing batches them. So while events stream, the reader
+/// polls the ring on its own every wake-up interval and no record wakes it; only the first
+/// record after the reader said it went idle (or a ring filling up) wakes it, at once.
 #[inline(always)]
-pub fn submit_flags(now: u64) -> u64 {
-    let interval = global!(CONFIG.wakeup_interval_ns);
-    if interval == 0 {
+pub fn submit_flags() -> u64 {
+    if global!(CONFIG.batch_wakeups) == 0 {
         return 0;
     }
-    let Some(last) = LAST_WAKEUP.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: valid map value; a racy read/write only moves the next wake-up a little.
-    let due = now.wrapping_sub(unsafe { *last }) >= interval
-        || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= global!(CONFIG.wakeup_bytes);
-    if due {
-        unsafe { *last = now };
+    if let Some(idle) = READER_IDLE.get_ptr_mut(0) {
+        // SAFETY: valid map value; a race between CPUs at worst wakes the reader twice.
+        if unsafe { *idle } != 0 {
+            unsafe { *idle = 0 };
+            return BPF_RB_FORCE_WAKEUP as u64;
+        }
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= global!(CONFIG.wakeup_bytes) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -64,13 +63,13 @@ pub fn submit_flags(now: u64) -> u64 {
 
 /// Sends a fixed-size record built in place in the ring buffer.
 #[inline(always)]
-pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T) -> EventHeader) {
+pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T)) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             // SAFETY: `fill` writes every field the reader looks at.
             let record = unsafe { &mut *entry.as_mut_ptr() };
-            let header = fill(record);
-            entry.submit(submit_flags(header.ts));
+            fill(record);
+            entry.submit(submit_flags());
         }
         None => {
             // Consume a sequence number anyway so the gap shows in the stream.

@@ -19,9 +19,10 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 #[map]
 pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
 
-/// When the reader was last woken (boot ns, index 0).
+/// Set to 1 by the reader when it goes to sleep waiting for a wake-up (index 0); the first
+/// record after that wakes it and clears the flag.
 #[map]
-pub static LAST_WAKEUP: Array<u64> = Array::with_max_entries(1, 0);
+pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Records that could not be reserved, per event kind, plus tracked-map insert failures.
 #[map]
@@ -62,7 +63,7 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
 /// Run-time settings (set by user space at load).
 #[unsafe(no_mangle)]
 pub static CONFIG: ProbeConfig = ProbeConfig {
-    wakeup_interval_ns: 0,
+    batch_wakeups: 0,
     wakeup_bytes: 0,
     setsid_ret_offset: 0,
     setsid_nr: 0,

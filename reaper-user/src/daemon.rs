@@ -22,7 +22,7 @@ use crate::{
     cli::Cli,
     events::Event,
     graph::LineageGraph,
-    loader::{LoadOptions, Probes},
+    loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
     procfs::{self, boottime_now},
     seed::{self, TrackedMap},
@@ -55,11 +55,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut probes = Probes::load(&LoadOptions {
         max_tracked: cli.max_tracked,
         ring_bytes: cli.ring_size,
-        wakeup_interval_ns: cli.wakeup_interval.as_nanos() as u64,
+        batch_wakeups: !cli.wakeup_interval.is_zero(),
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
     }
+    // Parsing the kernel's BTF took tens of MiB that are free now: give them back, or a
+    // day-long audit would keep them resident.
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe { libc::malloc_trim(0) };
 
     let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
     let mut tracer = Tracer::new(graph, output_for(&cli, t0));
@@ -92,12 +96,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut ring = unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
         .map_err(|e| anyhow!("polling the ring buffer: {e}"))?;
     let mut gateway_status: Option<ExitStatus> = None;
+    let mut kernel = Kernel {
+        counters: &probes.counters,
+        tracked: &probes.tracked,
+        reader_idle: &mut probes.reader_idle,
+    };
     event_loop(
         &cli,
         &mut ring,
         &mut tracer,
-        &probes.counters,
-        &probes.tracked,
+        &mut kernel,
         &mut child,
         &mut gateway_status,
     )
@@ -119,14 +127,25 @@ pub async fn run(cli: Cli) -> Result<i32> {
     Ok(gateway_code.unwrap_or(0))
 }
 
+/// The maps the event loop uses besides the ring.
+struct Kernel<'a> {
+    counters: &'a KernelCounters,
+    tracked: &'a TrackedMap,
+    reader_idle: &'a mut ReaderIdle,
+}
+
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
 /// no tracked process left alive.
+///
+/// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval
+/// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
+/// next record then wakes it at once), polls once more to catch a record that raced that,
+/// and sleeps. Housekeeping also polls, which bounds even that race's delay.
 async fn event_loop(
     cli: &Cli,
     ring: &mut AsyncFd<RingBuf<MapData>>,
     tracer: &mut Tracer,
-    counters: &crate::loader::KernelCounters,
-    tracked: &TrackedMap,
+    kernel: &mut Kernel<'_>,
     child: &mut Option<Child>,
     gateway_status: &mut Option<ExitStatus>,
 ) -> Result<()> {
@@ -134,10 +153,9 @@ async fn event_loop(
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     let deadline = cli.duration.map(|d| Instant::now() + d).unwrap_or(far);
-    // Records may be put in the ring without waking us (batched wake-ups): after any batch,
-    // look again one wake-up interval later, until a look finds nothing.
-    let tail_interval = cli.wakeup_interval.max(Duration::from_micros(100));
-    let mut tail: Option<Instant> = None;
+    let poll_interval = cli.wakeup_interval.max(Duration::from_micros(100));
+    let mut polling: Option<Instant> = None;
+    kernel.reader_idle.going_idle()?;
     let mut housekeeping = Instant::now() + HOUSEKEEPING;
     loop {
         let house_at = match tracer.has_pending_reparents() {
@@ -149,16 +167,21 @@ async fn event_loop(
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
                 drain(ring.get_mut(), tracer)?;
-                tail = Some(Instant::now() + tail_interval);
+                polling = Some(Instant::now() + poll_interval);
             }
-            _ = sleep_until(tail.unwrap_or(far)), if tail.is_some() => {
-                let n = drain(ring.get_mut(), tracer)?;
-                tail = (n > 0).then(|| Instant::now() + tail_interval);
+            _ = sleep_until(polling.unwrap_or(far)), if polling.is_some() => {
+                let mut n = drain(ring.get_mut(), tracer)?;
+                if n == 0 {
+                    kernel.reader_idle.going_idle()?;
+                    n = drain(ring.get_mut(), tracer)?;
+                }
+                polling = (n > 0).then(|| Instant::now() + poll_interval);
             }
             _ = sleep_until(house_at) => {
+                drain(ring.get_mut(), tracer)?;
                 tracer.check_reparents()?;
                 tracer.check_unfollowed()?;
-                tracer.check_losses(counters, tracked)?;
+                tracer.check_losses(kernel.counters, kernel.tracked)?;
                 housekeeping = Instant::now() + HOUSEKEEPING;
             }
             status = wait_child(child), if child.is_some() && gateway_status.is_none() => {

@@ -5,7 +5,11 @@
 //! re-derived from the parent pid, which changes when a process is reparented. Dead nodes are
 //! kept while they have retained descendants (lineage must always resolve) and otherwise up to
 //! a bounded number, oldest pruned first.
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Keys are kernel pids and internal ids, not attacker-chosen strings: a fast hash is safe,
+// and hashing is a good part of the cost of every event.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::decode::{KernelEvent, What};
 use crate::procfs::boottime_to_ticks;
@@ -60,9 +64,10 @@ pub struct Node {
     /// Part of the graph after an event loss, until re-verified from /proc.
     pub uncertain: bool,
     /// Processes whose real parent this is (kept for reparent checks at exit).
-    real_children: Vec<NodeId>,
-    /// Retained nodes whose spawner this is.
-    spawned: u32,
+    real_children: HashSet<NodeId>,
+    /// Retained nodes whose spawner this is. Sets: a gateway may have thousands of children
+    /// coming and going.
+    spawned: HashSet<NodeId>,
 }
 
 impl Node {
@@ -118,9 +123,9 @@ impl LineageGraph {
     /// reporting; `ticks_per_second`: the unit of /proc start times.
     pub fn new(retain_dead: usize, ticks_per_second: u64) -> Self {
         LineageGraph {
-            nodes: HashMap::new(),
-            current: HashMap::new(),
-            by_identity: HashMap::new(),
+            nodes: HashMap::default(),
+            current: HashMap::default(),
+            by_identity: HashMap::default(),
             retired: VecDeque::new(),
             retain_dead,
             ticks_per_second,
@@ -161,10 +166,13 @@ impl LineageGraph {
 
     /// Retained children of `id` along lineage edges.
     pub fn spawned_by(&self, id: NodeId) -> Vec<&Node> {
-        let mut kids: Vec<&Node> = self
-            .nodes
-            .values()
-            .filter(|n| n.spawner == Some(id))
+        let Some(node) = self.nodes.get(&id) else {
+            return Vec::new();
+        };
+        let mut kids: Vec<&Node> = node
+            .spawned
+            .iter()
+            .filter_map(|k| self.nodes.get(k))
             .collect();
         kids.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
         kids
@@ -209,10 +217,14 @@ impl LineageGraph {
             self.by_identity.insert((node.pid, ns), id);
         }
         if let Some(parent) = self.current_id(node.ppid) {
-            self.nodes.get_mut(&parent).unwrap().real_children.push(id);
+            self.nodes
+                .get_mut(&parent)
+                .unwrap()
+                .real_children
+                .insert(id);
         }
         if let Some(s) = node.spawner {
-            self.nodes.get_mut(&s).unwrap().spawned += 1;
+            self.nodes.get_mut(&s).unwrap().spawned.insert(id);
         }
         self.current.insert(node.pid, id);
         self.nodes.insert(id, node);
@@ -251,8 +263,8 @@ impl LineageGraph {
             seeded: false,
             escaped: false,
             uncertain: false,
-            real_children: Vec::new(),
-            spawned: 0,
+            real_children: HashSet::default(),
+            spawned: HashSet::default(),
         }
     }
 
@@ -318,7 +330,7 @@ impl LineageGraph {
                     if node.seeded && !node.is_gateway && node.spawner != spawner_node {
                         let old = node.spawner;
                         node.spawner = spawner_node;
-                        self.move_spawned(old, spawner_node);
+                        self.move_spawned(id, old, spawner_node);
                     }
                     let node = self.nodes.get_mut(&id).unwrap();
                     node.seeded = false;
@@ -401,12 +413,12 @@ impl LineageGraph {
         }
     }
 
-    fn move_spawned(&mut self, from: Option<NodeId>, to: Option<NodeId>) {
+    fn move_spawned(&mut self, child: NodeId, from: Option<NodeId>, to: Option<NodeId>) {
         if let Some(n) = from.and_then(|f| self.nodes.get_mut(&f)) {
-            n.spawned = n.spawned.saturating_sub(1);
+            n.spawned.remove(&child);
         }
         if let Some(n) = to.and_then(|t| self.nodes.get_mut(&t)) {
-            n.spawned += 1;
+            n.spawned.insert(child);
         }
     }
 
@@ -418,7 +430,11 @@ impl LineageGraph {
             .get_mut(&id)
             .map(|n| std::mem::replace(&mut n.ppid, new_ppid))?;
         if let Some(parent) = self.current_id(new_ppid) {
-            self.nodes.get_mut(&parent).unwrap().real_children.push(id);
+            self.nodes
+                .get_mut(&parent)
+                .unwrap()
+                .real_children
+                .insert(id);
         }
         Some(old)
     }
@@ -467,7 +483,7 @@ impl LineageGraph {
             let Some(node) = self.nodes.get(&id) else {
                 continue;
             };
-            if node.spawned > 0 || node.is_gateway {
+            if !node.spawned.is_empty() || node.is_gateway {
                 continue;
             }
             let node = self.nodes.remove(&id).unwrap();
@@ -478,8 +494,8 @@ impl LineageGraph {
                 self.by_identity.remove(&(node.pid, ns));
             }
             if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(&s)) {
-                parent.spawned -= 1;
-                if parent.spawned == 0 && parent.reaped_at.is_some() {
+                parent.spawned.remove(&id);
+                if parent.spawned.is_empty() && parent.reaped_at.is_some() {
                     self.retired.push_back(parent.id);
                 }
             }
@@ -488,7 +504,7 @@ impl LineageGraph {
                     .get_mut(&parent)
                     .unwrap()
                     .real_children
-                    .retain(|&c| c != id);
+                    .remove(&id);
             }
         }
     }

@@ -29,8 +29,8 @@ pub struct LoadOptions {
     pub max_tracked: u32,
     /// Ring buffer size in bytes (a power of two, at least a page).
     pub ring_bytes: u32,
-    /// Wake the reader at most this often while events stream; 0: for every record.
-    pub wakeup_interval_ns: u64,
+    /// Batch wake-ups (the reader polls while events stream); false: the kernel's default.
+    pub batch_wakeups: bool,
 }
 
 /// How setsid() calls are observed.
@@ -61,6 +61,8 @@ pub struct Probes {
     pub ring: RingBuf<MapData>,
     pub tracked: HashMap<MapData, u32, Tracked>,
     pub counters: KernelCounters,
+    /// The reader's "I went idle, wake me" flag (see `submit_flags` in the probes).
+    pub reader_idle: ReaderIdle,
     pub setsid_hook: SetsidHook,
     /// Things worth telling the user (tracefs mounted, a hook degraded).
     pub notes: Vec<String>,
@@ -120,7 +122,7 @@ impl Probes {
             }
         };
         let config = ProbeConfig {
-            wakeup_interval_ns: opts.wakeup_interval_ns,
+            batch_wakeups: u64::from(opts.batch_wakeups),
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
             wakeup_bytes: u64::from(opts.ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),
@@ -159,6 +161,7 @@ impl Probes {
                 losses: PerCpuArray::try_from(map(&mut ebpf, "LOSSES")?)?,
                 seq: Array::try_from(map(&mut ebpf, "SEQ")?)?,
             },
+            reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, "READER_IDLE")?)?),
             programs: Some(ebpf),
             setsid_hook,
             notes,
@@ -168,6 +171,16 @@ impl Probes {
     /// Detaches every probe; the maps stay readable for a final drain.
     pub fn detach(&mut self) {
         self.programs = None;
+    }
+}
+
+/// The flag by which the reader asks the next record to wake it.
+pub struct ReaderIdle(Array<MapData, u64>);
+
+impl ReaderIdle {
+    /// Says the reader is about to sleep until a record wakes it.
+    pub fn going_idle(&mut self) -> Result<()> {
+        Ok(self.0.set(0, 1, 0)?)
     }
 }
 

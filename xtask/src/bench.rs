@@ -25,7 +25,12 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     pub fn parse(args: &[String]) -> Result<BenchOptions> {
-        let mut o = BenchOptions { procs: 20_000, reps: 5, idle_secs: 60, sleepers: 10_000 };
+        let mut o = BenchOptions {
+            procs: 20_000,
+            reps: 5,
+            idle_secs: 60,
+            sleepers: 10_000,
+        };
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let mut num = |name: &str| -> Result<usize> {
@@ -39,9 +44,16 @@ impl BenchOptions {
                 "--idle-secs" => o.idle_secs = num("--idle-secs")? as u64,
                 "--sleepers" => o.sleepers = num("--sleepers")?,
                 "--quick" => {
-                    o = BenchOptions { procs: 3000, reps: 3, idle_secs: 10, sleepers: 2000 };
+                    o = BenchOptions {
+                        procs: 3000,
+                        reps: 3,
+                        idle_secs: 10,
+                        sleepers: 2000,
+                    };
                 }
-                other => bail!("bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --quick)"),
+                other => bail!(
+                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --quick)"
+                ),
             }
         }
         Ok(o)
@@ -71,6 +83,8 @@ struct LoopRun {
     consistent: bool,
     latency_p50: u64,
     latency_p99: u64,
+    /// reaper-trace's own CPU time (user + system) for the run, start-up included.
+    reader_cpu: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -144,19 +158,31 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
         "# reaper bench: {} processes a loop, {} interleaved runs of each, {} cores, kernel {}",
         opts.procs,
         opts.reps,
-        thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
+        thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
     );
     let mut report = Vec::new();
     for lp in [Loop::ForkExit, Loop::ForkExec] {
         let mut watchers = vec![Watcher::ReaperUntracked, Watcher::ReaperTracked];
         watchers.extend(peers.iter().map(|&p| Watcher::Peer(p)));
         report.extend(compare(&bins, lp, opts, 1, &watchers)?);
-        report.extend(compare(&bins, lp, opts, 2, &[Watcher::ReaperTracked, Watcher::ReaperStalled])?);
+        report.extend(compare(
+            &bins,
+            lp,
+            opts,
+            2,
+            &[Watcher::ReaperTracked, Watcher::ReaperStalled],
+        )?);
     }
     println!("\n## Overhead and completeness (ratio = loop time with the watcher / without)\n");
-    println!("| loop | loops at once | watcher | ratio median | min | max | rate without (/s) | forks / execs / exits reported | lost | consistent | latency p50 / p99 |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| loop | loops at once | watcher | ratio median | min | max | rate without (/s) | forks / execs / exits reported | lost | consistent | latency p50 / p99 (worst run) | reaper-trace CPU (median, start-up incl.) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for line in &report {
         println!("{line}");
     }
@@ -173,11 +199,22 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs baseline and each watcher interleaved, `reps` times, and returns table rows.
-fn compare(bins: &Bins, lp: Loop, opts: &BenchOptions, loops: usize, watchers: &[Watcher]) -> Result<Vec<String>> {
+fn compare(
+    bins: &Bins,
+    lp: Loop,
+    opts: &BenchOptions,
+    loops: usize,
+    watchers: &[Watcher],
+) -> Result<Vec<String>> {
     let mut base = Vec::new();
     let mut runs: Vec<Vec<LoopRun>> = vec![Vec::new(); watchers.len()];
     for rep in 0..opts.reps {
-        eprintln!("bench: {} x{loops}, round {}/{}", lp.label(), rep + 1, opts.reps);
+        eprintln!(
+            "bench: {} x{loops}, round {}/{}",
+            lp.label(),
+            rep + 1,
+            opts.reps
+        );
         base.push(measure(bins, lp, opts.procs, loops, Watcher::Nobody)?);
         for (i, &w) in watchers.iter().enumerate() {
             runs[i].push(measure(bins, lp, opts.procs, loops, w)?);
@@ -196,25 +233,43 @@ fn compare(bins: &Bins, lp: Loop, opts: &BenchOptions, loops: usize, watchers: &
         );
         let _ = median(&mut ratios);
         let traced = matches!(w, Watcher::ReaperTracked | Watcher::ReaperStalled);
-        let worst = rs.iter().min_by_key(|r| r.forks.min(r.exits)).cloned().unwrap_or_default();
+        let worst = rs
+            .iter()
+            .min_by_key(|r| r.forks.min(r.exits))
+            .cloned()
+            .unwrap_or_default();
         let complete = if traced {
             let pct = |n: usize| 100.0 * n as f64 / worst.created.max(1) as f64;
-            let execs = if lp == Loop::ForkExec { format!("{:.1}%", pct(worst.execs)) } else { "—".into() };
-            format!("{:.1}% / {execs} / {:.1}% (worst run)", pct(worst.forks), pct(worst.exits))
+            let execs = if lp == Loop::ForkExec {
+                format!("{:.1}%", pct(worst.execs))
+            } else {
+                "—".into()
+            };
+            format!(
+                "{:.1}% / {execs} / {:.1}% (worst run)",
+                pct(worst.forks),
+                pct(worst.exits)
+            )
         } else {
             "—".into()
         };
-        let (lost, consistent, latency) = if traced {
+        let (lost, consistent, latency, cpu) = if traced {
             let lost: u64 = rs.iter().map(|r| r.dropped + r.lost_events as u64).sum();
             let consistent = rs.iter().all(|r| r.consistent);
             let p99 = rs.iter().map(|r| r.latency_p99).max().unwrap_or(0);
             let p50 = rs.iter().map(|r| r.latency_p50).max().unwrap_or(0);
-            (lost.to_string(), consistent.to_string(), format!("{} / {}", ms(p50), ms(p99)))
+            let cpu = median(&mut rs.iter().map(|r| r.reader_cpu).collect::<Vec<_>>());
+            (
+                lost.to_string(),
+                consistent.to_string(),
+                format!("{} / {}", ms(p50), ms(p99)),
+                format!("{cpu:.2} s"),
+            )
         } else {
-            ("—".into(), "—".into(), "—".into())
+            ("—".into(), "—".into(), "—".into(), "—".into())
         };
         rows.push(format!(
-            "| {} | {loops} | {} | {ratio:.3}x | {min:.3}x | {max:.3}x | {:.0} | {complete} | {lost} | {consistent} | {latency} |",
+            "| {} | {loops} | {} | {ratio:.3}x | {min:.3}x | {max:.3}x | {:.0} | {complete} | {lost} | {consistent} | {latency} | {cpu} |",
             lp.label(),
             watcher_name(*w),
             (opts.procs * loops) as f64 / base_median,
@@ -239,10 +294,19 @@ fn watcher_name(w: Watcher) -> &'static str {
 
 /// The shell command that runs `loops` copies of the loop and waits for them.
 fn loop_script(bins: &Bins, lp: Loop, n: usize, loops: usize, tag: &str) -> (String, Vec<PathBuf>) {
-    let truths: Vec<PathBuf> = (0..loops).map(|i| bins.scratch.join(format!("{tag}-{i}.json"))).collect();
+    let truths: Vec<PathBuf> = (0..loops)
+        .map(|i| bins.scratch.join(format!("{tag}-{i}.json")))
+        .collect();
     let cmds: Vec<String> = truths
         .iter()
-        .map(|t| format!("{} {} {} {n}", bins.shapes.display(), lp.shape(), t.display()))
+        .map(|t| {
+            format!(
+                "{} {} {} {n}",
+                bins.shapes.display(),
+                lp.shape(),
+                t.display()
+            )
+        })
         .collect();
     (format!("{} & wait", cmds.join(" & ")), truths)
 }
@@ -251,9 +315,17 @@ fn read_truths(truths: &[PathBuf]) -> Result<(f64, HashSet<u64>)> {
     let mut secs: f64 = 0.0;
     let mut pids = HashSet::new();
     for t in truths {
-        let v: Value = serde_json::from_str(&fs::read_to_string(t).with_context(|| format!("{}", t.display()))?)?;
+        let v: Value = serde_json::from_str(
+            &fs::read_to_string(t).with_context(|| format!("{}", t.display()))?,
+        )?;
         secs = secs.max(v["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9);
-        pids.extend(v["children"].as_array().into_iter().flatten().filter_map(Value::as_u64));
+        pids.extend(
+            v["children"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64),
+        );
         let _ = fs::remove_file(t);
     }
     Ok((secs, pids))
@@ -278,16 +350,15 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
                 script
             };
             let out = bins.scratch.join("tracked.ndjson");
-            let status = Command::new(&bins.reaper)
+            let tracer = Command::new(&bins.reaper)
                 .args(["--json", "--quiet", "--", "sh", "-c", &script])
                 .stdout(fs::File::create(&out)?)
-                .status()?;
-            if !status.success() {
-                bail!("reaper-trace failed: {status}");
-            }
+                .spawn()?;
+            let reader_cpu = wait_with_cpu(tracer)?;
             let (secs, pids) = read_truths(&truths)?;
             let mut run = completeness(&out, &pids)?;
             run.secs = secs;
+            run.reader_cpu = reader_cpu;
             return Ok(run);
         }
         Watcher::Peer(p) => {
@@ -297,7 +368,26 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
         }
     }
     let (secs, pids) = read_truths(&truths)?;
-    Ok(LoopRun { secs, created: pids.len(), ..Default::default() })
+    Ok(LoopRun {
+        secs,
+        created: pids.len(),
+        ..Default::default()
+    })
+}
+
+/// Waits for `child`; returns the CPU seconds it used, from the kernel's rusage.
+fn wait_with_cpu(child: Child) -> Result<f64> {
+    let mut status = 0;
+    // SAFETY: zeroed rusage is valid; wait4 on our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) } < 0 {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        bail!("reaper-trace failed: wait status {status:#x}");
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(secs(usage.ru_utime) + secs(usage.ru_stime))
 }
 
 fn sh(script: &str) -> Result<()> {
@@ -310,7 +400,10 @@ fn sh(script: &str) -> Result<()> {
 
 /// What reaper-trace reported about the processes `pids`.
 fn completeness(ndjson: &Path, pids: &HashSet<u64>) -> Result<LoopRun> {
-    let mut run = LoopRun { created: pids.len(), ..Default::default() };
+    let mut run = LoopRun {
+        created: pids.len(),
+        ..Default::default()
+    };
     for line in BufReader::new(fs::File::open(ndjson)?).lines() {
         let v: Value = serde_json::from_str(&line?)?;
         let about = v["pid"].as_u64().is_some_and(|p| pids.contains(&p));
@@ -321,7 +414,10 @@ fn completeness(ndjson: &Path, pids: &HashSet<u64>) -> Result<LoopRun> {
             Some("lost") => run.lost_events += 1,
             Some("summary") => {
                 let d = &v["delivery"];
-                run.dropped = d["dropped"].as_object().map(|o| o.values().filter_map(Value::as_u64).sum()).unwrap_or(0);
+                run.dropped = d["dropped"]
+                    .as_object()
+                    .map(|o| o.values().filter_map(Value::as_u64).sum())
+                    .unwrap_or(0);
                 run.consistent = d["consistent"] == true;
                 run.latency_p50 = v["latency_ns"]["p50"].as_u64().unwrap_or(0);
                 run.latency_p99 = v["latency_ns"]["p99"].as_u64().unwrap_or(0);
@@ -344,7 +440,10 @@ impl Bystander {
     }
 
     fn start_with(bins: &Bins, args: &[&str]) -> Result<Bystander> {
-        let mut tracer = Command::new(&bins.reaper).args(args).stdout(Stdio::piped()).spawn()?;
+        let mut tracer = Command::new(&bins.reaper)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()?;
         let mut out = BufReader::new(tracer.stdout.take().context("stdout")?);
         let gateway = loop {
             let mut line = String::new();
@@ -401,14 +500,16 @@ impl PeerRun {
             }
             Peer::Perf => {
                 let mut c = Command::new("perf");
-                c.args(["record", "-a", "-q", "-o"]).arg(scratch.join("perf.data")).args([
-                    "-e",
-                    "sched:sched_process_fork",
-                    "-e",
-                    "sched:sched_process_exec",
-                    "-e",
-                    "sched:sched_process_exit",
-                ]);
+                c.args(["record", "-a", "-q", "-o"])
+                    .arg(scratch.join("perf.data"))
+                    .args([
+                        "-e",
+                        "sched:sched_process_fork",
+                        "-e",
+                        "sched:sched_process_exec",
+                        "-e",
+                        "sched:sched_process_exit",
+                    ]);
                 c
             }
         };
@@ -430,12 +531,26 @@ impl PeerRun {
 fn install_peers() -> Vec<Peer> {
     let mut have = Vec::new();
     // bpftool only names the programs in the hook-cost table.
-    if Command::new("sh").args(["-c", "command -v bpftool"]).stdout(Stdio::null()).status().is_ok_and(|s| !s.success()) {
-        let _ = Command::new("apt-get").args(["install", "-y", "-qq", "bpftool"]).stdout(Stdio::null()).status();
+    if Command::new("sh")
+        .args(["-c", "command -v bpftool"])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| !s.success())
+    {
+        let _ = Command::new("apt-get")
+            .args(["install", "-y", "-qq", "bpftool"])
+            .stdout(Stdio::null())
+            .status();
     }
     for peer in [Peer::Perf, Peer::Forkstat, Peer::Bpftrace] {
         let (bin, pkg) = peer.package();
-        let present = || Command::new("sh").args(["-c", &format!("command -v {bin}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+        let present = || {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {bin}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
         if !present() {
             eprintln!("bench: installing {pkg} from Debian (apt-get install {pkg})");
             let _ = Command::new("apt-get")
@@ -468,7 +583,10 @@ fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         sh(&script)?;
         read_truths(&truths)?;
         for (name, runs, ns) in prog_stats(bystander.pid())? {
-            println!("| untracked fork+exec | {name} | {runs} | {:.0} |", ns as f64 / runs.max(1) as f64);
+            println!(
+                "| untracked fork+exec | {name} | {runs} | {:.0} |",
+                ns as f64 / runs.max(1) as f64
+            );
         }
         bystander.stop()?;
         // Tracked: the storm is the gateway; stats are read while it lingers at the end.
@@ -483,7 +601,10 @@ fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         }
         thread::sleep(Duration::from_millis(500));
         for (name, runs, ns) in prog_stats(tracer.id())? {
-            println!("| tracked fork+exec | {name} | {runs} | {:.0} |", ns as f64 / runs.max(1) as f64);
+            println!(
+                "| tracked fork+exec | {name} | {runs} | {:.0} |",
+                ns as f64 / runs.max(1) as f64
+            );
         }
         tracer.wait()?;
         read_truths(&truths)?;
@@ -498,8 +619,14 @@ fn prog_stats(pid: u32) -> Result<Vec<(String, u64, u64)>> {
     let mut out = Vec::new();
     for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         let text = fs::read_to_string(entry?.path()).unwrap_or_default();
-        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.trim().to_owned());
-        let (Some(id), Some(runs), Some(ns)) = (field("prog_id:"), field("run_cnt:"), field("run_time_ns:")) else {
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_owned())
+        };
+        let (Some(id), Some(runs), Some(ns)) =
+            (field("prog_id:"), field("run_cnt:"), field("run_time_ns:"))
+        else {
             continue;
         };
         let name = prog_name(&id);
@@ -517,7 +644,10 @@ fn prog_name(id: &str) -> String {
         .ok()
         .and_then(|o| {
             let s = String::from_utf8_lossy(&o.stdout).into_owned();
-            s.split_whitespace().skip_while(|w| *w != "name").nth(1).map(str::to_owned)
+            s.split_whitespace()
+                .skip_while(|w| *w != "name")
+                .nth(1)
+                .map(str::to_owned)
         })
         .unwrap_or_else(|| format!("prog {id}"))
 }
@@ -539,7 +669,12 @@ fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     idle.stop()?;
     let truth = bins.scratch.join("sleepers.json");
     let ready = bins.scratch.join("sleepers.json.ready");
-    let gateway = format!("{} sleepers {} {} 3", bins.shapes.display(), truth.display(), opts.sleepers);
+    let gateway = format!(
+        "{} sleepers {} {} 3",
+        bins.shapes.display(),
+        truth.display(),
+        opts.sleepers
+    );
     let mut tracer = Command::new(&bins.reaper)
         .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
         .stdout(Stdio::null())
@@ -566,7 +701,8 @@ fn cpu_ticks(pid: u32) -> u64 {
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15; `rest` starts at field 3.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
 /// CPU used while 1,000 quiet tracked processes do nothing.
@@ -574,7 +710,12 @@ fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let truth = bins.scratch.join("idle.json");
     let ready = bins.scratch.join("idle.json.ready");
     let secs = opts.idle_secs as f64;
-    let gateway = format!("{} sleepers {} 1000 {}", bins.shapes.display(), truth.display(), secs + 2.0);
+    let gateway = format!(
+        "{} sleepers {} 1000 {}",
+        bins.shapes.display(),
+        truth.display(),
+        secs + 2.0
+    );
     let mut tracer = Command::new(&bins.reaper)
         .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
         .stdout(Stdio::null())
@@ -590,7 +731,10 @@ fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let wall = start.elapsed().as_secs_f64();
     tracer.wait()?;
     println!("\n## Idle cost\n");
-    println!("reaper-trace CPU over {wall:.0} s with 1000 quiet tracked processes: {used:.2} s = {:.3}% of one core", 100.0 * used / wall);
+    println!(
+        "reaper-trace CPU over {wall:.0} s with 1000 quiet tracked processes: {used:.2} s = {:.3}% of one core",
+        100.0 * used / wall
+    );
     Ok(())
 }
 
@@ -598,7 +742,14 @@ fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 fn lone_latency(bins: &Bins) -> Result<()> {
     let out = bins.scratch.join("lone.ndjson");
     Command::new(&bins.reaper)
-        .args(["--json", "--quiet", "--", "sh", "-c", "sleep 0.5; /bin/true; sleep 0.5; /bin/true"])
+        .args([
+            "--json",
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.5; /bin/true; sleep 0.5; /bin/true",
+        ])
         .stdout(fs::File::create(&out)?)
         .status()?;
     let summary: Value = fs::read_to_string(&out)?

@@ -80,7 +80,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
 
     // Variable length: only the bytes of argv actually read go into the ring.
     let size = EXEC_FIXED_LEN as u64 + (len & (ARGV_MAX as u64 * 2 - 1));
-    let flags = submit_flags(ev.header.ts);
+    let flags = submit_flags();
     // SAFETY: `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
     let rc = unsafe {
         bpf_ringbuf_output(

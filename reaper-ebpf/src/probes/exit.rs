@@ -29,7 +29,6 @@ pub fn sched_process_exit(ctx: BtfTracePointContext) -> u32 {
         ev.header = header(EventKind::Exit, pid, start);
         ev.status = task.exit_code();
         ev._pad = 0;
-        ev.header
     });
     0
 }

@@ -46,7 +46,6 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.flags = flags;
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
-        ev.header
     });
     0
 }

@@ -27,7 +27,6 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
     let _ = TRACKED.remove(&pid);
     send::<FreeEvent>(EventKind::Free, |ev| {
         ev.header = header(EventKind::Free, pid, start);
-        ev.header
     });
     0
 }

@@ -53,6 +53,5 @@ fn report(ret: i64) {
         ev.header = header(EventKind::Setsid, pid, start);
         ev.sid = ret as u32;
         ev._pad = 0;
-        ev.header
     });
 }

@@ -24,7 +24,11 @@ fn main() {
         "clone-parent" => clone_parent(),
         "storm" => storm(count_arg(&args, 5000), false),
         "storm-exec" => storm(count_arg(&args, 5000), true),
-        "sleepers" => sleepers(truth, count_arg(&args, 1000), args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1.0)),
+        "sleepers" => sleepers(
+            truth,
+            count_arg(&args, 1000),
+            args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1.0),
+        ),
         "tree" => tree(truth),
         other => {
             eprintln!("unknown shape {other}");
@@ -293,7 +297,10 @@ fn sleepers(truth: &str, n: usize, secs: f64) -> Value {
             })
         })
         .collect();
-    write_truth(&format!("{truth}.ready"), &json!({ "children": pids.len() }));
+    write_truth(
+        &format!("{truth}.ready"),
+        &json!({ "children": pids.len() }),
+    );
     std::thread::sleep(Duration::from_secs_f64(secs));
     // SAFETY: closing our write end ends every child's read.
     unsafe { libc::close(wr) };
