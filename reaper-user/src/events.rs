@@ -186,6 +186,8 @@ pub enum Event {
         gateway_exit_code: Option<i32>,
         duration_ns: u64,
         latency_ns: Latency,
+        /// CPU time reaper-trace itself used (user + system), start-up included.
+        cpu_ns: u64,
     },
 }
 

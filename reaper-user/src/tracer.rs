@@ -18,6 +18,15 @@ use crate::seed::TrackedMap;
 /// How long to wait for the kernel to reparent the children of an exited process.
 const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
 
+/// CPU time this process used so far (user + system; its children excluded).
+fn own_cpu_ns() -> u64 {
+    // SAFETY: zeroed rusage is valid; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
+}
+
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
 
@@ -510,6 +519,7 @@ impl Tracer {
                 p99: self.latency.value_at_quantile(0.99),
                 max: self.latency.max(),
             },
+            cpu_ns: own_cpu_ns(),
         })
     }
 }

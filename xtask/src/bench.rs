@@ -311,24 +311,22 @@ fn loop_script(bins: &Bins, lp: Loop, n: usize, loops: usize, tag: &str) -> (Str
     (format!("{} & wait", cmds.join(" & ")), truths)
 }
 
-fn read_truths(truths: &[PathBuf]) -> Result<(f64, HashSet<u64>)> {
+/// The slowest loop's duration, the pids the loops created, and how many processes that was
+/// (more than the pids when pids were reused during the run).
+fn read_truths(truths: &[PathBuf]) -> Result<(f64, HashSet<u64>, usize)> {
     let mut secs: f64 = 0.0;
     let mut pids = HashSet::new();
+    let mut created = 0;
     for t in truths {
-        let v: Value = serde_json::from_str(
-            &fs::read_to_string(t).with_context(|| format!("{}", t.display()))?,
-        )?;
+        let text = fs::read_to_string(t).with_context(|| format!("{}", t.display()))?;
+        let v: Value = serde_json::from_str(&text)?;
         secs = secs.max(v["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9);
-        pids.extend(
-            v["children"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_u64),
-        );
+        let children = v["children"].as_array().cloned().unwrap_or_default();
+        created += children.len();
+        pids.extend(children.iter().filter_map(Value::as_u64));
         let _ = fs::remove_file(t);
     }
-    Ok((secs, pids))
+    Ok((secs, pids, created))
 }
 
 fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<LoopRun> {
@@ -350,15 +348,17 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
                 script
             };
             let out = bins.scratch.join("tracked.ndjson");
-            let tracer = Command::new(&bins.reaper)
+            let status = Command::new(&bins.reaper)
                 .args(["--json", "--quiet", "--", "sh", "-c", &script])
                 .stdout(fs::File::create(&out)?)
-                .spawn()?;
-            let reader_cpu = wait_with_cpu(tracer)?;
-            let (secs, pids) = read_truths(&truths)?;
+                .status()?;
+            if !status.success() {
+                bail!("reaper-trace failed: {status}");
+            }
+            let (secs, pids, created) = read_truths(&truths)?;
             let mut run = completeness(&out, &pids)?;
             run.secs = secs;
-            run.reader_cpu = reader_cpu;
+            run.created = created;
             return Ok(run);
         }
         Watcher::Peer(p) => {
@@ -367,27 +367,8 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
             peer.stop()?;
         }
     }
-    let (secs, pids) = read_truths(&truths)?;
-    Ok(LoopRun {
-        secs,
-        created: pids.len(),
-        ..Default::default()
-    })
-}
-
-/// Waits for `child`; returns the CPU seconds it used, from the kernel's rusage.
-fn wait_with_cpu(child: Child) -> Result<f64> {
-    let mut status = 0;
-    // SAFETY: zeroed rusage is valid; wait4 on our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) } < 0 {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        bail!("reaper-trace failed: wait status {status:#x}");
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok(secs(usage.ru_utime) + secs(usage.ru_stime))
+    let (secs, _, created) = read_truths(&truths)?;
+    Ok(LoopRun { secs, created, ..Default::default() })
 }
 
 fn sh(script: &str) -> Result<()> {
@@ -421,6 +402,7 @@ fn completeness(ndjson: &Path, pids: &HashSet<u64>) -> Result<LoopRun> {
                 run.consistent = d["consistent"] == true;
                 run.latency_p50 = v["latency_ns"]["p50"].as_u64().unwrap_or(0);
                 run.latency_p99 = v["latency_ns"]["p99"].as_u64().unwrap_or(0);
+                run.reader_cpu = v["cpu_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
             }
             _ => {}
         }
@@ -684,14 +666,23 @@ fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     }
     thread::sleep(Duration::from_millis(1500));
     let peak = rss_kib(tracer.id(), "VmHWM:");
+    let steady = rss_kib(tracer.id(), "VmRSS:");
+    let anon = rss_kib(tracer.id(), "RssAnon:");
     tracer.wait()?;
+    let mib = |kib: u64| kib as f64 / 1024.0;
     println!("\n## Memory\n");
+    println!("| reaper-trace | RSS |\n|---|---|");
+    println!("| tracking one idle process | {:.1} MiB |", mib(empty));
     println!(
-        "reaper-trace peak RSS with {} live tracked processes: {:.1} MiB (idle, tracking one: {:.1} MiB); {:.0} bytes per tracked process",
+        "| tracking {} live processes | {:.1} MiB (anonymous: {:.1} MiB) |",
         opts.sleepers,
-        peak as f64 / 1024.0,
-        empty as f64 / 1024.0,
-        (peak.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64
+        mib(steady),
+        mib(anon)
+    );
+    println!("| peak (VmHWM), start-up included | {:.1} MiB |", mib(peak));
+    println!(
+        "| per tracked process | {:.0} bytes |",
+        (steady.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64
     );
     Ok(())
 }
