@@ -70,10 +70,6 @@ impl Task {
     pub fn pgid(self) -> u32 {
         Self::pid_nr(read_ptr(self.signal(), global!(OFFSETS.signal_pids_pgid)))
     }
-    pub fn uid(self) -> u32 {
-        let cred = read_ptr(self.0, global!(OFFSETS.task_real_cred));
-        read(cred, global!(OFFSETS.cred_uid))
-    }
     pub fn cgroup_id(self) -> u64 {
         let css_set = read_ptr(self.0, global!(OFFSETS.task_cgroups));
         let cgroup = read_ptr(css_set, global!(OFFSETS.css_set_dfl_cgrp));

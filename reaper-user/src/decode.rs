@@ -1,6 +1,6 @@
 //! Ring-buffer records → typed kernel events. Never panics on malformed input: a record that
 //! does not decode is an error the caller reports.
-use std::mem::size_of;
+use std::{mem::size_of, rc::Rc};
 
 use anyhow::{Result, bail};
 use reaper_common::{
@@ -42,8 +42,9 @@ pub enum What {
     Exec {
         old_tid: u32,
         comm: Vec<u8>,
-        filename: Vec<u8>,
-        argv: Vec<Vec<u8>>,
+        /// Shared with the lineage graph, which keeps them.
+        filename: Rc<[u8]>,
+        argv: Rc<[Vec<u8>]>,
         truncated: bool,
     },
     Exit {
@@ -142,8 +143,8 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
     Ok(What::Exec {
         old_tid: ev.old_tid,
         comm: c_bytes(&ev.comm),
-        filename: c_bytes(&ev.filename[..filename_len]),
-        argv,
+        filename: c_bytes(&ev.filename[..filename_len]).into(),
+        argv: argv.into(),
         truncated: cut || ev.flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
     })
 }
@@ -218,8 +219,8 @@ mod tests {
                 truncated,
                 ..
             } => {
-                assert_eq!(filename, b"/bin/true");
-                assert_eq!(argv, vec![b"true".to_vec(), b"--x".to_vec()]);
+                assert_eq!(&*filename, b"/bin/true");
+                assert_eq!(&*argv, &[b"true".to_vec(), b"--x".to_vec()]);
                 assert!(!truncated);
             }
             other => panic!("{other:?}"),

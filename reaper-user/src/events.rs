@@ -17,28 +17,37 @@ pub struct Envelope<'a> {
     pub body: &'a Event,
 }
 
-/// A process's name or path, lossless: `lossy` is the field itself, `b64` its `_b64` twin.
-#[derive(Clone, Debug, Serialize)]
+/// A process's name or path as a field `name` (lossy text) and, only when the bytes are not
+/// UTF-8, its twin `name_b64` (the exact bytes).
+#[derive(Clone, Debug)]
 pub struct ProcText {
-    #[serde(flatten)]
-    inner: BTreeMap<String, String>,
+    name: &'static str,
+    text: Text,
 }
 
 impl ProcText {
-    /// `name` and, when the bytes are not UTF-8, `name_b64`.
-    pub fn new(name: &str, bytes: &[u8]) -> ProcText {
-        let t = Text::new(bytes);
-        let mut inner = BTreeMap::new();
-        if let Some(b64) = t.b64 {
-            inner.insert(format!("{name}_b64"), b64);
+    pub fn new(name: &'static str, bytes: &[u8]) -> ProcText {
+        ProcText {
+            name,
+            text: Text::new(bytes),
         }
-        inner.insert(name.to_owned(), t.lossy);
-        ProcText { inner }
     }
 
-    /// The lossy text of field `name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.inner.get(name).map(String::as_str)
+    /// The lossy text.
+    pub fn text(&self) -> &str {
+        &self.text.lossy
+    }
+}
+
+impl Serialize for ProcText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry(self.name, &self.text.lossy)?;
+        if let Some(b64) = &self.text.b64 {
+            map.serialize_entry(&format!("{}_b64", self.name), b64)?;
+        }
+        map.end()
     }
 }
 

@@ -6,6 +6,7 @@
 //! kept while they have retained descendants (lineage must always resolve) and otherwise up to
 //! a bounded number, oldest pruned first.
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 // Keys are kernel pids and internal ids, not attacker-chosen strings: a fast hash is safe,
 // and hashing is a good part of the cost of every event.
@@ -50,8 +51,9 @@ pub struct Node {
     pub uid: Option<u32>,
     pub cgroup_id: Option<u64>,
     pub comm: Vec<u8>,
-    pub filename: Option<Vec<u8>>,
-    pub argv: Vec<Vec<u8>>,
+    /// Shared with the events and with children that have not exec'd: cloning is a count.
+    pub filename: Option<Rc<[u8]>>,
+    pub argv: Rc<[Vec<u8>]>,
     pub execs: u32,
     pub forked_at: Option<u64>,
     pub exited: Option<ExitInfo>,
@@ -254,7 +256,7 @@ impl LineageGraph {
             cgroup_id: None,
             comm: Vec::new(),
             filename: None,
-            argv: Vec::new(),
+            argv: Rc::from(Vec::new()),
             execs: 0,
             forked_at: None,
             exited: None,
@@ -296,7 +298,7 @@ impl LineageGraph {
         node.sid = seed.sid;
         node.pgid = seed.pgid;
         node.comm = seed.comm;
-        node.argv = seed.argv;
+        node.argv = seed.argv.into();
         node.is_gateway = seed.is_gateway;
         node.seeded = true;
         node.uncertain = seed.uncertain;

@@ -139,7 +139,7 @@ pub fn human_line(ev: &Event) -> String {
             ..
         } => format!(
             "exec     {pid} {}: {}{}",
-            esc(comm_of_named(filename, "filename")),
+            esc(filename.text()),
             esc_args(&argv.argv),
             if *truncated { " [truncated]" } else { "" }
         ),
@@ -210,11 +210,7 @@ pub fn human_line(ev: &Event) -> String {
 }
 
 fn comm_of(t: &crate::events::ProcText) -> &str {
-    comm_of_named(t, "comm")
-}
-
-fn comm_of_named<'a>(t: &'a crate::events::ProcText, name: &str) -> &'a str {
-    t.get(name).unwrap_or("")
+    t.text()
 }
 
 /// Exit status in words, for the tree.

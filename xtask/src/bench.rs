@@ -368,7 +368,11 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
         }
     }
     let (secs, _, created) = read_truths(&truths)?;
-    Ok(LoopRun { secs, created, ..Default::default() })
+    Ok(LoopRun {
+        secs,
+        created,
+        ..Default::default()
+    })
 }
 
 fn sh(script: &str) -> Result<()> {

@@ -1,6 +1,8 @@
 //! `sched_process_fork`: a tracked process made a new process.
 use aya_ebpf::{
-    bindings::BPF_ANY, helpers::bpf_get_current_pid_tgid, macros::btf_tracepoint,
+    bindings::BPF_ANY,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid},
+    macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
@@ -42,7 +44,9 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.ppid = child.real_parent_tgid();
         ev.sid = child.sid();
         ev.pgid = child.pgid();
-        ev.uid = child.uid();
+        // The child's credentials are a copy of the caller's (copy_creds), so the helper's
+        // answer is exact and saves two kernel reads on the hot path.
+        ev.uid = bpf_get_current_uid_gid() as u32;
         ev.flags = flags;
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
