@@ -451,21 +451,8 @@ impl Tracer {
             })
             .map(|n| (n.id, n.pid))
             .collect();
-        let now = boottime_now();
         for (id, pid) in stale {
-            self.graph.mark_gone(id, now);
-            self.counts.exit += 1;
-            self.out.event(
-                now,
-                &Event::Exit {
-                    pid,
-                    exit_code: None,
-                    signal: None,
-                    core: false,
-                },
-            )?;
-            self.counts.reaped += 1;
-            self.out.event(now, &Event::Reaped { pid })?;
+            self.report_gone(id)?;
             affected.push(pid);
         }
         Ok(affected)

@@ -647,27 +647,33 @@ fn rss_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Peak RSS with many live tracked processes.
-fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
-    let idle = Bystander::start(bins)?;
-    thread::sleep(Duration::from_millis(300));
-    let empty = rss_kib(idle.pid(), "VmRSS:");
-    idle.stop()?;
-    let truth = bins.scratch.join("sleepers.json");
-    let ready = bins.scratch.join("sleepers.json.ready");
+/// reaper-trace with `n` quiet tracked sleepers as its gateway's children, once all of them
+/// are forked; they exit after `secs` seconds, and so does the run.
+fn start_sleepers(bins: &Bins, name: &str, n: usize, secs: f64) -> Result<Child> {
+    let truth = bins.scratch.join(format!("{name}.json"));
+    let ready = bins.scratch.join(format!("{name}.json.ready"));
     let gateway = format!(
-        "{} sleepers {} {} 3",
+        "{} sleepers {} {n} {secs}",
         bins.shapes.display(),
-        truth.display(),
-        opts.sleepers
+        truth.display()
     );
-    let mut tracer = Command::new(&bins.reaper)
+    let tracer = Command::new(&bins.reaper)
         .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
         .stdout(Stdio::null())
         .spawn()?;
     while !ready.exists() {
         thread::sleep(Duration::from_millis(50));
     }
+    Ok(tracer)
+}
+
+/// Peak RSS with many live tracked processes.
+fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let idle = Bystander::start(bins)?;
+    thread::sleep(Duration::from_millis(300));
+    let empty = rss_kib(idle.pid(), "VmRSS:");
+    idle.stop()?;
+    let mut tracer = start_sleepers(bins, "sleepers", opts.sleepers, 3.0)?;
     thread::sleep(Duration::from_millis(1500));
     let peak = rss_kib(tracer.id(), "VmHWM:");
     let steady = rss_kib(tracer.id(), "VmRSS:");
@@ -702,22 +708,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 /// CPU used while 1,000 quiet tracked processes do nothing.
 fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
-    let truth = bins.scratch.join("idle.json");
-    let ready = bins.scratch.join("idle.json.ready");
     let secs = opts.idle_secs as f64;
-    let gateway = format!(
-        "{} sleepers {} 1000 {}",
-        bins.shapes.display(),
-        truth.display(),
-        secs + 2.0
-    );
-    let mut tracer = Command::new(&bins.reaper)
-        .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
-        .stdout(Stdio::null())
-        .spawn()?;
-    while !ready.exists() {
-        thread::sleep(Duration::from_millis(50));
-    }
+    let mut tracer = start_sleepers(bins, "idle", 1000, secs + 2.0)?;
     thread::sleep(Duration::from_millis(500));
     let t0 = cpu_ticks(tracer.id());
     let start = Instant::now();
