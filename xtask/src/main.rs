@@ -124,6 +124,7 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
 fn test(root: &Path) -> Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    clippy_ebpf(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
     let (passed, failed) = cargo_test(root)?;
@@ -131,6 +132,39 @@ fn test(root: &Path) -> Result<()> {
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         bail!("{failed} tests failed");
+    }
+    Ok(())
+}
+
+/// Clippy on the kernel programs, which only build for the BPF target with nightly.
+fn clippy_ebpf(root: &Path) -> Result<()> {
+    let flags = ["--cfg=bpf_target_arch=\"x86_64\"", "-Ctarget-cpu=v3"].join("\x1f");
+    let status = Command::new("rustup")
+        .args([
+            "run",
+            setup::NIGHTLY,
+            "cargo",
+            "clippy",
+            "--package",
+            "reaper-ebpf",
+            "--bins",
+        ])
+        .args([
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf-clippy"))
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_ENCODED_RUSTFLAGS", flags)
+        .current_dir(root.join("reaper-ebpf"))
+        .status()
+        .context("running clippy on reaper-ebpf")?;
+    if !status.success() {
+        bail!("clippy on reaper-ebpf failed ({status})");
     }
     Ok(())
 }

@@ -25,7 +25,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // After de_thread(): even an exec from a non-leader thread now runs as the leader, with
     // the process's tgid and start time; `old_pid` (arg 1) is the thread id that called it.
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
         return 0;
     };
     let task = Task(ctx.arg::<*const u8>(0));

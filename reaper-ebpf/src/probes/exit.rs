@@ -13,7 +13,7 @@ use crate::{
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(ctx: BtfTracePointContext) -> u32 {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
         return 0;
     };
     let task = Task(ctx.arg::<*const u8>(0));

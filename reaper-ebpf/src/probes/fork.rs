@@ -19,7 +19,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     // first woken: whatever is inserted here is in place before the child runs.
     let spawner = (bpf_get_current_pid_tgid() >> 32) as u32;
     // The untracked path: one map lookup, then return.
-    let Some(entry) = TRACKED.get_ptr_mut(&spawner) else {
+    let Some(entry) = TRACKED.get_ptr_mut(spawner) else {
         return 0;
     };
     let child = Task(ctx.arg::<*const u8>(1));

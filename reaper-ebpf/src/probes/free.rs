@@ -13,7 +13,7 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
     // Runs from an RCU callback: `current` is unrelated, only the argument counts.
     let task = Task(ctx.arg::<*const u8>(0));
     let pid = task.pid();
-    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
         return 0;
     };
     if pid != task.tgid() {
@@ -24,7 +24,7 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
     if !same_process(entry, start) {
         return 0;
     }
-    let _ = TRACKED.remove(&pid);
+    let _ = TRACKED.remove(pid);
     send::<FreeEvent>(EventKind::Free, |ev| {
         ev.header = header(EventKind::Free, pid, start);
     });

@@ -42,7 +42,7 @@ fn report(ret: i64) {
         return; // setsid failed: nothing changed
     }
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(entry) = TRACKED.get_ptr_mut(&pid) else {
+    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
         return;
     };
     let start = Task::current().process_start();
