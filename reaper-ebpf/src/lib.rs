@@ -1,2 +1,0 @@
-#![no_std]
-// Empty library target: lets aya-build's cargo invocation track this crate's sources.
