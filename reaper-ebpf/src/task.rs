@@ -1,6 +1,4 @@
 //! Reads of `task_struct` and friends through offsets resolved from BTF at start-up.
-use aya_ebpf::helpers::bpf_probe_read_kernel;
-
 use crate::global;
 
 /// A kernel `task_struct *`.
@@ -9,10 +7,10 @@ pub struct Task(pub *const u8);
 
 #[inline(always)]
 fn read<T: Copy + Default>(base: *const u8, off: u64) -> T {
-    // SAFETY: bpf_probe_read_kernel faults safely on bad addresses; a failed read yields the
-    // default, which the callers treat as "unknown".
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const T) }
-        .unwrap_or_default()
+    // SAFETY: `base` is a BTF-typed kernel pointer and `off` a frozen constant, so the
+    // verifier checks the access against the struct's BTF and turns it into a
+    // fault-tolerant load (a bad address reads as zero), without a helper call.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(off as usize) as *const T) }
 }
 
 #[inline(always)]
@@ -23,7 +21,7 @@ fn read_ptr(base: *const u8, off: u64) -> *const u8 {
 impl Task {
     pub fn current() -> Task {
         // SAFETY: plain helper call.
-        Task(unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8)
+        Task(unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() } as *const u8)
     }
     pub fn pid(self) -> u32 {
         read::<i32>(self.0, global!(OFFSETS.task_pid)) as u32
@@ -94,6 +92,12 @@ pub fn read_ptr_at(base: *const u8, off: u64) -> *const u8 {
     read_ptr(base, off)
 }
 
+/// Reads a u64 at `off` from `base` when `base` is an untyped address (a raw tracepoint's
+/// argument): the verifier cannot check a direct load there, so this goes through the helper.
 pub fn read_u64_at(base: *const u8, off: u64) -> u64 {
-    read(base, off)
+    // SAFETY: bpf_probe_read_kernel faults safely; a failed read yields 0.
+    unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const u64)
+    }
+    .unwrap_or(0)
 }

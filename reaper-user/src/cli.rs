@@ -3,6 +3,8 @@ use std::{ffi::OsString, time::Duration};
 
 use clap::Parser;
 
+use crate::loader::SetsidHook;
+
 /// Trace every descendant of a gateway process with eBPF: an exact spawn-lineage graph,
 /// however the descendants escaped (setsid, double fork, reparenting).
 ///
@@ -44,6 +46,11 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 
+    /// How setsid() is observed: `auto` uses the syscalls/sys_exit_setsid tracepoint (mounting
+    /// tracefs if needed) and falls back to the raw sys_exit tracepoint, then to none.
+    #[arg(long, value_enum, value_name = "HOOK", default_value_t = SetsidHookArg::Auto)]
+    pub setsid_hook: SetsidHookArg,
+
     /// Exited and reaped processes to keep in the graph for lineage and reports (ancestors of
     /// live processes are always kept).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -52,6 +59,27 @@ pub struct Cli {
     /// The gateway command to start and trace (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// `--setsid-hook` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SetsidHookArg {
+    Auto,
+    Tracepoint,
+    RawSyscalls,
+    None,
+}
+
+impl SetsidHookArg {
+    /// The hook asked for; `None` for the best available.
+    pub fn wanted(self) -> Option<SetsidHook> {
+        match self {
+            SetsidHookArg::Auto => None,
+            SetsidHookArg::Tracepoint => Some(SetsidHook::Tracepoint),
+            SetsidHookArg::RawSyscalls => Some(SetsidHook::RawSyscalls),
+            SetsidHookArg::None => Some(SetsidHook::None),
+        }
+    }
 }
 
 /// `30s`, `10m`, `2h`, `1ms`, `1h30m`; a bare `0` means zero.

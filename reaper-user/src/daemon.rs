@@ -56,6 +56,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         max_tracked: cli.max_tracked,
         ring_bytes: cli.ring_size,
         batch_wakeups: !cli.wakeup_interval.is_zero(),
+        setsid_hook: cli.setsid_hook.wanted(),
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");

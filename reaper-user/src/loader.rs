@@ -31,6 +31,8 @@ pub struct LoadOptions {
     pub ring_bytes: u32,
     /// Batch wake-ups (the reader polls while events stream); false: the kernel's default.
     pub batch_wakeups: bool,
+    /// The setsid hook to use; `None`: the best one this host offers.
+    pub setsid_hook: Option<SetsidHook>,
 }
 
 /// How setsid() calls are observed.
@@ -148,7 +150,12 @@ impl Probes {
             prog.attach().with_context(|| format!("attaching {tp}"))?;
         }
 
-        let setsid_hook = attach_setsid(&mut ebpf, setsid_ret_offset.is_some(), &mut notes);
+        let setsid_hook = attach_setsid(
+            &mut ebpf,
+            setsid_ret_offset.is_some(),
+            opts.setsid_hook,
+            &mut notes,
+        );
 
         let map = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
@@ -224,8 +231,18 @@ impl LossCounts {
     }
 }
 
-fn attach_setsid(ebpf: &mut Ebpf, have_format: bool, notes: &mut Vec<String>) -> SetsidHook {
-    if have_format {
+/// Attaches the wanted setsid hook, or the best available one, degrading with a note.
+fn attach_setsid(
+    ebpf: &mut Ebpf,
+    have_format: bool,
+    want: Option<SetsidHook>,
+    notes: &mut Vec<String>,
+) -> SetsidHook {
+    if want == Some(SetsidHook::None) {
+        notes.push("setsid() is not observed (--setsid-hook none)".into());
+        return SetsidHook::None;
+    }
+    if have_format && want != Some(SetsidHook::RawSyscalls) {
         let attached = (|| -> Result<()> {
             let prog: &mut TracePoint = ebpf
                 .program_mut("sys_exit_setsid")

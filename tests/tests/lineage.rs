@@ -515,3 +515,24 @@ fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
     assert!(run.summary()["gateway_exit_code"].is_null());
     run.assert_lossless();
 }
+
+#[test]
+fn setsid_through_the_raw_sys_exit_fallback() {
+    if !require_root("setsid_through_the_raw_sys_exit_fallback") {
+        return;
+    }
+    let dir = scratch("raw-setsid");
+    let truth = dir.join("truth.json");
+    let run = run_reaper(&[
+        "--setsid-hook",
+        "raw-syscalls",
+        "--",
+        shapes().to_str().unwrap(),
+        "setsid-double-fork",
+        truth.to_str().unwrap(),
+    ]);
+    assert_eq!(run.all("ready")[0]["setsid_hook"], "raw_syscalls");
+    let leader = pid(&read_json(&truth)["session_leader"]);
+    assert_eq!(run.one("setsid", leader)["sid"].as_u64(), Some(leader));
+    run.assert_lossless();
+}
