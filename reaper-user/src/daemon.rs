@@ -113,7 +113,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     .await?;
 
     // Stop: detach, let running probes finish, take in the rest, and account for it all.
-    probes.programs = None;
+    probes.programs = None; // detaches every probe; the maps stay for the last drain
     tokio::time::sleep(DETACH_SETTLE).await;
     drain(ring.get_mut(), &mut tracer)?;
     tracer.check_reparents()?;

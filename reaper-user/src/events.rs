@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::text::{Text, text_list};
+use std::rc::Rc;
+
+use crate::text::{Text, escape_args, escape_for_terminal, text_list};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.
@@ -18,11 +20,12 @@ pub struct Envelope<'a> {
 }
 
 /// A process's name or path as a field `name` (lossy text) and, only when the bytes are not
-/// UTF-8, its twin `name_b64` (the exact bytes).
+/// UTF-8, its twin `name_b64` (the exact bytes). Keeps the bytes for the terminal too.
 #[derive(Clone, Debug)]
 pub struct ProcText {
     name: &'static str,
     text: Text,
+    raw: Box<[u8]>,
 }
 
 impl ProcText {
@@ -30,12 +33,13 @@ impl ProcText {
         ProcText {
             name,
             text: Text::new(bytes),
+            raw: bytes.into(),
         }
     }
 
-    /// The lossy text.
-    pub fn text(&self) -> &str {
-        &self.text.lossy
+    /// The exact bytes, escaped for a terminal.
+    pub fn for_terminal(&self) -> String {
+        escape_for_terminal(&self.raw)
     }
 }
 
@@ -52,17 +56,29 @@ impl Serialize for ProcText {
 }
 
 /// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64`.
+/// Keeps the bytes (shared, not copied) for the terminal too.
 #[derive(Clone, Debug, Serialize)]
 pub struct Argv {
     pub argv: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub argv_b64: Option<Vec<String>>,
+    #[serde(skip)]
+    raw: Rc<[Vec<u8>]>,
 }
 
 impl Argv {
-    pub fn new(args: &[Vec<u8>]) -> Argv {
-        let (argv, argv_b64) = text_list(args);
-        Argv { argv, argv_b64 }
+    pub fn new(args: Rc<[Vec<u8>]>) -> Argv {
+        let (argv, argv_b64) = text_list(&args);
+        Argv {
+            argv,
+            argv_b64,
+            raw: args,
+        }
+    }
+
+    /// The exact arguments, escaped for a terminal and separated by spaces.
+    pub fn for_terminal(&self) -> String {
+        escape_args(&self.raw)
     }
 }
 
@@ -256,7 +272,7 @@ mod tests {
         let v = line(&Event::Exec {
             pid: 5,
             filename: ProcText::new("filename", b"/bin/\xffx"),
-            argv: Argv::new(&[b"a\nb".to_vec()]),
+            argv: Argv::new(Rc::from(vec![b"a\nb".to_vec()])),
             truncated: false,
             tid: 5,
         });

@@ -174,11 +174,6 @@ impl Probes {
             notes,
         })
     }
-
-    /// Detaches every probe; the maps stay readable for a final drain.
-    pub fn detach(&mut self) {
-        self.programs = None;
-    }
 }
 
 /// The flag by which the reader asks the next record to wake it.

@@ -4,7 +4,6 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 
 use crate::events::{Envelope, Event, wait_status};
-use crate::text::escape_for_terminal;
 
 /// Writes the event stream. NDJSON goes to `json` (stdout with `--json`); readable lines go to
 /// `human` (stdout by default, stderr with `--json`).
@@ -75,14 +74,6 @@ impl Output {
     }
 }
 
-fn esc(s: &str) -> String {
-    escape_for_terminal(s.as_bytes())
-}
-
-fn esc_args(args: &[String]) -> String {
-    args.iter().map(|a| esc(a)).collect::<Vec<_>>().join(" ")
-}
-
 /// One line a person reads. Every string that came from a process is escaped.
 pub fn human_line(ev: &Event) -> String {
     match ev {
@@ -94,8 +85,8 @@ pub fn human_line(ev: &Event) -> String {
             ..
         } => format!(
             "found    {pid} ({}) parent {ppid}: {}",
-            esc(comm_of(comm)),
-            esc_args(&argv.argv)
+            comm.for_terminal(),
+            argv.for_terminal()
         ),
         Event::Ready {
             gateway,
@@ -128,7 +119,7 @@ pub fn human_line(ev: &Event) -> String {
             };
             format!(
                 "fork     {pid} ({}) by {spawner}{parent}{note}",
-                esc(comm_of(comm))
+                comm.for_terminal()
             )
         }
         Event::Exec {
@@ -139,8 +130,8 @@ pub fn human_line(ev: &Event) -> String {
             ..
         } => format!(
             "exec     {pid} {}: {}{}",
-            esc(filename.text()),
-            esc_args(&argv.argv),
+            filename.for_terminal(),
+            argv.for_terminal(),
             if *truncated { " [truncated]" } else { "" }
         ),
         Event::Exit {
@@ -209,10 +200,6 @@ pub fn human_line(ev: &Event) -> String {
     }
 }
 
-fn comm_of(t: &crate::events::ProcText) -> &str {
-    t.text()
-}
-
 /// Exit status in words, for the tree.
 pub fn describe_status(status: Option<u32>) -> String {
     let Some(status) = status else {
@@ -222,5 +209,25 @@ pub fn describe_status(status: Option<u32>) -> String {
         (Some(code), _, _) => format!("exited {code}"),
         (None, Some(sig), core) => format!("killed by {sig}{}", if core { ", core" } else { "" }),
         _ => "exited".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::events::{Argv, ProcText};
+
+    #[test]
+    fn human_lines_escape_the_exact_bytes() {
+        let line = human_line(&Event::Exec {
+            pid: 7,
+            filename: ProcText::new("filename", b"/bin/\xff\x1b[31m"),
+            argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
+            truncated: false,
+            tid: 7,
+        });
+        assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
     }
 }

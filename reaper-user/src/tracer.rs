@@ -111,7 +111,7 @@ impl Tracer {
             ppid: n.ppid,
             spawner: n.spawner_pid,
             comm: ProcText::new("comm", &n.comm),
-            argv: Argv::new(&n.argv),
+            argv: Argv::new(n.argv.clone()),
             sid: n.sid,
             pgid: n.pgid,
         };
@@ -225,7 +225,7 @@ impl Tracer {
                 Event::Exec {
                     pid: ev.pid,
                     filename: ProcText::new("filename", filename),
-                    argv: Argv::new(argv),
+                    argv: Argv::new(argv.clone()),
                     truncated: *truncated,
                     tid: *old_tid,
                 }
@@ -484,7 +484,7 @@ impl Tracer {
                 pid: n.pid,
                 lineage: self.graph.lineage(n.id),
                 comm: ProcText::new("comm", &n.comm),
-                argv: Argv::new(&n.argv),
+                argv: Argv::new(n.argv.clone()),
                 ppid: n.ppid,
                 escaped: n.escaped,
                 uncertain: n.uncertain,
