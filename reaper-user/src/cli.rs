@@ -38,7 +38,7 @@ pub struct Cli {
     pub max_tracked: u32,
 
     /// Size of the kernel→user ring buffer (a power of two, at least 4KiB; e.g. 16MiB).
-    #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_ring_size)]
+    #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_ring_size)]
     pub ring_size: u32,
 
     /// Longest time an event may wait in the ring before the reader is woken. Batching wake-ups

@@ -22,7 +22,7 @@ use crate::{
     cli::Cli,
     events::Event,
     graph::LineageGraph,
-    loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
+    loader::{self, KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
     procfs::{self, boottime_now},
     seed::{self, TrackedMap},
@@ -63,8 +63,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     }
     // Parsing the kernel's BTF took tens of MiB that are free now: give them back, or a
     // day-long audit would keep them resident.
-    // SAFETY: malloc_trim only releases free heap memory.
-    unsafe { libc::malloc_trim(0) };
+    loader::release_free_heap();
 
     let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
     let mut tracer = Tracer::new(graph, output_for(&cli, t0));
@@ -249,8 +248,10 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 fn output_for(cli: &Cli, t0: u64) -> Output {
-    let stdout = || Box::new(BufWriter::new(std::io::stdout())) as Box<dyn Write + Send>;
-    let stderr = || Box::new(BufWriter::new(std::io::stderr())) as Box<dyn Write + Send>;
+    let stdout =
+        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stdout())) as Box<dyn Write + Send>;
+    let stderr =
+        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stderr())) as Box<dyn Write + Send>;
     let json = cli.json.then(stdout);
     let human = match (cli.quiet, cli.json) {
         (true, _) => None,

@@ -8,7 +8,7 @@ use reaper_common::{
     ExecEvent, ExitEvent, FORK_UNTRACKED, ForkEvent, SetsidEvent,
 };
 
-use crate::procfs::split_args;
+use crate::{procfs::split_args, text::Comm};
 
 /// Most arguments kept from one exec (the rest is cut and flagged `truncated`).
 pub const MAX_ARGS: usize = 256;
@@ -35,13 +35,13 @@ pub enum What {
         pgid: u32,
         uid: u32,
         cgroup_id: u64,
-        comm: Vec<u8>,
+        comm: Comm,
         /// The tracked map was full: this child's own children will not be followed.
         untracked: bool,
     },
     Exec {
         old_tid: u32,
-        comm: Vec<u8>,
+        comm: Comm,
         /// Shared with the lineage graph, which keeps them.
         filename: Rc<[u8]>,
         argv: Rc<[Vec<u8>]>,
@@ -93,7 +93,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 pgid: ev.pgid,
                 uid: ev.uid,
                 cgroup_id: ev.cgroup_id,
-                comm: c_bytes(&ev.comm),
+                comm: Comm::from_c(&ev.comm),
                 untracked: ev.flags & FORK_UNTRACKED != 0,
             }
         }
@@ -142,7 +142,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
     let (argv, cut) = split_args(&ev.argv[..argv_len], MAX_ARGS);
     Ok(What::Exec {
         old_tid: ev.old_tid,
-        comm: c_bytes(&ev.comm),
+        comm: Comm::from_c(&ev.comm),
         filename: c_bytes(&ev.filename[..filename_len]).into(),
         argv: argv.into(),
         truncated: cut || ev.flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
@@ -194,7 +194,7 @@ mod tests {
                 ..
             } => {
                 assert_eq!(
-                    (spawner, ppid, comm.as_slice(), untracked),
+                    (spawner, ppid, comm.as_bytes(), untracked),
                     (40, 1, &b"bash"[..], true)
                 )
             }

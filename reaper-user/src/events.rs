@@ -6,7 +6,9 @@ use serde::Serialize;
 
 use std::rc::Rc;
 
-use crate::text::{Text, escape_args, escape_for_terminal, text_list};
+use base64::{Engine as _, engine::general_purpose::STANDARD};
+
+use crate::text::{Comm, escape_args, escape_for_terminal, exact_b64, lossy};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.
@@ -19,66 +21,120 @@ pub struct Envelope<'a> {
     pub body: &'a Event,
 }
 
+/// Where a [`ProcText`]'s bytes live: inline for a comm, shared with the graph otherwise.
+/// Neither copies on the event path.
+#[derive(Clone, Debug)]
+pub enum ProcBytes {
+    Comm(Comm),
+    Shared(Rc<[u8]>),
+}
+
+impl ProcBytes {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            ProcBytes::Comm(c) => c.as_bytes(),
+            ProcBytes::Shared(b) => b,
+        }
+    }
+}
+
+impl From<Comm> for ProcBytes {
+    fn from(c: Comm) -> Self {
+        ProcBytes::Comm(c)
+    }
+}
+
+impl From<&[u8]> for ProcBytes {
+    fn from(b: &[u8]) -> Self {
+        ProcBytes::Shared(b.into())
+    }
+}
+
+impl From<Rc<[u8]>> for ProcBytes {
+    fn from(b: Rc<[u8]>) -> Self {
+        ProcBytes::Shared(b)
+    }
+}
+
 /// A process's name or path as a field `name` (lossy text) and, only when the bytes are not
-/// UTF-8, its twin `name_b64` (the exact bytes). Keeps the bytes for the terminal too.
+/// UTF-8, its twin `name_b64` (the exact bytes). Text is made while serialising: valid UTF-8
+/// (nearly always) is written straight from the bytes.
 #[derive(Clone, Debug)]
 pub struct ProcText {
     name: &'static str,
-    text: Text,
-    raw: Box<[u8]>,
+    raw: ProcBytes,
 }
 
 impl ProcText {
-    pub fn new(name: &'static str, bytes: &[u8]) -> ProcText {
+    pub fn new(name: &'static str, bytes: impl Into<ProcBytes>) -> ProcText {
         ProcText {
             name,
-            text: Text::new(bytes),
             raw: bytes.into(),
         }
     }
 
     /// The exact bytes, escaped for a terminal.
     pub fn for_terminal(&self) -> String {
-        escape_for_terminal(&self.raw)
+        escape_for_terminal(self.raw.as_bytes())
     }
 }
 
 impl Serialize for ProcText {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
+        let bytes = self.raw.as_bytes();
         let mut map = s.serialize_map(None)?;
-        map.serialize_entry(self.name, &self.text.lossy)?;
-        if let Some(b64) = &self.text.b64 {
-            map.serialize_entry(&format!("{}_b64", self.name), b64)?;
+        map.serialize_entry(self.name, &lossy(bytes))?;
+        if let Some(b64) = exact_b64(bytes) {
+            map.serialize_entry(&format!("{}_b64", self.name), &b64)?;
         }
         map.end()
     }
 }
 
-/// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64`.
-/// Keeps the bytes (shared, not copied) for the terminal too.
-#[derive(Clone, Debug, Serialize)]
-pub struct Argv {
-    pub argv: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub argv_b64: Option<Vec<String>>,
-    #[serde(skip)]
-    raw: Rc<[Vec<u8>]>,
-}
+/// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64` (every
+/// argument in base64). Shares the graph's bytes; text is made while serialising.
+#[derive(Clone, Debug)]
+pub struct Argv(Rc<[Vec<u8>]>);
 
 impl Argv {
     pub fn new(args: Rc<[Vec<u8>]>) -> Argv {
-        let (argv, argv_b64) = text_list(&args);
-        Argv {
-            argv,
-            argv_b64,
-            raw: args,
-        }
+        Argv(args)
     }
 
     /// The exact arguments, escaped for a terminal and separated by spaces.
     pub fn for_terminal(&self) -> String {
-        escape_args(&self.raw)
+        escape_args(&self.0)
+    }
+}
+
+/// Arguments as one JSON array of lossy strings, written without collecting them.
+struct LossyList<'a>(&'a [Vec<u8>]);
+
+impl Serialize for LossyList<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|a| lossy(a)))
+    }
+}
+
+/// Arguments as one JSON array of base64 strings.
+struct Base64List<'a>(&'a [Vec<u8>]);
+
+impl Serialize for Base64List<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|a| STANDARD.encode(a)))
+    }
+}
+
+impl Serialize for Argv {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("argv", &LossyList(&self.0))?;
+        if self.0.iter().any(|a| std::str::from_utf8(a).is_err()) {
+            map.serialize_entry("argv_b64", &Base64List(&self.0))?;
+        }
+        map.end()
     }
 }
 
@@ -271,7 +327,7 @@ mod tests {
     fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
         let v = line(&Event::Exec {
             pid: 5,
-            filename: ProcText::new("filename", b"/bin/\xffx"),
+            filename: ProcText::new("filename", &b"/bin/\xffx"[..]),
             argv: Argv::new(Rc::from(vec![b"a\nb".to_vec()])),
             truncated: false,
             tid: 5,
@@ -281,6 +337,18 @@ mod tests {
         assert_eq!(v["argv"][0], "a\nb");
         assert!(v.get("argv_b64").is_none());
         assert_eq!(v["filename_b64"], "L2Jpbi//eA==");
+        assert!(v.get("filename").is_some_and(|f| f == "/bin/\u{fffd}x"));
+
+        let v = line(&Event::Exec {
+            pid: 5,
+            filename: ProcText::new("filename", &b"/bin/x"[..]),
+            argv: Argv::new(Rc::from(vec![b"a".to_vec(), b"\xff".to_vec()])),
+            truncated: false,
+            tid: 5,
+        });
+        assert_eq!(v["argv"], serde_json::json!(["a", "\u{fffd}"]));
+        assert_eq!(v["argv_b64"], serde_json::json!(["YQ==", "/w=="]));
+        assert!(v.get("filename_b64").is_none());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::decode::{KernelEvent, What};
 use crate::procfs::boottime_to_ticks;
+use crate::text::Comm;
 
 /// Internal handle of a node; never reused.
 pub type NodeId = u64;
@@ -50,7 +51,7 @@ pub struct Node {
     pub pgid: u32,
     pub uid: Option<u32>,
     pub cgroup_id: Option<u64>,
-    pub comm: Vec<u8>,
+    pub comm: Comm,
     /// Shared with the events and with children that have not exec'd: cloning is a count.
     pub filename: Option<Rc<[u8]>>,
     pub argv: Rc<[Vec<u8>]>,
@@ -100,7 +101,7 @@ pub struct Seed {
     pub ppid: u32,
     pub sid: u32,
     pub pgid: u32,
-    pub comm: Vec<u8>,
+    pub comm: Comm,
     pub argv: Vec<Vec<u8>>,
     pub is_gateway: bool,
     pub uncertain: bool,
@@ -118,6 +119,13 @@ pub struct LineageGraph {
     retain_dead: usize,
     ticks_per_second: u64,
     next_id: NodeId,
+    /// Counts kept as nodes change state, so "is anything left?" never walks the graph.
+    live: usize,
+    zombies: usize,
+    /// Gateway nodes (never pruned), in the order they became gateways.
+    gateways: Vec<NodeId>,
+    /// The argv of a process whose program is not known yet: one shared empty list.
+    no_argv: Rc<[Vec<u8>]>,
 }
 
 impl LineageGraph {
@@ -132,6 +140,10 @@ impl LineageGraph {
             retain_dead,
             ticks_per_second,
             next_id: 1,
+            live: 0,
+            zombies: 0,
+            gateways: Vec::new(),
+            no_argv: Rc::from(Vec::new()),
         }
     }
 
@@ -163,7 +175,17 @@ impl LineageGraph {
     }
 
     pub fn gateways(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.values().filter(|n| n.is_gateway)
+        self.gateways.iter().filter_map(|id| self.nodes.get(id))
+    }
+
+    /// How many processes are alive (not exited).
+    pub fn live_count(&self) -> usize {
+        self.live
+    }
+
+    /// How many processes have exited and are not reaped yet.
+    pub fn zombie_count(&self) -> usize {
+        self.zombies
     }
 
     /// Retained children of `id` along lineage edges.
@@ -229,7 +251,12 @@ impl LineageGraph {
             self.nodes.get_mut(&s).unwrap().spawned.insert(id);
         }
         self.current.insert(node.pid, id);
+        let gateway = node.is_gateway;
         self.nodes.insert(id, node);
+        self.live += 1;
+        if gateway {
+            self.gateways.push(id);
+        }
         id
     }
 
@@ -254,9 +281,9 @@ impl LineageGraph {
             pgid: 0,
             uid: None,
             cgroup_id: None,
-            comm: Vec::new(),
+            comm: Comm::default(),
             filename: None,
-            argv: Rc::from(Vec::new()),
+            argv: self.no_argv.clone(),
             execs: 0,
             forked_at: None,
             exited: None,
@@ -283,7 +310,9 @@ impl LineageGraph {
             };
             if same && node.alive() {
                 node.uncertain = seed.uncertain;
-                node.is_gateway |= seed.is_gateway;
+                if seed.is_gateway {
+                    self.set_gateway(id);
+                }
                 return (id, false);
             }
         }
@@ -307,8 +336,11 @@ impl LineageGraph {
 
     /// Marks a node as a gateway (a root of lineage).
     pub fn set_gateway(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.get_mut(&id) {
+        if let Some(n) = self.nodes.get_mut(&id)
+            && !n.is_gateway
+        {
             n.is_gateway = true;
+            self.gateways.push(id);
         }
     }
 
@@ -350,7 +382,7 @@ impl LineageGraph {
                 node.pgid = *pgid;
                 node.uid = Some(*uid);
                 node.cgroup_id = Some(*cgroup_id);
-                node.comm = comm.clone();
+                node.comm = *comm;
                 node.forked_at = Some(ev.ts);
                 // Until it execs, a child runs its parent's program.
                 if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(&s)) {
@@ -369,7 +401,7 @@ impl LineageGraph {
                     return Applied::Unknown;
                 };
                 let node = self.nodes.get_mut(&id).unwrap();
-                node.comm = comm.clone();
+                node.comm = *comm;
                 node.filename = Some(filename.clone());
                 node.argv = argv.clone();
                 node.execs += 1;
@@ -379,14 +411,17 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
-                let node = self.nodes.get_mut(&id).unwrap();
-                node.exited = Some(ExitInfo {
-                    ts: ev.ts,
-                    status: Some(*status),
-                });
-                let candidates = node.real_children.clone();
-                let orphans = candidates
-                    .into_iter()
+                self.set_exited(
+                    id,
+                    ExitInfo {
+                        ts: ev.ts,
+                        status: Some(*status),
+                    },
+                );
+                let orphans = self.nodes[&id]
+                    .real_children
+                    .iter()
+                    .copied()
                     .filter(|c| {
                         self.nodes
                             .get(c)
@@ -454,23 +489,36 @@ impl LineageGraph {
         if let Some(n) = self.nodes.get_mut(&id)
             && n.exited.is_none()
         {
-            n.exited = Some(ExitInfo { ts, status: None });
             n.uncertain = true;
+            self.set_exited(id, ExitInfo { ts, status: None });
         }
         self.mark_reaped(id, ts);
     }
 
-    fn mark_reaped(&mut self, id: NodeId, ts: u64) {
+    /// Records an exit, keeping the live and zombie counts.
+    fn set_exited(&mut self, id: NodeId, info: ExitInfo) {
         let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        if node.exited.is_none() && node.reaped_at.is_none() {
+            self.live -= 1;
+            self.zombies += 1;
+        }
+        node.exited = Some(info);
+    }
+
+    fn mark_reaped(&mut self, id: NodeId, ts: u64) {
+        let Some(node) = self.nodes.get(&id) else {
             return;
         };
         if node.reaped_at.is_some() {
             return;
         }
-        node.reaped_at = Some(ts);
         if node.exited.is_none() {
-            node.exited = Some(ExitInfo { ts, status: None });
+            self.set_exited(id, ExitInfo { ts, status: None });
         }
+        self.zombies -= 1;
+        self.nodes.get_mut(&id).unwrap().reaped_at = Some(ts);
         self.retired.push_back(id);
         self.prune();
     }
@@ -540,7 +588,7 @@ mod tests {
                 pgid: spawner,
                 uid: 0,
                 cgroup_id: 1,
-                comm: b"c".to_vec(),
+                comm: Comm::from_c(b"c"),
                 untracked: false,
             },
         )
@@ -553,7 +601,7 @@ mod tests {
             ppid: 1,
             sid: pid,
             pgid: pid,
-            comm: b"gw".to_vec(),
+            comm: Comm::from_c(b"gw"),
             argv: vec![],
             is_gateway: true,
             uncertain: false,
@@ -624,7 +672,7 @@ mod tests {
             ppid: 100,
             sid: 100,
             pgid: 100,
-            comm: b"w".to_vec(),
+            comm: Comm::from_c(b"w"),
             argv: vec![],
             is_gateway: false,
             uncertain: false,
@@ -686,5 +734,58 @@ mod tests {
         assert!(n.zombie() && !n.alive());
         assert_eq!(n.exited.unwrap().status, Some(0x300));
         assert_eq!(g.zombies().count(), 1);
+        assert_counts(&g);
+    }
+
+    /// The kept counts agree with a walk of the graph.
+    fn assert_counts(g: &LineageGraph) {
+        assert_eq!(g.live_count(), g.alive().count(), "live");
+        assert_eq!(g.zombie_count(), g.zombies().count(), "zombies");
+        let walked: Vec<u32> = g
+            .nodes
+            .values()
+            .filter(|n| n.is_gateway)
+            .map(|n| n.pid)
+            .collect();
+        let kept: Vec<u32> = g.gateways().map(|n| n.pid).collect();
+        assert_eq!(walked.len(), kept.len());
+        assert!(walked.iter().all(|p| kept.contains(p)));
+    }
+
+    #[test]
+    fn kept_counts_follow_every_state_change() {
+        let mut g = LineageGraph::new(3, TPS);
+        gateway(&mut g, 100);
+        assert_counts(&g);
+        for i in 0..20u32 {
+            let (pid, start) = (1000 + i, 10_000 + u64::from(i));
+            g.apply(&fork(pid, start, 100, 100));
+            assert_counts(&g);
+            match i % 4 {
+                // exit then free; free without exit (lost exit); exit only (zombie); gone.
+                0 => {
+                    g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+                    g.apply(&ev(2, pid, start, What::Free));
+                }
+                1 => {
+                    g.apply(&ev(2, pid, start, What::Free));
+                }
+                2 => {
+                    g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+                    g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+                }
+                _ => {
+                    let id = g.current(pid).unwrap().id;
+                    g.mark_gone(id, 5);
+                    g.mark_gone(id, 6);
+                }
+            }
+            assert_counts(&g);
+        }
+        let id = g.current(1002).unwrap().id;
+        g.set_gateway(id);
+        g.set_gateway(id);
+        assert_counts(&g);
+        assert_eq!((g.live_count(), g.zombie_count()), (1, 5));
     }
 }

@@ -70,6 +70,49 @@ pub struct Probes {
     pub notes: Vec<String>,
 }
 
+/// This kernel's offsets, checked against the tracepoints the probes need. The BTF bytes are
+/// dropped and handed back before aya parses its own copy.
+fn resolve_offsets() -> Result<KernelOffsets> {
+    let offsets = {
+        let kernel_btf = KernelBtf::from_sys_fs()?;
+        for tp in LIFECYCLE {
+            if !kernel_btf.has_btf_tracepoint(tp)? {
+                return Err(anyhow!(
+                    "this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"
+                ));
+            }
+        }
+        kernel_btf.kernel_offsets()?
+    };
+    release_free_heap();
+    Ok(offsets)
+}
+
+/// Loads and attaches the BTF tracepoint programs. aya's parsed kernel BTF (~20 MiB) lives only
+/// for this, and is handed back before the ring buffer is mapped.
+fn attach_lifecycle(ebpf: &mut Ebpf) -> Result<()> {
+    {
+        let btf = Btf::from_sys_fs().context("reading the kernel BTF")?;
+        for tp in LIFECYCLE {
+            let prog: &mut BtfTracePoint = ebpf
+                .program_mut(tp)
+                .ok_or_else(|| anyhow!("program {tp} missing from the object"))?
+                .try_into()?;
+            prog.load(tp, &btf)
+                .with_context(|| format!("loading {tp}"))?;
+            prog.attach().with_context(|| format!("attaching {tp}"))?;
+        }
+    }
+    release_free_heap();
+    Ok(())
+}
+
+/// Returns freed heap pages to the system (glibc keeps them otherwise).
+pub fn release_free_heap() {
+    // SAFETY: malloc_trim only releases memory that is already free.
+    unsafe { libc::malloc_trim(0) };
+}
+
 /// Explains a load or attach failure in terms of what to do about it.
 fn privilege_hint(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");
@@ -95,15 +138,7 @@ impl Probes {
     }
 
     fn try_load(opts: &LoadOptions) -> Result<Probes> {
-        let kernel_btf = KernelBtf::from_sys_fs()?;
-        let offsets: KernelOffsets = kernel_btf.kernel_offsets()?;
-        for tp in LIFECYCLE {
-            if !kernel_btf.has_btf_tracepoint(tp) {
-                return Err(anyhow!(
-                    "this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"
-                ));
-            }
-        }
+        let offsets = resolve_offsets()?;
         let mut notes = Vec::new();
 
         // The classic setsid tracepoint needs its record layout before the object is loaded.
@@ -131,7 +166,10 @@ impl Probes {
             setsid_nr: libc::SYS_setsid as u64,
         };
 
+        // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
+        // object has none of: drop it, so no two parsed copies are ever resident together.
         let mut ebpf = EbpfLoader::new()
+            .btf(None)
             .override_global("OFFSETS", &offsets, true)
             .override_global("CONFIG", &config, true)
             .map_max_entries("TRACKED", opts.max_tracked)
@@ -139,17 +177,7 @@ impl Probes {
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
 
-        let btf = Btf::from_sys_fs().context("reading the kernel BTF")?;
-        for tp in LIFECYCLE {
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(tp)
-                .ok_or_else(|| anyhow!("program {tp} missing from the object"))?
-                .try_into()?;
-            prog.load(tp, &btf)
-                .with_context(|| format!("loading {tp}"))?;
-            prog.attach().with_context(|| format!("attaching {tp}"))?;
-        }
-
+        attach_lifecycle(&mut ebpf)?;
         let setsid_hook = attach_setsid(
             &mut ebpf,
             setsid_ret_offset.is_some(),

@@ -13,6 +13,9 @@ pub struct Output {
     seq: u64,
     /// Boot-time ns at start, for relative times in human lines.
     t0: u64,
+    /// One NDJSON line is built here, then written at once: serialising straight into the
+    /// boxed writer costs a dynamic call per token.
+    line: Vec<u8>,
 }
 
 impl Output {
@@ -26,6 +29,7 @@ impl Output {
             human,
             seq: 0,
             t0,
+            line: Vec::with_capacity(1024),
         }
     }
 
@@ -38,8 +42,10 @@ impl Output {
                 ts,
                 body,
             };
-            serde_json::to_writer(&mut *w, &env).context("writing an NDJSON event")?;
-            w.write_all(b"\n").context("writing an NDJSON event")?;
+            self.line.clear();
+            serde_json::to_writer(&mut self.line, &env).context("serialising an NDJSON event")?;
+            self.line.push(b'\n');
+            w.write_all(&self.line).context("writing an NDJSON event")?;
         }
         self.seq += 1;
         if let Some(w) = self.human.as_mut() {
@@ -223,7 +229,7 @@ mod tests {
     fn human_lines_escape_the_exact_bytes() {
         let line = human_line(&Event::Exec {
             pid: 7,
-            filename: ProcText::new("filename", b"/bin/\xff\x1b[31m"),
+            filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
             argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
             truncated: false,
             tid: 7,

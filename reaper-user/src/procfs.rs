@@ -3,11 +3,13 @@
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
 use std::{collections::HashMap, fs, io, path::PathBuf};
 
+use crate::text::Comm;
+
 /// Fields of `/proc/PID/stat`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
     pub pid: u32,
-    pub comm: Vec<u8>,
+    pub comm: Comm,
     pub state: u8,
     pub ppid: u32,
     pub pgrp: u32,
@@ -33,7 +35,7 @@ pub fn parse_stat(text: &[u8]) -> Option<Stat> {
         .trim()
         .parse()
         .ok()?;
-    let comm = text[open + 1..close].to_vec();
+    let comm = Comm::from_c(&text[open + 1..close]);
     let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
     // Fields after comm, numbered from 3 (state) as in proc(5).
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
@@ -125,7 +127,7 @@ mod tests {
             b"4711 (a) (b c)) S 1 4711 4711 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
         let s = parse_stat(text).unwrap();
         assert_eq!(s.pid, 4711);
-        assert_eq!(s.comm, b"a) (b c)");
+        assert_eq!(s.comm.as_bytes(), b"a) (b c)");
         assert_eq!((s.state, s.ppid, s.pgrp, s.session), (b'S', 1, 4711, 4711));
         assert_eq!(s.start_ticks, 987654);
     }

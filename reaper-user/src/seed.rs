@@ -63,7 +63,7 @@ fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
         ppid: stat.ppid,
         sid: stat.session,
         pgid: stat.pgrp,
-        comm: stat.comm.clone(),
+        comm: stat.comm,
         argv,
         is_gateway,
         uncertain: false,

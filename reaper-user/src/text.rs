@@ -3,45 +3,55 @@
 //! Two outlets, one rule each: JSON carries them losslessly (a lossy string plus, only when
 //! the bytes are not UTF-8, the exact bytes in base64), and a terminal never receives a raw
 //! control character (C0, DEL, C1) or a bidi override from them.
-use std::fmt::Write as _;
+use std::{borrow::Cow, fmt::Write as _};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
-/// A byte string shown as text: `lossy` for people and JSON strings, `b64` set only when the
-/// bytes are not valid UTF-8 (so that nothing is lost).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Text {
-    pub lossy: String,
-    pub b64: Option<String>,
+/// A process name (`comm`) held inline: the kernel's 16 bytes at most, so no allocation.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct Comm {
+    bytes: [u8; 16],
+    len: u8,
 }
 
-impl Text {
-    pub fn new(bytes: &[u8]) -> Text {
-        match std::str::from_utf8(bytes) {
-            Ok(s) => Text {
-                lossy: s.to_owned(),
-                b64: None,
-            },
-            Err(_) => Text {
-                lossy: String::from_utf8_lossy(bytes).into_owned(),
-                b64: Some(STANDARD.encode(bytes)),
-            },
+impl Comm {
+    /// The bytes before the first NUL (at most 16).
+    pub fn from_c(raw: &[u8]) -> Comm {
+        let end = raw
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(raw.len())
+            .min(16);
+        let mut bytes = [0; 16];
+        bytes[..end].copy_from_slice(&raw[..end]);
+        Comm {
+            bytes,
+            len: end as u8,
         }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
-/// A list of byte strings (argv): all shown lossily, and all in base64 as well when any one
-/// of them is not UTF-8.
-pub fn text_list(items: &[Vec<u8>]) -> (Vec<String>, Option<Vec<String>>) {
-    let lossy = items
-        .iter()
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    let exact = items.iter().any(|a| std::str::from_utf8(a).is_err());
-    (
-        lossy,
-        exact.then(|| items.iter().map(|a| STANDARD.encode(a)).collect()),
-    )
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// Process bytes as JSON text: the string itself when valid UTF-8 (borrowed, no copy),
+/// otherwise its lossy form.
+pub fn lossy(bytes: &[u8]) -> Cow<'_, str> {
+    String::from_utf8_lossy(bytes)
+}
+
+/// The exact bytes in base64, only when they are not UTF-8 (and the lossy text lost them).
+pub fn exact_b64(bytes: &[u8]) -> Option<String> {
+    std::str::from_utf8(bytes)
+        .is_err()
+        .then(|| STANDARD.encode(bytes))
 }
 
 /// Characters that reorder or hide text on a terminal (Unicode bidi controls).
@@ -97,18 +107,17 @@ mod tests {
     fn invalid_utf8_is_escaped_and_kept_exactly_in_json() {
         let bytes = b"ok\xff\xfe";
         assert_eq!(escape_for_terminal(bytes), "ok\\xff\\xfe");
-        let t = Text::new(bytes);
-        assert_eq!(t.lossy, "ok\u{fffd}\u{fffd}");
-        assert_eq!(STANDARD.decode(t.b64.unwrap()).unwrap(), bytes);
-        assert_eq!(Text::new(b"plain").b64, None);
+        assert_eq!(lossy(bytes), "ok\u{fffd}\u{fffd}");
+        assert_eq!(STANDARD.decode(exact_b64(bytes).unwrap()).unwrap(), bytes);
+        assert_eq!(exact_b64(b"plain"), None);
+        assert!(matches!(lossy(b"plain"), Cow::Borrowed("plain")));
     }
 
     #[test]
-    fn argv_is_exact_only_when_needed() {
-        let (lossy, exact) = text_list(&[b"a".to_vec(), b"b".to_vec()]);
-        assert_eq!((lossy, exact), (vec!["a".to_owned(), "b".to_owned()], None));
-        let (_, exact) = text_list(&[b"a".to_vec(), b"\xff".to_vec()]);
-        assert_eq!(exact.unwrap(), vec!["YQ==".to_owned(), "/w==".to_owned()]);
+    fn comm_keeps_bytes_before_the_nul() {
+        assert_eq!(Comm::from_c(b"bash\0junk").as_bytes(), b"bash");
+        assert_eq!(Comm::from_c(b"").as_bytes(), b"");
+        assert_eq!(Comm::from_c(&[b'x'; 20]).as_bytes(), &[b'x'; 16]);
     }
 
     #[test]

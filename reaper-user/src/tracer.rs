@@ -1,11 +1,12 @@
 //! The event path in user space: ring-buffer record → decode → lineage graph → output, plus
 //! the loss accounting and /proc repairs that keep the graph exact.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use hdrhistogram::Histogram;
 use reaper_common::EventKind;
+use rustc_hash::FxHashSet as HashSet;
 
 use crate::decode::{KernelEvent, What, decode};
 use crate::events::{AliveProcess, Argv, Counts, Delivery, Event, Latency, ProcText, wait_status};
@@ -77,12 +78,12 @@ impl Tracer {
             counts: Counts::default(),
             received: 0,
             reported_losses: LossCounts::default(),
-            resync_pids: HashSet::new(),
+            resync_pids: HashSet::default(),
             untracked_children: Vec::new(),
-            unfollowed: HashSet::new(),
+            unfollowed: HashSet::default(),
             pending_reparents: Vec::new(),
             last_exit: Instant::now(),
-            pending_gateways: HashSet::new(),
+            pending_gateways: HashSet::default(),
             undecodable: 0,
             batch_ts: Vec::new(),
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
@@ -110,7 +111,7 @@ impl Tracer {
             pid: n.pid,
             ppid: n.ppid,
             spawner: n.spawner_pid,
-            comm: ProcText::new("comm", &n.comm),
+            comm: ProcText::new("comm", n.comm),
             argv: Argv::new(n.argv.clone()),
             sid: n.sid,
             pgid: n.pgid,
@@ -140,10 +141,10 @@ impl Tracer {
     /// Nothing tracked is alive, and no zombie is left unless it has waited longer than a
     /// parent takes to reap (an unreaped zombie must not keep the run going forever).
     pub fn tree_finished(&self) -> bool {
-        if self.graph.alive().next().is_some() {
+        if self.graph.live_count() > 0 {
             return false;
         }
-        self.graph.zombies().next().is_none() || self.last_exit.elapsed() >= ZOMBIE_SETTLE
+        self.graph.zombie_count() == 0 || self.last_exit.elapsed() >= ZOMBIE_SETTLE
     }
 
     /// Handles one ring-buffer record.
@@ -205,7 +206,7 @@ impl Tracer {
                     pid: ev.pid,
                     ppid: *ppid,
                     spawner: *spawner,
-                    comm: ProcText::new("comm", comm),
+                    comm: ProcText::new("comm", *comm),
                     start: ev.start,
                     sid: *sid,
                     pgid: *pgid,
@@ -224,7 +225,7 @@ impl Tracer {
                 self.counts.exec += 1;
                 Event::Exec {
                     pid: ev.pid,
-                    filename: ProcText::new("filename", filename),
+                    filename: ProcText::new("filename", filename.clone()),
                     argv: Argv::new(argv.clone()),
                     truncated: *truncated,
                     tid: *old_tid,
@@ -483,7 +484,7 @@ impl Tracer {
             .map(|n| AliveProcess {
                 pid: n.pid,
                 lineage: self.graph.lineage(n.id),
-                comm: ProcText::new("comm", &n.comm),
+                comm: ProcText::new("comm", n.comm),
                 argv: Argv::new(n.argv.clone()),
                 ppid: n.ppid,
                 escaped: n.escaped,

@@ -76,7 +76,7 @@ fn render(
 }
 
 fn describe(n: &Node) -> String {
-    let mut s = format!("{} ({})", n.pid, escape_for_terminal(&n.comm));
+    let mut s = format!("{} ({})", n.pid, escape_for_terminal(n.comm.as_bytes()));
     if n.is_gateway {
         s.push_str(" gateway");
     }
