@@ -56,6 +56,30 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub retain_dead: usize,
 
+    /// How often the leak inspector looks at the live descendants in /proc. Each one is read
+    /// in full only every max(this, --idle-after / 4), or at once when its spawn chain breaks.
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = parse_duration)]
+    pub scan_interval: Duration,
+
+    /// Flag `idle` a descendant that waits for input and moved no data for this long, and
+    /// `deaf` one that reads a pipe with no writers left for this long.
+    #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+    pub idle_after: Duration,
+
+    /// Flag `zombie` a descendant that exited and was not reaped for this long.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_duration)]
+    pub zombie_after: Duration,
+
+    /// Leak gate: run CMD; after it exits and --settle has passed, report every descendant
+    /// still alive and every zombie, and exit 3 if there are any (4 if CMD failed and nothing
+    /// leaked, 0 if neither).
+    #[arg(long)]
+    pub check: bool,
+
+    /// With --check: how long to wait after CMD exits for its descendants to finish.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub settle: Option<Duration>,
+
     /// The gateway command to start and trace (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -126,7 +150,21 @@ impl Cli {
         if self.gateway_pid.is_empty() && self.command.is_empty() {
             return Err("nothing to trace: give --gateway-pid PID or a command after `--`".into());
         }
+        if self.check && self.command.is_empty() {
+            return Err("--check runs a command: give it after `--`".into());
+        }
+        if self.settle.is_some() && !self.check {
+            return Err("--settle only applies with --check".into());
+        }
+        if self.scan_interval < Duration::from_millis(100) {
+            return Err("--scan-interval must be at least 100ms".into());
+        }
         Ok(())
+    }
+
+    /// With --check: the settle time (default 2s).
+    pub fn settle_time(&self) -> Duration {
+        self.settle.unwrap_or(Duration::from_secs(2))
     }
 }
 
@@ -187,5 +225,15 @@ mod tests {
         assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "0"]).is_err());
         assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "x"]).is_err());
         assert!(Cli::try_parse_from(["reaper-trace", "--duration", "soon", "--", "true"]).is_err());
+        let bad = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            cli.validate().unwrap_err()
+        };
+        assert!(bad(&["reaper-trace", "--check", "--gateway-pid", "1"]).contains("--check"));
+        assert!(bad(&["reaper-trace", "--settle", "1s", "--", "true"]).contains("--settle"));
+        assert!(bad(&["reaper-trace", "--scan-interval", "1ms", "--", "true"]).contains("100ms"));
+        let cli = Cli::try_parse_from(["reaper-trace", "--check", "--", "true"]).unwrap();
+        assert!(cli.validate().is_ok());
+        assert_eq!(cli.settle_time(), Duration::from_secs(2));
     }
 }

@@ -22,6 +22,8 @@ use crate::{
     cli::Cli,
     events::Event,
     graph::LineageGraph,
+    inspect::InspectOptions,
+    leaks,
     loader::{self, KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
     procfs::{self, boottime_now},
@@ -66,7 +68,12 @@ pub async fn run(cli: Cli) -> Result<i32> {
     loader::release_free_heap();
 
     let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
-    let mut tracer = Tracer::new(graph, output_for(&cli, t0));
+    let inspect = InspectOptions {
+        scan_interval: cli.scan_interval,
+        idle_after: cli.idle_after,
+        zombie_after: cli.zombie_after,
+    };
+    let mut tracer = Tracer::new(graph, output_for(&cli, t0), inspect);
 
     let seeds = seed::seed(&mut probes.tracked, &gateways)?;
     tracer.add_seeds(seeds)?;
@@ -86,6 +93,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         gateway: tracer.gateway_pids(),
         tracked: probes.tracked.keys().count(),
         setsid_hook: probes.setsid_hook.name(),
+        kernel: probes.features.release.clone(),
     };
     let ready_at = boottime_now();
     tracer.out.set_t0(ready_at);
@@ -114,17 +122,26 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // Stop: detach, let running probes finish, take in the rest, and account for it all.
     probes.programs = None; // detaches every probe; the maps stay for the last drain
     tokio::time::sleep(DETACH_SETTLE).await;
+    let losses = probes.counters.losses()?;
     drain(ring.get_mut(), &mut tracer)?;
     tracer.check_reparents()?;
     tracer.check_unfollowed()?;
-    tracer.check_losses(&probes.counters, &probes.tracked)?;
+    tracer.check_losses(losses, &probes.tracked)?;
+    // Flags of processes that ended since the last scan are cleared in the stream too.
+    tracer.scan_leaks()?;
     let gateway_code = gateway_status.map(exit_code);
+    let mut status = gateway_code.unwrap_or(0);
+    if cli.check {
+        let (verdict, code) = tracer.check_verdict(gateway_code);
+        tracer.out.event(boottime_now(), &verdict)?;
+        status = code;
+    }
     let summary = tracer.summary(&probes.counters, gateway_code)?;
     tracer.out.event(boottime_now(), &summary)?;
-    let tree = render_alive_tree(&tracer.graph);
+    let tree = render_alive_tree(&tracer.graph, &leaks::active_by_node(&tracer.inspector));
     tracer.out.human_block(&tree)?;
     tracer.out.flush()?;
-    Ok(gateway_code.unwrap_or(0))
+    Ok(status)
 }
 
 /// The maps the event loop uses besides the ring.
@@ -157,6 +174,9 @@ async fn event_loop(
     let mut polling: Option<Instant> = None;
     kernel.reader_idle.going_idle()?;
     let mut housekeeping = Instant::now() + HOUSEKEEPING;
+    let mut next_scan = Instant::now() + cli.scan_interval;
+    // --check: when the gateway command's settle time is up.
+    let mut settled_at: Option<Instant> = None;
     loop {
         let house_at = match tracer.has_pending_reparents() {
             true => housekeeping.min(Instant::now() + REPARENT_RETRY),
@@ -178,17 +198,27 @@ async fn event_loop(
                 polling = (n > 0).then(|| Instant::now() + poll_interval);
             }
             _ = sleep_until(house_at) => {
+                let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), tracer)?;
                 tracer.check_reparents()?;
                 tracer.check_unfollowed()?;
-                tracer.check_losses(kernel.counters, kernel.tracked)?;
+                tracer.check_losses(losses, kernel.tracked)?;
                 housekeeping = Instant::now() + HOUSEKEEPING;
+            }
+            _ = sleep_until(next_scan) => {
+                drain(ring.get_mut(), tracer)?;
+                tracer.scan_leaks()?;
+                next_scan = Instant::now() + cli.scan_interval;
             }
             status = wait_child(child), if child.is_some() && gateway_status.is_none() => {
                 *gateway_status = Some(status?);
                 // Its exit event may still be in the ring.
                 drain(ring.get_mut(), tracer)?;
+                if cli.check {
+                    settled_at = Some(Instant::now() + cli.settle_time());
+                }
             }
+            _ = sleep_until(settled_at.unwrap_or(far)), if settled_at.is_some() => break,
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,

@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
+use crate::leaks::{LeakDetail, LeakSummary};
 use crate::text::{Comm, escape_args, escape_for_terminal, exact_b64, lossy};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
@@ -210,6 +211,8 @@ pub enum Event {
         tracked: usize,
         /// How setsid() is observed: "tracepoint", "raw_syscalls" or "none".
         setsid_hook: &'static str,
+        /// The running kernel's release (`uname -r`).
+        kernel: String,
     },
     Fork {
         pid: u32,
@@ -269,7 +272,42 @@ pub enum Event {
         latency_ns: Latency,
         /// CPU time reaper-trace itself used (user + system), start-up included.
         cpu_ns: u64,
+        leaks: Box<LeakSummary>,
     },
+    /// A leak flag starts holding.
+    Flag {
+        pid: u32,
+        reason: &'static str,
+        /// Boot-time ns since when the condition holds.
+        since: u64,
+        /// For `idle`: seconds without I/O.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        idle_secs: Option<f64>,
+        #[serde(flatten)]
+        detail: Box<LeakDetail>,
+    },
+    /// A leak flag stops holding.
+    Cleared {
+        pid: u32,
+        reason: &'static str,
+        because: &'static str,
+    },
+    /// `--check`'s verdict, after the gateway command exited and the settle time passed.
+    Check {
+        /// "clean", "leaked" or "gateway_failed".
+        verdict: &'static str,
+        gateway_exit_code: Option<i32>,
+        /// Descendants still alive and zombies, with their evidence.
+        leaked: Vec<LeakedProcess>,
+    },
+}
+
+/// A process `--check` found left behind.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeakedProcess {
+    pub pid: u32,
+    #[serde(flatten)]
+    pub detail: LeakDetail,
 }
 
 impl Event {
@@ -286,6 +324,9 @@ impl Event {
             Event::Reparent { .. } => "reparent",
             Event::Lost { .. } => "lost",
             Event::Summary { .. } => "summary",
+            Event::Flag { .. } => "flag",
+            Event::Cleared { .. } => "cleared",
+            Event::Check { .. } => "check",
         }
     }
 }

@@ -204,10 +204,15 @@ impl LineageGraph {
 
     /// Pids from the root of the lineage (a gateway, normally) down to `id`.
     pub fn lineage(&self, id: NodeId) -> Vec<u32> {
+        self.chain(id).iter().map(|n| n.pid).collect()
+    }
+
+    /// The spawn chain of `id`, from its gateway (or the oldest known spawner) down to `id`.
+    pub fn chain(&self, id: NodeId) -> Vec<&Node> {
         let mut chain = Vec::new();
         let mut at = self.nodes.get(&id);
         while let Some(node) = at {
-            chain.push(node.pid);
+            chain.push(node);
             if node.is_gateway || chain.len() > self.nodes.len() {
                 break;
             }
@@ -215,6 +220,26 @@ impl LineageGraph {
         }
         chain.reverse();
         chain
+    }
+
+    /// The nearest process above `id` on its spawn chain (its gateway included) that has
+    /// exited: the end of the session that spawned it.
+    pub fn exited_spawner(&self, id: NodeId) -> Option<&Node> {
+        let chain = self.chain(id);
+        chain
+            .iter()
+            .rev()
+            .skip(1)
+            .find(|n| n.exited.is_some())
+            .copied()
+    }
+
+    /// A node's start time in the ticks of /proc/PID/stat, to check a pid is still it.
+    pub fn start_ticks(&self, node: &Node) -> u64 {
+        match node.start {
+            Start::Exact(ns) => boottime_to_ticks(ns, self.ticks_per_second),
+            Start::Ticks(t) => t,
+        }
     }
 
     /// The node an event about (pid, start) refers to; a tick-precision node is upgraded to

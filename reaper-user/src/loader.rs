@@ -9,6 +9,7 @@ use aya::{
 use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked};
 
 use crate::btf::KernelBtf;
+use crate::features::KernelFeatures;
 use crate::tracefs;
 
 /// The eBPF object built by build.rs.
@@ -66,6 +67,8 @@ pub struct Probes {
     /// The reader's "I went idle, wake me" flag (see `submit_flags` in the probes).
     pub reader_idle: ReaderIdle,
     pub setsid_hook: SetsidHook,
+    /// What the kernel offers.
+    pub features: KernelFeatures,
     /// Things worth telling the user (tracefs mounted, a hook degraded).
     pub notes: Vec<String>,
 }
@@ -114,9 +117,13 @@ pub fn release_free_heap() {
 }
 
 /// Explains a load or attach failure in terms of what to do about it.
-fn privilege_hint(err: &anyhow::Error) -> String {
+fn failure_hint(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");
-    if text.contains("Operation not permitted")
+    if text.contains("BPF_ATOMIC") || text.contains("unknown opcode") {
+        "\nthis kernel's BPF verifier lacks the atomic instructions the probes use: reaper-trace \
+         needs Linux 5.12 or newer"
+            .to_owned()
+    } else if text.contains("Operation not permitted")
         || text.contains("EPERM")
         || text.contains("permission")
     {
@@ -132,12 +139,14 @@ impl Probes {
     /// Loads and attaches everything.
     pub fn load(opts: &LoadOptions) -> Result<Probes> {
         Self::try_load(opts).map_err(|e| {
-            let hint = privilege_hint(&e);
+            let hint = failure_hint(&e);
             e.context(format!("loading the eBPF probes failed{hint}"))
         })
     }
 
     fn try_load(opts: &LoadOptions) -> Result<Probes> {
+        let features = KernelFeatures::probe();
+        features.require()?;
         let offsets = resolve_offsets()?;
         let mut notes = Vec::new();
 
@@ -199,6 +208,7 @@ impl Probes {
             reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, "READER_IDLE")?)?),
             programs: Some(ebpf),
             setsid_hook,
+            features,
             notes,
         })
     }

@@ -4,6 +4,7 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 
 use crate::events::{Envelope, Event, wait_status};
+use crate::leaks;
 
 /// Writes the event stream. NDJSON goes to `json` (stdout with `--json`); readable lines go to
 /// `human` (stdout by default, stderr with `--json`).
@@ -50,7 +51,7 @@ impl Output {
         self.seq += 1;
         if let Some(w) = self.human.as_mut() {
             let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
-            writeln!(w, "[{rel:>9.3}s] {}", human_line(body)).context("writing output")?;
+            writeln!(w, "[{rel:>9.3}s] {}", human_line(ts, body)).context("writing output")?;
         }
         Ok(())
     }
@@ -81,8 +82,25 @@ impl Output {
 }
 
 /// One line a person reads. Every string that came from a process is escaped.
-pub fn human_line(ev: &Event) -> String {
+pub fn human_line(ts: u64, ev: &Event) -> String {
     match ev {
+        Event::Flag {
+            pid,
+            reason,
+            since,
+            detail,
+            ..
+        } => leaks::flag_line(ts, *pid, reason, *since, detail),
+        Event::Cleared {
+            pid,
+            reason,
+            because,
+        } => format!("cleared  {reason} pid {pid}: {because}"),
+        Event::Check {
+            verdict,
+            gateway_exit_code,
+            leaked,
+        } => leaks::check_lines(verdict, *gateway_exit_code, leaked),
         Event::Snapshot {
             pid,
             ppid,
@@ -98,10 +116,12 @@ pub fn human_line(ev: &Event) -> String {
             gateway,
             tracked,
             setsid_hook,
+            kernel,
         } => {
             let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
             format!(
-                "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by {setsid_hook})",
+                "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by \
+                 {setsid_hook}; kernel {kernel})",
                 gws.join(", ")
             )
         }
@@ -227,13 +247,16 @@ mod tests {
 
     #[test]
     fn human_lines_escape_the_exact_bytes() {
-        let line = human_line(&Event::Exec {
-            pid: 7,
-            filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
-            argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
-            truncated: false,
-            tid: 7,
-        });
+        let line = human_line(
+            0,
+            &Event::Exec {
+                pid: 7,
+                filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
+                argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
+                truncated: false,
+                tid: 7,
+            },
+        );
         assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
     }
 }

@@ -9,8 +9,12 @@ use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
 use crate::decode::{KernelEvent, What, decode};
-use crate::events::{AliveProcess, Argv, Counts, Delivery, Event, Latency, ProcText, wait_status};
+use crate::events::{
+    AliveProcess, Argv, Counts, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
+};
 use crate::graph::{Applied, LineageGraph, NodeId, Seed, Start};
+use crate::inspect::{InspectOptions, Inspector};
+use crate::leaks;
 use crate::loader::{KernelCounters, LossCounts};
 use crate::output::Output;
 use crate::procfs::{self, boottime_now};
@@ -28,8 +32,15 @@ fn own_cpu_ns() -> u64 {
     ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
+/// `--check` exit status: descendants were left behind.
+pub const EXIT_LEAKED: i32 = 3;
+/// `--check` exit status: the command failed, and nothing was left behind.
+pub const EXIT_GATEWAY_FAILED: i32 = 4;
+
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
+/// How long it waits for the `reaped` events of processes already reaped.
+const FREE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A child whose parent exited; its new parent is read from /proc once the kernel set it.
 struct PendingReparent {
@@ -68,10 +79,12 @@ pub struct Tracer {
     latency: Histogram<u64>,
     ticks_per_second: u64,
     started: u64,
+    /// The leak rules.
+    pub inspector: Inspector,
 }
 
 impl Tracer {
-    pub fn new(graph: LineageGraph, out: Output) -> Tracer {
+    pub fn new(graph: LineageGraph, out: Output, inspect: InspectOptions) -> Tracer {
         Tracer {
             graph,
             out,
@@ -89,6 +102,7 @@ impl Tracer {
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
             ticks_per_second: procfs::ticks_per_second(),
             started: boottime_now(),
+            inspector: Inspector::new(inspect),
         }
     }
 
@@ -144,7 +158,20 @@ impl Tracer {
         if self.graph.live_count() > 0 {
             return false;
         }
-        self.graph.zombie_count() == 0 || self.last_exit.elapsed() >= ZOMBIE_SETTLE
+        if self.graph.zombie_count() == 0 {
+            return true;
+        }
+        // A process its parent already reaped is gone from /proc, but its `reaped` event (the
+        // kernel frees a task in an RCU callback) can lag under load: wait for it.
+        let free_pending = self.graph.zombies().any(|n| {
+            procfs::read_stat(n.pid).map_or(true, |s| s.start_ticks != self.graph.start_ticks(n))
+        });
+        let patience = if free_pending {
+            FREE_PATIENCE
+        } else {
+            ZOMBIE_SETTLE
+        };
+        self.last_exit.elapsed() >= patience
     }
 
     /// Handles one ring-buffer record.
@@ -360,8 +387,11 @@ impl Tracer {
 
     /// Compares the kernel's loss counters with what was reported; on a new loss, reports it
     /// and repairs the graph from /proc and the kernel's tracked map.
-    pub fn check_losses(&mut self, counters: &KernelCounters, tracked: &TrackedMap) -> Result<()> {
-        let now = counters.losses()?;
+    ///
+    /// `now` must be read *before* the ring was last drained: the kernel counts a child it
+    /// could not track after submitting the record that names it, so every record a count
+    /// stands for has been taken in by then.
+    pub fn check_losses(&mut self, now: LossCounts, tracked: &TrackedMap) -> Result<()> {
         let new_drops = now.dropped() - self.reported_losses.dropped();
         let new_full = now.tracked_full - self.reported_losses.tracked_full;
         if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() {
@@ -508,6 +538,56 @@ impl Tracer {
                 max: self.latency.max(),
             },
             cpu_ns: own_cpu_ns(),
+            leaks: Box::new(leaks::summary(&self.graph, &self.inspector)),
         })
+    }
+
+    /// One round of the leak inspector; emits the flags that started or stopped holding.
+    pub fn scan_leaks(&mut self) -> Result<()> {
+        let now = boottime_now();
+        for change in self.inspector.scan(&self.graph, now) {
+            if let Some(ev) = leaks::change_event(&self.graph, &change, now) {
+                self.out.event(now, &ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `--check`'s verdict: every descendant still alive and every zombie, with evidence.
+    /// Returns the event and the exit status it stands for.
+    pub fn check_verdict(&mut self, gateway_exit_code: Option<i32>) -> (Event, i32) {
+        let left: Vec<NodeId> = self
+            .graph
+            .alive()
+            .chain(self.graph.zombies())
+            .filter(|n| !n.is_gateway)
+            .map(|n| n.id)
+            .collect();
+        let mut leaked: Vec<LeakedProcess> = left
+            .into_iter()
+            .filter_map(|id| {
+                let node = self.graph.node(id)?;
+                let evidence = match node.alive() {
+                    true => self.inspector.evidence(&self.graph, node),
+                    false => None,
+                };
+                Some(LeakedProcess {
+                    pid: node.pid,
+                    detail: leaks::detail(&self.graph, node, evidence.as_ref()),
+                })
+            })
+            .collect();
+        leaked.sort_by_key(|p| p.pid);
+        let (verdict, code) = match (leaked.is_empty(), gateway_exit_code) {
+            (false, _) => ("leaked", EXIT_LEAKED),
+            (true, Some(0)) => ("clean", 0),
+            (true, _) => ("gateway_failed", EXIT_GATEWAY_FAILED),
+        };
+        let ev = Event::Check {
+            verdict,
+            gateway_exit_code,
+            leaked,
+        };
+        (ev, code)
     }
 }

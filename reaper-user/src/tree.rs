@@ -1,14 +1,15 @@
 //! The closing picture for people: what is still alive, under whom it was spawned.
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::graph::{LineageGraph, Node, NodeId};
+use crate::inspect::Reason;
 use crate::output::describe_status;
 use crate::text::{escape_args, escape_for_terminal};
 
 /// Renders every live (or zombie) process with its lineage, from the gateways down along
 /// spawner edges; exited ancestors are shown because the lineage runs through them.
-pub fn render_alive_tree(graph: &LineageGraph) -> String {
+pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reason>>) -> String {
     let mut keep: HashSet<NodeId> = HashSet::new();
     for node in graph.alive().chain(graph.zombies()) {
         let mut at = Some(node);
@@ -28,50 +29,60 @@ pub fn render_alive_tree(graph: &LineageGraph) -> String {
         .filter(|n| n.spawner.is_none_or(|s| !keep.contains(&s)))
         .collect();
     roots.sort_by_key(|n| (!n.is_gateway, n.id));
+    let tree = Tree { graph, flags, keep };
     let mut out = String::from("still alive, by lineage (spawner edges):\n");
     for root in roots {
-        render(graph, root, &keep, "", true, true, &mut out);
+        tree.render(root, "", Branch::Root, &mut out);
     }
     out
 }
 
-fn render(
-    graph: &LineageGraph,
-    node: &Node,
-    keep: &HashSet<NodeId>,
-    prefix: &str,
-    last: bool,
-    root: bool,
-    out: &mut String,
-) {
-    let branch = if root {
-        ""
-    } else if last {
-        "└─ "
-    } else {
-        "├─ "
-    };
-    let _ = writeln!(out, "{prefix}{branch}{}", describe(node));
-    let kids: Vec<&Node> = graph
-        .spawned_by(node.id)
-        .into_iter()
-        .filter(|k| keep.contains(&k.id))
-        .collect();
-    let child_prefix = if root {
-        prefix.to_owned()
-    } else {
-        format!("{prefix}{}", if last { "   " } else { "│  " })
-    };
-    for (i, kid) in kids.iter().enumerate() {
-        render(
-            graph,
-            kid,
-            keep,
-            &child_prefix,
-            i + 1 == kids.len(),
-            false,
-            out,
-        );
+/// What is drawn: the graph, the nodes kept, and the flags to mark them with.
+struct Tree<'a> {
+    graph: &'a LineageGraph,
+    flags: &'a BTreeMap<NodeId, Vec<Reason>>,
+    keep: HashSet<NodeId>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Branch {
+    Root,
+    Middle,
+    Last,
+}
+
+impl Tree<'_> {
+    fn render(&self, node: &Node, prefix: &str, branch: Branch, out: &mut String) {
+        let glyph = match branch {
+            Branch::Root => "",
+            Branch::Middle => "├─ ",
+            Branch::Last => "└─ ",
+        };
+        let mut line = describe(node);
+        if let Some(reasons) = self.flags.get(&node.id) {
+            let names: Vec<&str> = reasons.iter().map(|r| r.name()).collect();
+            let _ = write!(line, " LEAK: {}", names.join(", "));
+        }
+        let _ = writeln!(out, "{prefix}{glyph}{line}");
+        let kids: Vec<&Node> = self
+            .graph
+            .spawned_by(node.id)
+            .into_iter()
+            .filter(|k| self.keep.contains(&k.id))
+            .collect();
+        let child_prefix = match branch {
+            Branch::Root => prefix.to_owned(),
+            Branch::Middle => format!("{prefix}│  "),
+            Branch::Last => format!("{prefix}   "),
+        };
+        for (i, kid) in kids.iter().enumerate() {
+            let b = if i + 1 == kids.len() {
+                Branch::Last
+            } else {
+                Branch::Middle
+            };
+            self.render(kid, &child_prefix, b, out);
+        }
     }
 }
 

@@ -137,9 +137,16 @@ impl Run {
 
 /// Runs `reaper-trace --json --quiet ARGS`.
 pub fn run_reaper(args: &[&str]) -> Run {
+    run_reaper_env(args, &[])
+}
+
+/// Runs `reaper-trace --json --quiet ARGS` with extra environment variables (which the
+/// gateway command inherits).
+pub fn run_reaper_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     let out = Command::new(reaper_trace())
         .args(["--json", "--quiet"])
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run reaper-trace");
@@ -151,13 +158,24 @@ pub fn run_reaper(args: &[&str]) -> Run {
 /// Runs `reaper-trace --json -- reaper-shapes SHAPE TRUTH [extra]` and returns the run and
 /// the shape's truth.
 pub fn run_shape(shape: &str, extra: &[&str]) -> (Run, Value) {
+    run_shape_with(&[], shape, extra, &[])
+}
+
+/// Like [`run_shape`], with reaper-trace options before `--` and environment variables.
+pub fn run_shape_with(
+    opts: &[&str],
+    shape: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Run, Value) {
     let dir = scratch(shape);
     let truth = dir.join("truth.json");
     let truth_s = truth.to_str().unwrap();
     let shapes = shapes();
-    let mut args = vec!["--", shapes.to_str().unwrap(), shape, truth_s];
+    let mut args = opts.to_vec();
+    args.extend(["--", shapes.to_str().unwrap(), shape, truth_s]);
     args.extend_from_slice(extra);
-    let run = run_reaper(&args);
+    let run = run_reaper_env(&args, env);
     let truth = read_json(&truth);
     (run, truth)
 }

@@ -15,6 +15,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::debian;
+
 /// Settings of one bench run.
 pub struct BenchOptions {
     pub procs: usize,
@@ -515,37 +517,12 @@ impl PeerRun {
 
 /// Installs the peers from Debian when missing; returns those that are there.
 fn install_peers() -> Vec<Peer> {
-    let mut have = Vec::new();
     // bpftool only names the programs in the hook-cost table.
-    if Command::new("sh")
-        .args(["-c", "command -v bpftool"])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| !s.success())
-    {
-        let _ = Command::new("apt-get")
-            .args(["install", "-y", "-qq", "bpftool"])
-            .stdout(Stdio::null())
-            .status();
-    }
+    debian::ensure("bpftool", "bpftool", "the bench");
+    let mut have = Vec::new();
     for peer in [Peer::Perf, Peer::Forkstat, Peer::Bpftrace] {
         let (bin, pkg) = peer.package();
-        let present = || {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {bin}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !present() {
-            eprintln!("bench: installing {pkg} from Debian (apt-get install {pkg})");
-            let _ = Command::new("apt-get")
-                .args(["install", "-y", "-qq", pkg])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(Stdio::null())
-                .status();
-        }
-        if present() {
+        if debian::ensure(bin, pkg, "the bench") {
             have.push(peer);
         } else {
             println!("(peer {bin} unavailable: `apt-get install {pkg}` failed)");

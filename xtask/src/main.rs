@@ -4,7 +4,10 @@
 //! first): the nightly toolchain's `rust-src`, and `bpf-linker` built against the nightly
 //! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
 mod bench;
+mod debian;
+mod initramfs;
 mod setup;
+mod vmtest;
 
 use std::{
     io::{BufRead, BufReader},
@@ -22,7 +25,12 @@ commands:
   build [--release]  build reaper-trace (eBPF object embedded)
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
-  test             fmt and clippy checks, unit tests and the kernel integration tests
+  test [--no-vm]   fmt and clippy checks, unit tests, the kernel integration tests on this
+                   kernel and, unless --no-vm, on Debian's 6.1 and 6.12 under qemu
+  vmtest [KERNEL...] [-- TEST-ARGS]
+                   the kernel integration tests on each KERNEL: a Debian series (6.1,
+                   6.12: its newest amd64 image, fetched and cached), `host`, or a bzImage
+                   path; default: 6.1 6.12 host. Prints a table of results.
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N]
                    overhead, completeness, hook cost, memory, idle CPU and latency,
                    side by side with no tracer and with perf, forkstat and bpftrace
@@ -68,9 +76,37 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some("test") => {
+            let vm = match &args[1..] {
+                [] => true,
+                [flag] if flag == "--no-vm" => false,
+                other => bail!("unknown arguments to test: {}", other.join(" ")),
+            };
             setup::ensure_all()?;
-            test(&root)?;
+            test(&root, vm)?;
             Ok(ExitCode::SUCCESS)
+        }
+        Some("vmtest") => {
+            let (specs, test_args) = match args[1..].iter().position(|a| a == "--") {
+                Some(i) => (&args[1..i + 1], &args[i + 2..]),
+                None => (&args[1..], &[][..]),
+            };
+            let kernels = match specs {
+                [] => vmtest::DEFAULT_KERNELS
+                    .iter()
+                    .chain(&["host"])
+                    .map(|k| vmtest::Kernel::parse(k))
+                    .collect::<Result<Vec<_>>>()?,
+                specs => specs
+                    .iter()
+                    .map(|k| vmtest::Kernel::parse(k))
+                    .collect::<Result<Vec<_>>>()?,
+            };
+            setup::ensure_all()?;
+            let outcomes = vmtest::run(&root, &kernels, test_args)?;
+            Ok(match outcomes.iter().all(vmtest::Outcome::ok) {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::FAILURE,
+            })
         }
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
@@ -121,17 +157,36 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
     ))
 }
 
-fn test(root: &Path) -> Result<()> {
+fn test(root: &Path, vm: bool) -> Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     clippy_ebpf(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
-    let (passed, failed) = cargo_test(root)?;
+    let (mut passed, mut failed) = cargo_test(root)?;
+    let mut broken = Vec::new();
+    if vm {
+        let kernels = vmtest::DEFAULT_KERNELS
+            .iter()
+            .map(|k| vmtest::Kernel::parse(k))
+            .collect::<Result<Vec<_>>>()?;
+        for o in vmtest::run(root, &kernels, &[])? {
+            passed += o.passed;
+            failed += o.failed;
+            if let Some(p) = &o.problem {
+                broken.push(format!("{}: {p}", o.label));
+            } else if o.passed == 0 {
+                broken.push(format!("{}: no test ran", o.label));
+            }
+        }
+    }
     // One closing line for the whole run, whatever order cargo printed its binaries in.
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         bail!("{failed} tests failed");
+    }
+    if !broken.is_empty() {
+        bail!("the kernel matrix did not complete: {}", broken.join("; "));
     }
     Ok(())
 }

@@ -33,10 +33,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     let start = child.start_boottime();
     let flags = match TRACKED.insert(pid, Tracked { start }, BPF_ANY as u64) {
         Ok(()) => 0,
-        Err(_) => {
-            count_loss(LossSlot::TRACKED_FULL);
-            FORK_UNTRACKED
-        }
+        Err(_) => FORK_UNTRACKED,
     };
     send::<ForkEvent>(EventKind::Fork, |ev| {
         ev.header = header(EventKind::Fork, pid, start);
@@ -51,5 +48,10 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     });
+    // Counted after the record is submitted: a reader that sees the count and then drains
+    // the ring is sure to find the record that names the child.
+    if flags & FORK_UNTRACKED != 0 {
+        count_loss(LossSlot::TRACKED_FULL);
+    }
     0
 }

@@ -30,6 +30,12 @@ fn main() {
             args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1.0),
         ),
         "tree" => tree(truth),
+        "leak-orphan" => leak_orphan(truth),
+        "leak-idle" => leak_idle(truth),
+        "leak-agent-kill" => leak_agent_kill(truth),
+        "leak-deaf" => leak_deaf(truth),
+        "leak-zombies" => leak_zombies(truth),
+        "normal" => normal(),
         other => {
             eprintln!("unknown shape {other}");
             std::process::exit(2);
@@ -350,4 +356,254 @@ fn tree(truth: &str) -> Value {
     unsafe { libc::kill(b as i32, libc::SIGTERM) };
     wait_for(a);
     json!({ "a": a, "b": b, "c": c })
+}
+
+/// How long the leak shapes keep their leak in place (`REAPER_SHAPES_LINGER_MS`, default 4000).
+fn linger() -> Duration {
+    let ms = std::env::var("REAPER_SHAPES_LINGER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    Duration::from_millis(ms)
+}
+
+/// Makes `fd` the caller's stdin.
+fn as_stdin(fd: i32) {
+    // SAFETY: plain dup2 in a child.
+    unsafe { libc::dup2(fd, 0) };
+}
+
+/// Reads stdin until EOF; returns the bytes read.
+fn read_stdin_to_eof() -> usize {
+    let mut total = 0;
+    let mut buf = [0u8; 256];
+    loop {
+        // SAFETY: reads into a local buffer.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return total;
+        }
+        total += n as usize;
+    }
+}
+
+/// Sends one pid to the gateway through `wr`.
+fn send_pid(wr: i32, pid: u32) {
+    // SAFETY: writes 4 bytes from a u32.
+    unsafe { libc::write(wr, (&pid as *const u32).cast(), 4) };
+}
+
+fn recv_pid(rd: i32) -> u32 {
+    let mut pid = 0u32;
+    // SAFETY: reads 4 bytes into a u32.
+    unsafe { libc::read(rd, (&mut pid as *mut u32).cast(), 4) };
+    pid
+}
+
+/// Orphaned: A calls setsid() and forks B with the read end of the gateway's pipe as stdin,
+/// then exits. B waits on stdin; the gateway holds the write end for the linger time, then
+/// closes it (B reads EOF and exits) and exits.
+fn leak_orphan(truth: &str) -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let a = fork_then(move || {
+        // SAFETY: plain syscalls in the child.
+        unsafe { libc::setsid() };
+        let b = fork_then(move || {
+            as_stdin(rd);
+            // SAFETY: the worker keeps only the read end.
+            unsafe {
+                libc::close(rd);
+                libc::close(wr);
+                libc::close(prd);
+                libc::close(pwr);
+            }
+            read_stdin_to_eof();
+            0
+        });
+        send_pid(pwr, b);
+        0
+    });
+    let b = recv_pid(prd);
+    wait_for(a);
+    // SAFETY: the gateway keeps the write end only.
+    unsafe { libc::close(rd) };
+    write_truth(&format!("{truth}.ready"), &json!({ "a": a, "b": b }));
+    std::thread::sleep(linger());
+    // SAFETY: closing the write end gives B its EOF.
+    unsafe { libc::close(wr) };
+    json!({ "a": a, "b": b, "write_fd": wr })
+}
+
+/// Idle: three stdio servers, each in its own session reading its stdin pipe from the
+/// gateway. The gateway writes a line to the first every 300 ms and never to the other two;
+/// after the linger time it closes every pipe (each server reads EOF and exits).
+fn leak_idle(truth: &str) -> Value {
+    let mut servers = Vec::new();
+    let mut write_ends = Vec::new();
+    for _ in 0..3 {
+        let (mut rd, mut wr) = (0, 0);
+        pipe(&mut rd, &mut wr);
+        let earlier = write_ends.clone();
+        let pid = fork_then(move || {
+            // SAFETY: plain syscalls in the child: its own session, only its read end.
+            unsafe {
+                libc::setsid();
+                for fd in earlier {
+                    libc::close(fd);
+                }
+                libc::close(wr);
+            }
+            as_stdin(rd);
+            read_stdin_to_eof();
+            0
+        });
+        // SAFETY: the gateway keeps the write end only.
+        unsafe { libc::close(rd) };
+        servers.push(pid);
+        write_ends.push(wr);
+    }
+    write_truth(
+        &format!("{truth}.ready"),
+        &json!({ "busy": servers[0], "abandoned": [servers[1], servers[2]] }),
+    );
+    let until = Instant::now() + linger();
+    while Instant::now() < until {
+        // SAFETY: writes a short line to the busy server.
+        unsafe { libc::write(write_ends[0], b"ping\n".as_ptr().cast(), 5) };
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for fd in &write_ends {
+        // SAFETY: closing our write ends.
+        unsafe { libc::close(*fd) };
+    }
+    for pid in &servers {
+        wait_for(*pid);
+    }
+    json!({ "busy": servers[0], "abandoned": [servers[1], servers[2]] })
+}
+
+/// An agent spawns a worker reading a stdin pipe and a helper that inherited the pipe's write
+/// end, then is SIGKILLed: worker and helper are orphaned, and the worker's pipe peer is the
+/// helper. After the linger time the gateway ends the helper (the worker reads EOF).
+fn leak_agent_kill(truth: &str) -> Value {
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let agent = fork_then(move || {
+        let (mut rd, mut wr) = (0, 0);
+        pipe(&mut rd, &mut wr);
+        let worker = fork_then(move || {
+            as_stdin(rd);
+            // SAFETY: the worker keeps only the read end.
+            unsafe {
+                libc::close(rd);
+                libc::close(wr);
+                libc::close(prd);
+                libc::close(pwr);
+            }
+            read_stdin_to_eof();
+            0
+        });
+        let helper = fork_then(move || {
+            // SAFETY: the helper keeps only the write end, and sleeps until killed.
+            unsafe {
+                libc::close(rd);
+                libc::close(prd);
+                libc::close(pwr);
+                libc::pause();
+            }
+            0
+        });
+        send_pid(pwr, worker);
+        send_pid(pwr, helper);
+        // SAFETY: waits to be killed.
+        unsafe { libc::pause() };
+        0
+    });
+    let worker = recv_pid(prd);
+    let helper = recv_pid(prd);
+    // SAFETY: the agent dies abruptly, as a SIGKILLed agent does.
+    unsafe { libc::kill(agent as i32, libc::SIGKILL) };
+    wait_for(agent);
+    write_truth(
+        &format!("{truth}.ready"),
+        &json!({ "agent": agent, "worker": worker, "helper": helper }),
+    );
+    std::thread::sleep(linger());
+    // SAFETY: ends the helper; the worker then reads EOF and exits.
+    unsafe { libc::kill(helper as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(200));
+    json!({ "agent": agent, "worker": worker, "helper": helper })
+}
+
+/// Deaf: a reader of a pipe whose writers all closed keeps running without reading (EOF is
+/// pending and ignored) for the linger time.
+fn leak_deaf(truth: &str) -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let reader = fork_then(move || {
+        as_stdin(rd);
+        // SAFETY: keeps only the read end; then ignores it.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
+        std::thread::sleep(linger());
+        0
+    });
+    // SAFETY: the gateway drops the only write end.
+    unsafe {
+        libc::close(rd);
+        libc::close(wr);
+    }
+    write_truth(&format!("{truth}.ready"), &json!({ "reader": reader }));
+    wait_for(reader);
+    json!({ "reader": reader })
+}
+
+/// Zombies: five children exit at once and are reaped only after the linger time.
+fn leak_zombies(truth: &str) -> Value {
+    let kids: Vec<u32> = (0..5).map(|_| fork_then(|| 0)).collect();
+    write_truth(&format!("{truth}.ready"), &json!({ "zombies": kids }));
+    std::thread::sleep(linger());
+    for pid in &kids {
+        wait_for(*pid);
+    }
+    json!({ "zombies": kids })
+}
+
+/// A normal session: a worker reading a pipe the gateway writes to every 300 ms, and a worker
+/// sleeping; both end with the session. Nothing here is a leak.
+fn normal() -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let reader = fork_then(move || {
+        as_stdin(rd);
+        // SAFETY: keeps only the read end.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
+        read_stdin_to_eof();
+        0
+    });
+    let sleeper = fork_then(|| {
+        std::thread::sleep(linger());
+        0
+    });
+    // SAFETY: the gateway keeps the write end only.
+    unsafe { libc::close(rd) };
+    let until = Instant::now() + linger();
+    while Instant::now() < until {
+        // SAFETY: writes a short line to the reader.
+        unsafe { libc::write(wr, b"ping\n".as_ptr().cast(), 5) };
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // SAFETY: EOF for the reader.
+    unsafe { libc::close(wr) };
+    wait_for(reader);
+    wait_for(sleeper);
+    json!({ "reader": reader, "sleeper": sleeper })
 }

@@ -1,0 +1,331 @@
+//! One process's facts from /proc, for the leak rules: its open fds and which end of each pipe
+//! it holds, what it is blocked in, its I/O counters, state and RSS.
+//!
+//! Every read is a `readlink` or a read of a small text file: a /proc fd entry is never
+//! `open()`ed (opening a FIFO through it would block). A process can vanish between any two
+//! reads: callers treat `None` as "gone", never as an error.
+use std::{fs, path::PathBuf};
+
+/// What an fd refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FdKind {
+    Pipe,
+    Socket,
+    /// A terminal (`/dev/pts/N`, `/dev/ttyN`, `/dev/console`).
+    Tty,
+    /// Anything else: files, devices, anonymous inodes.
+    Other,
+}
+
+impl FdKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FdKind::Pipe => "pipe",
+            FdKind::Socket => "socket",
+            FdKind::Tty => "tty",
+            FdKind::Other => "other",
+        }
+    }
+}
+
+/// Which way an fd was opened (`O_ACCMODE` of its flags): for a pipe, which end it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum End {
+    Read,
+    Write,
+    Both,
+}
+
+impl End {
+    pub fn name(self) -> &'static str {
+        match self {
+            End::Read => "read",
+            End::Write => "write",
+            End::Both => "both",
+        }
+    }
+
+    pub fn reads(self) -> bool {
+        matches!(self, End::Read | End::Both)
+    }
+
+    pub fn writes(self) -> bool {
+        matches!(self, End::Write | End::Both)
+    }
+}
+
+/// One open fd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenFd {
+    pub fd: u32,
+    pub kind: FdKind,
+    /// The inode of a pipe or socket.
+    pub inode: Option<u64>,
+    pub end: End,
+}
+
+/// Parses a `/proc/PID/fd/N` link target.
+pub fn parse_fd_target(target: &[u8]) -> (FdKind, Option<u64>) {
+    let inode = |prefix: &[u8]| -> Option<u64> {
+        let rest = target.strip_prefix(prefix)?.strip_suffix(b"]")?;
+        std::str::from_utf8(rest).ok()?.parse().ok()
+    };
+    if let Some(ino) = inode(b"pipe:[") {
+        return (FdKind::Pipe, Some(ino));
+    }
+    if let Some(ino) = inode(b"socket:[") {
+        return (FdKind::Socket, Some(ino));
+    }
+    let tty = target.starts_with(b"/dev/pts/")
+        || target.starts_with(b"/dev/tty")
+        || target == b"/dev/console";
+    (if tty { FdKind::Tty } else { FdKind::Other }, None)
+}
+
+/// The access mode in a `/proc/PID/fdinfo/N` text (`flags:` is octal).
+pub fn parse_fdinfo_end(text: &str) -> Option<End> {
+    let flags = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
+    Some(match flags & libc::O_ACCMODE as u32 {
+        0 => End::Read,
+        1 => End::Write,
+        _ => End::Both,
+    })
+}
+
+/// The pipes, sockets and terminals a process holds (other fds are of no use to the rules).
+pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
+    let dir = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut fds = Vec::new();
+    for entry in dir.flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(target) = fs::read_link(entry.path()) else {
+            continue; // closed meanwhile
+        };
+        let (kind, inode) = parse_fd_target(target.as_os_str().as_encoded_bytes());
+        if kind == FdKind::Other {
+            continue;
+        }
+        let end = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+            .ok()
+            .and_then(|t| parse_fdinfo_end(&t))
+            .unwrap_or(End::Both);
+        fds.push(OpenFd {
+            fd,
+            kind,
+            inode,
+            end,
+        });
+    }
+    fds.sort_by_key(|f| f.fd);
+    Some(fds)
+}
+
+/// What a thread is blocked in, from `/proc/PID/task/TID/syscall`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blocked {
+    /// Running on a CPU (or about to).
+    Running,
+    /// In a system call that waits for input: read, poll, select, epoll and friends.
+    WaitingForInput { syscall: u64, fd: Option<u32> },
+    /// In some other system call (a sleep, a lock, a wait for a child).
+    Other { syscall: u64 },
+    /// Not in a system call (stopped, or preempted in user space).
+    NotInSyscall,
+}
+
+/// x86_64 system calls that wait for data to read: the reads on an fd, and the waits on many.
+fn waits_for_input(nr: u64) -> Option<bool> {
+    // true: the first argument is the fd read from.
+    match nr {
+        0 | 17 | 19 | 295 | 327 => Some(true), // read, pread64, readv, preadv, preadv2
+        45 | 47 | 299 => Some(true),           // recvfrom, recvmsg, recvmmsg
+        7 | 23 | 270 | 271 => Some(false),     // poll, select, pselect6, ppoll
+        232 | 281 | 441 => Some(false),        // epoll_wait, epoll_pwait, epoll_pwait2
+        _ => None,
+    }
+}
+
+/// Parses `/proc/PID/syscall`: `running`, `-1 sp pc` (not in a syscall), or
+/// `nr arg1 ... arg6 sp pc`.
+pub fn parse_syscall(text: &str) -> Option<Blocked> {
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
+    if first == "running" {
+        return Some(Blocked::Running);
+    }
+    let nr: i64 = first.parse().ok()?;
+    if nr < 0 {
+        return Some(Blocked::NotInSyscall);
+    }
+    let nr = nr as u64;
+    Some(match waits_for_input(nr) {
+        Some(reads_fd) => {
+            let fd = words
+                .next()
+                .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+                .filter(|_| reads_fd)
+                .and_then(|a| u32::try_from(a).ok());
+            Blocked::WaitingForInput { syscall: nr, fd }
+        }
+        None => Blocked::Other { syscall: nr },
+    })
+}
+
+/// Whether the whole process waits for input: no thread runs, and some thread waits in a read,
+/// poll, select or epoll (a Node.js server waits in epoll on its main thread while its helper
+/// threads sleep on futexes).
+pub fn read_blocked(pid: u32) -> Option<Blocked> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut waiting = None;
+    let mut other = None;
+    for task in tasks.flatten() {
+        let path: PathBuf = task.path().join("syscall");
+        let Some(b) = fs::read_to_string(path)
+            .ok()
+            .and_then(|t| parse_syscall(&t))
+        else {
+            continue;
+        };
+        match b {
+            Blocked::Running => return Some(Blocked::Running),
+            Blocked::WaitingForInput { .. } => waiting = waiting.or(Some(b)),
+            _ => other = other.or(Some(b)),
+        }
+    }
+    waiting.or(other)
+}
+
+/// Bytes and calls of I/O so far, from `/proc/PID/io` (`rchar`, `wchar`, `syscr`, `syscw`):
+/// any change means the process moved data.
+pub fn parse_io(text: &str) -> Option<[u64; 4]> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim_start_matches(':').trim().parse().ok())
+    };
+    Some([
+        field("rchar")?,
+        field("wchar")?,
+        field("syscr")?,
+        field("syscw")?,
+    ])
+}
+
+pub fn read_io(pid: u32) -> Option<[u64; 4]> {
+    parse_io(&fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// Resident memory in KiB (`VmRSS` of `/proc/PID/status`; absent for a zombie).
+pub fn parse_rss_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+pub fn read_rss_kib(pid: u32) -> Option<u64> {
+    parse_rss_kib(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_targets() {
+        assert_eq!(
+            parse_fd_target(b"pipe:[88123]"),
+            (FdKind::Pipe, Some(88123))
+        );
+        assert_eq!(parse_fd_target(b"socket:[7]"), (FdKind::Socket, Some(7)));
+        assert_eq!(parse_fd_target(b"/dev/pts/3"), (FdKind::Tty, None));
+        assert_eq!(parse_fd_target(b"/tmp/pipe:[1]"), (FdKind::Other, None));
+        assert_eq!(parse_fd_target(b"pipe:[x]"), (FdKind::Other, None));
+        assert_eq!(
+            parse_fd_target(b"anon_inode:[eventpoll]"),
+            (FdKind::Other, None)
+        );
+    }
+
+    #[test]
+    fn fdinfo_access_modes() {
+        let info = |flags: &str| format!("pos:\t0\nflags:\t{flags}\nmnt_id:\t15\nino:\t1\n");
+        assert_eq!(parse_fdinfo_end(&info("00")), Some(End::Read));
+        assert_eq!(parse_fdinfo_end(&info("02000001")), Some(End::Write));
+        assert_eq!(parse_fdinfo_end(&info("02004002")), Some(End::Both));
+        assert_eq!(parse_fdinfo_end("pos: 0\n"), None);
+        assert_eq!(parse_fdinfo_end("flags:\t9\n"), None);
+    }
+
+    #[test]
+    fn syscall_lines() {
+        assert_eq!(parse_syscall("running\n"), Some(Blocked::Running));
+        assert_eq!(
+            parse_syscall("-1 0x7ffc 0x7f00\n"),
+            Some(Blocked::NotInSyscall)
+        );
+        assert_eq!(
+            parse_syscall("0 0x0 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
+            Some(Blocked::WaitingForInput {
+                syscall: 0,
+                fd: Some(0)
+            })
+        );
+        assert_eq!(
+            parse_syscall("0 0x5 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
+            Some(Blocked::WaitingForInput {
+                syscall: 0,
+                fd: Some(5)
+            })
+        );
+        assert_eq!(
+            parse_syscall("281 0x3 0x7ffd 0x400 0xffffffff 0x0 0x8 0x7ffd 0x7f12\n"),
+            Some(Blocked::WaitingForInput {
+                syscall: 281,
+                fd: None
+            })
+        );
+        assert_eq!(
+            parse_syscall("230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
+            Some(Blocked::Other { syscall: 230 })
+        );
+        assert_eq!(parse_syscall(""), None);
+        assert_eq!(parse_syscall("x y"), None);
+    }
+
+    #[test]
+    fn io_and_rss() {
+        let io = "rchar: 10\nwchar: 20\nsyscr: 3\nsyscw: 4\nread_bytes: 0\n";
+        assert_eq!(parse_io(io), Some([10, 20, 3, 4]));
+        assert_eq!(parse_io("rchar: 1\n"), None);
+        assert_eq!(parse_rss_kib("Name:\tx\nVmRSS:\t  312 kB\n"), Some(312));
+        assert_eq!(parse_rss_kib("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn reads_its_own_pipe_ends() {
+        let mut fds = [0; 2];
+        // SAFETY: valid array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let me = std::process::id();
+        let open = read_fds(me).unwrap();
+        let find = |fd: i32| open.iter().find(|f| f.fd == fd as u32).unwrap().clone();
+        let (r, w) = (find(fds[0]), find(fds[1]));
+        assert_eq!((r.kind, r.end), (FdKind::Pipe, End::Read));
+        assert_eq!((w.kind, w.end), (FdKind::Pipe, End::Write));
+        assert_eq!(r.inode, w.inode);
+        // SAFETY: closing our own fds.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        assert!(read_io(me).is_some());
+        assert!(read_rss_kib(me).unwrap() > 0);
+        assert!(read_blocked(me).is_some());
+    }
+}

@@ -1,0 +1,273 @@
+//! The leak rules against real processes: each rule positively and negatively, and the
+//! `--check` gate. Needs root (see `require_root`).
+use reaper_tests::{Run, pid, require_root, run_shape_with};
+use serde_json::{Value, json};
+
+/// The flag events about `pid`.
+fn flags_of(run: &Run, pid: u64) -> Vec<&Value> {
+    run.all("flag")
+        .into_iter()
+        .filter(|f| f["pid"].as_u64() == Some(pid))
+        .collect()
+}
+
+/// The one flag of `reason` about `pid`.
+fn flag<'a>(run: &'a Run, pid: u64, reason: &str) -> &'a Value {
+    let found: Vec<&Value> = flags_of(run, pid)
+        .into_iter()
+        .filter(|f| f["reason"] == reason)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {reason} flag for {pid}; flags: {:?}\n{}",
+        run.all("flag"),
+        run.stderr
+    );
+    found[0]
+}
+
+fn reasons_of(run: &Run, pid: u64) -> Vec<String> {
+    flags_of(run, pid)
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The evidence of fd `fd` in a flag.
+fn pipe_fd(flag: &Value, fd: u64) -> &Value {
+    flag["pipes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["fd"].as_u64() == Some(fd))
+        .unwrap_or_else(|| panic!("no fd {fd} in {flag}"))
+}
+
+fn cleared(run: &Run, pid: u64, reason: &str) -> Value {
+    let found: Vec<&Value> = run
+        .all("cleared")
+        .into_iter()
+        .filter(|c| c["pid"].as_u64() == Some(pid) && c["reason"] == reason)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {reason} cleared for {pid}: {:?}",
+        run.all("cleared")
+    );
+    found[0].clone()
+}
+
+#[test]
+fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
+    if !require_root("setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--scan-interval", "250ms"],
+        "leak-orphan",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "2500")],
+    );
+    let (gw, a, b) = (pid(&truth["gateway"]), pid(&truth["a"]), pid(&truth["b"]));
+    let f = flag(&run, b, "orphaned");
+    assert_eq!(f["lineage"], json!([gw, a, b]));
+    let ancestors = f["ancestors"].as_array().unwrap();
+    assert_eq!(ancestors[1]["pid"].as_u64(), Some(a));
+    assert!(ancestors[1]["exited"].is_u64(), "A exited: {f}");
+    assert!(
+        ancestors[0]["exited"].is_null(),
+        "the gateway is alive: {f}"
+    );
+    let stdin = pipe_fd(f, 0);
+    assert_eq!(
+        (stdin["kind"].as_str(), stdin["end"].as_str()),
+        (Some("pipe"), Some("read"))
+    );
+    assert_eq!(stdin["other_end"], "open");
+    let peers = stdin["peers"].as_array().unwrap();
+    assert!(
+        peers.iter().any(|p| p["pid"].as_u64() == Some(gw)
+            && p["end"] == "write"
+            && p["fd"] == truth["write_fd"]),
+        "the gateway holds the write end: {stdin}"
+    );
+    assert_eq!(cleared(&run, b, "orphaned")["because"], "exited");
+    assert_eq!(reasons_of(&run, a), Vec::<String>::new());
+    let leaks = &run.summary()["leaks"];
+    assert_eq!(leaks["raised"]["orphaned"], 1, "{leaks}");
+    assert_eq!(leaks["active"]["orphaned"], 0, "{leaks}");
+}
+
+#[test]
+fn only_the_abandoned_stdio_servers_are_idle() {
+    if !require_root("only_the_abandoned_stdio_servers_are_idle") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--idle-after", "2s", "--scan-interval", "250ms"],
+        "leak-idle",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "5000")],
+    );
+    let busy = pid(&truth["busy"]);
+    assert_eq!(
+        reasons_of(&run, busy),
+        Vec::<String>::new(),
+        "the busy server"
+    );
+    for s in truth["abandoned"].as_array().unwrap() {
+        let s = pid(s);
+        assert_eq!(reasons_of(&run, s), vec!["idle"], "abandoned server {s}");
+        let f = flag(&run, s, "idle");
+        assert!(f["idle_secs"].as_f64().unwrap() >= 2.0, "{f}");
+        let stdin = pipe_fd(f, 0);
+        assert!(
+            stdin["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["pid"] == truth["gateway"]),
+            "{stdin}"
+        );
+        assert_eq!(cleared(&run, s, "idle")["because"], "exited");
+    }
+}
+
+#[test]
+fn a_sigkilled_agent_leaves_its_worker_and_helper_orphaned() {
+    if !require_root("a_sigkilled_agent_leaves_its_worker_and_helper_orphaned") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--scan-interval", "250ms"],
+        "leak-agent-kill",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "2500")],
+    );
+    let (gw, agent) = (pid(&truth["gateway"]), pid(&truth["agent"]));
+    let (worker, helper) = (pid(&truth["worker"]), pid(&truth["helper"]));
+    let w = flag(&run, worker, "orphaned");
+    assert_eq!(w["lineage"], json!([gw, agent, worker]));
+    let stdin = pipe_fd(w, 0);
+    assert_eq!(stdin["end"], "read");
+    let peers = stdin["peers"].as_array().unwrap();
+    assert!(
+        peers
+            .iter()
+            .any(|p| p["pid"].as_u64() == Some(helper) && p["end"] == "write"),
+        "the helper holds the write end: {stdin}"
+    );
+    assert!(
+        !peers.iter().any(|p| p["pid"].as_u64() == Some(agent)),
+        "the dead agent holds nothing: {stdin}"
+    );
+    let h = flag(&run, helper, "orphaned");
+    assert_eq!(h["lineage"], json!([gw, agent, helper]));
+}
+
+#[test]
+fn a_reader_ignoring_eof_is_deaf_not_idle() {
+    if !require_root("a_reader_ignoring_eof_is_deaf_not_idle") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--idle-after", "2s", "--scan-interval", "250ms"],
+        "leak-deaf",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "4000")],
+    );
+    let reader = pid(&truth["reader"]);
+    assert_eq!(reasons_of(&run, reader), vec!["deaf"]);
+    let stdin = pipe_fd(flag(&run, reader, "deaf"), 0);
+    assert_eq!(stdin["other_end"], "closed", "{stdin}");
+    assert_eq!(stdin["peers"], json!([]));
+}
+
+#[test]
+fn unreaped_children_are_zombies_until_reaped() {
+    if !require_root("unreaped_children_are_zombies_until_reaped") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--zombie-after", "1s", "--scan-interval", "250ms"],
+        "leak-zombies",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "3000")],
+    );
+    let kids = truth["zombies"].as_array().unwrap();
+    assert_eq!(kids.len(), 5);
+    for k in kids {
+        let k = pid(k);
+        let f = flag(&run, k, "zombie");
+        assert_eq!(f["state"], "Z (zombie)");
+        assert_eq!(cleared(&run, k, "zombie")["because"], "reaped");
+    }
+    assert_eq!(run.summary()["leaks"]["raised"]["zombie"], 5);
+}
+
+#[test]
+fn a_normal_session_is_never_flagged() {
+    if !require_root("a_normal_session_is_never_flagged") {
+        return;
+    }
+    let (run, _) = run_shape_with(
+        &[
+            "--idle-after",
+            "1s",
+            "--zombie-after",
+            "1s",
+            "--scan-interval",
+            "250ms",
+        ],
+        "normal",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "3000")],
+    );
+    assert!(run.all("flag").is_empty(), "{:?}", run.all("flag"));
+}
+
+#[test]
+fn check_fails_with_a_leaked_descendant_and_passes_without() {
+    if !require_root("check_fails_with_a_leaked_descendant_and_passes_without") {
+        return;
+    }
+    let (run, truth) = run_shape_with(
+        &["--check", "--settle", "1s"],
+        "setsid-double-fork",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "4000")],
+    );
+    assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
+    let check = &run.all("check")[0];
+    assert_eq!(check["verdict"], "leaked");
+    assert_eq!(check["gateway_exit_code"], 0);
+    let grandchild = pid(&truth["grandchild"]);
+    let leaked = check["leaked"].as_array().unwrap();
+    assert_eq!(leaked.len(), 1, "{check}");
+    assert_eq!(leaked[0]["pid"].as_u64(), Some(grandchild));
+    assert_eq!(
+        leaked[0]["lineage"],
+        json!([
+            pid(&truth["gateway"]),
+            pid(&truth["session_leader"]),
+            grandchild
+        ])
+    );
+
+    let (run, _) = run_shape_with(&["--check"], "basic", &[], &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert_eq!(run.all("check")[0]["verdict"], "clean");
+
+    let run = reaper_tests::run_reaper(&["--check", "--", "sh", "-c", "exit 5"]);
+    assert_eq!(run.status.code(), Some(4), "{}", run.stderr);
+    let check = &run.all("check")[0];
+    assert_eq!(
+        (
+            check["verdict"].as_str(),
+            check["gateway_exit_code"].as_i64()
+        ),
+        (Some("gateway_failed"), Some(5))
+    );
+}

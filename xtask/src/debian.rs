@@ -1,0 +1,225 @@
+//! Debian packages the helpers need: tools installed on demand, kernels fetched into a cache.
+use std::{
+    cmp::Ordering,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Whether `bin` is on the PATH.
+pub fn have(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Installs `pkg` from Debian unless `bin` is already there, saying so. Returns whether `bin`
+/// is there afterwards.
+pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
+    if have(bin) {
+        return true;
+    }
+    eprintln!("xtask: installing {pkg} from Debian for {why} (apt-get install {pkg})");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", pkg])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        // A fresh machine may have no package lists yet.
+        let _ = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdout(Stdio::null())
+            .status();
+        install();
+    }
+    have(bin)
+}
+
+/// Where fetched kernels are kept: outside the repository, across runs.
+fn kernel_cache() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    base.join("reaper/kernels")
+}
+
+/// Debian's newest generic amd64 kernel image package of the `series` line (`6.1`, `6.12`).
+pub fn newest_kernel_package(series: &str) -> Result<String> {
+    let search = || -> Result<Vec<String>> {
+        let out = Command::new("apt-cache")
+            .args(["search", "--names-only", &format!("^linux-image-{series}")])
+            .output()
+            .context("running apt-cache search")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| is_generic_image(name, series))
+            .map(str::to_owned)
+            .collect())
+    };
+    let mut names = search()?;
+    if names.is_empty() {
+        let _ = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdout(Stdio::null())
+            .status();
+        names = search()?;
+    }
+    names
+        .into_iter()
+        .max_by(|a, b| natural_cmp(a, b))
+        .with_context(|| format!("Debian offers no linux-image-{series}.*-amd64-unsigned package"))
+}
+
+/// `linux-image-6.1.0-56-amd64-unsigned`, `linux-image-6.12.117+deb12-amd64-unsigned`: the
+/// plain amd64 flavour of exactly this series (not cloud, rt or debug, not 6.10 for 6.1).
+fn is_generic_image(name: &str, series: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix("linux-image-")
+        .and_then(|r| r.strip_prefix(series))
+    else {
+        return false;
+    };
+    let Some(middle) = rest.strip_suffix("-amd64-unsigned") else {
+        return false;
+    };
+    // After the series: `.0-56` or `.117+deb12`; a digit right after would be another series.
+    middle.starts_with('.')
+        && middle[1..].starts_with(|c: char| c.is_ascii_digit())
+        && !middle.contains("cloud")
+        && !middle.contains("rt")
+}
+
+/// Compares names with their digit runs as numbers (`6.1.0-9` < `6.1.0-56`).
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    for (x, y) in chunks(a).into_iter().zip(chunks(b)) {
+        let ord = match (x, y) {
+            ((true, x), (true, y)) => x.len().cmp(&y.len()).then_with(|| x.cmp(y)),
+            ((_, x), (_, y)) => x.cmp(y),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// The kernel image of Debian package `pkg`, downloaded and cached on first use.
+pub fn kernel_image(pkg: &str) -> Result<PathBuf> {
+    let dir = kernel_cache().join(pkg);
+    let image = dir.join("vmlinuz");
+    if image.exists() {
+        return Ok(image);
+    }
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let work = dir.join("download");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    eprintln!(
+        "xtask: downloading {pkg} from Debian into {}",
+        dir.display()
+    );
+    let status = Command::new("apt-get")
+        .args(["download", "-qq", pkg])
+        .current_dir(&work)
+        .status()
+        .context("running apt-get download")?;
+    if !status.success() {
+        bail!("`apt-get download {pkg}` failed ({status})");
+    }
+    let deb = fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    extract_boot(&deb, &work)?;
+    let vmlinuz = fs::read_dir(work.join("boot"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+        })
+        .with_context(|| format!("{pkg} has no /boot/vmlinuz-*"))?;
+    fs::rename(&vmlinuz, &image)?;
+    fs::remove_dir_all(&work)?;
+    Ok(image)
+}
+
+/// Extracts only `./boot` of a .deb (the modules are not needed: the guest boots from an
+/// initramfs and needs no drivers beyond the built-in serial console).
+fn extract_boot(deb: &Path, into: &Path) -> Result<()> {
+    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -x -C \"$2\" --wildcards './boot/vmlinuz-*'";
+    let status = Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(deb)
+        .arg(into)
+        .status()
+        .context("extracting the kernel image")?;
+    if !status.success() {
+        bail!("extracting /boot from {} failed ({status})", deb.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_generic_image_of_one_series() {
+        assert!(is_generic_image(
+            "linux-image-6.1.0-56-amd64-unsigned",
+            "6.1"
+        ));
+        assert!(is_generic_image(
+            "linux-image-6.12.117+deb12-amd64-unsigned",
+            "6.12"
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.12.117+deb12-amd64-unsigned",
+            "6.1"
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.1.0-56-cloud-amd64-unsigned",
+            "6.1"
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.1.0-56-rt-amd64-unsigned",
+            "6.1"
+        ));
+        assert!(!is_generic_image("linux-image-6.1.0-56-amd64", "6.1"));
+        assert!(!is_generic_image("linux-image-6.1.0-56-amd64-dbg", "6.1"));
+    }
+
+    #[test]
+    fn natural_order_reads_numbers_as_numbers() {
+        let mut v = [
+            "linux-image-6.1.0-9-amd64-unsigned",
+            "linux-image-6.1.0-56-amd64-unsigned",
+            "linux-image-6.1.0-47-amd64-unsigned",
+        ];
+        v.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(v[2], "linux-image-6.1.0-56-amd64-unsigned");
+        assert_eq!(natural_cmp("a-117", "a-99"), Ordering::Greater);
+    }
+}

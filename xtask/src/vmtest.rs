@@ -1,0 +1,364 @@
+//! `cargo xtask vmtest`: the kernel integration tests on other kernels, each booted under qemu.
+//!
+//! The guest's root filesystem is an initramfs holding the release test binary, reaper-trace,
+//! reaper-shapes, the host programs the tests run (sh, true, sleep, seq) and their shared
+//! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
+//! boot from it with no modules (the serial console is built in). The guest's init mounts
+//! /proc, /sys, /dev and /tmp, runs the tests with `CI=true` (so nothing may skip), prints
+//! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{count_before, debian, initramfs::Initramfs};
+
+/// The kernels of the matrix besides the running one.
+pub const DEFAULT_KERNELS: [&str; 2] = ["6.1", "6.12"];
+
+/// The line the guest prints when its tests are done.
+const EXIT_MARK: &str = "reaper-vmtest: exit ";
+const KERNEL_MARK: &str = "reaper-vmtest: kernel ";
+
+/// Longest a guest may take to boot and run the tests.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// A kernel to test on.
+#[derive(Clone, Debug)]
+pub enum Kernel {
+    /// The one this machine runs: the tests run natively.
+    Host,
+    /// A Debian series (`6.1`): its newest generic amd64 image.
+    Debian(String),
+    /// A kernel image (bzImage) on disk.
+    Image(PathBuf),
+}
+
+impl Kernel {
+    pub fn parse(spec: &str) -> Result<Kernel> {
+        Ok(match spec {
+            "host" => Kernel::Host,
+            s if Path::new(s).is_file() => Kernel::Image(PathBuf::from(s)),
+            s if s.split('.').count() == 2 && s.split('.').all(|p| p.parse::<u32>().is_ok()) => {
+                Kernel::Debian(s.to_owned())
+            }
+            s => bail!("unknown kernel `{s}`: give a series like 6.1, `host`, or a bzImage path"),
+        })
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Kernel::Host => "host".into(),
+            Kernel::Debian(s) => format!("Debian {s}"),
+            Kernel::Image(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// How one kernel fared.
+pub struct Outcome {
+    pub label: String,
+    /// `uname -r` as the tests saw it.
+    pub release: String,
+    pub passed: u64,
+    pub failed: u64,
+    /// Why the run did not finish, if it did not.
+    pub problem: Option<String>,
+    pub secs: f64,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.problem.is_none() && self.failed == 0 && self.passed > 0
+    }
+}
+
+/// Builds what the guests need, runs the tests on every kernel, prints the table.
+pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<Outcome>> {
+    let test_exes = build(root)?;
+    let needs_vm = kernels.iter().any(|k| !matches!(k, Kernel::Host));
+    let initrd = root.join("target/vmtest/initramfs.cpio");
+    if needs_vm {
+        for (bin, pkg) in [
+            ("qemu-system-x86_64", "qemu-system-x86"),
+            ("busybox", "busybox-static"),
+        ] {
+            if !debian::ensure(bin, pkg, "the kernel matrix") {
+                bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
+            }
+        }
+        std::fs::create_dir_all(initrd.parent().unwrap())?;
+        guest_root(root, &test_exes, test_args)?.write(&initrd)?;
+    }
+    let mut outcomes = Vec::new();
+    for kernel in kernels {
+        let started = Instant::now();
+        let (log, problem) = match kernel {
+            Kernel::Host => run_host(root, &test_exes, test_args)?,
+            Kernel::Debian(series) => {
+                let pkg = debian::newest_kernel_package(series)?;
+                let image = debian::kernel_image(&pkg)?;
+                boot(&image, &initrd, &format!("[{series}] "))?
+            }
+            Kernel::Image(image) => boot(image, &initrd, "[vm] ")?,
+        };
+        outcomes.push(outcome(kernel.label(), &log, problem, started.elapsed()));
+    }
+    print_table(&outcomes);
+    Ok(outcomes)
+}
+
+/// Release builds of the binaries and of the kernel integration tests; returns the test
+/// executables.
+fn build(root: &Path) -> Result<Vec<PathBuf>> {
+    crate::cargo(root, &["build", "--release", "--bins"])?;
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "test",
+            "--release",
+            "--package",
+            "reaper-tests",
+            "--tests",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the integration tests")?;
+    if !out.status.success() {
+        bail!("building the integration tests failed ({})", out.status);
+    }
+    let exes: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["kind"][0] == "test")
+        .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .collect();
+    if exes.is_empty() {
+        bail!("cargo reported no integration test executables");
+    }
+    Ok(exes)
+}
+
+/// The guest's files, and its init.
+fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Result<Initramfs> {
+    let mut fs = Initramfs::default();
+    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
+        fs.dir(dir);
+    }
+    let release = root.join("target/release");
+    for program in test_exes
+        .iter()
+        .cloned()
+        .chain([release.join("reaper-trace"), release.join("reaper-shapes")])
+    {
+        fs.program(&program)?;
+    }
+    // What the tests and shapes run, under the names they use.
+    for (name, bin) in [
+        ("/bin/sh", "sh"),
+        ("/bin/true", "true"),
+        ("/bin/sleep", "sleep"),
+        ("/bin/seq", "seq"),
+    ] {
+        let host = which(bin)?;
+        fs.program(&host)?;
+        fs.host_file_at(Path::new(name), &host)?;
+    }
+    fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
+    fs.dir(&root.join("tests").to_string_lossy());
+    let args: Vec<String> = test_args.iter().map(|a| shell_quote(a)).collect();
+    // Every test binary runs; the status is the first failure's, or 0.
+    let runs: Vec<String> = test_exes
+        .iter()
+        .map(|exe| {
+            format!(
+                "{} --test-threads=2 {} || status=$?",
+                shell_quote(&exe.to_string_lossy()),
+                args.join(" ")
+            )
+        })
+        .collect();
+    let init = format!(
+        "#!/bin/busybox sh
+export PATH=/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
+busybox mount -t proc proc /proc
+busybox mount -t sysfs sysfs /sys
+busybox mount -t devtmpfs devtmpfs /dev
+busybox mount -t tmpfs tmpfs /tmp
+busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+echo \"{KERNEL_MARK}$(busybox uname -r)\"
+cd {tests}
+status=0
+{runs}
+echo \"{EXIT_MARK}$status\"
+busybox poweroff -f
+",
+        tests = shell_quote(&root.join("tests").to_string_lossy()),
+        runs = runs.join("\n"),
+    );
+    fs.data("/init", init.into_bytes(), 0o755);
+    Ok(fs)
+}
+
+/// The program file `bin` on the PATH (not a shell builtin of that name).
+fn which(bin: &str) -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(bin))
+        .find(|p| p.is_file())
+        .with_context(|| format!("`{bin}` is not on this machine's PATH"))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Boots `image` with the initramfs, streaming the guest's console with `prefix`. Returns the
+/// console lines, and a problem when the guest did not finish its tests.
+fn boot(image: &Path, initrd: &Path, prefix: &str) -> Result<(Vec<String>, Option<String>)> {
+    // TCG by default: nested KVM (this project's CI machines are VMs themselves) hangs the
+    // guest kernel right after decompression, while TCG runs a kernel's tests in well under a
+    // minute. REAPER_VMTEST_ACCEL=kvm asks for KVM where it works.
+    let kvm = std::env::var("REAPER_VMTEST_ACCEL").is_ok_and(|a| a == "kvm");
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-m", "2048", "-smp", "2", "-nographic", "-no-reboot"])
+        .args(match kvm {
+            true => &["-enable-kvm", "-cpu", "host"][..],
+            false => &["-accel", "tcg,thread=single", "-cpu", "max"][..],
+        })
+        .arg("-kernel")
+        .arg(image)
+        .arg("-initrd")
+        .arg(initrd)
+        .args([
+            "-append",
+            "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = qemu.spawn().context("starting qemu-system-x86_64")?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n') {
+            let Ok(line) = line else { break };
+            let text = String::from_utf8_lossy(&line)
+                .trim_end_matches('\r')
+                .to_owned();
+            if tx.send(text).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    let mut log = Vec::new();
+    let mut problem = None;
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                println!("{prefix}{line}");
+                log.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                problem = Some(format!("timed out after {} s", GUEST_TIMEOUT.as_secs()));
+                let _ = child.kill();
+                break;
+            }
+        }
+    }
+    child.wait()?;
+    if problem.is_none() && !log.iter().any(|l| l.contains(EXIT_MARK)) {
+        let panic = log.iter().find(|l| l.contains("Kernel panic"));
+        problem = Some(match panic {
+            Some(p) => format!("the guest stopped before its tests ended: {}", p.trim()),
+            None => "the guest stopped before its tests ended".into(),
+        });
+    }
+    Ok((log, problem))
+}
+
+/// The same tests on the running kernel, natively.
+fn run_host(
+    root: &Path,
+    test_exes: &[PathBuf],
+    test_args: &[String],
+) -> Result<(Vec<String>, Option<String>)> {
+    let mut log = Vec::new();
+    let mut status = 0;
+    for exe in test_exes {
+        let out = Command::new(exe)
+            .arg("--test-threads=2")
+            .args(test_args)
+            .env("CI", "true")
+            .current_dir(root.join("tests"))
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running the integration tests")?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            println!("[host] {line}");
+            log.push(line.to_owned());
+        }
+        if !out.status.success() && status == 0 {
+            status = out.status.code().unwrap_or(-1);
+        }
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    log.push(format!("{KERNEL_MARK}{}", release.trim()));
+    log.push(format!("{EXIT_MARK}{status}"));
+    Ok((log, None))
+}
+
+fn outcome(label: String, log: &[String], problem: Option<String>, took: Duration) -> Outcome {
+    let (mut passed, mut failed) = (0, 0);
+    let mut release = String::from("?");
+    for line in log {
+        if let Some(rest) = line.split_once("test result: ").map(|(_, r)| r) {
+            passed += count_before(rest, " passed");
+            failed += count_before(rest, " failed");
+        }
+        if let Some(r) = line.split_once(KERNEL_MARK).map(|(_, r)| r) {
+            release = r.trim().to_owned();
+        }
+    }
+    let status_problem = log
+        .iter()
+        .find_map(|l| l.split_once(EXIT_MARK).map(|(_, c)| c.trim().to_owned()))
+        .filter(|code| code != "0" && failed == 0)
+        .map(|code| format!("the test binary exited with {code}"));
+    Outcome {
+        label,
+        release,
+        passed,
+        failed,
+        problem: problem.or(status_problem),
+        secs: took.as_secs_f64(),
+    }
+}
+
+fn print_table(outcomes: &[Outcome]) {
+    println!();
+    println!("| kernel | uname -r | passed | failed | result | time |");
+    println!("|---|---|---|---|---|---|");
+    for o in outcomes {
+        let result = match (&o.problem, o.ok()) {
+            (Some(p), _) => format!("FAIL: {p}"),
+            (None, true) => "pass".into(),
+            (None, false) if o.passed == 0 => "FAIL: no test ran".into(),
+            (None, false) => "FAIL".into(),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {:.0} s |",
+            o.label, o.release, o.passed, o.failed, result, o.secs
+        );
+    }
+}
