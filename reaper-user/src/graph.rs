@@ -225,13 +225,18 @@ impl LineageGraph {
     /// The nearest process above `id` on its spawn chain (its gateway included) that has
     /// exited: the end of the session that spawned it.
     pub fn exited_spawner(&self, id: NodeId) -> Option<&Node> {
-        let chain = self.chain(id);
-        chain
-            .iter()
-            .rev()
-            .skip(1)
-            .find(|n| n.exited.is_some())
-            .copied()
+        let mut at = self.nodes.get(&id)?;
+        // Bounded like `chain`: a malformed cycle must not hang the inspector.
+        for _ in 0..self.nodes.len() {
+            if at.is_gateway {
+                return None;
+            }
+            at = self.nodes.get(&at.spawner?)?;
+            if at.exited.is_some() {
+                return Some(at);
+            }
+        }
+        None
     }
 
     /// A node's start time in the ticks of /proc/PID/stat, to check a pid is still it.

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::events::{Argv, Event, ProcText};
 use crate::graph::{LineageGraph, Node, NodeId};
-use crate::inspect::{Change, Evidence, FdKind, Flagged, Inspector, Reason};
+use crate::inspect::{Change, Evidence, FdKind, Flagged, Inspector, Reason, read_rss_kib};
 
 /// One process on a flagged process's spawn chain.
 #[derive(Clone, Debug, Serialize)]
@@ -217,11 +217,10 @@ pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
         let Some(node) = graph.node(*id) else {
             continue;
         };
-        let rss = inspector
-            .last_sample(*id)
-            .and_then(|s| s.rss_kib)
-            .filter(|_| node.alive())
-            .unwrap_or(0);
+        let rss = match node.alive() {
+            true => read_rss_kib(node.pid).unwrap_or(0),
+            false => 0,
+        };
         out.rss_kib += rss;
         let exe = match &node.filename {
             Some(f) => f.to_vec(),

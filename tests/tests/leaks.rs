@@ -3,6 +3,15 @@
 use reaper_tests::{Run, pid, require_root, run_shape_with};
 use serde_json::{Value, json};
 
+/// Runs a leak shape that keeps its leak for `linger_ms`, unless the test must be skipped.
+fn run_leak(test: &str, opts: &[&str], shape: &str, linger_ms: &str) -> Option<(Run, Value)> {
+    if !require_root(test) {
+        return None;
+    }
+    let env = [("REAPER_SHAPES_LINGER_MS", linger_ms)];
+    Some(run_shape_with(opts, shape, &[], &env))
+}
+
 /// The flag events about `pid`.
 fn flags_of(run: &Run, pid: u64) -> Vec<&Value> {
     run.all("flag")
@@ -61,15 +70,14 @@ fn cleared(run: &Run, pid: u64, reason: &str) -> Value {
 
 #[test]
 fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
-    if !require_root("setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage",
         &["--scan-interval", "250ms"],
         "leak-orphan",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "2500")],
-    );
+        "2500",
+    ) else {
+        return;
+    };
     let (gw, a, b) = (pid(&truth["gateway"]), pid(&truth["a"]), pid(&truth["b"]));
     let f = flag(&run, b, "orphaned");
     assert_eq!(f["lineage"], json!([gw, a, b]));
@@ -102,15 +110,14 @@ fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
 
 #[test]
 fn only_the_abandoned_stdio_servers_are_idle() {
-    if !require_root("only_the_abandoned_stdio_servers_are_idle") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "only_the_abandoned_stdio_servers_are_idle",
         &["--idle-after", "2s", "--scan-interval", "250ms"],
         "leak-idle",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "5000")],
-    );
+        "5000",
+    ) else {
+        return;
+    };
     let busy = pid(&truth["busy"]);
     assert_eq!(
         reasons_of(&run, busy),
@@ -137,15 +144,14 @@ fn only_the_abandoned_stdio_servers_are_idle() {
 
 #[test]
 fn a_sigkilled_agent_leaves_its_worker_and_helper_orphaned() {
-    if !require_root("a_sigkilled_agent_leaves_its_worker_and_helper_orphaned") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "a_sigkilled_agent_leaves_its_worker_and_helper_orphaned",
         &["--scan-interval", "250ms"],
         "leak-agent-kill",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "2500")],
-    );
+        "2500",
+    ) else {
+        return;
+    };
     let (gw, agent) = (pid(&truth["gateway"]), pid(&truth["agent"]));
     let (worker, helper) = (pid(&truth["worker"]), pid(&truth["helper"]));
     let w = flag(&run, worker, "orphaned");
@@ -169,15 +175,14 @@ fn a_sigkilled_agent_leaves_its_worker_and_helper_orphaned() {
 
 #[test]
 fn a_reader_ignoring_eof_is_deaf_not_idle() {
-    if !require_root("a_reader_ignoring_eof_is_deaf_not_idle") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "a_reader_ignoring_eof_is_deaf_not_idle",
         &["--idle-after", "2s", "--scan-interval", "250ms"],
         "leak-deaf",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "4000")],
-    );
+        "4000",
+    ) else {
+        return;
+    };
     let reader = pid(&truth["reader"]);
     assert_eq!(reasons_of(&run, reader), vec!["deaf"]);
     let stdin = pipe_fd(flag(&run, reader, "deaf"), 0);
@@ -187,15 +192,14 @@ fn a_reader_ignoring_eof_is_deaf_not_idle() {
 
 #[test]
 fn unreaped_children_are_zombies_until_reaped() {
-    if !require_root("unreaped_children_are_zombies_until_reaped") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "unreaped_children_are_zombies_until_reaped",
         &["--zombie-after", "1s", "--scan-interval", "250ms"],
         "leak-zombies",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "3000")],
-    );
+        "3000",
+    ) else {
+        return;
+    };
     let kids = truth["zombies"].as_array().unwrap();
     assert_eq!(kids.len(), 5);
     for k in kids {
@@ -209,10 +213,8 @@ fn unreaped_children_are_zombies_until_reaped() {
 
 #[test]
 fn a_normal_session_is_never_flagged() {
-    if !require_root("a_normal_session_is_never_flagged") {
-        return;
-    }
-    let (run, _) = run_shape_with(
+    let Some((run, _)) = run_leak(
+        "a_normal_session_is_never_flagged",
         &[
             "--idle-after",
             "1s",
@@ -222,23 +224,23 @@ fn a_normal_session_is_never_flagged() {
             "250ms",
         ],
         "normal",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "3000")],
-    );
+        "3000",
+    ) else {
+        return;
+    };
     assert!(run.all("flag").is_empty(), "{:?}", run.all("flag"));
 }
 
 #[test]
 fn check_fails_with_a_leaked_descendant_and_passes_without() {
-    if !require_root("check_fails_with_a_leaked_descendant_and_passes_without") {
-        return;
-    }
-    let (run, truth) = run_shape_with(
+    let Some((run, truth)) = run_leak(
+        "check_fails_with_a_leaked_descendant_and_passes_without",
         &["--check", "--settle", "1s"],
         "setsid-double-fork",
-        &[],
-        &[("REAPER_SHAPES_LINGER_MS", "4000")],
-    );
+        "4000",
+    ) else {
+        return;
+    };
     assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
     let check = &run.all("check")[0];
     assert_eq!(check["verdict"], "leaked");

@@ -23,7 +23,12 @@ pub struct BenchOptions {
     pub reps: usize,
     pub idle_secs: u64,
     pub sleepers: usize,
+    /// The sections to run (all when empty).
+    pub only: Vec<String>,
 }
+
+/// The bench's sections, in the order they run.
+const SECTIONS: [&str; 5] = ["overhead", "hooks", "memory", "idle", "latency"];
 
 impl BenchOptions {
     pub fn parse(args: &[String]) -> Result<BenchOptions> {
@@ -32,6 +37,7 @@ impl BenchOptions {
             reps: 5,
             idle_secs: 60,
             sleepers: 10_000,
+            only: Vec::new(),
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -51,10 +57,23 @@ impl BenchOptions {
                         reps: 3,
                         idle_secs: 10,
                         sleepers: 2000,
+                        only: std::mem::take(&mut o.only),
                     };
                 }
+                "--only" => {
+                    let list = it.next().context("--only takes a list like memory,idle")?;
+                    for name in list.split(',') {
+                        if !SECTIONS.contains(&name) {
+                            bail!(
+                                "bench: unknown section {name} (one of {})",
+                                SECTIONS.join(", ")
+                            );
+                        }
+                        o.only.push(name.to_owned());
+                    }
+                }
                 other => bail!(
-                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --quick)"
+                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --quick --only LIST)"
                 ),
             }
         }
@@ -167,13 +186,34 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
             .unwrap_or_default()
             .trim()
     );
+    let wanted = |section: &str| opts.only.is_empty() || opts.only.iter().any(|s| s == section);
+    if wanted("overhead") {
+        overhead(&bins, opts, &peers)?;
+    }
+    if wanted("hooks") {
+        hook_costs(&bins, opts)?;
+    }
+    if wanted("memory") {
+        memory(&bins, opts)?;
+    }
+    if wanted("idle") {
+        idle(&bins, opts)?;
+    }
+    if wanted("latency") {
+        lone_latency(&bins)?;
+    }
+    Ok(())
+}
+
+/// Loop overhead and completeness against no tracer and the peers.
+fn overhead(bins: &Bins, opts: &BenchOptions, peers: &[Peer]) -> Result<()> {
     let mut report = Vec::new();
     for lp in [Loop::ForkExit, Loop::ForkExec] {
         let mut watchers = vec![Watcher::ReaperUntracked, Watcher::ReaperTracked];
         watchers.extend(peers.iter().map(|&p| Watcher::Peer(p)));
-        report.extend(compare(&bins, lp, opts, 1, &watchers)?);
+        report.extend(compare(bins, lp, opts, 1, &watchers)?);
         report.extend(compare(
-            &bins,
+            bins,
             lp,
             opts,
             2,
@@ -188,10 +228,6 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     for line in &report {
         println!("{line}");
     }
-    hook_costs(&bins, opts)?;
-    memory(&bins, opts)?;
-    idle(&bins, opts)?;
-    lone_latency(&bins)?;
     Ok(())
 }
 

@@ -31,7 +31,7 @@ commands:
                    the kernel integration tests on each KERNEL: a Debian series (6.1,
                    6.12: its newest amd64 image, fetched and cached), `host`, or a bzImage
                    path; default: 6.1 6.12 host. Prints a table of results.
-  bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N]
+  bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
                    overhead, completeness, hook cost, memory, idle CPU and latency,
                    side by side with no tracer and with perf, forkstat and bpftrace
 ";

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
 
-pub use facts::{Blocked, End, FdKind, OpenFd};
+pub use facts::{Blocked, End, FdKind, OpenFd, read_rss_kib};
 pub use peers::Holder;
 use peers::PeerIndex;
 pub use pidfd::PidFd;
@@ -139,14 +139,19 @@ pub fn sample(pid: u32, start_ticks: u64) -> Option<Sample> {
             FdFact { fd, other_end_open }
         })
         .collect();
-    Some(Sample {
+    let mut s = Sample {
         pid,
         state: stat.state,
-        rss_kib: facts::read_rss_kib(pid),
+        rss_kib: None, // read for evidence only
         io: facts::read_io(pid),
-        blocked: facts::read_blocked(pid),
+        blocked: None,
         fds,
-    })
+    };
+    // What its threads are blocked in matters only to `idle`: read it only then.
+    if s.state == b'S' && s.has_live_peer() {
+        s.blocked = facts::read_blocked(pid);
+    }
+    Some(s)
 }
 
 /// The /proc facts about a live process, and who holds the other ends of its pipes.
@@ -195,7 +200,6 @@ struct Watch {
     chain_broken: bool,
     /// Active flags and since when.
     flags: Vec<(Reason, u64)>,
-    last: Option<Sample>,
 }
 
 impl Watch {
@@ -251,11 +255,6 @@ impl Inspector {
         live.chain(zombies)
     }
 
-    /// The newest sample of a live descendant, if any.
-    pub fn last_sample(&self, node: NodeId) -> Option<&Sample> {
-        self.watches.get(&node).and_then(|w| w.last.as_ref())
-    }
-
     /// One round at boot-time `now`: samples what is due, applies the rules, and returns the
     /// flags that started or stopped holding.
     pub fn scan(&mut self, graph: &LineageGraph, now: u64) -> Vec<Change> {
@@ -305,7 +304,9 @@ impl Inspector {
         let broken = graph.exited_spawner(node.id).is_some();
         let w = self.watches.entry(node.id).or_insert_with(|| Watch {
             pid: node.pid,
-            next_sample: now,
+            // First looks are spread over a sample period, so that a thousand processes
+            // appearing at once are not read in one burst; a short-lived one is never read.
+            next_sample: now + first_look_delay(node.id, opts.sample_every()),
             io_since: now,
             ..Watch::default()
         });
@@ -379,7 +380,6 @@ impl Inspector {
                 _ => {}
             }
         }
-        w.last = Some(s);
     }
 
     fn check_zombies(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
@@ -441,6 +441,7 @@ impl Inspector {
         self.peers.full_scan(&unresolved, &known, FULL_SCAN_EVERY);
         for e in evidence.iter_mut() {
             let pid = e.sample.pid;
+            e.sample.rss_kib = facts::read_rss_kib(pid);
             e.peers = e
                 .sample
                 .fds
@@ -463,6 +464,12 @@ impl Inspector {
         self.add_peers(graph, &mut [&mut found]);
         Some(found)
     }
+}
+
+/// A fixed spread of `id` over `[0, period)` ns (Fibonacci hashing).
+fn first_look_delay(id: NodeId, period: u64) -> u64 {
+    let spread = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    ((u128::from(spread) * u128::from(period)) >> 32) as u64
 }
 
 /// Indexes the pipes and sockets of every live tracked process (gateways included).

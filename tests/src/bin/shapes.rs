@@ -387,6 +387,21 @@ fn read_stdin_to_eof() -> usize {
     }
 }
 
+/// Forks a stdio server: `rd` becomes its stdin, the fds in `close` (and `rd` itself) are
+/// closed, and it reads stdin until EOF.
+fn stdin_reader(rd: i32, close: &[i32]) -> u32 {
+    let close = close.to_vec();
+    fork_then(move || {
+        as_stdin(rd);
+        for fd in close.iter().chain([&rd]) {
+            // SAFETY: closing the child's copies.
+            unsafe { libc::close(*fd) };
+        }
+        read_stdin_to_eof();
+        0
+    })
+}
+
 /// Sends one pid to the gateway through `wr`.
 fn send_pid(wr: i32, pid: u32) {
     // SAFETY: writes 4 bytes from a u32.
@@ -411,18 +426,7 @@ fn leak_orphan(truth: &str) -> Value {
     let a = fork_then(move || {
         // SAFETY: plain syscalls in the child.
         unsafe { libc::setsid() };
-        let b = fork_then(move || {
-            as_stdin(rd);
-            // SAFETY: the worker keeps only the read end.
-            unsafe {
-                libc::close(rd);
-                libc::close(wr);
-                libc::close(prd);
-                libc::close(pwr);
-            }
-            read_stdin_to_eof();
-            0
-        });
+        let b = stdin_reader(rd, &[wr, prd, pwr]);
         send_pid(pwr, b);
         0
     });
@@ -494,18 +498,7 @@ fn leak_agent_kill(truth: &str) -> Value {
     let agent = fork_then(move || {
         let (mut rd, mut wr) = (0, 0);
         pipe(&mut rd, &mut wr);
-        let worker = fork_then(move || {
-            as_stdin(rd);
-            // SAFETY: the worker keeps only the read end.
-            unsafe {
-                libc::close(rd);
-                libc::close(wr);
-                libc::close(prd);
-                libc::close(pwr);
-            }
-            read_stdin_to_eof();
-            0
-        });
+        let worker = stdin_reader(rd, &[wr, prd, pwr]);
         let helper = fork_then(move || {
             // SAFETY: the helper keeps only the write end, and sleeps until killed.
             unsafe {
@@ -579,16 +572,7 @@ fn leak_zombies(truth: &str) -> Value {
 fn normal() -> Value {
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
-    let reader = fork_then(move || {
-        as_stdin(rd);
-        // SAFETY: keeps only the read end.
-        unsafe {
-            libc::close(rd);
-            libc::close(wr);
-        }
-        read_stdin_to_eof();
-        0
-    });
+    let reader = stdin_reader(rd, &[wr]);
     let sleeper = fork_then(|| {
         std::thread::sleep(linger());
         0
