@@ -52,6 +52,10 @@ pub struct LeakDetail {
     /// `/proc/PID/stat` state, e.g. "S (sleeping)"; "Z (zombie)" for a zombie.
     pub state: String,
     pub rss_kib: Option<u64>,
+    /// Its real parent now: init or a subreaper once the one that forked it exited.
+    pub ppid: u32,
+    /// Out of its gateway's session, process group or cgroup (informational).
+    pub escaped: bool,
     #[serde(flatten)]
     pub comm: ProcText,
     #[serde(flatten)]
@@ -111,12 +115,25 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         Some(e) => (state_text(e.sample.state), e.sample.rss_kib),
         None => (state_text(if node.zombie() { b'Z' } else { b'?' }), None),
     };
+    // Out of the gateway's session, process group or cgroup: by its own setsid() or an
+    // ancestor's (a session is inherited).
+    let escaped = match chain.first().filter(|g| g.is_gateway && g.id != node.id) {
+        Some(g) => {
+            node.escaped
+                || node.sid != g.sid
+                || node.pgid != g.pgid
+                || matches!((g.cgroup_id, node.cgroup_id), (Some(a), Some(b)) if a != b)
+        }
+        None => node.escaped,
+    };
     LeakDetail {
         lineage: chain.iter().map(|n| n.pid).collect(),
         ancestors,
         pipes,
         state,
         rss_kib,
+        ppid: node.ppid,
+        escaped,
         comm: ProcText::new("comm", node.comm),
         argv: Argv::new(node.argv.clone()),
     }
@@ -330,6 +347,13 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
         other => other.to_owned(),
     };
     let mut line = format!("LEAK {reason} pid {me}: {why}");
+    let spawner = detail.lineage.iter().rev().nth(1).copied();
+    if reason != "zombie" && spawner.is_some_and(|s| s != detail.ppid) {
+        line.push_str(&format!(", now a child of {}", detail.ppid));
+    }
+    if detail.escaped {
+        line.push_str(", escaped (another session, group or cgroup than the gateway's)");
+    }
     let pipes = pipes_text(&detail.pipes);
     if !pipes.is_empty() {
         line.push_str("; ");

@@ -81,6 +81,15 @@ fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
     let (gw, a, b) = (pid(&truth["gateway"]), pid(&truth["a"]), pid(&truth["b"]));
     let f = flag(&run, b, "orphaned");
     assert_eq!(f["lineage"], json!([gw, a, b]));
+    assert_eq!(
+        f["escaped"], true,
+        "A's setsid took B out of the gateway's session: {f}"
+    );
+    assert_ne!(
+        f["ppid"].as_u64(),
+        Some(a),
+        "B was reparented when A exited: {f}"
+    );
     let ancestors = f["ancestors"].as_array().unwrap();
     assert_eq!(ancestors[1]["pid"].as_u64(), Some(a));
     assert!(ancestors[1]["exited"].is_u64(), "A exited: {f}");
@@ -171,6 +180,7 @@ fn a_sigkilled_agent_leaves_its_worker_and_helper_orphaned() {
     );
     let h = flag(&run, helper, "orphaned");
     assert_eq!(h["lineage"], json!([gw, agent, helper]));
+    assert_eq!(h["escaped"], false, "no setsid anywhere: {h}");
 }
 
 #[test]
