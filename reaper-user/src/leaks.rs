@@ -332,10 +332,12 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
             .iter()
             .rev()
             .skip(1)
-            .find_map(|a| {
+            .enumerate()
+            .find_map(|(up, a)| {
                 let exited = a.exited?;
                 Some(format!(
-                    "spawner {} exited {} ago",
+                    "{} {} exited {} ago",
+                    if up == 0 { "spawner" } else { "ancestor" },
                     who(a.pid, &a.comm, &a.argv),
                     human_duration(ts.saturating_sub(exited))
                 ))
@@ -394,4 +396,92 @@ pub fn check_lines(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::text::Comm;
+
+    fn ancestor(pid: u32, argv: &[&str], exited: Option<u64>) -> Ancestor {
+        Ancestor {
+            pid,
+            comm: ProcText::new("comm", Comm::from_c(b"x")),
+            argv: Argv::new(Rc::from(
+                argv.iter()
+                    .map(|a| a.as_bytes().to_vec())
+                    .collect::<Vec<_>>(),
+            )),
+            exited,
+        }
+    }
+
+    fn detail(ancestors: Vec<Ancestor>, ppid: u32, escaped: bool) -> LeakDetail {
+        LeakDetail {
+            lineage: ancestors.iter().map(|a| a.pid).collect(),
+            pipes: vec![PipeInfo {
+                fd: 0,
+                kind: "pipe",
+                inode: Some(88123),
+                end: "read",
+                other_end: "open",
+                peers: vec![Peer {
+                    pid: 4705,
+                    fd: 5,
+                    end: "write",
+                    comm: ProcText::new("comm", Comm::from_c(b"sleep\x1b")),
+                }],
+            }],
+            ancestors,
+            state: "S (sleeping)".into(),
+            rss_kib: Some(312 * 1024),
+            ppid,
+            escaped,
+            comm: ProcText::new("comm", Comm::from_c(b"node")),
+            argv: Argv::new(Rc::from(vec![b"node".to_vec(), b"bridge.cjs".to_vec()])),
+        }
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {
+        let d = detail(
+            vec![
+                ancestor(4700, &["hermes", "--tui"], Some(10 * SEC)),
+                ancestor(4711, &["node", "bridge.cjs"], None),
+            ],
+            1,
+            true,
+        );
+        let line = flag_line(202 * SEC, 4711, "orphaned", 10 * SEC, &d);
+        assert_eq!(
+            line,
+            "LEAK orphaned pid 4711 (node bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
+             ago, now a child of 1, escaped (another session, group or cgroup than the \
+             gateway's); fd 0 pipe:[88123] read end, other end held by 4705 (sleep\\x1b) fd 5 \
+             write end; RSS 312 MiB"
+        );
+    }
+
+    #[test]
+    fn an_exited_grandparent_is_an_ancestor_and_zombies_say_how_long() {
+        let d = detail(
+            vec![
+                ancestor(1, &["gw"], Some(SEC)),
+                ancestor(2, &["sh"], None),
+                ancestor(3, &["sleep"], None),
+            ],
+            2,
+            false,
+        );
+        let line = flag_line(5 * SEC, 3, "orphaned", SEC, &d);
+        assert!(line.contains(": ancestor 1 (gw) exited 4s ago;"), "{line}");
+        assert!(!line.contains("now a child"), "{line}");
+        let line = flag_line(65 * SEC, 3, "zombie", 4 * SEC, &d);
+        assert!(line.contains("exited 1m01s ago, not reaped"), "{line}");
+        assert_eq!(human_duration(7300 * SEC), "2h01m");
+    }
 }

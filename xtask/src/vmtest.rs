@@ -1,10 +1,11 @@
 //! `cargo xtask vmtest`: the kernel integration tests on other kernels, each booted under qemu.
 //!
-//! The guest's root filesystem is an initramfs holding the release test binary, reaper-trace,
+//! The guest's root filesystem is an initramfs holding the release test binaries, reaper-trace,
 //! reaper-shapes, the host programs the tests run (sh, true, sleep, seq) and their shared
 //! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
 //! boot from it with no modules (the serial console is built in). The guest's init mounts
-//! /proc, /sys, /dev and /tmp, runs the tests with `CI=true` (so nothing may skip), prints
+//! /proc, /sys and /dev (the initramfs itself is the writable root, /tmp included: the
+//! workspace may live under /tmp), runs the tests with `CI=true` (so nothing may skip), prints
 //! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
@@ -192,7 +193,6 @@ export PATH=/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
 busybox mount -t proc proc /proc
 busybox mount -t sysfs sysfs /sys
 busybox mount -t devtmpfs devtmpfs /dev
-busybox mount -t tmpfs tmpfs /tmp
 busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 echo \"{KERNEL_MARK}$(busybox uname -r)\"
 cd {tests}
