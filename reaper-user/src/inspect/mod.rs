@@ -233,10 +233,6 @@ impl Inspector {
         }
     }
 
-    pub fn options(&self) -> &InspectOptions {
-        &self.opts
-    }
-
     /// Flags raised so far, by reason.
     pub fn raised(&self, reason: Reason) -> u64 {
         self.raised[reason as usize]
