@@ -3,6 +3,7 @@ use std::{ffi::OsString, time::Duration};
 
 use clap::Parser;
 
+use crate::inspect::Reason;
 use crate::loader::SetsidHook;
 
 /// Trace every descendant of a gateway process with eBPF: an exact spawn-lineage graph,
@@ -80,6 +81,27 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub settle: Option<Duration>,
 
+    /// Kill flagged processes (see --kill-reasons), through pidfds, after --grace: SIGCONT if
+    /// stopped, SIGTERM, SIGKILL after --term-timeout. Off by default: only observe.
+    #[arg(long)]
+    pub kill: bool,
+
+    /// With --kill: the flags that lead to a kill, comma-separated: orphaned, deaf, idle.
+    #[arg(long, value_name = "LIST", default_value = "orphaned,deaf", value_parser = parse_kill_reasons)]
+    pub kill_reasons: KillReasons,
+
+    /// With --kill: how long a flag must hold before the first signal.
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// With --kill: how long SIGTERM has before SIGKILL.
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_duration)]
+    pub term_timeout: Duration,
+
+    /// With --kill: decide and report, send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
     /// The gateway command to start and trace (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -104,6 +126,34 @@ impl SetsidHookArg {
             SetsidHookArg::None => Some(SetsidHook::None),
         }
     }
+}
+
+/// `--kill-reasons`: the flags a kill may follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KillReasons(pub Vec<Reason>);
+
+/// `orphaned,deaf`: names of rules a kill may follow; zombies cannot be killed.
+pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim) {
+        match Reason::killable(name) {
+            Some(r) if !out.contains(&r) => out.push(r),
+            Some(_) => {}
+            None if name == "zombie" => {
+                return Err(
+                    "zombies cannot be killed (they are dead already): their parent \
+                            must reap them; it is named in the zombie flag's lineage"
+                        .into(),
+                );
+            }
+            None => {
+                return Err(format!(
+                    "`{name}` is not a reason to kill (use orphaned, deaf, idle)"
+                ));
+            }
+        }
+    }
+    Ok(KillReasons(out))
 }
 
 /// `30s`, `10m`, `2h`, `1ms`, `1h30m`; a bare `0` means zero.
@@ -155,6 +205,21 @@ impl Cli {
         }
         if self.settle.is_some() && !self.check {
             return Err("--settle only applies with --check".into());
+        }
+        let kill_only = [
+            (self.dry_run, "--dry-run"),
+            (self.grace != Duration::from_secs(30), "--grace"),
+            (
+                self.term_timeout != Duration::from_secs(5),
+                "--term-timeout",
+            ),
+            (
+                self.kill_reasons != parse_kill_reasons("orphaned,deaf")?,
+                "--kill-reasons",
+            ),
+        ];
+        if let Some((_, flag)) = kill_only.iter().find(|(set, _)| *set && !self.kill) {
+            return Err(format!("{flag} only applies with --kill"));
         }
         if self.scan_interval < Duration::from_millis(100) {
             return Err("--scan-interval must be at least 100ms".into());
@@ -235,5 +300,19 @@ mod tests {
         let cli = Cli::try_parse_from(["reaper-trace", "--check", "--", "true"]).unwrap();
         assert!(cli.validate().is_ok());
         assert_eq!(cli.settle_time(), Duration::from_secs(2));
+        assert!(bad(&["reaper-trace", "--dry-run", "--", "true"]).contains("--kill"));
+        let cli = Cli::try_parse_from(["reaper-trace", "--kill", "--", "true"]).unwrap();
+        assert_eq!(cli.kill_reasons.0, [Reason::Orphaned, Reason::Deaf]);
+        assert!(cli.validate().is_ok());
+        let err = Cli::try_parse_from(["reaper-trace", "--kill", "--kill-reasons", "zombie"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be killed"), "{err}");
+        assert!(
+            parse_kill_reasons("idle,bogus")
+                .unwrap_err()
+                .contains("bogus")
+        );
+        assert_eq!(parse_kill_reasons("idle").unwrap().0, [Reason::Idle]);
     }
 }

@@ -15,6 +15,7 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     process::{Child, Command},
     signal::unix::{SignalKind, signal},
+    sync::mpsc::UnboundedReceiver,
     time::{Instant, sleep_until},
 };
 
@@ -23,6 +24,7 @@ use crate::{
     events::Event,
     graph::LineageGraph,
     inspect::InspectOptions,
+    kill::{KillOptions, KillReport, Killer},
     leaks,
     loader::{self, KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
@@ -74,6 +76,17 @@ pub async fn run(cli: Cli) -> Result<i32> {
         zombie_after: cli.zombie_after,
     };
     let mut tracer = Tracer::new(graph, output_for(&cli, t0), inspect);
+    let mut kill_reports = None;
+    if cli.kill {
+        let (killer, reports) = Killer::new(KillOptions {
+            reasons: cli.kill_reasons.0.clone(),
+            grace: cli.grace,
+            term_timeout: cli.term_timeout,
+            dry_run: cli.dry_run,
+        });
+        tracer.killer = Some(killer);
+        kill_reports = Some(reports);
+    }
 
     let seeds = seed::seed(&mut probes.tracked, &gateways)?;
     tracer.add_seeds(seeds)?;
@@ -116,6 +129,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         &mut kernel,
         &mut child,
         &mut gateway_status,
+        &mut kill_reports,
     )
     .await?;
 
@@ -129,6 +143,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
     tracer.check_losses(losses, &probes.tracked)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
     tracer.scan_leaks()?;
+    while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        tracer.report_kill(r)?;
+    }
     let gateway_code = gateway_status.map(exit_code);
     let mut status = gateway_code.unwrap_or(0);
     if cli.check {
@@ -165,6 +182,7 @@ async fn event_loop(
     kernel: &mut Kernel<'_>,
     child: &mut Option<Child>,
     gateway_status: &mut Option<ExitStatus>,
+    kill_reports: &mut Option<UnboundedReceiver<KillReport>>,
 ) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
@@ -208,8 +226,10 @@ async fn event_loop(
             _ = sleep_until(next_scan) => {
                 drain(ring.get_mut(), tracer)?;
                 tracer.scan_leaks()?;
+                tracer.decide_kills()?;
                 next_scan = Instant::now() + cli.scan_interval;
             }
+            Some(report) = next_report(kill_reports) => tracer.report_kill(report)?,
             status = wait_child(child), if child.is_some() && gateway_status.is_none() => {
                 *gateway_status = Some(status?);
                 // Its exit event may still be in the ring.
@@ -230,6 +250,14 @@ async fn event_loop(
         }
     }
     Ok(())
+}
+
+/// The next step a kill sequence reports; never, without `--kill`.
+async fn next_report(reports: &mut Option<UnboundedReceiver<KillReport>>) -> Option<KillReport> {
+    match reports.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn wait_child(child: &mut Option<Child>) -> Result<ExitStatus> {

@@ -273,6 +273,8 @@ pub enum Event {
         /// CPU time reaper-trace itself used (user + system), start-up included.
         cpu_ns: u64,
         leaks: Box<LeakSummary>,
+        /// `--kill`'s steps by reason, then by result.
+        kills: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
     },
     /// A leak flag starts holding.
     Flag {
@@ -285,6 +287,21 @@ pub enum Event {
         idle_secs: Option<f64>,
         #[serde(flatten)]
         detail: Box<LeakDetail>,
+    },
+    /// A step of `--kill`'s sequence for one process.
+    Kill {
+        pid: u32,
+        #[serde(flatten)]
+        comm: ProcText,
+        reason: &'static str,
+        /// "SIGCONT", "SIGTERM" or "SIGKILL".
+        signal: &'static str,
+        /// "sent", "exited", "identity_changed", "not_in_lineage", "permission_denied" or
+        /// "dry_run".
+        result: &'static str,
+        /// At the end of a sequence: seconds from the first signal to the exit.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        secs: Option<f64>,
     },
     /// A leak flag stops holding.
     Cleared {
@@ -325,6 +342,7 @@ impl Event {
             Event::Lost { .. } => "lost",
             Event::Summary { .. } => "summary",
             Event::Flag { .. } => "flag",
+            Event::Kill { .. } => "kill",
             Event::Cleared { .. } => "cleared",
             Event::Check { .. } => "check",
         }

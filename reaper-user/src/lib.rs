@@ -10,6 +10,7 @@ pub mod events;
 pub mod features;
 pub mod graph;
 pub mod inspect;
+pub mod kill;
 pub mod leaks;
 pub mod loader;
 pub mod output;

@@ -96,6 +96,20 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             reason,
             because,
         } => format!("cleared  {reason} pid {pid}: {because}"),
+        Event::Kill {
+            pid,
+            comm,
+            reason,
+            signal,
+            result,
+            secs,
+        } => {
+            let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
+            match secs {
+                Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
+                None => format!("{who}: {signal} {result}"),
+            }
+        }
         Event::Check {
             verdict,
             gateway_exit_code,

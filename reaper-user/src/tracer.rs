@@ -13,7 +13,8 @@ use crate::events::{
     AliveProcess, Argv, Counts, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
 };
 use crate::graph::{Applied, LineageGraph, NodeId, Seed, Start};
-use crate::inspect::{InspectOptions, Inspector};
+use crate::inspect::{InspectOptions, Inspector, Reason};
+use crate::kill::{KillReport, Killer};
 use crate::leaks;
 use crate::loader::{KernelCounters, LossCounts};
 use crate::output::Output;
@@ -81,6 +82,8 @@ pub struct Tracer {
     started: u64,
     /// The leak rules.
     pub inspector: Inspector,
+    /// `--kill`, when given.
+    pub killer: Option<Killer>,
 }
 
 impl Tracer {
@@ -103,6 +106,7 @@ impl Tracer {
             ticks_per_second: procfs::ticks_per_second(),
             started: boottime_now(),
             inspector: Inspector::new(inspect),
+            killer: None,
         }
     }
 
@@ -539,7 +543,51 @@ impl Tracer {
             },
             cpu_ns: own_cpu_ns(),
             leaks: Box::new(leaks::summary(&self.graph, &self.inspector)),
+            kills: self
+                .killer
+                .as_ref()
+                .map(|k| k.counts().clone())
+                .unwrap_or_default(),
         })
+    }
+
+    /// `--kill`: starts a sequence for each flag held past the grace time, and flags the
+    /// spawners found respawning what was killed.
+    pub fn decide_kills(&mut self) -> Result<()> {
+        let Some(killer) = self.killer.as_mut() else {
+            return Ok(());
+        };
+        let active: Vec<_> = self.inspector.active().collect();
+        let now = boottime_now();
+        let decided = killer.decide(&self.graph, &active, now);
+        for r in decided.reports {
+            self.report_kill(r)?;
+        }
+        for spawner in decided.respawning {
+            let raised = self
+                .inspector
+                .raise(&self.graph, spawner, Reason::Respawning, now);
+            if let Some(ev) = raised.and_then(|c| leaks::change_event(&self.graph, &c, now)) {
+                self.out.event(now, &ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Emits one step of a kill sequence.
+    pub fn report_kill(&mut self, r: KillReport) -> Result<()> {
+        if let Some(k) = self.killer.as_mut() {
+            k.note(&self.graph, &r);
+        }
+        let ev = Event::Kill {
+            pid: r.pid,
+            comm: ProcText::new("comm", r.comm),
+            reason: r.reason.name(),
+            signal: r.signal,
+            result: r.result.name(),
+            secs: r.secs,
+        };
+        self.out.event(boottime_now(), &ev)
     }
 
     /// One round of the leak inspector; emits the flags that started or stopped holding.

@@ -39,10 +39,18 @@ pub enum Reason {
     Deaf,
     /// Exited, and not reaped by its parent for `--zombie-after`.
     Zombie,
+    /// Respawns what `--kill` killed (raised by the killer, not by a rule).
+    Respawning,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 4] = [Reason::Orphaned, Reason::Idle, Reason::Deaf, Reason::Zombie];
+    pub const ALL: [Reason; 5] = [
+        Reason::Orphaned,
+        Reason::Idle,
+        Reason::Deaf,
+        Reason::Zombie,
+        Reason::Respawning,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -50,7 +58,15 @@ impl Reason {
             Reason::Idle => "idle",
             Reason::Deaf => "deaf",
             Reason::Zombie => "zombie",
+            Reason::Respawning => "respawning",
         }
+    }
+
+    /// A `--kill-reasons` name: the rules a kill may follow (zombies cannot be killed).
+    pub fn killable(name: &str) -> Option<Reason> {
+        [Reason::Orphaned, Reason::Idle, Reason::Deaf]
+            .into_iter()
+            .find(|r| r.name() == name)
     }
 }
 
@@ -216,7 +232,7 @@ pub struct Inspector {
     zombies: HashMap<NodeId, (u32, u64)>,
     peers: PeerIndex,
     /// Flags raised so far, by reason.
-    raised: [u64; 4],
+    raised: [u64; 5],
 }
 
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
@@ -229,7 +245,7 @@ impl Inspector {
             watches: HashMap::default(),
             zombies: HashMap::default(),
             peers: PeerIndex::default(),
-            raised: [0; 4],
+            raised: [0; 5],
         }
     }
 
@@ -364,7 +380,7 @@ impl Inspector {
                         Reason::Idle if w.io_since == now => "moved data",
                         Reason::Idle => "no longer waits for input from a live peer",
                         Reason::Deaf => "its pipe has a writer again",
-                        Reason::Zombie => "reaped",
+                        Reason::Zombie | Reason::Respawning => "reaped",
                     };
                     changes.push(Change::Cleared {
                         node: node.id,
@@ -449,6 +465,36 @@ impl Inspector {
                 })
                 .collect();
         }
+    }
+
+    /// Raises a flag no rule raises (the killer's `respawning`), held until the process exits.
+    pub fn raise(
+        &mut self,
+        graph: &LineageGraph,
+        id: NodeId,
+        reason: Reason,
+        now: u64,
+    ) -> Option<Change> {
+        let node = graph.node(id).filter(|n| n.alive())?;
+        let evidence = self.evidence(graph, node);
+        let w = self.watches.entry(id).or_insert_with(|| Watch {
+            pid: node.pid,
+            next_sample: now,
+            io_since: now,
+            ..Watch::default()
+        });
+        if w.has(reason) {
+            return None;
+        }
+        w.flags.push((reason, now));
+        self.raised[reason as usize] += 1;
+        Some(Change::Flag(Box::new(Flagged {
+            node: id,
+            pid: node.pid,
+            reason,
+            since: now,
+            evidence,
+        })))
     }
 
     /// Evidence about a live process now (for `--check`): a fresh sample and its pipe peers.

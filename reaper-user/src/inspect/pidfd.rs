@@ -75,6 +75,44 @@ impl PidFd {
     }
 }
 
+impl PidFd {
+    /// Sends `signal` to exactly this process (`pidfd_send_signal`): never to whatever else
+    /// may have its pid by now. `ESRCH`: it has exited.
+    pub fn send_signal(&self, signal: i32) -> io::Result<()> {
+        // SAFETY: plain syscall; no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether the process has exited (a pidfd polls readable then).
+    pub fn has_exited(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+    }
+}
+
+impl AsRawFd for PidFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 fn is_listening(fd: &OwnedFd) -> bool {
     let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -123,6 +161,27 @@ mod tests {
         close(r);
         assert_eq!(me.other_end_open(w as u32, End::Write, false), Some(false));
         close(w);
+    }
+
+    #[test]
+    fn signals_reach_only_the_process_and_exit_is_seen() {
+        // SAFETY: the child only pauses until a signal ends it.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::pause();
+                libc::_exit(0);
+            }
+        }
+        let fd = PidFd::open(child as u32).unwrap();
+        assert!(!fd.has_exited());
+        fd.send_signal(libc::SIGTERM).unwrap();
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(fd.has_exited());
+        let err = fd.send_signal(libc::SIGTERM).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ESRCH));
     }
 
     #[test]

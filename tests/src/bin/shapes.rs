@@ -36,6 +36,7 @@ fn main() {
         "leak-deaf" => leak_deaf(truth),
         "leak-zombies" => leak_zombies(truth),
         "normal" => normal(),
+        "respawner" => respawner(truth),
         other => {
             eprintln!("unknown shape {other}");
             std::process::exit(2);
@@ -389,13 +390,27 @@ fn read_stdin_to_eof() -> usize {
 
 /// Forks a stdio server: `rd` becomes its stdin, the fds in `close` (and `rd` itself) are
 /// closed, and it reads stdin until EOF.
+///
+/// For the kill tests: with `REAPER_SHAPES_IGNORE_TERM` set it ignores SIGTERM, and with
+/// `REAPER_SHAPES_STOP_SELF` set it stops itself (SIGSTOP) before reading.
 fn stdin_reader(rd: i32, close: &[i32]) -> u32 {
     let close = close.to_vec();
+    let ignore_term = std::env::var_os("REAPER_SHAPES_IGNORE_TERM").is_some();
+    let stop_self = std::env::var_os("REAPER_SHAPES_STOP_SELF").is_some();
     fork_then(move || {
         as_stdin(rd);
         for fd in close.iter().chain([&rd]) {
             // SAFETY: closing the child's copies.
             unsafe { libc::close(*fd) };
+        }
+        // SAFETY: plain signal calls in the child.
+        unsafe {
+            if ignore_term {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            }
+            if stop_self {
+                libc::raise(libc::SIGSTOP);
+            }
         }
         read_stdin_to_eof();
         0
@@ -590,4 +605,60 @@ fn normal() -> Value {
     wait_for(reader);
     wait_for(sleeper);
     json!({ "reader": reader, "sleeper": sleeper })
+}
+
+/// A supervisor that respawns its worker: X forks S and exits; S (holding no pipe, its stdio on
+/// /dev/null) forks worker C, which holds a pipe of its own and sleeps. Whenever C dies, S forks
+/// a new one (same argv). After the linger time S ends its worker and exits.
+fn respawner(truth: &str) -> Value {
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let linger = linger();
+    let x = fork_then(move || {
+        let s = fork_then(move || {
+            // SAFETY: plain syscalls: stdio to /dev/null, every other fd closed (inherited
+            // pipes such as a build tool's jobserver included).
+            unsafe {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+                libc::close_range(3, u32::MAX, 0);
+            }
+            let worker = || {
+                fork_then(|| {
+                    let (mut r, mut w) = (0, 0);
+                    pipe(&mut r, &mut w);
+                    std::thread::sleep(Duration::from_secs(60));
+                    0
+                })
+            };
+            let until = Instant::now() + linger;
+            let mut current = worker();
+            while Instant::now() < until {
+                let mut status = 0;
+                // SAFETY: polls for the worker's end.
+                let done = unsafe { libc::waitpid(current as i32, &mut status, libc::WNOHANG) };
+                if done == current as i32 {
+                    std::thread::sleep(Duration::from_millis(100));
+                    current = worker();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: ends its own worker.
+            unsafe { libc::kill(current as i32, libc::SIGKILL) };
+            wait_for(current);
+            0
+        });
+        send_pid(pwr, s);
+        0
+    });
+    let s = recv_pid(prd);
+    wait_for(x);
+    write_truth(
+        &format!("{truth}.ready"),
+        &json!({ "x": x, "supervisor": s }),
+    );
+    std::thread::sleep(linger + Duration::from_millis(500));
+    json!({ "x": x, "supervisor": s })
 }

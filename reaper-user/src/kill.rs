@@ -1,0 +1,393 @@
+//! Optional killing of flagged processes (`--kill`), built so that it can never hit the wrong
+//! process.
+//!
+//! Every signal goes through a pidfd (`pidfd_send_signal`): a pidfd names one process, not a
+//! pid number, so a recycled pid cannot receive it. The pidfd is opened first and the process
+//! behind it checked second (its start time against the lineage graph's): if they match then,
+//! the pidfd is that process for good. Nothing is ever sent to a process group (a stored pgid
+//! may have been recycled onto an unrelated session), to the gateway, pid 1, reaper-trace or
+//! its ancestors, or to a process outside the gateway's lineage.
+//!
+//! A sequence (SIGCONT if stopped, SIGTERM, wait, SIGKILL, confirm) runs as its own task, so
+//! waiting never stalls the event loop; each step is reported back over a channel.
+use std::{
+    collections::BTreeMap,
+    io,
+    rc::Rc,
+    time::{Duration, Instant},
+};
+
+use rustc_hash::FxHashSet as HashSet;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::mpsc,
+};
+
+use crate::graph::{LineageGraph, Node, NodeId};
+use crate::inspect::{PidFd, Reason};
+use crate::procfs;
+use crate::text::Comm;
+
+/// `--kill` settings.
+#[derive(Clone, Debug)]
+pub struct KillOptions {
+    /// Flags that lead to a kill.
+    pub reasons: Vec<Reason>,
+    /// How long a flag must hold before the first signal.
+    pub grace: Duration,
+    /// SIGTERM to SIGKILL.
+    pub term_timeout: Duration,
+    /// Decide and report, send nothing.
+    pub dry_run: bool,
+}
+
+/// How long after SIGKILL the exit is waited for before the sequence gives up waiting.
+const KILL_CONFIRM: Duration = Duration::from_secs(5);
+/// A child with the same argv, from the same spawner, this soon after a kill is a respawn.
+const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
+
+/// What a step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    Sent,
+    Exited,
+    IdentityChanged,
+    NotInLineage,
+    PermissionDenied,
+    DryRun,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Sent => "sent",
+            Outcome::Exited => "exited",
+            Outcome::IdentityChanged => "identity_changed",
+            Outcome::NotInLineage => "not_in_lineage",
+            Outcome::PermissionDenied => "permission_denied",
+            Outcome::DryRun => "dry_run",
+        }
+    }
+}
+
+/// One step of a kill sequence, for the stream.
+#[derive(Clone, Debug)]
+pub struct KillReport {
+    pub node: NodeId,
+    pub pid: u32,
+    pub comm: Comm,
+    pub reason: Reason,
+    pub signal: &'static str,
+    pub result: Outcome,
+    /// At the end of a sequence: seconds from the first signal to the exit.
+    pub secs: Option<f64>,
+}
+
+/// A process cleared for signalling: its pidfd is verified to be the graph's process.
+struct Target {
+    node: NodeId,
+    pid: u32,
+    comm: Comm,
+    pidfd: PidFd,
+    stopped: bool,
+}
+
+/// What one round of decisions produced.
+#[derive(Default)]
+pub struct Decisions {
+    /// Reports that need no signal: refusals and dry runs.
+    pub reports: Vec<KillReport>,
+    /// Spawners just found respawning what was killed.
+    pub respawning: Vec<NodeId>,
+}
+
+/// A kill that ended in an exit.
+struct Killed {
+    spawner: NodeId,
+    argv: Rc<[Vec<u8>]>,
+    /// Boot-time ns.
+    at: u64,
+}
+
+/// Decides which flagged processes to kill and starts their sequences.
+pub struct Killer {
+    opts: KillOptions,
+    /// Nodes already decided on (a node is never decided twice).
+    decided: HashSet<NodeId>,
+    /// Recent kills, to recognise a respawn.
+    killed: Vec<Killed>,
+    /// Spawners found respawning: their children with that argv are left alone.
+    respawning: HashSet<NodeId>,
+    /// Never signalled: pid 1, reaper-trace and its ancestors.
+    protected: HashSet<u32>,
+    reports: mpsc::UnboundedSender<KillReport>,
+    /// Steps taken so far, by reason and result.
+    counts: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+}
+
+impl Killer {
+    /// The killer, and where its sequences report their steps.
+    pub fn new(opts: KillOptions) -> (Killer, mpsc::UnboundedReceiver<KillReport>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let killer = Killer {
+            opts,
+            decided: HashSet::default(),
+            killed: Vec::new(),
+            respawning: HashSet::default(),
+            protected: self_and_ancestors(),
+            reports: tx,
+            counts: BTreeMap::new(),
+        };
+        (killer, rx)
+    }
+
+    /// Steps taken so far, by reason and result.
+    pub fn counts(&self) -> &BTreeMap<&'static str, BTreeMap<&'static str, u64>> {
+        &self.counts
+    }
+
+    /// Notes a step reported for the stream: counts it, and remembers a kill that ended in an
+    /// exit (to recognise a respawn).
+    pub fn note(&mut self, graph: &LineageGraph, r: &KillReport) {
+        *self
+            .counts
+            .entry(r.reason.name())
+            .or_default()
+            .entry(r.result.name())
+            .or_default() += 1;
+        if r.result == Outcome::Exited
+            && let Some(node) = graph.node(r.node)
+            && let Some(spawner) = node.spawner
+        {
+            // From the first signal: a respawn may be forked before this report arrives.
+            let took = (r.secs.unwrap_or(0.0) * 1e9) as u64;
+            self.killed.push(Killed {
+                spawner,
+                argv: node.argv.clone(),
+                at: procfs::boottime_now().saturating_sub(took),
+            });
+        }
+    }
+
+    /// Looks at the active flags (node, reason, since) at boot-time `now` and starts a
+    /// sequence for each one that has held for the grace time.
+    pub fn decide(
+        &mut self,
+        graph: &LineageGraph,
+        active: &[(NodeId, Reason, u64)],
+        now: u64,
+    ) -> Decisions {
+        let mut out = Decisions::default();
+        let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
+        let window = u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX);
+        self.killed.retain(|k| now.saturating_sub(k.at) < window);
+        for &(id, reason, since) in active {
+            if !self.opts.reasons.contains(&reason)
+                || now.saturating_sub(since) < grace
+                || self.decided.contains(&id)
+            {
+                continue;
+            }
+            let Some(node) = graph.node(id).filter(|n| n.alive()) else {
+                continue;
+            };
+            if let Some(spawner) = node.spawner {
+                if self.respawning.contains(&spawner) {
+                    continue;
+                }
+                // Forked after a sibling with the same argv was killed: a respawn, not a
+                // sibling that merely leaked later.
+                let forked = node.forked_at.unwrap_or(0);
+                let again = self
+                    .killed
+                    .iter()
+                    .any(|k| k.spawner == spawner && forked > k.at && k.argv == node.argv);
+                if again {
+                    self.respawning.insert(spawner);
+                    out.respawning.push(spawner);
+                    continue;
+                }
+            }
+            self.start(graph, node, reason, &mut out);
+        }
+        out
+    }
+
+    /// Verifies the flagged process and its live descendants (leaves first) and starts the
+    /// sequence.
+    fn start(&mut self, graph: &LineageGraph, node: &Node, reason: Reason, out: &mut Decisions) {
+        let mut order = Vec::new();
+        leaves_first(graph, node, &mut order);
+        let mut targets = Vec::new();
+        for n in order {
+            if !self.decided.insert(n.id) {
+                continue;
+            }
+            let refuse = |result| KillReport {
+                node: n.id,
+                pid: n.pid,
+                comm: n.comm,
+                reason,
+                signal: "SIGTERM",
+                result,
+                secs: None,
+            };
+            if n.is_gateway || self.protected.contains(&n.pid) || !in_lineage(graph, n) {
+                out.reports.push(refuse(Outcome::NotInLineage));
+                continue;
+            }
+            match verify(graph, n) {
+                Ok(_) if self.opts.dry_run => out.reports.push(refuse(Outcome::DryRun)),
+                Ok((pidfd, stopped)) => targets.push(Target {
+                    node: n.id,
+                    pid: n.pid,
+                    comm: n.comm,
+                    pidfd,
+                    stopped,
+                }),
+                Err(result) => out.reports.push(refuse(result)),
+            }
+        }
+        if !targets.is_empty() {
+            let tx = self.reports.clone();
+            let (term, reason) = (self.opts.term_timeout, reason);
+            tokio::spawn(async move {
+                for t in targets {
+                    run_sequence(t, reason, term, &tx).await;
+                }
+            });
+        }
+    }
+}
+
+/// The live descendants of `node` along spawner edges, deepest first, then `node`.
+fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a Node>) {
+    for kid in graph.spawned_by(node.id) {
+        leaves_first(graph, kid, out);
+    }
+    if node.alive() {
+        out.push(node);
+    }
+}
+
+/// Whether `node`'s spawn chain leads to a gateway.
+fn in_lineage(graph: &LineageGraph, node: &Node) -> bool {
+    graph
+        .chain(node.id)
+        .first()
+        .is_some_and(|root| root.is_gateway && root.id != node.id)
+}
+
+/// A pidfd for `node`'s process, checked to be that process, and whether it is stopped.
+fn verify(graph: &LineageGraph, node: &Node) -> Result<(PidFd, bool), Outcome> {
+    let pidfd = match PidFd::open(node.pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(Outcome::PermissionDenied),
+        Err(_) => return Err(Outcome::IdentityChanged),
+    };
+    match procfs::read_stat(node.pid) {
+        Ok(stat) if stat.start_ticks == graph.start_ticks(node) && stat.state != b'Z' => {
+            Ok((pidfd, matches!(stat.state, b'T' | b't')))
+        }
+        _ => Err(Outcome::IdentityChanged),
+    }
+}
+
+/// SIGCONT if stopped, SIGTERM, up to `term_timeout` for the exit, SIGKILL, confirm.
+async fn run_sequence(
+    t: Target,
+    reason: Reason,
+    term_timeout: Duration,
+    tx: &mpsc::UnboundedSender<KillReport>,
+) {
+    let started = Instant::now();
+    let report = |signal: &'static str, result: Outcome, done: bool| {
+        let _ = tx.send(KillReport {
+            node: t.node,
+            pid: t.pid,
+            comm: t.comm,
+            reason,
+            signal,
+            result,
+            secs: done.then(|| started.elapsed().as_secs_f64()),
+        });
+    };
+    let send = |signal: i32, name: &'static str| -> bool {
+        match t.pidfd.send_signal(signal) {
+            Ok(()) => {
+                report(name, Outcome::Sent, false);
+                true
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                report(name, Outcome::Exited, true);
+                false
+            }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                report(name, Outcome::PermissionDenied, true);
+                false
+            }
+            Err(_) => {
+                report(name, Outcome::IdentityChanged, true);
+                false
+            }
+        }
+    };
+    if t.stopped && !send(libc::SIGCONT, "SIGCONT") {
+        return;
+    }
+    if !send(libc::SIGTERM, "SIGTERM") {
+        return;
+    }
+    // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged as long as it does.
+    let Ok(exit) = (unsafe { AsyncFd::register_with_interest(t.pidfd, Interest::READABLE) }) else {
+        return;
+    };
+    if tokio::time::timeout(term_timeout, exit.readable())
+        .await
+        .is_ok()
+    {
+        report("SIGTERM", Outcome::Exited, true);
+        return;
+    }
+    let send_kill = |fd: &PidFd| fd.send_signal(libc::SIGKILL);
+    match send_kill(exit.get_ref()) {
+        Ok(()) => report("SIGKILL", Outcome::Sent, false),
+        Err(_) => {
+            report("SIGKILL", Outcome::Exited, true);
+            return;
+        }
+    }
+    if tokio::time::timeout(KILL_CONFIRM, exit.readable())
+        .await
+        .is_ok()
+    {
+        report("SIGKILL", Outcome::Exited, true);
+    }
+}
+
+/// reaper-trace, its ancestors, and pid 1.
+fn self_and_ancestors() -> HashSet<u32> {
+    let mut set: HashSet<u32> = [1, std::process::id()].into_iter().collect();
+    let mut at = std::process::id();
+    while let Ok(stat) = procfs::read_stat(at) {
+        if stat.ppid == 0 || !set.insert(stat.ppid) {
+            break;
+        }
+        at = stat.ppid;
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_signals_itself_its_ancestors_or_init() {
+        let p = self_and_ancestors();
+        assert!(p.contains(&1) && p.contains(&std::process::id()));
+        // SAFETY: plain syscall.
+        let parent = unsafe { libc::getppid() } as u32;
+        assert!(p.contains(&parent));
+    }
+}
