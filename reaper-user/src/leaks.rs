@@ -345,7 +345,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
             .unwrap_or_else(|| "its spawner exited".into()),
         "idle" => format!("waiting for input, no I/O for {ago}"),
         "deaf" => format!("a pipe it reads has had no writers for {ago} (EOF ignored)"),
-        "zombie" => format!("exited {ago} ago, not reaped by its parent"),
+        "zombie" => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
         other => other.to_owned(),
     };
     let mut line = format!("LEAK {reason} pid {me}: {why}");
@@ -481,7 +481,10 @@ mod tests {
         assert!(line.contains(": ancestor 1 (gw) exited 4s ago;"), "{line}");
         assert!(!line.contains("now a child"), "{line}");
         let line = flag_line(65 * SEC, 3, "zombie", 4 * SEC, &d);
-        assert!(line.contains("exited 1m01s ago, not reaped"), "{line}");
+        assert!(
+            line.contains("exited 1m01s ago, not reaped by its parent 2"),
+            "{line}"
+        );
         assert_eq!(human_duration(7300 * SEC), "2h01m");
     }
 }
