@@ -102,6 +102,10 @@ pub struct Cli {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// Accept pid 1 as a gateway (then every process on the host is a descendant).
+    #[arg(long)]
+    pub allow_init: bool,
+
     /// The gateway command to start and trace (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -53,7 +53,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let gateways = cli
         .gateway_pid
         .iter()
-        .map(|&pid| seed::check_gateway(pid))
+        .map(|&pid| seed::check_gateway(pid, cli.allow_init))
         .collect::<Result<Vec<_>>>()?;
 
     let mut probes = Probes::load(&LoadOptions {

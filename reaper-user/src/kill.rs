@@ -55,6 +55,8 @@ pub enum Outcome {
     NotInLineage,
     PermissionDenied,
     DryRun,
+    /// Its facts came from /proc after a loss (its lineage edge is a guess): never killed.
+    Uncertain,
 }
 
 impl Outcome {
@@ -66,6 +68,7 @@ impl Outcome {
             Outcome::NotInLineage => "not_in_lineage",
             Outcome::PermissionDenied => "permission_denied",
             Outcome::DryRun => "dry_run",
+            Outcome::Uncertain => "uncertain",
         }
     }
 }
@@ -234,6 +237,10 @@ impl Killer {
             };
             if n.is_gateway || self.protected.contains(&n.pid) || !in_lineage(graph, n) {
                 out.reports.push(refuse(Outcome::NotInLineage));
+                continue;
+            }
+            if graph.chain(n.id).iter().any(|a| a.uncertain) {
+                out.reports.push(refuse(Outcome::Uncertain));
                 continue;
             }
             match verify(graph, n) {

@@ -14,9 +14,14 @@ pub struct Stat {
     pub ppid: u32,
     pub pgrp: u32,
     pub session: u32,
+    /// The kernel's `PF_*` flags of the task.
+    pub flags: u64,
     /// Start time in clock ticks since boot (`USER_HZ`).
     pub start_ticks: u64,
 }
+
+/// `PF_KTHREAD`: a kernel thread.
+pub const PF_KTHREAD: u64 = 0x0020_0000;
 
 fn proc_path(pid: u32, file: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{file}"))
@@ -47,6 +52,7 @@ pub fn parse_stat(text: &[u8]) -> Option<Stat> {
         ppid: field(4)?.parse().ok()?,
         pgrp: field(5)?.parse().ok()?,
         session: field(6)?.parse().ok()?,
+        flags: field(9)?.parse().ok()?,
         start_ticks: field(22)?.parse().ok()?,
     })
 }

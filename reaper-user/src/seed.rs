@@ -18,7 +18,7 @@ const MAX_PASSES: usize = 5;
 pub type TrackedMap = BpfHashMap<MapData, u32, Tracked>;
 
 /// Checks that `pid` can be a gateway and returns its stat.
-pub fn check_gateway(pid: u32) -> Result<Stat> {
+pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
     let stat = match procfs::read_stat(pid) {
         Ok(s) => s,
         Err(_) => bail!("--gateway-pid {pid}: no such process"),
@@ -28,6 +28,15 @@ pub fn check_gateway(pid: u32) -> Result<Stat> {
     }
     if pid == std::process::id() {
         bail!("--gateway-pid {pid}: that is reaper-trace itself");
+    }
+    if stat.flags & procfs::PF_KTHREAD != 0 {
+        bail!("--gateway-pid {pid}: that is a kernel thread, not a process that spawns helpers");
+    }
+    if pid == 1 && !allow_init {
+        bail!(
+            "--gateway-pid 1: that is init, so every process on the host is its descendant; \
+             give --allow-init if that is really meant"
+        );
     }
     Ok(stat)
 }

@@ -223,7 +223,7 @@ fn end(pid: i32) -> i32 {
     status
 }
 
-fn seed(graph: &mut LineageGraph, pid: i32, is_gateway: bool) -> u64 {
+fn seed(graph: &mut LineageGraph, pid: i32, is_gateway: bool, uncertain: bool) -> u64 {
     let stat = procfs::read_stat(pid as u32).unwrap();
     graph
         .add_seed(Seed {
@@ -235,7 +235,7 @@ fn seed(graph: &mut LineageGraph, pid: i32, is_gateway: bool) -> u64 {
             comm: Comm::from_c(b"sleeper"),
             argv: vec![b"sleeper".to_vec()],
             is_gateway,
-            uncertain: false,
+            uncertain,
         })
         .0
 }
@@ -260,9 +260,9 @@ fn a_recycled_pid_is_never_signalled() {
             break;
         }
         let mut graph = LineageGraph::new(100, procfs::ticks_per_second());
-        seed(&mut graph, me, true);
+        seed(&mut graph, me, true, false);
         let victim = sleeper();
-        let stale = seed(&mut graph, victim, false);
+        let stale = seed(&mut graph, victim, false, false);
         end(victim);
         std::thread::sleep(Duration::from_millis(20)); // a start time in another tick
         let Some(newcomer) = sleeper_with_pid(victim) else {
@@ -288,7 +288,7 @@ fn a_recycled_pid_is_never_signalled() {
         );
 
         // The positive control: the newcomer itself, correctly identified, is killed.
-        let real = seed(&mut graph, newcomer, false);
+        let real = seed(&mut graph, newcomer, false, false);
         let decided = killer.decide(&graph, &[(real, Reason::Orphaned, 0)], u64::MAX);
         assert!(decided.reports.is_empty(), "{:?}", decided.reports.len());
         let first = runtime.block_on(async { reports.recv().await }).unwrap();
@@ -298,4 +298,32 @@ fn a_recycled_pid_is_never_signalled() {
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGTERM);
     }
     assert_eq!(trials, 10, "could not recycle a pid in 200 attempts");
+}
+
+/// A process re-read from /proc after a loss has a guessed lineage: it is never killed.
+#[test]
+fn an_uncertain_process_is_never_signalled() {
+    if !require_root("an_uncertain_process_is_never_signalled") {
+        return;
+    }
+    let mut graph = LineageGraph::new(100, procfs::ticks_per_second());
+    seed(&mut graph, std::process::id() as i32, true, false);
+    let child = sleeper();
+    let node = seed(&mut graph, child, false, true);
+    let (mut killer, _reports) = Killer::new(KillOptions {
+        reasons: vec![Reason::Orphaned],
+        grace: Duration::ZERO,
+        term_timeout: Duration::from_secs(1),
+        dry_run: false,
+    });
+    let decided = killer.decide(&graph, &[(node, Reason::Orphaned, 0)], u64::MAX);
+    let results: Vec<Outcome> = decided.reports.iter().map(|r| r.result).collect();
+    assert_eq!(results, [Outcome::Uncertain]);
+    let mut status = 0;
+    // SAFETY: polling our own child.
+    assert_eq!(
+        unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) },
+        0
+    );
+    end(child);
 }

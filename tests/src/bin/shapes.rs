@@ -37,6 +37,7 @@ fn main() {
         "leak-zombies" => leak_zombies(truth),
         "normal" => normal(),
         "respawner" => respawner(truth),
+        "hostile" => hostile(),
         other => {
             eprintln!("unknown shape {other}");
             std::process::exit(2);
@@ -661,4 +662,41 @@ fn respawner(truth: &str) -> Value {
     );
     std::thread::sleep(linger + Duration::from_millis(500));
     json!({ "x": x, "supervisor": s })
+}
+
+/// The argv of the `hostile` shape's exec: a newline, a terminal escape, invalid UTF-8, a bidi
+/// override, and one argument of 100 KB.
+const HOSTILE_ARGS: [&[u8]; 5] = [
+    b"true",
+    b"line\nbreak",
+    b"\x1b[31mred\x07",
+    b"\xff\xfe not utf-8",
+    "\u{202e}txt.exe".as_bytes(),
+];
+
+/// Hostile names and arguments: a child renames itself (comm) to a newline and an escape
+/// sequence and forks; another execs /bin/true with `HOSTILE_ARGS` and a 100 KB argument.
+fn hostile() -> Value {
+    let renamed = fork_then(|| {
+        // SAFETY: prctl with a NUL-terminated name; the grandchild exits at once.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"a\nb\x1b[31m".as_ptr()) };
+        wait_for(fork_then(|| 0));
+        0
+    });
+    wait_for(renamed);
+    let mut args: Vec<CString> = HOSTILE_ARGS
+        .iter()
+        .map(|a| CString::new(*a).unwrap())
+        .collect();
+    args.push(CString::new(vec![b'x'; 100 * 1024]).unwrap());
+    let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let path = CString::new("/bin/true").unwrap();
+    let exec = fork_then(|| {
+        // SAFETY: NUL-terminated strings and a NULL-terminated array, prepared before fork.
+        unsafe { libc::execv(path.as_ptr(), ptrs.as_ptr()) };
+        127
+    });
+    wait_for(exec);
+    json!({ "renamed": renamed, "exec": exec })
 }
