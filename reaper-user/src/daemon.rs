@@ -28,6 +28,7 @@ use crate::{
     leaks,
     loader::{self, KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
+    privileges,
     procfs::{self, boottime_now},
     seed::{self, TrackedMap},
     tracer::Tracer,
@@ -102,6 +103,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
             Some(child)
         }
     };
+    // Attached and the gateway started: from here on, only what /proc inspection (and --kill)
+    // needs. A failure leaves the run correct but less hardened: say so, go on.
+    if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(cli.kill)) {
+        eprintln!("reaper-trace: warning: {e:#}; keeping full privileges");
+    }
     let ready = Event::Ready {
         gateway: tracer.gateway_pids(),
         tracked: probes.tracked.keys().count(),

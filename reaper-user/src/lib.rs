@@ -14,6 +14,7 @@ pub mod kill;
 pub mod leaks;
 pub mod loader;
 pub mod output;
+pub mod privileges;
 pub mod procfs;
 pub mod seed;
 pub mod text;

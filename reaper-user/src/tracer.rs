@@ -12,7 +12,7 @@ use crate::decode::{KernelEvent, What, decode};
 use crate::events::{
     AliveProcess, Argv, Counts, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
 };
-use crate::graph::{Applied, LineageGraph, NodeId, Seed, Start};
+use crate::graph::{Applied, LineageGraph, Node, NodeId, Seed, Start};
 use crate::inspect::{InspectOptions, Inspector, Reason};
 use crate::kill::{KillReport, Killer};
 use crate::leaks;
@@ -167,9 +167,7 @@ impl Tracer {
         }
         // A process its parent already reaped is gone from /proc, but its `reaped` event (the
         // kernel frees a task in an RCU callback) can lag under load: wait for it.
-        let free_pending = self.graph.zombies().any(|n| {
-            procfs::read_stat(n.pid).map_or(true, |s| s.start_ticks != self.graph.start_ticks(n))
-        });
+        let free_pending = self.graph.zombies().any(|n| !self.still_in_proc(n));
         let patience = if free_pending {
             FREE_PATIENCE
         } else {
@@ -601,13 +599,19 @@ impl Tracer {
         Ok(())
     }
 
+    /// Whether `node`'s process is still in /proc (alive or a zombie not yet reaped).
+    fn still_in_proc(&self, node: &Node) -> bool {
+        procfs::read_stat(node.pid).is_ok_and(|s| s.start_ticks == self.graph.start_ticks(node))
+    }
+
     /// `--check`'s verdict: every descendant still alive and every zombie, with evidence.
     /// Returns the event and the exit status it stands for.
     pub fn check_verdict(&mut self, gateway_exit_code: Option<i32>) -> (Event, i32) {
+        // A zombie /proc no longer shows was reaped; only its `reaped` event is late.
         let left: Vec<NodeId> = self
             .graph
             .alive()
-            .chain(self.graph.zombies())
+            .chain(self.graph.zombies().filter(|n| self.still_in_proc(n)))
             .filter(|n| !n.is_gateway)
             .map(|n| n.id)
             .collect();

@@ -168,7 +168,20 @@ pub fn run_shape_with(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> (Run, Value) {
-    let dir = scratch(shape);
+    // Tests of one binary run in parallel, several on the same shape: one directory a run.
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    run_shape_in(&scratch(&format!("{shape}-{n}")), opts, shape, extra, env)
+}
+
+/// Runs a shape whose truth files go to `dir`.
+pub fn run_shape_in(
+    dir: &std::path::Path,
+    opts: &[&str],
+    shape: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Run, Value) {
     let truth = dir.join("truth.json");
     let truth_s = truth.to_str().unwrap();
     let shapes = shapes();

@@ -7,7 +7,7 @@ use std::{
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reaper_tests::{
-    Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, scratch, scratch_path,
+    Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, run_shape_in, scratch,
     shapes, wait_for_file,
 };
 use serde_json::Value;
@@ -140,7 +140,8 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
     if !require_root("setsid_double_fork_grandchild_stays_in_the_lineage") {
         return;
     }
-    let (run, truth) = run_shape("setsid-double-fork", &[]);
+    let dir = scratch("setsid-double-fork");
+    let (run, truth) = run_shape_in(&dir, &[], "setsid-double-fork", &[], &[]);
     let gw = pid(&truth["gateway"]);
     let leader = pid(&truth["session_leader"]);
     let grandchild = pid(&truth["grandchild"]);
@@ -154,7 +155,7 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
     );
     let reparent = run.one("reparent", grandchild);
     assert_eq!(pid(&reparent["old_ppid"]), leader);
-    let b_truth = read_json(&scratch_path("setsid-double-fork").join("truth.json.grandchild"));
+    let b_truth = read_json(&dir.join("truth.json.grandchild"));
     assert_eq!(
         reparent["new_ppid"], b_truth["ppid_after"],
         "the new parent is read, not guessed"

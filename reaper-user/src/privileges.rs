@@ -1,0 +1,51 @@
+//! Least privilege once the probes are attached: reaper-trace runs as root for days, so what it
+//! no longer needs, it gives up.
+//!
+//! Loading and attaching needed CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN (to mount tracefs) and
+//! CAP_SYS_RESOURCE; from then on the maps and the ring are used through fds it already holds,
+//! which needs no capability. What stays: CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (reading other
+//! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`.
+//! Everything else leaves the effective, permitted, inheritable, ambient and bounding sets, and
+//! no_new_privs is set, so nothing it could ever exec regains privileges.
+use anyhow::{Context, Result, bail};
+use caps::{CapSet, Capability, CapsHashSet};
+
+/// The capabilities kept after attach.
+pub fn runtime_needs(kill: bool) -> CapsHashSet {
+    let mut keep: CapsHashSet = [Capability::CAP_SYS_PTRACE, Capability::CAP_DAC_READ_SEARCH]
+        .into_iter()
+        .collect();
+    if kill {
+        keep.insert(Capability::CAP_KILL);
+    }
+    keep
+}
+
+/// Drops every capability but `keep` from this process and sets no_new_privs. Capabilities
+/// belong to threads: this must run while the process has one thread.
+pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(1);
+    if threads != 1 {
+        bail!("dropping privileges with {threads} threads would leave some privileged");
+    }
+    // The bounding set first: dropping from it needs CAP_SETPCAP, which goes next.
+    for cap in caps::all() {
+        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .with_context(|| format!("dropping {cap} from the bounding set"))?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient).context("clearing the ambient capabilities")?;
+    caps::clear(None, CapSet::Inheritable).context("clearing the inheritable capabilities")?;
+    let permitted = caps::read(None, CapSet::Permitted).context("reading capabilities")?;
+    let kept: CapsHashSet = keep.intersection(&permitted).copied().collect();
+    caps::set(None, CapSet::Effective, &kept).context("setting the effective capabilities")?;
+    caps::set(None, CapSet::Permitted, &kept).context("setting the permitted capabilities")?;
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        bail!("setting no_new_privs: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}

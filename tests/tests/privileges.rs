@@ -1,0 +1,67 @@
+//! Least privilege: once attached, reaper-trace keeps only what /proc inspection (and --kill)
+//! needs, and sets no_new_privs. Needs root (see `require_root`).
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use reaper_tests::{reaper_trace, require_root};
+
+/// CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19); CAP_KILL (5) with --kill.
+const INSPECT: u64 = 1 << 2 | 1 << 19;
+const KILL: u64 = 1 << 5;
+
+/// Starts reaper-trace with `args`, waits for `ready`, and returns its capability sets and
+/// no_new_privs from /proc/PID/status.
+fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
+    let mut child = Command::new(reaper_trace())
+        .args(["--json", "--quiet"])
+        .args(args)
+        .args(["--", "sleep", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("\"event\":\"ready\""));
+    assert!(ready.is_some(), "no ready event");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let field = |name: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+            .trim()
+            .to_owned()
+    };
+    let hex = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    let sets = (
+        hex("CapEff:"),
+        hex("CapPrm:"),
+        hex("CapBnd:"),
+        hex("CapInh:"),
+    );
+    let nnp = field("NoNewPrivs:");
+    for _ in lines {}
+    assert!(child.wait().unwrap().success());
+    (sets.0, sets.1, sets.2, sets.3, nnp)
+}
+
+#[test]
+fn after_attach_only_inspection_privileges_remain() {
+    if !require_root("after_attach_only_inspection_privileges_remain") {
+        return;
+    }
+    let (eff, prm, bnd, inh, nnp) = privileges_after_ready(&[]);
+    assert_eq!((eff, prm, bnd, inh), (INSPECT, INSPECT, INSPECT, 0));
+    assert_eq!(nnp, "1");
+
+    let (eff, prm, bnd, _, _) = privileges_after_ready(&["--kill"]);
+    assert_eq!(
+        (eff, prm, bnd),
+        (INSPECT | KILL, INSPECT | KILL, INSPECT | KILL)
+    );
+}
