@@ -65,3 +65,41 @@ fn after_attach_only_inspection_privileges_remain() {
         (INSPECT | KILL, INSPECT | KILL, INSPECT | KILL)
     );
 }
+
+/// Without CAP_BPF (root otherwise), the error says which capabilities are missing and how to
+/// run it, and nothing is left behind.
+#[test]
+fn without_bpf_privileges_the_error_names_them() {
+    if !require_root("without_bpf_privileges_the_error_names_them") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(reaper_trace());
+    cmd.args(["--json", "--quiet", "--", "true"]);
+    // SAFETY: only capability syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for cap in [
+                caps::Capability::CAP_BPF,
+                caps::Capability::CAP_SYS_ADMIN,
+                caps::Capability::CAP_PERFMON,
+            ] {
+                caps::drop(None, caps::CapSet::Bounding, cap).map_err(std::io::Error::other)?;
+                caps::drop(None, caps::CapSet::Effective, cap).map_err(std::io::Error::other)?;
+                caps::drop(None, caps::CapSet::Permitted, cap).map_err(std::io::Error::other)?;
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("CAP_BPF") && stderr.contains("sudo reaper-trace"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no event before the probes are attached"
+    );
+}
