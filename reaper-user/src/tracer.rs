@@ -40,8 +40,10 @@ pub const EXIT_GATEWAY_FAILED: i32 = 4;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
-/// How long it waits for the `reaped` events of processes already reaped.
-const FREE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long it waits for the `reaped` events of processes already reaped. Such an event always
+/// comes (the kernel frees every reaped task), but after a fork storm on a loaded machine the
+/// RCU callbacks that free tasks were seen to lag by over 5 s.
+const FREE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A child whose parent exited; its new parent is read from /proc once the kernel set it.
 struct PendingReparent {
