@@ -42,7 +42,8 @@ pub const EXIT_GATEWAY_FAILED: i32 = 4;
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
 /// How long it waits for the `reaped` events of processes already reaped. Such an event always
 /// comes (the kernel frees every reaped task), but after a fork storm on a loaded machine the
-/// RCU callbacks that free tasks were seen to lag by over 5 s.
+/// RCU callbacks that free tasks can lag for seconds: one CI run stopped one event short with
+/// 5 s of patience.
 const FREE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A child whose parent exited; its new parent is read from /proc once the kernel set it.
