@@ -26,7 +26,7 @@ use crate::{
     inspect::InspectOptions,
     kill::{KillOptions, KillReport, Killer},
     leaks,
-    loader::{self, KernelCounters, LoadOptions, Probes, ReaderIdle},
+    loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
     output::Output,
     privileges,
     procfs::{self, boottime_now},
@@ -66,9 +66,6 @@ pub async fn run(cli: Cli) -> Result<i32> {
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
     }
-    // Parsing the kernel's BTF took tens of MiB that are free now: give them back, or a
-    // day-long audit would keep them resident.
-    loader::release_free_heap();
 
     let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
     let inspect = InspectOptions {

@@ -235,11 +235,15 @@ impl Killer {
                 result,
                 secs: None,
             };
-            if n.is_gateway || self.protected.contains(&n.pid) || !in_lineage(graph, n) {
+            let chain = graph.chain(n.id);
+            let in_lineage = chain
+                .first()
+                .is_some_and(|root| root.is_gateway && root.id != n.id);
+            if n.is_gateway || self.protected.contains(&n.pid) || !in_lineage {
                 out.reports.push(refuse(Outcome::NotInLineage));
                 continue;
             }
-            if graph.chain(n.id).iter().any(|a| a.uncertain) {
+            if chain.iter().any(|a| a.uncertain) {
                 out.reports.push(refuse(Outcome::Uncertain));
                 continue;
             }
@@ -277,14 +281,6 @@ fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a N
     }
 }
 
-/// Whether `node`'s spawn chain leads to a gateway.
-fn in_lineage(graph: &LineageGraph, node: &Node) -> bool {
-    graph
-        .chain(node.id)
-        .first()
-        .is_some_and(|root| root.is_gateway && root.id != node.id)
-}
-
 /// A pidfd for `node`'s process, checked to be that process, and whether it is stopped.
 fn verify(graph: &LineageGraph, node: &Node) -> Result<(PidFd, bool), Outcome> {
     let pidfd = match PidFd::open(node.pid) {
@@ -292,10 +288,8 @@ fn verify(graph: &LineageGraph, node: &Node) -> Result<(PidFd, bool), Outcome> {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(Outcome::PermissionDenied),
         Err(_) => return Err(Outcome::IdentityChanged),
     };
-    match procfs::read_stat(node.pid) {
-        Ok(stat) if stat.start_ticks == graph.start_ticks(node) && stat.state != b'Z' => {
-            Ok((pidfd, matches!(stat.state, b'T' | b't')))
-        }
+    match procfs::read_stat_if_same(node.pid, graph.start_ticks(node)) {
+        Some(stat) if stat.state != b'Z' => Ok((pidfd, matches!(stat.state, b'T' | b't'))),
         _ => Err(Outcome::IdentityChanged),
     }
 }

@@ -111,7 +111,7 @@ fn attach_lifecycle(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 /// Returns freed heap pages to the system (glibc keeps them otherwise).
-pub fn release_free_heap() {
+fn release_free_heap() {
     // SAFETY: malloc_trim only releases memory that is already free.
     unsafe { libc::malloc_trim(0) };
 }

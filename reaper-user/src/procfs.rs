@@ -63,6 +63,12 @@ pub fn read_stat(pid: u32) -> io::Result<Stat> {
     parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
 
+/// The stat of `pid` if it is still the process that started at `start_ticks` (a pid can be
+/// recycled between any two looks).
+pub fn read_stat_if_same(pid: u32, start_ticks: u64) -> Option<Stat> {
+    read_stat(pid).ok().filter(|s| s.start_ticks == start_ticks)
+}
+
 /// Splits a NUL-separated argument block (`/proc/PID/cmdline`, or argv read at exec) into
 /// arguments, at most `max_args`. Returns the arguments and whether any were cut.
 pub fn split_args(block: &[u8], max_args: usize) -> (Vec<Vec<u8>>, bool) {

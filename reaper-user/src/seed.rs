@@ -53,8 +53,8 @@ fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
     }
     // Start 0: the kernel learns the exact start time at the process's next event.
     map.insert(stat.pid, Tracked { start: 0 }, 0)?;
-    match procfs::read_stat(stat.pid) {
-        Ok(now) if now.start_ticks == stat.start_ticks && now.state != b'Z' => Ok(true),
+    match procfs::read_stat_if_same(stat.pid, stat.start_ticks) {
+        Some(now) if now.state != b'Z' => Ok(true),
         _ => {
             let _ = map.remove(&stat.pid);
             Ok(false)

@@ -604,7 +604,7 @@ impl Tracer {
 
     /// Whether `node`'s process is still in /proc (alive or a zombie not yet reaped).
     fn still_in_proc(&self, node: &Node) -> bool {
-        procfs::read_stat(node.pid).is_ok_and(|s| s.start_ticks == self.graph.start_ticks(node))
+        procfs::read_stat_if_same(node.pid, self.graph.start_ticks(node)).is_some()
     }
 
     /// `--check`'s verdict: every descendant still alive and every zombie, with evidence.

@@ -139,10 +139,7 @@ pub fn sample(pid: u32, start_ticks: u64) -> Option<Sample> {
     // The pidfd first, then the identity check: if the start time matches after the pidfd
     // exists, the pidfd is this process even if the pid is recycled later.
     let pidfd = PidFd::open(pid).ok()?;
-    let stat = procfs::read_stat(pid).ok()?;
-    if stat.start_ticks != start_ticks {
-        return None;
-    }
+    let stat = procfs::read_stat_if_same(pid, start_ticks)?;
     let fds = facts::read_fds(pid)?
         .into_iter()
         .map(|fd| {
