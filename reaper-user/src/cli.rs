@@ -1,5 +1,5 @@
 //! Command line of `reaper-trace`.
-use std::{ffi::OsString, time::Duration};
+use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 
@@ -24,9 +24,28 @@ pub struct Cli {
     #[arg(long)]
     pub json: bool,
 
-    /// No readable lines (with --json: only the NDJSON stream).
+    /// No readable lines and no status line (with --json: only the NDJSON stream).
     #[arg(long)]
     pub quiet: bool,
+
+    /// Also write the NDJSON stream to FILE (appending), alongside what goes to the terminal.
+    /// A full disk does not stop tracing: lines wait in memory and the error is reported.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// With --output: start a new file when this one would pass SIZE (e.g. 100MiB); the old
+    /// ones are kept as FILE.1 (newest), FILE.2, ...
+    #[arg(long, value_name = "SIZE", value_parser = parse_rotate_size)]
+    pub rotate_size: Option<u64>,
+
+    /// With --rotate-size: how many rotated files to keep.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub rotate_keep: u32,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464). Binds only
+    /// where told: keep it on loopback unless the port is firewalled.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
+    pub metrics: Option<SocketAddr>,
 
     /// Stop after this long (e.g. 30s, 10m, 2h). Otherwise: on SIGINT/SIGTERM, or when the
     /// gateways have exited and no tracked process is left.
@@ -169,9 +188,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration like 30s, 10m or 2h ({e})"))
 }
 
-/// A byte size like `16MiB`, `8M`, `64KiB` or `4096`, which must be a power of two of at
-/// least one page (what the kernel accepts for a ring buffer).
-pub fn parse_ring_size(s: &str) -> Result<u32, String> {
+/// A byte size like `16MiB`, `8M`, `64KiB` or `4096`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
@@ -189,13 +207,40 @@ pub fn parse_ring_size(s: &str) -> Result<u32, String> {
             ));
         }
     };
-    let bytes = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// A ring-buffer size: a power of two of at least one page (what the kernel accepts).
+pub fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size(s)?;
     if bytes < 4096 || !bytes.is_power_of_two() || bytes > 1 << 30 {
         return Err(format!("`{s}` must be a power of two from 4KiB to 1GiB"));
     }
     Ok(bytes as u32)
+}
+
+/// A rotation size: at least 4KiB (smaller files would rotate at nearly every event).
+pub fn parse_rotate_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_size(s)?;
+    if bytes < 4096 {
+        return Err(format!("`{s}` is below the smallest rotation size, 4KiB"));
+    }
+    Ok(bytes)
+}
+
+/// `127.0.0.1:9464`, `[::1]:9464`, or `localhost:9464` (loopback).
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Some(port) = t.strip_prefix("localhost:") {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("`{s}`: `{port}` is not a port number"))?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    t.parse().map_err(|_| {
+        format!("`{s}` is not an address to listen on, like 127.0.0.1:9464 or [::1]:9464")
+    })
 }
 
 impl Cli {
@@ -224,6 +269,12 @@ impl Cli {
         ];
         if let Some((_, flag)) = kill_only.iter().find(|(set, _)| *set && !self.kill) {
             return Err(format!("{flag} only applies with --kill"));
+        }
+        if self.rotate_size.is_some() && self.output.is_none() {
+            return Err("--rotate-size only applies with --output".into());
+        }
+        if self.rotate_keep != 5 && self.rotate_size.is_none() {
+            return Err("--rotate-keep only applies with --rotate-size".into());
         }
         if self.scan_interval < Duration::from_millis(100) {
             return Err("--scan-interval must be at least 100ms".into());
@@ -274,6 +325,50 @@ mod tests {
                 .contains("unknown unit")
         );
         assert!(parse_ring_size("99999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn sizes_and_addresses() {
+        assert_eq!(parse_rotate_size("100MiB"), Ok(100 << 20));
+        assert!(parse_rotate_size("1k").unwrap_err().contains("4KiB"));
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:9464"),
+            Ok("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:80"),
+            Ok("[::1]:80".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listen_addr("localhost:9464"),
+            Ok("127.0.0.1:9464".parse().unwrap())
+        );
+        assert!(
+            parse_listen_addr("9464")
+                .unwrap_err()
+                .contains("127.0.0.1:9464")
+        );
+        assert!(
+            parse_listen_addr("localhost:http")
+                .unwrap_err()
+                .contains("port")
+        );
+        assert!(parse_listen_addr("127.0.0.1:99999").is_err());
+        let bad = |args: &[&str]| Cli::try_parse_from(args).unwrap().validate().unwrap_err();
+        assert!(bad(&["reaper-trace", "--rotate-size", "1MiB", "--", "true"]).contains("--output"));
+        assert!(
+            bad(&[
+                "reaper-trace",
+                "--output",
+                "f",
+                "--rotate-keep",
+                "3",
+                "--",
+                "true"
+            ])
+            .contains("--rotate-size")
+        );
     }
 
     #[test]

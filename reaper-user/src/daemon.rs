@@ -27,10 +27,13 @@ use crate::{
     kill::{KillOptions, KillReport, Killer},
     leaks,
     loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
+    logfile::{LogFile, Rotation},
     output::Output,
     privileges,
     procfs::{self, boottime_now},
     seed::{self, TrackedMap},
+    serve,
+    status::StatusLine,
     tracer::Tracer,
     tree::render_alive_tree,
 };
@@ -56,6 +59,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         .iter()
         .map(|&pid| seed::check_gateway(pid, cli.allow_init))
         .collect::<Result<Vec<_>>>()?;
+    let output = output_for(&cli, t0)?;
+    let metrics_listener = match cli.metrics {
+        Some(addr) => Some(serve::bind(addr).await?),
+        None => None,
+    };
 
     let mut probes = Probes::load(&LoadOptions {
         max_tracked: cli.max_tracked,
@@ -73,7 +81,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         idle_after: cli.idle_after,
         zombie_after: cli.zombie_after,
     };
-    let mut tracer = Tracer::new(graph, output_for(&cli, t0), inspect);
+    let mut tracer = Tracer::new(graph, output, inspect);
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(serve::serve(listener, tracer.out.metrics.registry()));
+    }
     let mut kill_reports = None;
     if cli.kill {
         let (killer, reports) = Killer::new(KillOptions {
@@ -158,6 +169,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     }
     let summary = tracer.summary(&probes.counters, gateway_code)?;
     tracer.out.event(boottime_now(), &summary)?;
+    tracer.out.end_status();
     let tree = render_alive_tree(&tracer.graph, &leaks::active_by_node(&tracer.inspector));
     tracer.out.human_block(&tree)?;
     tracer.out.flush()?;
@@ -230,6 +242,7 @@ async fn event_loop(
                 drain(ring.get_mut(), tracer)?;
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
+                tracer.out.draw_status().context("writing output")?;
                 next_scan = Instant::now() + cli.scan_interval;
             }
             Some(report) = next_report(kill_reports) => tracer.report_kill(report)?,
@@ -308,16 +321,28 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-fn output_for(cli: &Cli, t0: u64) -> Output {
+fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
     let stdout =
         || Box::new(BufWriter::with_capacity(64 << 10, std::io::stdout())) as Box<dyn Write + Send>;
     let stderr =
         || Box::new(BufWriter::with_capacity(64 << 10, std::io::stderr())) as Box<dyn Write + Send>;
-    let json = cli.json.then(stdout);
+    let mut json = Vec::new();
+    if cli.json {
+        json.push(stdout());
+    }
+    if let Some(path) = &cli.output {
+        let rotation = cli.rotate_size.map(|size| Rotation {
+            size,
+            keep: cli.rotate_keep,
+        });
+        json.push(Box::new(LogFile::open(path, rotation)?) as Box<dyn Write + Send>);
+    }
     let human = match (cli.quiet, cli.json) {
         (true, _) => None,
         (false, true) => Some(stderr()),
         (false, false) => Some(stdout()),
     };
-    Output::new(json, human, t0)
+    let mut out = Output::new(json, human, t0);
+    out.set_status(StatusLine::for_stderr(!cli.quiet));
+    Ok(out)
 }

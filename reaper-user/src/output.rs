@@ -5,12 +5,17 @@ use anyhow::{Context, Result};
 
 use crate::events::{Envelope, Event, wait_status};
 use crate::leaks;
+use crate::metrics::Metrics;
+use crate::status::StatusLine;
 
-/// Writes the event stream. NDJSON goes to `json` (stdout with `--json`); readable lines go to
-/// `human` (stdout by default, stderr with `--json`).
+/// Writes the event stream. NDJSON goes to each of `json` (stdout with `--json`, the file of
+/// `--output`); readable lines go to `human` (stdout by default, stderr with `--json`). Every
+/// event is also counted in the metrics.
 pub struct Output {
-    json: Option<Box<dyn Write + Send>>,
+    json: Vec<Box<dyn Write + Send>>,
     human: Option<Box<dyn Write + Send>>,
+    pub metrics: Metrics,
+    status: Option<StatusLine>,
     seq: u64,
     /// Boot-time ns at start, for relative times in human lines.
     t0: u64,
@@ -21,13 +26,15 @@ pub struct Output {
 
 impl Output {
     pub fn new(
-        json: Option<Box<dyn Write + Send>>,
+        json: Vec<Box<dyn Write + Send>>,
         human: Option<Box<dyn Write + Send>>,
         t0: u64,
     ) -> Self {
         Output {
             json,
             human,
+            metrics: Metrics::new(),
+            status: None,
             seq: 0,
             t0,
             line: Vec::with_capacity(1024),
@@ -36,7 +43,8 @@ impl Output {
 
     /// Emits one event stamped `ts`.
     pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
-        if let Some(w) = self.json.as_mut() {
+        self.metrics.observe(body);
+        if !self.json.is_empty() {
             let env = Envelope {
                 event: body.name(),
                 seq: self.seq,
@@ -46,14 +54,43 @@ impl Output {
             self.line.clear();
             serde_json::to_writer(&mut self.line, &env).context("serialising an NDJSON event")?;
             self.line.push(b'\n');
-            w.write_all(&self.line).context("writing an NDJSON event")?;
+            for w in &mut self.json {
+                w.write_all(&self.line).context("writing an NDJSON event")?;
+            }
         }
         self.seq += 1;
         if let Some(w) = self.human.as_mut() {
+            if let Some(s) = self.status.as_mut() {
+                s.clear();
+            }
             let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
             writeln!(w, "[{rel:>9.3}s] {}", human_line(ts, body)).context("writing output")?;
         }
         Ok(())
+    }
+
+    /// Shows the live status line (see [`StatusLine`]).
+    pub fn set_status(&mut self, status: Option<StatusLine>) {
+        self.status = status;
+    }
+
+    /// Redraws the status line, if there is one, after the lines written so far.
+    pub fn draw_status(&mut self) -> io::Result<()> {
+        if self.status.is_some() {
+            self.flush()?;
+        }
+        let counts = self.metrics.status();
+        if let Some(s) = self.status.as_mut() {
+            s.draw(counts);
+        }
+        Ok(())
+    }
+
+    /// Removes the status line for good (at the end of the run).
+    pub fn end_status(&mut self) {
+        if let Some(mut s) = self.status.take() {
+            s.clear();
+        }
     }
 
     /// Starts the clock of the relative times in readable lines.
@@ -63,6 +100,9 @@ impl Output {
 
     /// Writes a block of text for people only (the closing tree).
     pub fn human_block(&mut self, text: &str) -> Result<()> {
+        if let Some(s) = self.status.as_mut() {
+            s.clear();
+        }
         if let Some(w) = self.human.as_mut() {
             w.write_all(text.as_bytes()).context("writing output")?;
         }
@@ -71,7 +111,7 @@ impl Output {
 
     /// Flushes both outlets (after every batch of events, so a reader sees them at once).
     pub fn flush(&mut self) -> io::Result<()> {
-        if let Some(w) = self.json.as_mut() {
+        for w in &mut self.json {
             w.flush()?;
         }
         if let Some(w) = self.human.as_mut() {

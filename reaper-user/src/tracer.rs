@@ -593,12 +593,16 @@ impl Tracer {
 
     /// One round of the leak inspector; emits the flags that started or stopped holding.
     pub fn scan_leaks(&mut self) -> Result<()> {
+        let began = Instant::now();
         let now = boottime_now();
         for change in self.inspector.scan(&self.graph, now) {
             if let Some(ev) = leaks::change_event(&self.graph, &change, now) {
                 self.out.event(now, &ev)?;
             }
         }
+        self.out
+            .metrics
+            .set_state(&self.graph, &self.inspector, began.elapsed());
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
 //! boot from it with no modules (the serial console is built in). The guest's init mounts
 //! /proc, /sys and /dev (the initramfs itself is the writable root, /tmp included: the
-//! workspace may live under /tmp), runs the tests with `CI=true` (so nothing may skip), prints
+//! workspace may live under /tmp), brings up loopback (for `/metrics`), runs the tests with `CI=true` (so nothing may skip), prints
 //! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
@@ -168,6 +168,10 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         ("/bin/true", "true"),
         ("/bin/sleep", "sleep"),
         ("/bin/seq", "seq"),
+        ("/bin/rm", "rm"),
+        ("/bin/dd", "dd"),
+        ("/bin/mount", "mount"),
+        ("/bin/umount", "umount"),
     ] {
         let host = which(bin)?;
         fs.program(&host)?;
@@ -194,6 +198,7 @@ busybox mount -t proc proc /proc
 busybox mount -t sysfs sysfs /sys
 busybox mount -t devtmpfs devtmpfs /dev
 busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+busybox ip link set lo up
 echo \"{KERNEL_MARK}$(busybox uname -r)\"
 cd {tests}
 status=0

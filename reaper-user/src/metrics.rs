@@ -1,0 +1,281 @@
+//! Prometheus metrics: counters fed by the event stream itself (so they always agree with it)
+//! and gauges set from the graph at each leak scan. `--metrics ADDR` serves them.
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::{
+    counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,
+};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::events::Event;
+use crate::graph::LineageGraph;
+use crate::inspect::{Inspector, Reason};
+use crate::leaks;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KillLabel {
+    reason: &'static str,
+    result: &'static str,
+}
+
+/// The lifecycle events counted by kind, in `reaper_events_total{kind}`.
+const LIFECYCLE: [&str; 7] = [
+    "snapshot", "fork", "exec", "exit", "reaped", "setsid", "reparent",
+];
+
+/// Every metric, as handles onto the registry's atomics: updating one is an atomic add.
+pub struct Metrics {
+    registry: Arc<Registry>,
+    events: [Counter; LIFECYCLE.len()],
+    lost: Counter,
+    flags: Family<ReasonLabel, Counter>,
+    kills: Family<KillLabel, Counter>,
+    flagged: Family<ReasonLabel, Gauge>,
+    alive: Gauge,
+    zombies: Gauge,
+    graph_nodes: Gauge,
+    flagged_rss: Gauge,
+    scan_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut reg = Registry::with_prefix("reaper");
+        let events_family = Family::<KindLabel, Counter>::default();
+        reg.register(
+            "events",
+            "Lifecycle events in the stream, by kind",
+            events_family.clone(),
+        );
+        let events = LIFECYCLE.map(|kind| events_family.get_or_create(&KindLabel { kind }).clone());
+        let lost = Counter::default();
+        reg.register(
+            "events_lost",
+            "Kernel records lost (ring full) or children not followed (tracked map full)",
+            lost.clone(),
+        );
+        let flags = Family::<ReasonLabel, Counter>::default();
+        reg.register("flags", "Leak flags raised, by reason", flags.clone());
+        let kills = Family::<KillLabel, Counter>::default();
+        reg.register(
+            "kills",
+            "Steps of --kill sequences, by reason and result",
+            kills.clone(),
+        );
+        let flagged = Family::<ReasonLabel, Gauge>::default();
+        reg.register(
+            "flagged",
+            "Leak flags holding now, by reason",
+            flagged.clone(),
+        );
+        for r in Reason::ALL {
+            // Every reason shows, at 0 until it happens: a missing series is not a zero.
+            let label = ReasonLabel { reason: r.name() };
+            let _ = flags.get_or_create(&label);
+            let _ = flagged.get_or_create(&label);
+        }
+        let alive = Gauge::default();
+        reg.register(
+            "descendants_alive",
+            "Tracked processes alive now, gateways included",
+            alive.clone(),
+        );
+        let zombies = Gauge::default();
+        reg.register(
+            "descendants_zombie",
+            "Tracked processes exited and not yet reaped",
+            zombies.clone(),
+        );
+        let graph_nodes = Gauge::default();
+        reg.register(
+            "graph_nodes",
+            "Processes held in the lineage graph (alive, and dead ones kept for lineage)",
+            graph_nodes.clone(),
+        );
+        let flagged_rss = Gauge::default();
+        reg.register_with_unit(
+            "flagged_resident",
+            "Resident memory of the flagged live processes",
+            Unit::Bytes,
+            flagged_rss.clone(),
+        );
+        let scan_seconds = Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        ]);
+        reg.register_with_unit(
+            "scan_duration",
+            "Time one leak-inspector round took",
+            Unit::Seconds,
+            scan_seconds.clone(),
+        );
+        Metrics {
+            registry: Arc::new(reg),
+            events,
+            lost,
+            flags,
+            kills,
+            flagged,
+            alive,
+            zombies,
+            graph_nodes,
+            flagged_rss,
+            scan_seconds,
+        }
+    }
+
+    /// Counts one event of the stream.
+    pub fn observe(&self, ev: &Event) {
+        match ev {
+            Event::Lost { count, .. } => {
+                self.lost.inc_by(*count);
+            }
+            Event::Flag { reason, .. } => {
+                self.flags.get_or_create(&ReasonLabel { reason }).inc();
+            }
+            Event::Kill { reason, result, .. } => {
+                self.kills
+                    .get_or_create(&KillLabel { reason, result })
+                    .inc();
+            }
+            Event::Snapshot { .. } => self.count(0),
+            Event::Fork { .. } => self.count(1),
+            Event::Exec { .. } => self.count(2),
+            Event::Exit { .. } => self.count(3),
+            Event::Reaped { .. } => self.count(4),
+            Event::Setsid { .. } => self.count(5),
+            Event::Reparent { .. } => self.count(6),
+            Event::Ready { .. }
+            | Event::Summary { .. }
+            | Event::Cleared { .. }
+            | Event::Check { .. } => {}
+        }
+    }
+
+    fn count(&self, lifecycle: usize) {
+        self.events[lifecycle].inc();
+    }
+
+    /// Sets the gauges from the graph and the flags holding now, after a scan that took `took`.
+    pub fn set_state(&self, graph: &LineageGraph, inspector: &Inspector, took: Duration) {
+        self.alive.set(graph.live_count() as i64);
+        self.zombies.set(graph.zombie_count() as i64);
+        self.graph_nodes.set(graph.len() as i64);
+        let summary = leaks::summary(graph, inspector);
+        for (reason, n) in &summary.active {
+            self.flagged
+                .get_or_create(&ReasonLabel { reason })
+                .set(*n as i64);
+        }
+        self.flagged_rss.set((summary.rss_kib * 1024) as i64);
+        self.scan_seconds.observe(took.as_secs_f64());
+    }
+
+    /// What the one-line status shows.
+    pub fn status(&self) -> StatusCounts {
+        StatusCounts {
+            alive: self.alive.get().max(0) as u64,
+            events: self.events.iter().map(Counter::get).sum(),
+            flagged: self.flagged_total(),
+            lost: self.lost.get(),
+        }
+    }
+
+    fn flagged_total(&self) -> u64 {
+        Reason::ALL
+            .iter()
+            .map(|r| {
+                let label = ReasonLabel { reason: r.name() };
+                self.flagged.get_or_create(&label).get().max(0) as u64
+            })
+            .sum()
+    }
+
+    /// The registry, for the `/metrics` server.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// The text exposition (OpenMetrics), as served.
+    pub fn encode(&self) -> String {
+        encode(&self.registry)
+    }
+}
+
+/// Renders a registry in the OpenMetrics text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+    text
+}
+
+/// The counts behind the terminal's status line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusCounts {
+    pub alive: u64,
+    pub events: u64,
+    pub flagged: u64,
+    pub lost: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn counters_follow_the_stream() {
+        let m = Metrics::new();
+        m.observe(&Event::Reaped { pid: 7 });
+        m.observe(&Event::Reaped { pid: 8 });
+        m.observe(&Event::Setsid { pid: 8, sid: 8 });
+        m.observe(&Event::Lost {
+            count: 3,
+            kinds: BTreeMap::new(),
+            affected: vec![],
+        });
+        let text = m.encode();
+        assert!(
+            text.contains("reaper_events_total{kind=\"reaped\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reaper_events_total{kind=\"setsid\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reaper_events_total{kind=\"fork\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("reaper_events_lost_total 3\n"), "{text}");
+        assert!(
+            text.contains("reaper_flags_total{reason=\"orphaned\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reaper_flagged{reason=\"deaf\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(m.status().events, 3);
+        assert_eq!(m.status().lost, 3);
+    }
+}

@@ -1,0 +1,283 @@
+//! Day-long audit plumbing against the real kernel: `/metrics` agrees with the stream,
+//! `--output` rotation loses nothing, a full disk stops nothing. Needs root (see
+//! `require_root`).
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use reaper_tests::{Run, reaper_trace, require_root, run_reaper, scratch, shapes};
+use serde_json::Value;
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET /metrics, as Prometheus would.
+fn scrape(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    Some(text)
+}
+
+/// The value of the sample line `series` (name with labels) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Events of `name` in the stream so far.
+fn count(events: &[Value], name: &str) -> f64 {
+    events.iter().filter(|e| e["event"] == name).count() as f64
+}
+
+#[test]
+fn metrics_scrape_matches_the_stream() {
+    if !require_root("metrics_scrape_matches_the_stream") {
+        return;
+    }
+    let port = free_port();
+    let dir = scratch("metrics");
+    let truth = dir.join("truth.json");
+    let mut child = Command::new(reaper_trace())
+        .args(["--json", "--quiet", "--scan-interval", "250ms", "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--")
+        .arg(shapes())
+        .args(["leak-orphan", truth.to_str().unwrap()])
+        .env("REAPER_SHAPES_LINGER_MS", "6000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let events = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let reader = {
+        let events = events.clone();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                events
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_str(&line).unwrap());
+            }
+        })
+    };
+    // While the orphan's flag holds and nothing else moves, the scrape and the stream agree.
+    let start = Instant::now();
+    let mut last = String::new();
+    let agreed = loop {
+        if start.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let evs = events.lock().unwrap().clone();
+        if count(&evs, "flag") == 0.0 {
+            continue;
+        }
+        let Some(text) = scrape(port) else { continue };
+        let alive = count(&evs, "fork") - count(&evs, "exit");
+        let expected = [
+            ("reaper_events_total{kind=\"fork\"}", count(&evs, "fork")),
+            ("reaper_events_total{kind=\"exec\"}", count(&evs, "exec")),
+            ("reaper_events_total{kind=\"exit\"}", count(&evs, "exit")),
+            (
+                "reaper_events_total{kind=\"reaped\"}",
+                count(&evs, "reaped"),
+            ),
+            (
+                "reaper_events_total{kind=\"setsid\"}",
+                count(&evs, "setsid"),
+            ),
+            (
+                "reaper_flags_total{reason=\"orphaned\"}",
+                count(&evs, "flag"),
+            ),
+            ("reaper_flagged{reason=\"orphaned\"}", count(&evs, "flag")),
+            ("reaper_events_lost_total", 0.0),
+            ("reaper_descendants_alive", alive),
+        ];
+        last = text.clone();
+        if expected
+            .iter()
+            .all(|(series, want)| sample(&text, series) == Some(*want))
+        {
+            break true;
+        }
+    };
+    assert!(agreed, "the scrape never matched the stream:\n{last}");
+    assert!(sample(&last, "reaper_flagged_resident_bytes").unwrap() > 0.0);
+    assert!(sample(&last, "reaper_graph_nodes").unwrap() >= 3.0);
+    assert!(sample(&last, "reaper_scan_duration_seconds_count").unwrap() >= 1.0);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success());
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the port is closed with the run"
+    );
+}
+
+/// The rotated files, oldest first, then the live one.
+fn rotated_in_order(path: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for k in (1..=1000).rev() {
+        let p = PathBuf::from(format!("{}.{k}", path.display()));
+        if p.exists() {
+            files.push(p);
+        }
+    }
+    files.push(path.to_path_buf());
+    files
+}
+
+#[test]
+fn rotation_loses_no_event() {
+    if !require_root("rotation_loses_no_event") {
+        return;
+    }
+    let dir = scratch("rotation");
+    let file = dir.join("audit.ndjson");
+    let out = Command::new(reaper_trace())
+        .args([
+            "--json",
+            "--quiet",
+            "--rotate-size",
+            "4KiB",
+            "--rotate-keep",
+            "1000",
+        ])
+        .arg("--output")
+        .arg(&file)
+        .args(["--", "sh", "-c", "for i in $(seq 200); do /bin/true; done"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = rotated_in_order(&file);
+    assert!(files.len() > 10, "rotated into {} files", files.len());
+    let mut joined = Vec::new();
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        assert!(
+            bytes.len() <= 4096,
+            "{} holds {} bytes",
+            f.display(),
+            bytes.len()
+        );
+        assert!(bytes.ends_with(b"\n"), "{} ends inside a line", f.display());
+        joined.extend_from_slice(&bytes);
+    }
+    assert_eq!(
+        String::from_utf8(joined).unwrap(),
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        "the files, in order, are the stream"
+    );
+    let run = Run::from_output(&out.stdout, &out.stderr, out.status);
+    run.assert_well_formed();
+    assert!(run.all("exec").len() >= 200);
+}
+
+/// A tmpfs of `size` mounted at `dir` for the life of the value.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> SmallDisk {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "reaper-test"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs at {}", dir.display());
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_stops_nothing_and_loses_nothing() {
+    if !require_root("a_full_disk_stops_nothing_and_loses_nothing") {
+        return;
+    }
+    let dir = scratch("full-disk");
+    let _disk = SmallDisk::mount(&dir, "256k");
+    let filler = dir.join("filler");
+    // Fill the disk to the last block.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(Stdio::null())
+        .status();
+    let file = dir.join("audit.ndjson");
+    // The gateway makes events while the disk is full, then frees the space, then makes more.
+    let script = format!(
+        "for i in $(seq 50); do /bin/true; done; sleep 1; rm {}; sleep 0.5; \
+         for i in $(seq 50); do /bin/true; done",
+        filler.display()
+    );
+    let out = Command::new(reaper_trace())
+        .args(["--json", "--quiet", "--output"])
+        .arg(&file)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(stderr.contains("still tracing"), "{stderr}");
+    assert!(
+        stderr.contains("writing again; 0 events dropped"),
+        "{stderr}"
+    );
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(written, String::from_utf8(out.stdout.clone()).unwrap());
+    let run = Run::from_output(&out.stdout, &out.stderr, out.status);
+    assert!(run.all("exec").len() >= 100);
+}
+
+#[test]
+fn bad_metrics_and_output_places_are_clear_errors() {
+    if !require_root("bad_metrics_and_output_places_are_clear_errors") {
+        return;
+    }
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = held.local_addr().unwrap().to_string();
+    let run = run_reaper(&["--metrics", &busy, "--", "true"]);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("cannot listen there"), "{}", run.stderr);
+    assert!(run.events.is_empty(), "nothing traced: {:?}", run.events);
+
+    let run = run_reaper(&["--metrics", "9464", "--", "true"]);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("127.0.0.1:9464"), "{}", run.stderr);
+
+    let run = run_reaper(&["--output", "/nonexistent-dir/audit.ndjson", "--", "true"]);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot open it for writing"),
+        "{}",
+        run.stderr
+    );
+}
