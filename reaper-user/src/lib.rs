@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod output;
 pub mod privileges;
 pub mod procfs;
+pub mod report;
 pub mod seed;
 pub mod serve;
 pub mod status;

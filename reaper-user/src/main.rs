@@ -1,8 +1,23 @@
-//! `reaper-trace`: see `reaper_user::cli::Cli` for the command line.
+//! `reaper-trace`: see `reaper_user::cli::Cli` for the command line, and
+//! `reaper_user::report::ReportCli` for `reaper-trace report`.
 use clap::Parser;
-use reaper_user::{cli::Cli, daemon};
+use reaper_user::{cli::Cli, daemon, report};
 
 fn main() {
+    // `report` is a word of its own: the tracer's command line ends with an arbitrary CMD.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "report") {
+        let cli = report::ReportCli::parse_from(std::env::args_os().skip(1));
+        match report::run(&cli) {
+            Ok(account) => {
+                eprintln!("reaper-trace: {account}");
+                return;
+            }
+            Err(e) => {
+                eprintln!("reaper-trace: error: {e:#}");
+                std::process::exit(daemon::EXIT_FAILURE);
+            }
+        }
+    }
     let cli = Cli::parse();
     if let Err(e) = cli.validate() {
         eprintln!("reaper-trace: error: {e}");

@@ -61,6 +61,31 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The event stream's JSON Schema (`schema/events.schema.json`), built into the tests so that
+/// they check it wherever they run.
+pub const EVENT_SCHEMA: &str = include_str!("../../schema/events.schema.json");
+
+/// The compiled schema.
+pub fn event_schema() -> &'static jsonschema::Validator {
+    static SCHEMA: std::sync::OnceLock<jsonschema::Validator> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let schema: Value = serde_json::from_str(EVENT_SCHEMA).expect("the schema is JSON");
+        jsonschema::draft202012::new(&schema).expect("the schema is a valid JSON Schema")
+    })
+}
+
+/// Fails on an event the schema does not describe: every event of every test run is checked.
+pub fn assert_schema_valid(event: &Value) {
+    let errors: Vec<String> = event_schema()
+        .iter_errors(event)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "event does not match schema/events.schema.json: {errors:?}\n{event}"
+    );
+}
+
 /// What one reaper-trace run produced.
 #[derive(Debug)]
 pub struct Run {
@@ -76,8 +101,10 @@ impl Run {
         let events = text
             .lines()
             .map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .unwrap_or_else(|e| panic!("bad NDJSON line {l:?}: {e}"))
+                let event = serde_json::from_str::<Value>(l)
+                    .unwrap_or_else(|e| panic!("bad NDJSON line {l:?}: {e}"));
+                assert_schema_valid(&event);
+                event
             })
             .collect();
         Run {

@@ -10,7 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use reaper_tests::{Run, reaper_trace, require_root, run_reaper, scratch, shapes};
+use reaper_tests::{
+    Run, assert_schema_valid, reaper_trace, require_root, run_reaper, scratch, shapes,
+};
 use serde_json::Value;
 
 /// A loopback port nobody listens on right now.
@@ -69,10 +71,9 @@ fn metrics_scrape_matches_the_stream() {
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                events
-                    .lock()
-                    .unwrap()
-                    .push(serde_json::from_str(&line).unwrap());
+                let event = serde_json::from_str(&line).unwrap();
+                assert_schema_valid(&event);
+                events.lock().unwrap().push(event);
             }
         })
     };

@@ -163,6 +163,10 @@ fn test(root: &Path, vm: bool) -> Result<()> {
     clippy_ebpf(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
+    // The report's test loads the page in a real browser.
+    if !debian::ensure("chromium", "chromium", "the report's browser test") {
+        bail!("chromium is missing and `apt-get install chromium` did not provide it");
+    }
     let (mut passed, mut failed) = cargo_test(root)?;
     let mut broken = Vec::new();
     if vm {

@@ -1,0 +1,471 @@
+//! Reads an audit (the NDJSON stream) in one streaming pass and keeps only what the report
+//! shows: a downsampled timeline, the flags (up to a cap), the processes alive at the end and
+//! counts by executable. Memory follows what is alive and flagged, not the number of lines.
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::io::BufRead;
+
+use anyhow::{Context, Result};
+use rustc_hash::FxHashMap as HashMap;
+use serde::Deserialize;
+
+/// The fields of a line the pass needs; the rest is skipped by the parser.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow)]
+    event: Cow<'a, str>,
+    ts: u64,
+    pid: Option<u32>,
+    spawner: Option<u32>,
+    ppid: Option<u32>,
+    #[serde(borrow)]
+    comm: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    filename: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    argv: Option<Vec<Cow<'a, str>>>,
+    #[serde(borrow)]
+    reason: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    because: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    result: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    signal: Option<Cow<'a, str>>,
+    count: Option<u64>,
+    gateway: Option<Vec<u32>>,
+    #[serde(borrow)]
+    kernel: Option<Cow<'a, str>>,
+}
+
+/// What a `flag` line carries besides the common fields.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct FlagDetail {
+    #[serde(default)]
+    pub since: u64,
+    pub idle_secs: Option<f64>,
+    #[serde(default)]
+    pub lineage: Vec<u32>,
+    #[serde(default)]
+    pub ancestors: Vec<Ancestor>,
+    #[serde(default)]
+    pub pipes: Vec<Pipe>,
+    #[serde(default)]
+    pub state: String,
+    pub rss_kib: Option<u64>,
+    #[serde(default)]
+    pub ppid: u32,
+    #[serde(default)]
+    pub escaped: bool,
+    #[serde(default)]
+    pub comm: String,
+    #[serde(default)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Ancestor {
+    pub pid: u32,
+    #[serde(default)]
+    pub comm: String,
+    #[serde(default)]
+    pub argv: Vec<String>,
+    pub exited: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Pipe {
+    pub fd: u32,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub end: String,
+    #[serde(default)]
+    pub other_end: String,
+    #[serde(default)]
+    pub peers: Vec<Peer>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Peer {
+    pub pid: u32,
+    pub fd: u32,
+    #[serde(default)]
+    pub comm: String,
+}
+
+/// One flag, as the leak table shows it.
+#[derive(Clone, Debug)]
+pub struct FlagRow {
+    pub pid: u32,
+    pub reason: String,
+    pub ts: u64,
+    pub detail: FlagDetail,
+    /// When it stopped holding, and why.
+    pub cleared: Option<(u64, String)>,
+    /// The last `--kill` step for it: signal and result.
+    pub kill: Option<(String, String)>,
+}
+
+/// A process alive at the end of the audit.
+#[derive(Clone, Debug)]
+pub struct LiveProc {
+    pub lineage: Vec<u32>,
+    /// The program it runs: its last exec, or what its parent ran.
+    pub exe: String,
+    pub comm: String,
+    pub argv: String,
+    pub ppid: u32,
+}
+
+/// One point of the timeline: the peaks within its time span.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Point {
+    pub ts: u64,
+    pub alive: u64,
+    pub flagged: u64,
+    pub flagged_rss_kib: u64,
+}
+
+/// Per executable: execs seen, flags raised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExeCounts {
+    pub execs: u64,
+    pub flags: u64,
+}
+
+/// At most this many flags are kept for the table (the rest are counted).
+pub const MAX_FLAG_ROWS: usize = 5_000;
+/// At most this many executables are counted by name (the rest as one).
+pub const MAX_EXECUTABLES: usize = 5_000;
+/// Timeline points kept; when full, neighbours merge and the span of a point doubles.
+pub const MAX_POINTS: usize = 1_500;
+/// Label of the executables past [`MAX_EXECUTABLES`].
+pub const OTHER_EXECUTABLES: &str = "(other executables)";
+
+/// Everything the report shows.
+#[derive(Debug, Default)]
+pub struct Audit {
+    pub lines: u64,
+    /// Lines that were not events (with the first one's number).
+    pub unreadable: u64,
+    pub first_unreadable: Option<u64>,
+    pub first_ts: Option<u64>,
+    pub last_ts: u64,
+    pub kernel: Option<String>,
+    pub gateways: Vec<u32>,
+    pub events: BTreeMap<String, u64>,
+    pub lost: u64,
+    /// Whether the audit ran to its `summary` (a tracer that was killed has none).
+    pub complete: bool,
+    pub flags: Vec<FlagRow>,
+    pub flags_omitted: u64,
+    pub kills: BTreeMap<(String, String), u64>,
+    pub live: HashMap<u32, LiveProc>,
+    pub executables: HashMap<String, ExeCounts>,
+    pub timeline: Vec<Point>,
+    /// The span of one timeline point, in ns.
+    pub point_span: u64,
+    /// Flags holding now: (pid, reason) → row index or none, and RSS at flag time.
+    holding: HashMap<(u32, String), (Option<usize>, u64)>,
+    flagged_rss_kib: u64,
+}
+
+impl Audit {
+    /// Reads an audit; unreadable lines are counted, not fatal.
+    pub fn read(input: impl BufRead) -> Result<Audit> {
+        let mut audit = Audit {
+            point_span: 1_000_000_000,
+            ..Audit::default()
+        };
+        audit.add(input)?;
+        Ok(audit)
+    }
+
+    /// Adds another part of the same audit (the rotated files, oldest first).
+    pub fn add(&mut self, mut input: impl BufRead) -> Result<()> {
+        let mut buf = Vec::with_capacity(4096);
+        loop {
+            buf.clear();
+            let n = input
+                .read_until(b'\n', &mut buf)
+                .context("reading the audit")?;
+            if n == 0 {
+                return Ok(());
+            }
+            self.lines += 1;
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<Line>(&buf) {
+                Ok(line) => self.apply(&line, &buf),
+                Err(_) => {
+                    self.unreadable += 1;
+                    self.first_unreadable.get_or_insert(self.lines);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, l: &Line, raw: &[u8]) {
+        self.first_ts.get_or_insert(l.ts);
+        self.last_ts = self.last_ts.max(l.ts);
+        *self.events.entry(l.event.to_string()).or_default() += 1;
+        let pid = l.pid.unwrap_or(0);
+        match &*l.event {
+            "ready" => {
+                self.gateways = l.gateway.clone().unwrap_or_default();
+                self.kernel = l.kernel.as_ref().map(|k| k.to_string());
+                for &g in &self.gateways {
+                    self.live.entry(g).or_insert_with(|| LiveProc {
+                        lineage: vec![g],
+                        exe: String::new(),
+                        comm: String::new(),
+                        argv: String::new(),
+                        ppid: 0,
+                    });
+                }
+            }
+            "snapshot" | "fork" => {
+                let parent = l.spawner.or(l.ppid).unwrap_or(0);
+                let (mut lineage, exe) = match self.live.get(&parent) {
+                    Some(p) => (p.lineage.clone(), p.exe.clone()),
+                    None => (Vec::new(), String::new()),
+                };
+                lineage.push(pid);
+                self.live.insert(
+                    pid,
+                    LiveProc {
+                        lineage,
+                        exe,
+                        comm: l.comm.as_deref().unwrap_or("").to_owned(),
+                        argv: join_args(l.argv.as_deref()),
+                        ppid: l.ppid.unwrap_or(0),
+                    },
+                );
+            }
+            "exec" => {
+                let exe = l.filename.as_deref().unwrap_or("?");
+                self.exe(exe).execs += 1;
+                if let Some(p) = self.live.get_mut(&pid) {
+                    p.argv = join_args(l.argv.as_deref());
+                    p.exe = exe.to_owned();
+                    // What the kernel names it after an exec: the file's base name, 15 bytes.
+                    let base = exe.rsplit('/').next().unwrap_or(exe);
+                    p.comm = base
+                        .chars()
+                        .scan(0, |n, c| {
+                            *n += c.len_utf8();
+                            (*n <= 15).then_some(c)
+                        })
+                        .collect();
+                }
+            }
+            "exit" => {
+                self.live.remove(&pid);
+            }
+            "reparent" => {}
+            "lost" => self.lost += l.count.unwrap_or(0),
+            "flag" => self.flag(l, raw),
+            "cleared" => {
+                let key = (pid, l.reason.as_deref().unwrap_or("").to_owned());
+                if let Some((row, rss)) = self.holding.remove(&key) {
+                    self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(rss);
+                    if let Some(row) = row.and_then(|i| self.flags.get_mut(i)) {
+                        row.cleared = Some((l.ts, l.because.as_deref().unwrap_or("").into()));
+                    }
+                }
+            }
+            "kill" => {
+                let key = (
+                    l.reason.as_deref().unwrap_or("").to_owned(),
+                    l.result.as_deref().unwrap_or("").to_owned(),
+                );
+                *self.kills.entry(key).or_default() += 1;
+                let reason = l.reason.as_deref().unwrap_or("");
+                if let Some(row) = self
+                    .flags
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.pid == pid && r.reason == reason)
+                {
+                    row.kill = Some((
+                        l.signal.as_deref().unwrap_or("").into(),
+                        l.result.as_deref().unwrap_or("").into(),
+                    ));
+                }
+            }
+            "summary" => self.complete = true,
+            _ => {}
+        }
+        self.sample(l.ts);
+    }
+
+    fn flag(&mut self, l: &Line, raw: &[u8]) {
+        let pid = l.pid.unwrap_or(0);
+        let detail: FlagDetail = serde_json::from_slice(raw).unwrap_or_default();
+        let reason = l.reason.as_deref().unwrap_or("").to_owned();
+        let rss = detail.rss_kib.unwrap_or(0);
+        let exe = match self.live.get(&pid) {
+            Some(p) if !p.exe.is_empty() => p.exe.clone(),
+            _ => detail.comm.clone(),
+        };
+        self.exe(&exe).flags += 1;
+        let row = match self.flags.len() < MAX_FLAG_ROWS {
+            true => {
+                self.flags.push(FlagRow {
+                    pid,
+                    reason: reason.clone(),
+                    ts: l.ts,
+                    detail,
+                    cleared: None,
+                    kill: None,
+                });
+                Some(self.flags.len() - 1)
+            }
+            false => {
+                self.flags_omitted += 1;
+                None
+            }
+        };
+        let key = (pid, reason);
+        if let Some((_, old)) = self.holding.insert(key, (row, rss)) {
+            self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(old);
+        }
+        self.flagged_rss_kib += rss;
+    }
+
+    fn exe(&mut self, name: &str) -> &mut ExeCounts {
+        let key =
+            match self.executables.contains_key(name) || self.executables.len() < MAX_EXECUTABLES {
+                true => name,
+                false => OTHER_EXECUTABLES,
+            };
+        self.executables.entry(key.to_owned()).or_default()
+    }
+
+    /// Folds the state after an event into the timeline.
+    fn sample(&mut self, ts: u64) {
+        let now = Point {
+            ts,
+            alive: self.live.len() as u64,
+            flagged: self.holding.len() as u64,
+            flagged_rss_kib: self.flagged_rss_kib,
+        };
+        let start = self.first_ts.unwrap_or(ts);
+        let slot = |span: u64| start + (ts.saturating_sub(start) / span) * span;
+        match self.timeline.last_mut() {
+            Some(last) if last.ts == slot(self.point_span) => {
+                last.alive = last.alive.max(now.alive);
+                last.flagged = last.flagged.max(now.flagged);
+                last.flagged_rss_kib = last.flagged_rss_kib.max(now.flagged_rss_kib);
+            }
+            _ => {
+                self.timeline.push(Point {
+                    ts: slot(self.point_span),
+                    ..now
+                });
+                if self.timeline.len() > MAX_POINTS {
+                    self.coarsen();
+                }
+            }
+        }
+    }
+
+    /// Doubles the span of a point, merging neighbours (keeping each one's peaks).
+    fn coarsen(&mut self) {
+        self.point_span *= 2;
+        let start = self.first_ts.unwrap_or(0);
+        let span = self.point_span;
+        let mut merged: Vec<Point> = Vec::with_capacity(self.timeline.len() / 2 + 1);
+        for p in self.timeline.drain(..) {
+            let ts = start + (p.ts - start) / span * span;
+            match merged.last_mut() {
+                Some(m) if m.ts == ts => {
+                    m.alive = m.alive.max(p.alive);
+                    m.flagged = m.flagged.max(p.flagged);
+                    m.flagged_rss_kib = m.flagged_rss_kib.max(p.flagged_rss_kib);
+                }
+                _ => merged.push(Point { ts, ..p }),
+            }
+        }
+        self.timeline = merged;
+    }
+}
+
+fn join_args(argv: Option<&[Cow<str>]>) -> String {
+    argv.map(|a| a.join(" ")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(ts: u64, body: &str) -> String {
+        format!("{{\"seq\":0,\"ts\":{ts},{body}}}\n")
+    }
+
+    #[test]
+    fn a_long_audit_keeps_a_bounded_timeline_with_its_peaks() {
+        let mut text = String::new();
+        text += &line(0, r#""event":"ready","gateway":[1],"kernel":"k""#);
+        // A day of one fork and exit a second, and one burst of 500 live at noon.
+        for s in 0..86_400u64 {
+            let ts = s * 1_000_000_000;
+            let pid = 2 + (s % 30_000) as u32;
+            text += &line(
+                ts,
+                &format!(r#""event":"fork","pid":{pid},"ppid":1,"spawner":1,"comm":"w""#),
+            );
+            if s == 43_200 {
+                for k in 0..500 {
+                    text += &line(
+                        ts,
+                        &format!(
+                            r#""event":"fork","pid":{},"ppid":1,"spawner":1,"comm":"b""#,
+                            40_000 + k
+                        ),
+                    );
+                }
+                for k in 0..500 {
+                    text += &line(ts + 1, &format!(r#""event":"exit","pid":{}"#, 40_000 + k));
+                }
+            }
+            text += &line(ts + 500_000_000, &format!(r#""event":"exit","pid":{pid}"#));
+        }
+        let audit = Audit::read(text.as_bytes()).unwrap();
+        assert!(
+            audit.timeline.len() <= MAX_POINTS,
+            "{}",
+            audit.timeline.len()
+        );
+        assert!(audit.timeline.len() > MAX_POINTS / 3);
+        let peak = audit.timeline.iter().map(|p| p.alive).max().unwrap();
+        assert_eq!(peak, 502, "the burst survives downsampling");
+        assert_eq!(audit.live.len(), 1, "only the gateway is left");
+        assert!(!audit.complete);
+    }
+
+    #[test]
+    fn flags_clear_and_kills_land_on_their_row() {
+        let text = [
+            line(1, r#""event":"flag","pid":5,"reason":"orphaned","rss_kib":100,"comm":"x","argv":["x"]"#),
+            line(2, r#""event":"kill","pid":5,"comm":"x","reason":"orphaned","signal":"SIGTERM","result":"sent""#),
+            line(3, r#""event":"kill","pid":5,"comm":"x","reason":"orphaned","signal":"SIGTERM","result":"exited","secs":0.1"#),
+            line(4, r#""event":"cleared","pid":5,"reason":"orphaned","because":"exited""#),
+            line(5, r#""event":"summary""#),
+        ]
+        .concat();
+        let audit = Audit::read(text.as_bytes()).unwrap();
+        let row = &audit.flags[0];
+        assert_eq!(row.cleared, Some((4, "exited".into())));
+        assert_eq!(row.kill, Some(("SIGTERM".into(), "exited".into())));
+        assert_eq!(audit.kills.values().sum::<u64>(), 2);
+        assert_eq!(
+            audit.timeline.last().unwrap().flagged_rss_kib,
+            100,
+            "peak kept"
+        );
+        assert!(audit.complete);
+    }
+}

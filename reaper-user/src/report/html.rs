@@ -1,0 +1,512 @@
+//! The report page: one self-contained HTML file (inline CSS, inline SVG plots, a few lines of
+//! inline script for sorting), nothing fetched. Every string from the audit is escaped, and
+//! control and bidi characters are shown as escapes, as on a terminal.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::audit::{Audit, FlagRow, LiveProc, OTHER_EXECUTABLES, Point};
+use crate::leaks::human_duration;
+use crate::text::escape_for_terminal;
+
+/// Text from a process, safe in HTML text and attributes.
+fn esc(s: &str) -> String {
+    let shown = escape_for_terminal(s.as_bytes());
+    let mut out = String::with_capacity(shown.len());
+    for c in shown.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Longest argv shown in a cell; the rest is cut with an ellipsis.
+const MAX_ARGV_CHARS: usize = 300;
+
+fn short(s: &str) -> String {
+    match s.char_indices().nth(MAX_ARGV_CHARS) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+fn at(audit: &Audit, ts: u64) -> String {
+    let start = audit.first_ts.unwrap_or(ts);
+    format!("+{}", human_duration(ts.saturating_sub(start)))
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+const STYLE: &str = "
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3;cursor:pointer;user-select:none}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+code,pre{font:12px ui-monospace,monospace}
+pre.tree{background:#f8f8f8;padding:1em;overflow-x:auto}
+.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 1.5em}
+.warn{color:#a40}
+svg text{font:11px sans-serif;fill:#444}
+.legend span{margin-right:1.5em}
+.sw{display:inline-block;width:12px;height:3px;vertical-align:middle;margin-right:4px}
+";
+
+/// Sorts a table by the clicked column (numbers numerically), then marks the page ready.
+const SCRIPT: &str = "
+document.querySelectorAll('table.sortable th').forEach(function (th, col) {
+  th.addEventListener('click', function () {
+    var body = th.closest('table').tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    var dir = th.dataset.dir === 'asc' ? -1 : 1;
+    th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+    var key = function (r) {
+      var c = r.cells[col];
+      return c && c.dataset.sort !== undefined ? Number(c.dataset.sort) : (c ? c.textContent : '');
+    };
+    rows.sort(function (a, b) {
+      var x = key(a), y = key(b);
+      return (x < y ? -1 : x > y ? 1 : 0) * dir;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+document.body.dataset.ready = 'yes';
+";
+
+/// Renders the whole page.
+pub fn render(audit: &Audit, title: &str) -> String {
+    let mut h = String::with_capacity(64 << 10);
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <title>reaper audit: {}</title><style>{STYLE}</style></head><body>\n",
+        esc(title)
+    );
+    let _ = writeln!(h, "<h1>reaper audit: {}</h1>", esc(title));
+    facts(&mut h, audit);
+    h.push_str("<h2 id=\"timeline\">Timeline</h2>\n");
+    timeline(&mut h, audit);
+    let _ = writeln!(
+        h,
+        "<h2 id=\"leaks\">Leaks ({} flags)</h2>",
+        audit.flags.len() as u64 + audit.flags_omitted
+    );
+    leak_table(&mut h, audit);
+    h.push_str("<h2 id=\"tree\">Alive at the end, by lineage</h2>\n");
+    tree(&mut h, audit);
+    h.push_str("<h2 id=\"executables\">By executable</h2>\n");
+    executables(&mut h, audit);
+    let _ = write!(h, "<script>{SCRIPT}</script>\n</body></html>\n");
+    h
+}
+
+fn facts(h: &mut String, a: &Audit) {
+    let span = a.last_ts.saturating_sub(a.first_ts.unwrap_or(a.last_ts));
+    let events: Vec<String> = a.events.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let gateways: Vec<String> = a.gateways.iter().map(u32::to_string).collect();
+    h.push_str("<div class=\"facts\">\n");
+    let mut row = |k: &str, v: String| {
+        let _ = writeln!(h, "<b>{k}</b><span>{v}</span>");
+    };
+    row("span", esc(&human_duration(span)));
+    row("gateways", esc(&gateways.join(", ")));
+    row("kernel", esc(a.kernel.as_deref().unwrap_or("unknown")));
+    row("lines", a.lines.to_string());
+    row("events", esc(&events.join(", ")));
+    row("lost", a.lost.to_string());
+    row("alive at the end", format!("{} processes", a.live.len()));
+    if !a.kills.is_empty() {
+        let kills: Vec<String> = a
+            .kills
+            .iter()
+            .map(|((reason, result), n)| format!("{reason}/{result} {n}"))
+            .collect();
+        row("kill steps", esc(&kills.join(", ")));
+    }
+    if !a.complete {
+        row(
+            "<span class=\"warn\">incomplete</span>",
+            "no closing summary: the audit was cut short (tracer killed, or still running)".into(),
+        );
+    }
+    if a.unreadable > 0 {
+        row(
+            "<span class=\"warn\">unreadable</span>",
+            format!(
+                "{} lines were not events (first: line {})",
+                a.unreadable,
+                a.first_unreadable.unwrap_or(0)
+            ),
+        );
+    }
+    h.push_str("</div>\n");
+}
+
+/// Two stacked SVG plots sharing the time axis: process counts, and flagged RSS.
+fn timeline(h: &mut String, a: &Audit) {
+    let pts = &a.timeline;
+    if pts.is_empty() {
+        h.push_str("<p>No events.</p>\n");
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<p class=\"legend\"><span><i class=\"sw\" style=\"background:#2a6fdb\"></i>live \
+         descendants</span><span><i class=\"sw\" style=\"background:#d3461e\"></i>flagged \
+         processes</span><span><i class=\"sw\" style=\"background:#7b3fb5\"></i>flagged RSS \
+         (MiB, at flag time)</span> (each point: the peak within {}).</p>",
+        esc(&human_duration(a.point_span))
+    );
+    let counts = [
+        (
+            pts.iter().map(|p| p.alive as f64).collect::<Vec<_>>(),
+            "#2a6fdb",
+        ),
+        (pts.iter().map(|p| p.flagged as f64).collect(), "#d3461e"),
+    ];
+    plot(h, a, pts, &counts, "processes", "plot-counts");
+    let rss = [(
+        pts.iter()
+            .map(|p| p.flagged_rss_kib as f64 / 1024.0)
+            .collect::<Vec<_>>(),
+        "#7b3fb5",
+    )];
+    plot(h, a, pts, &rss, "MiB", "plot-rss");
+}
+
+fn plot(
+    h: &mut String,
+    a: &Audit,
+    pts: &[Point],
+    series: &[(Vec<f64>, &str)],
+    unit: &str,
+    id: &str,
+) {
+    const W: f64 = 1100.0;
+    const H: f64 = 220.0;
+    const LEFT: f64 = 60.0;
+    const BOTTOM: f64 = 24.0;
+    let t0 = pts[0].ts as f64;
+    let t1 = (pts[pts.len() - 1].ts as f64).max(t0 + 1.0);
+    let peak = series
+        .iter()
+        .flat_map(|(v, _)| v.iter().copied())
+        .fold(0.0_f64, f64::max);
+    let step = nice_step(peak / 4.0);
+    let top = step * 4.0;
+    let x = |ts: u64| LEFT + (ts as f64 - t0) / (t1 - t0) * (W - LEFT - 10.0);
+    let y = |v: f64| 10.0 + (1.0 - v / top) * (H - BOTTOM - 10.0);
+    let _ = write!(
+        h,
+        "<svg id=\"{id}\" viewBox=\"0 0 {W} {H}\" width=\"100%\" role=\"img\" \
+         aria-label=\"{unit} over time\">\n<rect x=\"{LEFT}\" y=\"10\" width=\"{}\" \
+         height=\"{}\" fill=\"#fcfcfc\" stroke=\"#ccc\"/>\n",
+        W - LEFT - 10.0,
+        H - BOTTOM - 10.0
+    );
+    for i in 0..=4 {
+        let v = step * i as f64;
+        let _ = writeln!(
+            h,
+            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            W - 10.0,
+            LEFT - 6.0,
+            y(v) + 4.0,
+            trim_number(v),
+            y = y(v)
+        );
+    }
+    for i in 0..=5 {
+        let ts = (t0 + (t1 - t0) * i as f64 / 5.0) as u64;
+        let _ = writeln!(
+            h,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(ts),
+            H - 6.0,
+            esc(&at(a, ts))
+        );
+    }
+    let _ = writeln!(
+        h,
+        "<text x=\"12\" y=\"{}\" transform=\"rotate(-90 12 {})\" text-anchor=\"middle\">{unit}</text>",
+        H / 2.0,
+        H / 2.0
+    );
+    for (values, color) in series {
+        // Steps, not slopes: a value holds until the next point changes it.
+        let mut d = String::with_capacity(values.len() * 16);
+        for (i, (p, v)) in pts.iter().zip(values).enumerate() {
+            match i {
+                0 => write!(d, "M{:.1},{:.1}", x(p.ts), y(*v)),
+                _ => write!(d, " H{:.1} V{:.1}", x(p.ts), y(*v)),
+            }
+            .ok();
+        }
+        let _ = writeln!(
+            h,
+            "<path class=\"series\" d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"/>"
+        );
+    }
+    h.push_str("</svg>\n");
+}
+
+/// The smallest of 1, 2, 2.5, 5 × 10^k that is at least `x` (at least 1: counts are whole).
+fn nice_step(x: f64) -> f64 {
+    let x = x.max(0.25);
+    let mag = 10f64.powf(x.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= x)
+        .unwrap_or(10.0 * mag)
+        .max(0.25)
+}
+
+fn trim_number(v: f64) -> String {
+    match v.fract() == 0.0 {
+        true => format!("{v:.0}"),
+        false => format!("{v:.1}"),
+    }
+}
+
+fn leak_table(h: &mut String, a: &Audit) {
+    if a.flags.is_empty() {
+        h.push_str("<p id=\"no-leaks\">No process was flagged.</p>\n");
+        return;
+    }
+    if a.flags_omitted > 0 {
+        let _ = writeln!(
+            h,
+            "<p class=\"warn\">The first {} flags are listed; {} more were counted only.</p>",
+            a.flags.len(),
+            a.flags_omitted
+        );
+    }
+    h.push_str(
+        "<table id=\"leak-table\" class=\"sortable\"><thead><tr><th>flagged</th><th>pid</th>\
+         <th>reason</th><th>process</th><th>RSS</th><th>lineage (gateway first)</th>\
+         <th>evidence</th><th>outcome</th></tr></thead><tbody>\n",
+    );
+    for f in &a.flags {
+        flag_row(h, a, f);
+    }
+    h.push_str("</tbody></table>\n");
+}
+
+fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
+    let d = &f.detail;
+    let process = format!(
+        "<b>{}</b><br><code>{}</code>{}",
+        esc(&d.comm),
+        esc(&short(&d.argv.join(" "))),
+        if d.escaped {
+            "<br>escaped its session"
+        } else {
+            ""
+        }
+    );
+    let mut lineage = String::new();
+    for anc in &d.ancestors {
+        let state = match anc.exited {
+            Some(ts) => format!("exited {}", at(a, ts)),
+            None => "alive".into(),
+        };
+        let _ = write!(
+            lineage,
+            "{} ({}) <i>{}</i><br>",
+            anc.pid,
+            esc(&anc.comm),
+            esc(&state)
+        );
+    }
+    let mut evidence = format!("state {}, parent {}", esc(&d.state), d.ppid);
+    if let Some(idle) = d.idle_secs {
+        let _ = write!(
+            evidence,
+            ", idle {}",
+            esc(&human_duration((idle * 1e9) as u64))
+        );
+    }
+    for p in &d.pipes {
+        let holders: Vec<String> = p
+            .peers
+            .iter()
+            .map(|peer| format!("{} ({}) fd {}", peer.pid, esc(&peer.comm), peer.fd))
+            .collect();
+        let _ = write!(
+            evidence,
+            "<br>fd {} {} {} end, other end {}{}",
+            p.fd,
+            esc(&p.kind),
+            esc(&p.end),
+            esc(&p.other_end),
+            match holders.is_empty() {
+                true => String::new(),
+                false => format!(": {}", holders.join(", ")),
+            }
+        );
+    }
+    let mut outcome = match &f.cleared {
+        Some((ts, because)) => format!("cleared {}: {}", at(a, *ts), esc(because)),
+        None => "still holding".into(),
+    };
+    if let Some((signal, result)) = &f.kill {
+        let _ = write!(outcome, "<br>kill: {} {}", esc(signal), esc(result));
+    }
+    let rss = d.rss_kib.unwrap_or(0);
+    let _ = writeln!(
+        h,
+        "<tr><td data-sort=\"{}\">{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td>{}</td>\
+         <td>{process}</td><td class=\"num\" data-sort=\"{rss}\">{}</td><td>{lineage}</td>\
+         <td>{evidence}</td><td>{outcome}</td></tr>",
+        f.ts,
+        esc(&at(a, f.ts)),
+        f.pid,
+        f.pid,
+        esc(&f.reason),
+        mib(rss),
+    );
+}
+
+fn tree(h: &mut String, a: &Audit) {
+    if a.live.is_empty() {
+        h.push_str("<p id=\"spawn-tree\">Nothing traced was alive at the end.</p>\n");
+        return;
+    }
+    // Children by parent along lineage edges; a lineage ancestor that is gone is shown once.
+    let mut children: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
+    let mut shown: BTreeMap<u32, Option<&LiveProc>> = BTreeMap::new();
+    for p in a.live.values() {
+        let mut parent = None;
+        for &pid in &p.lineage {
+            if let std::collections::btree_map::Entry::Vacant(e) = shown.entry(pid) {
+                e.insert(a.live.get(&pid));
+                children.entry(parent).or_default().push(pid);
+            }
+            parent = Some(pid);
+        }
+    }
+    let mut text = String::new();
+    fn walk(
+        text: &mut String,
+        children: &BTreeMap<Option<u32>, Vec<u32>>,
+        shown: &BTreeMap<u32, Option<&LiveProc>>,
+        at: Option<u32>,
+        prefix: &str,
+    ) {
+        let Some(kids) = children.get(&at) else {
+            return;
+        };
+        for (i, pid) in kids.iter().enumerate() {
+            let last = i + 1 == kids.len();
+            let (branch, next) = match (at.is_none(), last) {
+                (true, _) => ("", String::new()),
+                (false, true) => ("└─ ", format!("{prefix}   ")),
+                (false, false) => ("├─ ", format!("{prefix}│  ")),
+            };
+            let label = match shown.get(pid).copied().flatten() {
+                Some(p) => format!(
+                    "{pid} ({}) `{}` [parent {}]",
+                    esc(&p.comm),
+                    esc(&short(&p.argv)),
+                    p.ppid
+                ),
+                None => format!("{pid} [exited]"),
+            };
+            let _ = writeln!(text, "{prefix}{branch}{label}");
+            walk(text, children, shown, Some(*pid), &next);
+        }
+    }
+    walk(&mut text, &children, &shown, None, "");
+    let _ = writeln!(h, "<pre class=\"tree\" id=\"spawn-tree\">{text}</pre>");
+}
+
+fn executables(h: &mut String, a: &Audit) {
+    let mut rows: Vec<(&String, _)> = a.executables.iter().collect();
+    rows.sort_by(|x, y| (y.1.flags, y.1.execs, x.0).cmp(&(x.1.flags, x.1.execs, y.0)));
+    h.push_str(
+        "<table id=\"exe-table\" class=\"sortable\"><thead><tr><th>executable</th>\
+         <th>execs</th><th>flags</th></tr></thead><tbody>\n",
+    );
+    for (name, c) in rows.iter().take(500) {
+        let shown = match name.as_str() {
+            OTHER_EXECUTABLES => format!("<i>{}</i>", esc(name)),
+            _ => format!("<code>{}</code>", esc(name)),
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td>{shown}</td><td class=\"num\" data-sort=\"{0}\">{0}</td>\
+             <td class=\"num\" data-sort=\"{1}\">{1}</td></tr>",
+            c.execs, c.flags
+        );
+    }
+    h.push_str("</tbody></table>\n");
+    if rows.len() > 500 {
+        let _ = writeln!(h, "<p>and {} more executables.</p>", rows.len() - 500);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_steps_are_round() {
+        assert_eq!(nice_step(1.25), 2.0);
+        assert_eq!(nice_step(0.0), 0.25);
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(30.0), 50.0);
+        assert_eq!(nice_step(2.2), 2.5);
+    }
+
+    #[test]
+    fn process_text_cannot_become_markup() {
+        assert_eq!(
+            esc("<script>\"x\"&'\u{202e}\n"),
+            "&lt;script&gt;&quot;x&quot;&amp;&#39;\\u{202e}\\x0a"
+        );
+    }
+
+    #[test]
+    fn the_page_holds_everything_it_shows_and_fetches_nothing() {
+        let audit_text = concat!(
+            r#"{"event":"ready","seq":0,"ts":1000000000,"gateway":[10],"tracked":1,"setsid_hook":"tracepoint","kernel":"6.18"}"#,
+            "\n",
+            r#"{"event":"fork","seq":1,"ts":1100000000,"pid":11,"ppid":10,"spawner":10,"comm":"gw","start":1,"sid":1,"pgid":1,"uid":0,"cgroup_id":1}"#,
+            "\n",
+            r#"{"event":"exec","seq":2,"ts":1200000000,"pid":11,"filename":"/bin/<evil>","argv":["<img src=x>"],"truncated":false,"tid":11}"#,
+            "\n",
+            r#"{"event":"flag","seq":3,"ts":3000000000,"pid":11,"reason":"orphaned","since":2,"lineage":[10,11],"ancestors":[{"pid":10,"comm":"gw","argv":["gw"],"exited":2900000000},{"pid":11,"comm":"<evil>","argv":["<img src=x>"],"exited":null}],"pipes":[{"fd":0,"kind":"pipe","inode":5,"end":"read","other_end":"open","peers":[{"pid":12,"fd":1,"end":"write","comm":"holder"}]}],"state":"S (sleeping)","rss_kib":2048,"ppid":1,"escaped":true,"comm":"<evil>","argv":["<img src=x>"]}"#,
+            "\n",
+            "not json at all\n",
+        );
+        let audit = Audit::read(audit_text.as_bytes()).unwrap();
+        assert_eq!(audit.unreadable, 1);
+        assert_eq!(audit.first_unreadable, Some(5));
+        let page = render(&audit, "t");
+        assert!(page.contains("id=\"plot-counts\"") && page.contains("id=\"leak-table\""));
+        assert!(page.contains("12 (holder) fd 1"), "pipe peers shown");
+        assert!(page.contains("exited +1s"), "ancestor exit times shown");
+        assert!(page.contains("2.0 MiB"));
+        assert!(
+            !page.contains("<img") && !page.contains("<evil>"),
+            "nothing from a process is markup"
+        );
+        assert!(
+            !page.contains("://") && !page.contains("src=\"") && !page.contains("href=\""),
+            "nothing is fetched"
+        );
+        assert!(page.contains("incomplete"), "no summary: said so");
+    }
+}

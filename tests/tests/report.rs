@@ -1,0 +1,156 @@
+//! `reaper-trace report` in a real browser: an audit of a real leak, rendered to HTML, loaded
+//! by headless Chromium (Debian's, installed by `cargo xtask test`): no console message, the
+//! script ran, the plots and the leak table are there. A deliberately broken page shows the
+//! check can fail. Not part of the kernel matrix (no browser in the guests; nothing here
+//! depends on the kernel beyond making the audit).
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use reaper_tests::{pid, reaper_trace, require_root, run_shape_in, scratch};
+
+/// Chromium, or `None` to skip (never under CI=true: the set-up installs it).
+fn chromium(test: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join("chromium"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: chromium is missing (`cargo xtask test` installs Debian's chromium)");
+        }
+        eprintln!("skipped {test}: no chromium on PATH (apt-get install chromium)");
+    }
+    found
+}
+
+/// What the browser made of a page: the DOM after scripts ran, and every console message.
+struct Loaded {
+    dom: String,
+    console: Vec<String>,
+}
+
+fn load(browser: &Path, page: &Path, profile: &Path) -> Loaded {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox", // root has no user namespace sandbox here
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let console = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_owned)
+        .collect();
+    Loaded {
+        dom: String::from_utf8_lossy(&out.stdout).into_owned(),
+        console,
+    }
+}
+
+#[test]
+fn the_report_of_a_real_leak_renders_in_chromium() {
+    let test = "the_report_of_a_real_leak_renders_in_chromium";
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("report");
+    let audit = dir.join("audit.ndjson");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    let (run, truth) = run_shape_in(
+        &dir,
+        &["--scan-interval", "250ms", "--output", &audit_arg],
+        "leak-orphan",
+        &[],
+        &[("REAPER_SHAPES_LINGER_MS", "2000")],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let orphan = pid(&truth["b"]);
+    assert!(!run.all("flag").is_empty(), "the audit has a flag");
+
+    let page = dir.join("report.html");
+    let out = Command::new(reaper_trace())
+        .args(["report", &audit_arg, "-o"])
+        .arg(&page)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("wrote"), "{stderr}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("://"),
+        "the page names no URL: it fetches nothing"
+    );
+
+    let loaded = load(&browser, &page, &dir.join("profile"));
+    assert!(loaded.console.is_empty(), "console: {:?}", loaded.console);
+    let dom = &loaded.dom;
+    assert!(
+        dom.contains("data-ready=\"yes\""),
+        "the page's script ran to its end"
+    );
+    for id in [
+        "plot-counts",
+        "plot-rss",
+        "leak-table",
+        "spawn-tree",
+        "exe-table",
+    ] {
+        assert!(
+            dom.contains(&format!("id=\"{id}\"")),
+            "#{id} is on the page"
+        );
+    }
+    assert!(dom.contains("class=\"series\""), "the plots have lines");
+    let table = dom.split("id=\"leak-table\"").nth(1).unwrap();
+    let table = table.split("</table>").next().unwrap();
+    assert!(
+        table.contains(&format!("data-sort=\"{orphan}\">{orphan}</td>")),
+        "the orphan {orphan} has a row in the leak table"
+    );
+    assert!(table.contains("orphaned"));
+}
+
+#[test]
+fn the_browser_check_catches_a_broken_page() {
+    let test = "the_browser_check_catches_a_broken_page";
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    let dir = scratch("broken-page");
+    let page = dir.join("broken.html");
+    std::fs::write(
+        &page,
+        "<!DOCTYPE html><html><body><p>x</p><script>undefinedFunction();\
+         document.body.dataset.ready = 'yes';</script></body></html>",
+    )
+    .unwrap();
+    let loaded = load(&browser, &page, &dir.join("profile"));
+    assert!(
+        loaded
+            .console
+            .iter()
+            .any(|l| l.contains("Uncaught ReferenceError")),
+        "console: {:?}",
+        loaded.console
+    );
+    assert!(!loaded.dom.contains("data-ready=\"yes\""));
+}
