@@ -127,7 +127,7 @@ fn failure_hint(err: &anyhow::Error) -> String {
         || text.contains("EPERM")
         || text.contains("permission")
     {
-        "\nreaper-trace needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE (and CAP_SYS_ADMIN to \
+        "\nreaper-trace needs root, or CAP_BPF + CAP_PERFMON (and CAP_SYS_ADMIN to \
          mount tracefs): run it as root, e.g. `sudo reaper-trace ...`"
             .to_owned()
     } else {

@@ -103,3 +103,87 @@ fn without_bpf_privileges_the_error_names_them() {
         "no event before the probes are attached"
     );
 }
+
+/// The capabilities `contrib/reaper-trace.service` bounds the service to.
+fn service_unit_capabilities() -> Vec<caps::Capability> {
+    let unit = include_str!("../../contrib/reaper-trace.service");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet");
+    line.split_whitespace()
+        .map(|c| {
+            c.parse()
+                .unwrap_or_else(|_| panic!("{c} is not a capability"))
+        })
+        .collect()
+}
+
+/// Run with nothing but the unit's bounding set (and no_new_privs, as the unit sets), a full
+/// audit works: attach, trace, and the closing summary accounts for every record.
+#[test]
+fn the_service_units_capabilities_are_enough() {
+    if !require_root("the_service_units_capabilities_are_enough") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let keep: caps::CapsHashSet = service_unit_capabilities().into_iter().collect();
+    assert!(
+        !keep.contains(&caps::Capability::CAP_SYS_ADMIN),
+        "least privilege: no SYS_ADMIN"
+    );
+    let mut cmd = Command::new(reaper_trace());
+    cmd.args([
+        "--json",
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 0.2' & wait",
+    ]);
+    // SAFETY: only capability syscalls and prctl between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for cap in caps::all().difference(&keep) {
+                caps::drop(None, caps::CapSet::Bounding, *cap).map_err(std::io::Error::other)?;
+            }
+            for set in [
+                caps::CapSet::Effective,
+                caps::CapSet::Permitted,
+                caps::CapSet::Inheritable,
+            ] {
+                caps::set(None, set, &keep).map_err(std::io::Error::other)?;
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let run = reaper_tests::Run::from_output(&out.stdout, &out.stderr, out.status);
+    assert!(out.status.success(), "{}", run.stderr);
+    run.assert_well_formed();
+    run.assert_lossless();
+    assert_eq!(run.all("fork").len(), 3, "{:?}", run.events);
+}
+
+/// The unit parses as systemd reads it (where systemd-analyze is installed).
+#[test]
+fn the_service_unit_verifies() {
+    let unit = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../contrib/reaper-trace.service"
+    );
+    match Command::new("systemd-analyze")
+        .args(["verify", unit])
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "systemd-analyze verify: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(_) => eprintln!("skipped the_service_unit_verifies: no systemd-analyze here"),
+    }
+}

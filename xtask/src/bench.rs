@@ -23,12 +23,16 @@ pub struct BenchOptions {
     pub reps: usize,
     pub idle_secs: u64,
     pub sleepers: usize,
-    /// The sections to run (all when empty).
+    /// The sections to run (all but `soak` when empty).
     pub only: Vec<String>,
+    /// Minutes of churn for the soak section.
+    pub soak_mins: u64,
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 5] = ["overhead", "hooks", "memory", "idle", "latency"];
+const SECTIONS: [&str; 7] = [
+    "overhead", "hooks", "memory", "idle", "latency", "report", "soak",
+];
 
 impl BenchOptions {
     pub fn parse(args: &[String]) -> Result<BenchOptions> {
@@ -38,6 +42,7 @@ impl BenchOptions {
             idle_secs: 60,
             sleepers: 10_000,
             only: Vec::new(),
+            soak_mins: 30,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -51,6 +56,7 @@ impl BenchOptions {
                 "--reps" => o.reps = num("--reps")?.max(1),
                 "--idle-secs" => o.idle_secs = num("--idle-secs")? as u64,
                 "--sleepers" => o.sleepers = num("--sleepers")?,
+                "--soak-mins" => o.soak_mins = num("--soak-mins")?.max(1) as u64,
                 "--quick" => {
                     o = BenchOptions {
                         procs: 3000,
@@ -58,6 +64,7 @@ impl BenchOptions {
                         idle_secs: 10,
                         sleepers: 2000,
                         only: std::mem::take(&mut o.only),
+                        soak_mins: o.soak_mins,
                     };
                 }
                 "--only" => {
@@ -73,7 +80,7 @@ impl BenchOptions {
                     }
                 }
                 other => bail!(
-                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --quick --only LIST)"
+                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --soak-mins N --quick --only LIST)"
                 ),
             }
         }
@@ -201,6 +208,13 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("latency") {
         lone_latency(&bins)?;
+    }
+    if wanted("report") {
+        crate::report_bench::run(&bins.reaper, &bins.scratch)?;
+    }
+    // Half an hour at least: only when asked for by name.
+    if opts.only.iter().any(|s| s == "soak") {
+        crate::soak::run(&bins.reaper, opts.soak_mins)?;
     }
     Ok(())
 }
