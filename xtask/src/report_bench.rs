@@ -49,7 +49,7 @@ fn synthetic_audit(path: &Path, lines: usize) -> Result<()> {
                 n % 40
             ),
         );
-        if n % 2000 == 0 {
+        if n.is_multiple_of(2000) {
             line(
                 &mut text,
                 ts + 2000,
