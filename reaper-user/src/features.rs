@@ -9,6 +9,16 @@ use aya::{
     sys::{is_map_supported, is_program_supported},
 };
 
+/// The oldest kernel the probes load on: the BPF v3 atomic fetch-add (5.12) and
+/// `bpf_get_current_task_btf` (5.11) are what older ones lack.
+pub const OLDEST_SUPPORTED: (u32, u32) = (5, 12);
+
+/// `(major, minor)` of a kernel release like `5.10.0-46-amd64`.
+pub fn version_of(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// The probed facts.
 #[derive(Clone, Debug)]
 pub struct KernelFeatures {
@@ -46,14 +56,23 @@ impl KernelFeatures {
         }
         if !missing.is_empty() {
             bail!(
-                "kernel {} lacks {}: reaper-trace needs Linux 5.12 or newer (see the README's \
-                 supported kernels)",
+                "kernel {} lacks {}: {}",
                 self.release,
-                missing.join(" and ")
+                missing.join(" and "),
+                NEEDS_NEWER
             );
         }
         Ok(())
     }
+}
+
+/// What an unsupported kernel is told.
+pub const NEEDS_NEWER: &str =
+    "reaper-trace needs Linux 5.12 or newer (see the README's supported kernels)";
+
+/// Whether this release is older than [`OLDEST_SUPPORTED`] (unknown: no).
+pub fn too_old(release: &str) -> bool {
+    version_of(release).is_some_and(|v| v < OLDEST_SUPPORTED)
 }
 
 fn pidfd_open_works() -> bool {
@@ -71,6 +90,36 @@ fn pidfd_open_works() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_and_refusals() {
+        assert_eq!(version_of("5.10.0-46-amd64"), Some((5, 10)));
+        assert_eq!(version_of("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(version_of("garbage"), None);
+        assert!(too_old("5.11.22") && too_old("4.19.0-27-amd64"));
+        assert!(!too_old("5.12.0") && !too_old("6.1.0-56-amd64") && !too_old("?"));
+        let old = KernelFeatures {
+            release: "5.4.0".into(),
+            ring_buffer: Some(false),
+            btf_tracing: Some(true),
+            pidfd: true,
+        };
+        let err = old.require().unwrap_err().to_string();
+        assert!(
+            err.contains("lacks BPF ring buffer maps (Linux 5.8+)"),
+            "{err}"
+        );
+        assert!(err.contains("needs Linux 5.12 or newer"), "{err}");
+        let unprobed = KernelFeatures {
+            ring_buffer: None,
+            btf_tracing: None,
+            ..old
+        };
+        assert!(
+            unprobed.require().is_ok(),
+            "unprivileged probes: loading says why"
+        );
+    }
 
     #[test]
     fn this_kernel_has_what_reaper_needs() {

@@ -238,14 +238,14 @@ pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
             true => read_rss_kib(node.pid).unwrap_or(0),
             false => 0,
         };
-        out.rss_kib += rss;
+        out.rss_kib = out.rss_kib.saturating_add(rss);
         let exe = match &node.filename {
             Some(f) => f.to_vec(),
             None => node.comm.as_bytes().to_vec(),
         };
         let entry = by_exe.entry(exe).or_default();
         entry.0.push(node.pid);
-        entry.1 += rss;
+        entry.1 = entry.1.saturating_add(rss);
     }
     out.by_executable = by_exe
         .into_iter()

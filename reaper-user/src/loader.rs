@@ -9,7 +9,7 @@ use aya::{
 use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked};
 
 use crate::btf::KernelBtf;
-use crate::features::KernelFeatures;
+use crate::features::{self, KernelFeatures};
 use crate::tracefs;
 
 /// The eBPF object built by build.rs.
@@ -119,10 +119,18 @@ fn release_free_heap() {
 /// Explains a load or attach failure in terms of what to do about it.
 fn failure_hint(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");
-    if text.contains("BPF_ATOMIC") || text.contains("unknown opcode") {
-        "\nthis kernel's BPF verifier lacks the atomic instructions the probes use: reaper-trace \
-         needs Linux 5.12 or newer"
-            .to_owned()
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if features::too_old(release.trim()) {
+        format!(
+            "\nthis kernel ({}) is older than 5.12 and its BPF verifier refuses the probes: {}",
+            release.trim(),
+            features::NEEDS_NEWER
+        )
+    } else if text.contains("BPF_ATOMIC") || text.contains("unknown opcode") {
+        format!(
+            "\nthis kernel's BPF verifier lacks the atomic instructions the probes use: {}",
+            features::NEEDS_NEWER
+        )
     } else if text.contains("Operation not permitted")
         || text.contains("EPERM")
         || text.contains("permission")

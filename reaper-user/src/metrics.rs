@@ -184,7 +184,8 @@ impl Metrics {
                 .get_or_create(&ReasonLabel { reason })
                 .set(*n as i64);
         }
-        self.flagged_rss.set((summary.rss_kib * 1024) as i64);
+        self.flagged_rss
+            .set(summary.rss_kib.saturating_mul(1024).min(i64::MAX as u64) as i64);
         self.scan_seconds.observe(took.as_secs_f64());
     }
 

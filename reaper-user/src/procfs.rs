@@ -115,7 +115,7 @@ pub fn ticks_per_second() -> u64 {
 
 /// Converts a kernel `start_boottime` (ns) to the tick count `/proc/PID/stat` shows.
 pub fn boottime_to_ticks(ns: u64, ticks_per_second: u64) -> u64 {
-    ns / (1_000_000_000 / ticks_per_second.max(1))
+    ns / (1_000_000_000 / ticks_per_second.max(1)).max(1)
 }
 
 /// `CLOCK_BOOTTIME` now, in ns: the clock of every event's `ts`.

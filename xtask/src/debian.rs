@@ -52,10 +52,76 @@ fn kernel_cache() -> PathBuf {
     base.join("reaper/kernels")
 }
 
-/// Debian's newest generic amd64 kernel image package of the `series` line (`6.1`, `6.12`).
+/// The Debian release whose archive carries a kernel series this machine's release does not:
+/// 5.10, the series before the oldest supported one (5.12), is bullseye's.
+fn release_of(series: &str) -> Option<&'static str> {
+    match series {
+        "5.10" => Some("bullseye"),
+        _ => None,
+    }
+}
+
+/// apt options that read `release`'s package lists instead of the machine's, from a private
+/// configuration in the cache: the machine's own Debian sources with its codename swapped for
+/// `release` (same mirrors, same keyring). The machine's apt state is left alone.
+fn private_apt(release: &str) -> Result<Vec<String>> {
+    let dir = kernel_cache().join(format!("apt-{release}"));
+    let lists = dir.join("lists");
+    let parts = dir.join("sources.list.d");
+    fs::create_dir_all(lists.join("partial"))?;
+    fs::create_dir_all(&parts)?;
+    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let codename = os
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"').to_owned())
+        .context("/etc/os-release names no VERSION_CODENAME: is this Debian?")?;
+    let ours = fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
+        .context("reading /etc/apt/sources.list.d/debian.sources (the Debian mirrors to use)")?;
+    fs::write(
+        parts.join("debian.sources"),
+        ours.replace(&codename, release),
+    )?;
+    let opt = |k: &str, v: &Path| ["-o".to_owned(), format!("{k}={}", v.display())];
+    let mut opts = Vec::new();
+    opts.extend(opt("Dir::Etc::SourceList", &dir.join("none.list")));
+    opts.extend(opt("Dir::Etc::SourceParts", &parts));
+    opts.extend(opt("Dir::State::Lists", &lists));
+    opts.extend(["-o".into(), "Dir::Cache::pkgcache=".into()]);
+    opts.extend(["-o".into(), "Dir::Cache::srcpkgcache=".into()]);
+    let has_lists = fs::read_dir(&lists)?
+        .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with("_Packages")));
+    if !has_lists {
+        eprintln!("xtask: fetching Debian {release}'s package lists (for its kernel)");
+        let ok = Command::new("apt-get")
+            .args(&opts)
+            .args(["update", "-qq"])
+            .stdout(Stdio::null())
+            .status()
+            .context("running apt-get update")?
+            .success();
+        if !ok {
+            bail!("`apt-get update` of Debian {release}'s lists failed");
+        }
+    }
+    Ok(opts)
+}
+
+/// apt options for `series`: none for the machine's own release.
+fn apt_opts(series: &str) -> Result<Vec<String>> {
+    match release_of(series) {
+        Some(release) => private_apt(release),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Debian's newest generic amd64 kernel image package of the `series` line (`5.10`, `6.1`,
+/// `6.12`).
 pub fn newest_kernel_package(series: &str) -> Result<String> {
+    let opts = apt_opts(series)?;
     let search = || -> Result<Vec<String>> {
         let out = Command::new("apt-cache")
+            .args(&opts)
             .args(["search", "--names-only", &format!("^linux-image-{series}")])
             .output()
             .context("running apt-cache search")?;
@@ -125,8 +191,8 @@ fn natural_cmp(a: &str, b: &str) -> Ordering {
     a.len().cmp(&b.len())
 }
 
-/// The kernel image of Debian package `pkg`, downloaded and cached on first use.
-pub fn kernel_image(pkg: &str) -> Result<PathBuf> {
+/// The kernel image of Debian package `pkg` (of `series`), downloaded and cached on first use.
+pub fn kernel_image(pkg: &str, series: &str) -> Result<PathBuf> {
     let dir = kernel_cache().join(pkg);
     let image = dir.join("vmlinuz");
     if image.exists() {
@@ -141,6 +207,7 @@ pub fn kernel_image(pkg: &str) -> Result<PathBuf> {
         dir.display()
     );
     let status = Command::new("apt-get")
+        .args(apt_opts(series)?)
         .args(["download", "-qq", pkg])
         .current_dir(&work)
         .status()

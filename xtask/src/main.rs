@@ -5,6 +5,7 @@
 //! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
 mod bench;
 mod debian;
+mod fuzz;
 mod initramfs;
 mod report_bench;
 mod setup;
@@ -28,7 +29,11 @@ commands:
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
   test [--no-vm]   fmt and clippy checks, unit tests, the kernel integration tests on this
-                   kernel and, unless --no-vm, on Debian's 6.1 and 6.12 under qemu
+                   kernel, 15 s of each fuzz target and, unless --no-vm, the integration
+                   tests on Debian's 6.1 and 6.12 under qemu
+  fuzz [--secs N] [TARGET...]
+                   the cargo-fuzz targets (decode, proc_stat, proc_files, btf, cli_values,
+                   audit), N seconds each (default 60); installs cargo-fuzz if missing
   vmtest [KERNEL...] [-- TEST-ARGS]
                    the kernel integration tests on each KERNEL: a Debian series (6.1,
                    6.12: its newest amd64 image, fetched and cached), `host`, or a bzImage
@@ -90,6 +95,31 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             setup::ensure_all()?;
             test(&root, vm)?;
             Ok(ExitCode::SUCCESS)
+        }
+        Some("fuzz") => {
+            let mut secs = 60;
+            let mut targets = Vec::new();
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--secs" => {
+                        secs = it
+                            .next()
+                            .and_then(|v| v.parse().ok())
+                            .context("--secs takes a number of seconds")?;
+                    }
+                    t => targets.push(t.to_owned()),
+                }
+            }
+            if targets.is_empty() {
+                targets = fuzz::TARGETS.map(String::from).to_vec();
+            }
+            setup::ensure_all()?;
+            let (_, crashed) = fuzz::run(&root, secs, &targets)?;
+            Ok(match crashed.is_empty() {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::FAILURE,
+            })
         }
         Some("vmtest") => {
             let (specs, test_args) = match args[1..].iter().position(|a| a == "--") {
@@ -163,6 +193,9 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
     ))
 }
 
+/// Seconds each fuzz target runs in `cargo xtask test` (longer runs: `cargo xtask fuzz`).
+const FUZZ_SECS_IN_TEST: u64 = 15;
+
 fn test(root: &Path, vm: bool) -> Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
@@ -174,6 +207,11 @@ fn test(root: &Path, vm: bool) -> Result<()> {
         bail!("chromium is missing and `apt-get install chromium` did not provide it");
     }
     let (mut passed, mut failed) = cargo_test(root)?;
+    // A short fuzz run of every target: each clean target counts as a passed test.
+    let targets = fuzz::TARGETS.map(String::from);
+    let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
+    passed += clean.len() as u64;
+    failed += crashed.len() as u64;
     let mut broken = Vec::new();
     if vm {
         let kernels = vmtest::DEFAULT_KERNELS

@@ -224,7 +224,8 @@ pub fn read_io(pid: u32) -> Option<[u64; 4]> {
 /// cheaper to produce than `status`).
 pub fn parse_rss_kib(statm: &str, page_kib: u64) -> Option<u64> {
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * page_kib)
+    // A count no kernel writes is no answer (found by the proc_files fuzz target).
+    pages.checked_mul(page_kib)
 }
 
 pub fn read_rss_kib(pid: u32) -> Option<u64> {
@@ -331,5 +332,13 @@ mod tests {
         assert!(read_io(me).is_some());
         assert!(read_rss_kib(me).unwrap() > 0);
         assert!(read_blocked(me).is_some());
+    }
+
+    #[test]
+    fn an_impossible_statm_is_no_answer_not_an_overflow() {
+        // The input the proc_files fuzz target crashed on (its first byte picked statm).
+        assert_eq!(parse_rss_kib("S     5404444444444444444444444444", 4), None);
+        assert_eq!(parse_rss_kib("100 18446744073709551615 0", 4), None);
+        assert_eq!(parse_rss_kib("100 25 0", 4), Some(100));
     }
 }

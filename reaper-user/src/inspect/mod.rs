@@ -11,7 +11,7 @@
 //! inspector duplicates it through a pidfd (`pidfd_getfd`) and polls the duplicate with a zero
 //! timeout, which reads nothing and tells EOF-pending (no writers left) exactly, with no scan of
 //! the machine.
-mod facts;
+pub mod facts;
 mod peers;
 mod pidfd;
 

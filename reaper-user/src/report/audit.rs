@@ -332,7 +332,7 @@ impl Audit {
         if let Some((_, old)) = self.holding.insert(key, (row, rss)) {
             self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(old);
         }
-        self.flagged_rss_kib += rss;
+        self.flagged_rss_kib = self.flagged_rss_kib.saturating_add(rss);
     }
 
     fn exe(&mut self, name: &str) -> &mut ExeCounts {
