@@ -282,3 +282,79 @@ fn bad_metrics_and_output_places_are_clear_errors() {
         run.stderr
     );
 }
+
+/// On a terminal the status line is drawn in place; with --quiet, or off a terminal, never.
+#[test]
+fn the_status_line_shows_on_a_terminal_only() {
+    if !require_root("the_status_line_shows_on_a_terminal_only") {
+        return;
+    }
+    let on_tty = |extra: &[&str]| -> String {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty fills two fds we own from here on.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty");
+        use std::os::fd::FromRawFd;
+        // SAFETY: both fds are open and owned by nobody else.
+        let (master, slave) = unsafe {
+            (
+                std::fs::File::from_raw_fd(master),
+                std::process::Stdio::from_raw_fd(slave),
+            )
+        };
+        let mut child = Command::new(reaper_trace())
+            .args(["--json", "--scan-interval", "100ms"])
+            .args(extra)
+            .args(["--", "sleep", "0.6"])
+            .stdout(Stdio::null())
+            .stderr(slave)
+            .spawn()
+            .unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let mut master = master;
+            let mut buf = [0u8; 4096];
+            // The read fails (EIO) once every writer of the terminal is gone.
+            while let Ok(n) = master.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                text.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        });
+        assert!(child.wait().unwrap().success());
+        reader.join().unwrap()
+    };
+    let shown = on_tty(&[]);
+    assert!(
+        shown.contains("\r\x1b[Kreaper: ") && shown.contains(" tracked · "),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains("events/s · 0 flagged · 0 lost · "),
+        "{shown:?}"
+    );
+    let quiet = on_tty(&["--quiet"]);
+    assert!(!quiet.contains("tracked ·"), "{quiet:?}");
+    // Off a terminal (a pipe), no status line either.
+    let out = Command::new(reaper_trace())
+        .args(["--json", "--scan-interval", "100ms", "--", "sleep", "0.6"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("exec"),
+        "readable lines are there: {stderr}"
+    );
+    assert!(!stderr.contains("tracked ·"), "{stderr}");
+}

@@ -5,7 +5,7 @@
 //! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
 //! boot from it with no modules (the serial console is built in). The guest's init mounts
 //! /proc, /sys and /dev (the initramfs itself is the writable root, /tmp included: the
-//! workspace may live under /tmp), brings up loopback (for `/metrics`), runs the tests with `CI=true` (so nothing may skip), prints
+//! workspace may live under /tmp), brings up loopback (for `/metrics`) and a devpts (for the status line's terminal), runs the tests with `CI=true` (so nothing may skip), prints
 //! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
@@ -216,6 +216,7 @@ export PATH=/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
 busybox mount -t proc proc /proc
 busybox mount -t sysfs sysfs /sys
 busybox mount -t devtmpfs devtmpfs /dev
+busybox mkdir -p /dev/pts && busybox mount -t devpts devpts /dev/pts
 busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 busybox ip link set lo up
 echo \"{KERNEL_MARK}$(busybox uname -r)\"
