@@ -4,9 +4,9 @@
 //! reaper-shapes, the host programs the tests run (sh, true, sleep, seq) and their shared
 //! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
 //! boot from it with no modules (the serial console is built in). The guest's init mounts
-//! /proc, /sys and /dev (the initramfs itself is the writable root, /tmp included: the
-//! workspace may live under /tmp), brings up loopback (for `/metrics`) and a devpts (for the status line's terminal), runs the tests with `CI=true` (so nothing may skip), prints
-//! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
+//! /proc, /sys, /dev and /dev/pts (the initramfs itself is the writable root, /tmp included:
+//! the workspace may live under /tmp), brings up loopback (for `/metrics`), runs the tests
+//! with `CI=true` (so nothing may skip), prints their exit status and powers off. tracefs is left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
