@@ -6,7 +6,8 @@
 //! boot from it with no modules (the serial console is built in). The guest's init mounts
 //! /proc, /sys, /dev and /dev/pts (the initramfs itself is the writable root, /tmp included:
 //! the workspace may live under /tmp), brings up loopback (for `/metrics`), runs the tests
-//! with `CI=true` (so nothing may skip), prints their exit status and powers off. tracefs is left unmounted, as on a fresh host.
+//! with `CI=true` (so nothing may skip), prints their exit status and powers off. tracefs is
+//! left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
