@@ -12,6 +12,9 @@ use crate::loader::SetsidHook;
 /// Runs as root. Either attach to running gateways (`--gateway-pid`), or start one:
 /// `reaper-trace [OPTIONS] -- CMD [ARGS...]`, traced from its first instruction; then the exit
 /// status follows CMD's.
+///
+/// `reaper-trace report AUDIT.ndjson -o report.html` turns an audit (`--json` or `--output`)
+/// into one HTML page: see `reaper-trace report --help`.
 #[derive(Debug, Parser)]
 #[command(name = "reaper-trace", version)]
 pub struct Cli {

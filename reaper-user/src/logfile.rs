@@ -175,6 +175,22 @@ impl Write for LogFile {
 
 /// Opens for appending; a new file is readable by its owner and group only (argv can hold
 /// secrets).
+impl Drop for LogFile {
+    /// A last try at the end of the run; what still cannot be written is said, not hidden.
+    fn drop(&mut self) {
+        let _ = self.flush();
+        if self.failing.is_some() {
+            let waiting = self.pending.iter().filter(|&&b| b == b'\n').count() as u64;
+            eprintln!(
+                "reaper-trace: {}: {} events could not be written (the stream on stdout, if \
+                 any, has them)",
+                self.path.display(),
+                waiting + self.dropped_since_report
+            );
+        }
+    }
+}
+
 fn open_append(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)

@@ -6,7 +6,8 @@ use reaper_user::{cli::Cli, daemon, report};
 fn main() {
     // `report` is a word of its own: the tracer's command line ends with an arbitrary CMD.
     if std::env::args_os().nth(1).is_some_and(|a| a == "report") {
-        let cli = report::ReportCli::parse_from(std::env::args_os().skip(1));
+        let args = std::iter::once("reaper-trace report".into()).chain(std::env::args_os().skip(2));
+        let cli = report::ReportCli::parse_from(args);
         match report::run(&cli) {
             Ok(account) => {
                 eprintln!("reaper-trace: {account}");

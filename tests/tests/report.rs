@@ -154,3 +154,42 @@ fn the_browser_check_catches_a_broken_page() {
     );
     assert!(!loaded.dom.contains("data-ready=\"yes\""));
 }
+
+#[test]
+fn bad_report_inputs_are_clear_errors() {
+    let dir = scratch("report-inputs");
+    let report = |args: &[&str]| {
+        let out = Command::new(reaper_trace())
+            .arg("report")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = report(&["missing.ndjson"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("cannot read missing.ndjson"), "{err}");
+    std::fs::write(dir.join("notes.txt"), "just some text\nnothing else\n").unwrap();
+    let (code, err) = report(&["notes.txt"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("holds no reaper-trace events"), "{err}");
+    assert!(!dir.join("report.html").exists(), "no page for no audit");
+    let (code, err) = report(&[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("reaper-trace report <AUDIT>"), "{err}");
+    // A cut-short last line (a killed tracer) is counted, not fatal.
+    std::fs::write(
+        dir.join("cut.ndjson"),
+        "{\"event\":\"reaped\",\"seq\":0,\"ts\":1,\"pid\":5}\n{\"event\":\"fo",
+    )
+    .unwrap();
+    let (code, err) = report(&["cut.ndjson", "-o", "cut.html"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("1 unreadable lines skipped"), "{err}");
+    let page = std::fs::read_to_string(dir.join("cut.html")).unwrap();
+    assert!(page.contains("were not events (first: line 2)"));
+}

@@ -43,9 +43,10 @@ pub fn run(cli: &ReportCli) -> Result<String> {
                 File::open(input).with_context(|| format!("cannot read {}", input.display()))?,
             )),
         };
+        let name = || format!("reading {}", input.display());
         match audit.as_mut() {
-            None => audit = Some(Audit::read(reader)?),
-            Some(a) => a.add(reader)?,
+            None => audit = Some(Audit::read(reader).with_context(name)?),
+            Some(a) => a.add(reader).with_context(name)?,
         }
     }
     let audit = audit.unwrap_or_default();
