@@ -34,7 +34,7 @@ use crate::{
     seed::{self, TrackedMap},
     serve,
     status::StatusLine,
-    tracer::Tracer,
+    tracer::{FREE_LAG, Tracer},
     tree::render_alive_tree,
 };
 
@@ -155,6 +155,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     tracer.check_reparents()?;
     tracer.check_unfollowed()?;
     tracer.check_losses(losses, &probes.tracked)?;
+    tracer.check_released(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
     tracer.scan_leaks()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
@@ -240,6 +241,7 @@ async fn event_loop(
             }
             _ = sleep_until(next_scan) => {
                 drain(ring.get_mut(), tracer)?;
+                tracer.check_released(FREE_LAG)?;
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
                 tracer.out.draw_status().context("writing output")?;

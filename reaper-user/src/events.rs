@@ -245,6 +245,10 @@ pub enum Event {
     },
     Reaped {
         pid: u32,
+        /// Only when true: learnt from /proc (the process is gone) because the kernel's own
+        /// free, which comes after an RCU grace period, was late; `ts` is when it was noticed.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        from_proc: bool,
     },
     Setsid {
         pid: u32,

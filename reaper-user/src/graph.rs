@@ -91,6 +91,9 @@ pub enum Applied {
     Exit { node: NodeId, orphans: Vec<NodeId> },
     /// A process the graph does not know (only after a loss): resync it.
     Unknown,
+    /// Something already recorded: a kernel free arriving after the release was learnt
+    /// from /proc. Nothing to report.
+    Duplicate,
 }
 
 /// A process found in /proc, for seeding and resyncs.
@@ -464,6 +467,9 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
+                if self.nodes[&id].reaped_at.is_some() {
+                    return Applied::Duplicate;
+                }
                 self.mark_reaped(id, ev.ts);
                 Applied::Node(id)
             }
@@ -642,7 +648,7 @@ mod tests {
     fn node_of(a: Applied) -> NodeId {
         match a {
             Applied::Node(id) | Applied::Exit { node: id, .. } => id,
-            Applied::Unknown => panic!("unknown"),
+            Applied::Unknown | Applied::Duplicate => panic!("not a new node: {a:?}"),
         }
     }
 
@@ -764,6 +770,26 @@ mod tests {
         assert!(n.zombie() && !n.alive());
         assert_eq!(n.exited.unwrap().status, Some(0x300));
         assert_eq!(g.zombies().count(), 1);
+        assert_counts(&g);
+    }
+
+    #[test]
+    fn a_free_after_a_release_learnt_from_proc_is_a_duplicate() {
+        let mut g = LineageGraph::new(100, TPS);
+        gateway(&mut g, 100);
+        let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+        g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+        g.mark_gone(id, 9_000);
+        assert_eq!(g.node(id).unwrap().reaped_at, Some(9_000));
+        assert!(
+            !g.node(id).unwrap().uncertain,
+            "its exit was seen: nothing guessed"
+        );
+        assert!(matches!(
+            g.apply(&ev(2, 200, 5_000, What::Free)),
+            Applied::Duplicate
+        ));
+        assert_eq!(g.node(id).unwrap().reaped_at, Some(9_000));
         assert_counts(&g);
     }
 

@@ -245,8 +245,14 @@ mod tests {
     #[test]
     fn counters_follow_the_stream() {
         let m = Metrics::new();
-        m.observe(&Event::Reaped { pid: 7 });
-        m.observe(&Event::Reaped { pid: 8 });
+        m.observe(&Event::Reaped {
+            pid: 7,
+            from_proc: false,
+        });
+        m.observe(&Event::Reaped {
+            pid: 8,
+            from_proc: true,
+        });
         m.observe(&Event::Setsid { pid: 8, sid: 8 });
         m.observe(&Event::Lost {
             count: 3,

@@ -229,7 +229,14 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             }
             (None, None) => format!("exit     {pid}"),
         },
-        Event::Reaped { pid } => format!("reaped   {pid}"),
+        Event::Reaped {
+            pid,
+            from_proc: false,
+        } => format!("reaped   {pid}"),
+        Event::Reaped {
+            pid,
+            from_proc: true,
+        } => format!("reaped   {pid} (gone from /proc)"),
         Event::Setsid { pid, sid } => format!("setsid   {pid} now leads session {sid}"),
         Event::Reparent {
             pid,
