@@ -22,12 +22,30 @@ fn probe_programs() -> BTreeSet<u32> {
         .collect()
 }
 
+/// Ids of the loaded BPF maps named like reaper's, from the kernel's own list.
+fn probe_maps() -> BTreeSet<u32> {
+    const NAMES: [&str; 6] = [
+        "TRACKED",
+        "EVENTS",
+        "SEQ",
+        "READER_IDLE",
+        "LOSSES",
+        "EXEC_SCRATCH",
+    ];
+    aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|m| m.name_as_str().is_some_and(|n| NAMES.contains(&n)))
+        .map(|m| m.id())
+        .collect()
+}
+
 #[test]
 fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
     if !require_root("a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again") {
         return;
     }
     let before = probe_programs();
+    let maps_before = probe_maps();
     let mut gateway = Command::new("sleep").arg("30").spawn().unwrap();
     let gw = gateway.id().to_string();
     let mut tracer = Command::new(reaper_trace())
@@ -47,6 +65,8 @@ fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
         "the four lifecycle probes are loaded: {ours:?}"
     );
 
+    let our_maps: BTreeSet<u32> = probe_maps().difference(&maps_before).copied().collect();
+    assert!(our_maps.len() >= 5, "its maps are loaded: {our_maps:?}");
     tracer.kill().unwrap(); // SIGKILL: no clean-up code runs
     tracer.wait().unwrap();
     let start = Instant::now();
@@ -55,6 +75,14 @@ fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
             start.elapsed() < Duration::from_secs(5),
             "programs still loaded after the tracer died: {:?}",
             probe_programs().intersection(&ours).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while !probe_maps().is_disjoint(&our_maps) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "maps still loaded (pinned or leaked) after the tracer died: {:?}",
+            probe_maps().intersection(&our_maps).collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(50));
     }

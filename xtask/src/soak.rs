@@ -26,7 +26,7 @@ struct Sample {
     flags: u64,
 }
 
-/// The churning gateway: about 60 processes a second of mixed shapes, and every 20 s a
+/// The churning gateway: about 110 processes a second of mixed shapes, and every 20 s a
 /// leak (a setsid'd reader holding a pipe) that lives 8 s after its spawner exits.
 fn gateway_script(minutes: u64) -> String {
     format!(
