@@ -41,7 +41,7 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_rotate_size)]
     pub rotate_size: Option<u64>,
 
-    /// With --rotate-size: how many rotated files to keep.
+    /// With --rotate-size: how many rotated files to keep (0: the file starts over empty).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub rotate_keep: u32,
 

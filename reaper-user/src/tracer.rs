@@ -192,18 +192,7 @@ impl Tracer {
             .map(|n| n.id)
             .collect();
         for id in lagging {
-            let Some(pid) = self.graph.node(id).map(|n| n.pid) else {
-                continue;
-            };
-            self.graph.mark_gone(id, now);
-            self.counts.reaped += 1;
-            self.out.event(
-                now,
-                &Event::Reaped {
-                    pid,
-                    from_proc: true,
-                },
-            )?;
+            self.report_gone(id)?;
         }
         Ok(())
     }
@@ -393,31 +382,30 @@ impl Tracer {
         Ok(())
     }
 
-    /// Marks a process that vanished unseen as exited and reaped, and says so.
+    /// Marks a process that vanished from /proc unseen as reaped (and, if it was thought alive,
+    /// exited, status unknown), and says so.
     fn report_gone(&mut self, id: NodeId) -> Result<()> {
-        let Some(pid) = self.graph.node(id).map(|n| n.pid) else {
+        let Some((pid, was_alive)) = self.graph.node(id).map(|n| (n.pid, n.alive())) else {
             return Ok(());
         };
         let now = boottime_now();
         self.graph.mark_gone(id, now);
-        self.counts.exit += 1;
-        self.out.event(
-            now,
-            &Event::Exit {
+        if was_alive {
+            self.counts.exit += 1;
+            let exit = Event::Exit {
                 pid,
                 exit_code: None,
                 signal: None,
                 core: false,
-            },
-        )?;
+            };
+            self.out.event(now, &exit)?;
+        }
         self.counts.reaped += 1;
-        self.out.event(
-            now,
-            &Event::Reaped {
-                pid,
-                from_proc: true,
-            },
-        )
+        let reaped = Event::Reaped {
+            pid,
+            from_proc: true,
+        };
+        self.out.event(now, &reaped)
     }
 
     pub fn has_pending_reparents(&self) -> bool {

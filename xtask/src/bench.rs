@@ -665,7 +665,8 @@ fn prog_name(id: &str) -> String {
         .unwrap_or_else(|| format!("prog {id}"))
 }
 
-fn rss_kib(pid: u32, key: &str) -> u64 {
+/// A `kB` field of /proc/PID/status (`VmRSS:`, `VmHWM:`, ...).
+pub fn rss_kib(pid: u32, key: &str) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

@@ -63,15 +63,6 @@ fn scrape(port: u16) -> String {
         .unwrap_or_default()
 }
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 pub fn run(reaper: &Path, minutes: u64) -> Result<()> {
     if !crate::debian::ensure("curl", "curl", "the soak bench's scrapes") {
         bail!("curl is missing");
@@ -110,7 +101,7 @@ pub fn run(reaper: &Path, minutes: u64) -> Result<()> {
         }
         let s = Sample {
             secs: start.elapsed().as_secs_f64(),
-            rss_kib: status_kib(pid, "VmRSS:"),
+            rss_kib: crate::bench::rss_kib(pid, "VmRSS:"),
             fds: fs::read_dir(format!("/proc/{pid}/fd"))
                 .map(|d| d.count())
                 .unwrap_or(0),
