@@ -140,6 +140,20 @@ pub const MAX_FLAG_ROWS: usize = 5_000;
 pub const MAX_EXECUTABLES: usize = 5_000;
 /// Timeline points kept; when full, neighbours merge and the span of a point doubles.
 pub const MAX_POINTS: usize = 1_500;
+/// At most this many processes alive at once are followed for the tree (a real host holds at
+/// most `pid_max` of them; an odd file could claim more).
+pub const MAX_LIVE: usize = 200_000;
+/// Lineages are kept to their last this many steps.
+pub const MAX_DEPTH: usize = 64;
+/// At most this many (reason, result) pairs of kill steps are counted by name.
+pub const MAX_KILL_KINDS: usize = 64;
+/// Longest argv kept for a live process.
+pub const MAX_ARGV_CHARS: usize = 300;
+/// The stream's event names (README: The NDJSON event stream).
+const KNOWN_EVENTS: [&str; 14] = [
+    "snapshot", "ready", "fork", "exec", "exit", "reaped", "setsid", "reparent", "lost", "summary",
+    "flag", "cleared", "kill", "check",
+];
 /// Label of the executables past [`MAX_EXECUTABLES`].
 pub const OTHER_EXECUTABLES: &str = "(other executables)";
 
@@ -160,6 +174,8 @@ pub struct Audit {
     pub complete: bool,
     pub flags: Vec<FlagRow>,
     pub flags_omitted: u64,
+    /// Live processes past [`MAX_LIVE`], not followed.
+    pub live_omitted: u64,
     pub kills: BTreeMap<(String, String), u64>,
     pub live: HashMap<u32, LiveProc>,
     pub executables: HashMap<String, ExeCounts>,
@@ -210,7 +226,12 @@ impl Audit {
     fn apply(&mut self, l: &Line, raw: &[u8]) {
         self.first_ts.get_or_insert(l.ts);
         self.last_ts = self.last_ts.max(l.ts);
-        *self.events.entry(l.event.to_string()).or_default() += 1;
+        // Counted by name only for the stream's own events: an odd file cannot grow this.
+        let name = match KNOWN_EVENTS.contains(&&*l.event) {
+            true => &*l.event,
+            false => "(unknown)",
+        };
+        *self.events.entry(name.to_owned()).or_default() += 1;
         let pid = l.pid.unwrap_or(0);
         match &*l.event {
             "ready" => {
@@ -232,7 +253,14 @@ impl Audit {
                     Some(p) => (p.lineage.clone(), p.exe.clone()),
                     None => (Vec::new(), String::new()),
                 };
+                if lineage.len() >= MAX_DEPTH {
+                    lineage.drain(..lineage.len() + 1 - MAX_DEPTH);
+                }
                 lineage.push(pid);
+                if self.live.len() >= MAX_LIVE && !self.live.contains_key(&pid) {
+                    self.live_omitted += 1;
+                    return self.sample(l.ts);
+                }
                 self.live.insert(
                     pid,
                     LiveProc {
@@ -281,6 +309,10 @@ impl Audit {
                     l.reason.as_deref().unwrap_or("").to_owned(),
                     l.result.as_deref().unwrap_or("").to_owned(),
                 );
+                let key = match self.kills.len() < MAX_KILL_KINDS || self.kills.contains_key(&key) {
+                    true => key,
+                    false => ("(other)".to_owned(), String::new()),
+                };
                 *self.kills.entry(key).or_default() += 1;
                 let reason = l.reason.as_deref().unwrap_or("");
                 if let Some(row) = self
@@ -329,6 +361,9 @@ impl Audit {
             }
         };
         let key = (pid, reason);
+        if self.holding.len() >= MAX_LIVE && !self.holding.contains_key(&key) {
+            return;
+        }
         if let Some((_, old)) = self.holding.insert(key, (row, rss)) {
             self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(old);
         }
@@ -393,8 +428,25 @@ impl Audit {
     }
 }
 
+/// The arguments joined by spaces, at most [`MAX_ARGV_CHARS`] characters (a page shows no more).
 fn join_args(argv: Option<&[Cow<str>]>) -> String {
-    argv.map(|a| a.join(" ")).unwrap_or_default()
+    let mut out = String::new();
+    for (i, a) in argv.unwrap_or_default().iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(a);
+        if out.len() > MAX_ARGV_CHARS {
+            let cut = (0..=MAX_ARGV_CHARS)
+                .rev()
+                .find(|&i| out.is_char_boundary(i))
+                .unwrap_or(0);
+            out.truncate(cut);
+            out.push('…');
+            break;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -444,6 +496,56 @@ mod tests {
         assert_eq!(peak, 502, "the burst survives downsampling");
         assert_eq!(audit.live.len(), 1, "only the gateway is left");
         assert!(!audit.complete);
+    }
+
+    #[test]
+    fn the_known_events_are_the_schemas() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../../schema/events.schema.json")).unwrap();
+        let mut names: Vec<&str> = schema["properties"]["event"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        names.sort_unstable();
+        let mut known = KNOWN_EVENTS.to_vec();
+        known.sort_unstable();
+        assert_eq!(names, known);
+    }
+
+    #[test]
+    fn an_odd_file_cannot_grow_the_state() {
+        let mut text = String::new();
+        for i in 0..300u32 {
+            text += &line(1, &format!(r#""event":"odd{i}","pid":1"#));
+            text += &line(
+                2,
+                &format!(r#""event":"kill","pid":1,"reason":"r{i}","result":"x""#),
+            );
+        }
+        // A chain of 500 forks, each the child of the one before, all alive.
+        for pid in 2..502u32 {
+            let argv = "a".repeat(1000);
+            text += &line(
+                3,
+                &format!(
+                    r#""event":"fork","pid":{pid},"spawner":{},"ppid":{},"comm":"c","argv":["{argv}"]"#,
+                    pid - 1,
+                    pid - 1
+                ),
+            );
+        }
+        let audit = Audit::read(text.as_bytes()).unwrap();
+        assert_eq!(audit.events.get("(unknown)"), Some(&300));
+        assert!(audit.kills.len() <= MAX_KILL_KINDS + 1);
+        assert!(audit.live.values().all(|p| p.lineage.len() <= MAX_DEPTH));
+        assert!(
+            audit
+                .live
+                .values()
+                .all(|p| p.argv.len() <= MAX_ARGV_CHARS + 3)
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::audit::{Audit, FlagRow, LiveProc, OTHER_EXECUTABLES, Point};
+use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES, Point};
 use crate::leaks::human_duration;
 use crate::text::escape_for_terminal;
 
@@ -24,9 +24,6 @@ fn esc(s: &str) -> String {
     }
     out
 }
-
-/// Longest argv shown in a cell; the rest is cut with an ellipsis.
-const MAX_ARGV_CHARS: usize = 300;
 
 fn short(s: &str) -> String {
     match s.char_indices().nth(MAX_ARGV_CHARS) {
@@ -137,6 +134,16 @@ fn facts(h: &mut String, a: &Audit) {
         row(
             "<span class=\"warn\">incomplete</span>",
             "no closing summary: the audit was cut short (tracer killed, or still running)".into(),
+        );
+    }
+    if a.live_omitted > 0 {
+        row(
+            "<span class=\"warn\">not followed</span>",
+            format!(
+                "{} processes beyond the {} alive at once this page follows",
+                a.live_omitted,
+                super::audit::MAX_LIVE
+            ),
         );
     }
     if a.unreadable > 0 {
