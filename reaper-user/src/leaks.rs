@@ -218,35 +218,63 @@ pub fn active_by_node(inspector: &Inspector) -> BTreeMap<NodeId, Vec<Reason>> {
     marks
 }
 
-/// The summary's leak section.
-pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
-    let marks = active_by_node(inspector);
-    let mut out = LeakSummary::default();
-    for r in Reason::ALL {
-        out.active.insert(r.name(), 0);
-        out.raised.insert(r.name(), inspector.raised(r));
-    }
-    let mut by_exe: BTreeMap<Vec<u8>, (Vec<u32>, u64)> = BTreeMap::new();
-    for (id, reasons) in &marks {
+/// The flags holding now: by reason, the RSS of the flagged live processes (each once), and
+/// each flagged node with its RSS.
+pub struct FlaggedNow {
+    pub active: BTreeMap<&'static str, u64>,
+    pub rss_kib: u64,
+    pub nodes: Vec<(NodeId, u64)>,
+}
+
+/// Reads what [`FlaggedNow`] holds (a statm read per flagged live process).
+pub fn flagged_now(graph: &LineageGraph, inspector: &Inspector) -> FlaggedNow {
+    let mut now = FlaggedNow {
+        active: Reason::ALL.iter().map(|r| (r.name(), 0)).collect(),
+        rss_kib: 0,
+        nodes: Vec::new(),
+    };
+    for (id, reasons) in active_by_node(inspector) {
         for r in reasons {
-            *out.active.entry(r.name()).or_default() += 1;
+            *now.active.entry(r.name()).or_default() += 1;
         }
-        let Some(node) = graph.node(*id) else {
+        let Some(node) = graph.node(id) else {
             continue;
         };
         let rss = match node.alive() {
             true => read_rss_kib(node.pid).unwrap_or(0),
             false => 0,
         };
-        out.rss_kib = out.rss_kib.saturating_add(rss);
+        now.rss_kib = now.rss_kib.saturating_add(rss);
+        now.nodes.push((id, rss));
+    }
+    now
+}
+
+/// The summary's leak section.
+pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
+    let now = flagged_now(graph, inspector);
+    let mut by_exe: BTreeMap<Vec<u8>, (Vec<u32>, u64)> = BTreeMap::new();
+    for (id, rss) in &now.nodes {
+        let Some(node) = graph.node(*id) else {
+            continue;
+        };
         let exe = match &node.filename {
             Some(f) => f.to_vec(),
             None => node.comm.as_bytes().to_vec(),
         };
         let entry = by_exe.entry(exe).or_default();
         entry.0.push(node.pid);
-        entry.1 = entry.1.saturating_add(rss);
+        entry.1 = entry.1.saturating_add(*rss);
     }
+    let mut out = LeakSummary {
+        active: now.active,
+        raised: Reason::ALL
+            .iter()
+            .map(|r| (r.name(), inspector.raised(*r)))
+            .collect(),
+        rss_kib: now.rss_kib,
+        by_executable: Vec::new(),
+    };
     out.by_executable = by_exe
         .into_iter()
         .map(|(exe, (mut pids, rss_kib))| {

@@ -32,8 +32,7 @@ pub struct LogFile {
     pending: Vec<u8>,
     /// Set while writes fail: the error, reported once.
     failing: Option<io::ErrorKind>,
-    /// Lines dropped because the backlog was full.
-    dropped_lines: u64,
+    /// Lines dropped because the backlog was full, since stderr last said so.
     dropped_since_report: u64,
     /// A short write left the file in the middle of a line.
     mid_line: bool,
@@ -53,22 +52,15 @@ impl LogFile {
             rotation,
             pending: Vec::with_capacity(64 << 10),
             failing: None,
-            dropped_lines: 0,
             dropped_since_report: 0,
             mid_line: false,
             max_backlog: MAX_BACKLOG,
         })
     }
 
-    /// Lines dropped since the start because the disk would not take them.
-    pub fn dropped_lines(&self) -> u64 {
-        self.dropped_lines
-    }
-
     /// Queues one complete line (with its newline).
     fn push_line(&mut self, line: &[u8]) {
         if self.pending.len() + line.len() > self.max_backlog {
-            self.dropped_lines += 1;
             self.dropped_since_report += 1;
             return;
         }
@@ -319,6 +311,6 @@ mod tests {
             f.write_all(b"{\"seq\":1}\n").unwrap();
         }
         assert_eq!(f.pending.len(), 100);
-        assert_eq!(f.dropped_lines(), 11);
+        assert_eq!(f.dropped_since_report, 11);
     }
 }

@@ -178,14 +178,14 @@ impl Metrics {
         self.alive.set(graph.live_count() as i64);
         self.zombies.set(graph.zombie_count() as i64);
         self.graph_nodes.set(graph.len() as i64);
-        let summary = leaks::summary(graph, inspector);
-        for (reason, n) in &summary.active {
+        let now = leaks::flagged_now(graph, inspector);
+        for (reason, n) in &now.active {
             self.flagged
                 .get_or_create(&ReasonLabel { reason })
                 .set(*n as i64);
         }
         self.flagged_rss
-            .set(summary.rss_kib.saturating_mul(1024).min(i64::MAX as u64) as i64);
+            .set(now.rss_kib.saturating_mul(1024).min(i64::MAX as u64) as i64);
         self.scan_seconds.observe(took.as_secs_f64());
     }
 
