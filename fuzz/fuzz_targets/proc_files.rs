@@ -2,7 +2,7 @@
 //! syscall and statm. The first byte picks the parser.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::{inspect::facts, procfs};
+use reaper_user::{procfs, procfs::facts};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {

@@ -3,8 +3,8 @@ use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 
-use crate::inspect::Reason;
-use crate::loader::SetsidHook;
+use crate::capture::loader::SetsidHook;
+use crate::leaks::Reason;
 
 /// Trace every descendant of a gateway process with eBPF: an exact spawn-lineage graph,
 /// however the descendants escaped (setsid, double fork, reparenting).

@@ -20,22 +20,25 @@ use tokio::{
 };
 
 use crate::{
+    capture::loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
     cli::Cli,
-    events::Event,
-    graph::LineageGraph,
-    inspect::InspectOptions,
     kill::{KillOptions, KillReport, Killer},
-    leaks,
-    loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
-    logfile::{LogFile, Rotation},
-    output::Output,
+    leaks::{InspectOptions, flags as leaks},
+    lineage::{
+        graph::LineageGraph,
+        seed::{self, TrackedMap},
+    },
+    output::{
+        Output,
+        events::Event,
+        logfile::{LogFile, Rotation},
+        serve,
+        status::StatusLine,
+        tree::render_alive_tree,
+    },
     privileges,
     procfs::{self, boottime_now},
-    seed::{self, TrackedMap},
-    serve,
-    status::StatusLine,
     tracer::{FREE_LAG, Tracer},
-    tree::render_alive_tree,
 };
 
 /// Exit status for a run-time failure (documented in the README).

@@ -1,28 +1,21 @@
 //! reaper: an exact spawn-lineage tracer for the descendants of gateway processes.
 //!
-//! The data path is a straight line: kernel probes (`reaper-ebpf`) → ring buffer →
-//! [`decode`] → [`graph`] → [`output`]. [`tracer`] drives it; [`daemon`] runs it.
-pub mod btf;
+//! The data path is a straight line, one folder a step:
+//! kernel probes (`reaper-ebpf`) → ring buffer → [`capture`] (load, attach, decode) →
+//! [`lineage`] (the graph, kept exact) → [`leaks`] (rules and flags) → [`kill`] (optional) →
+//! [`output`] (NDJSON, human lines, log file, metrics). [`procfs`] holds every /proc read and
+//! [`identity`] every "is this still the same process" answer. [`daemon`] drives the steps,
+//! each on its own timer; [`report`] reads an audit afterwards.
+pub mod capture;
 pub mod cli;
 pub mod daemon;
-pub mod decode;
-pub mod events;
-pub mod features;
-pub mod graph;
-pub mod inspect;
+pub mod identity;
 pub mod kill;
 pub mod leaks;
-pub mod loader;
-pub mod logfile;
-pub mod metrics;
+pub mod lineage;
 pub mod output;
 pub mod privileges;
 pub mod procfs;
 pub mod report;
-pub mod seed;
-pub mod serve;
-pub mod status;
 pub mod text;
-pub mod tracefs;
 pub mod tracer;
-pub mod tree;

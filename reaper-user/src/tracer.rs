@@ -8,18 +8,18 @@ use hdrhistogram::Histogram;
 use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
-use crate::decode::{KernelEvent, What, decode};
-use crate::events::{
+use crate::capture::decode::{KernelEvent, What, decode};
+use crate::capture::loader::{KernelCounters, LossCounts};
+use crate::kill::{KillReport, Killer};
+use crate::leaks::flags as leaks;
+use crate::leaks::{InspectOptions, Inspector, Reason};
+use crate::lineage::graph::{Applied, LineageGraph, Node, NodeId, Seed, Start};
+use crate::lineage::seed::TrackedMap;
+use crate::output::Output;
+use crate::output::events::{
     AliveProcess, Argv, Counts, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
 };
-use crate::graph::{Applied, LineageGraph, Node, NodeId, Seed, Start};
-use crate::inspect::{InspectOptions, Inspector, Reason};
-use crate::kill::{KillReport, Killer};
-use crate::leaks;
-use crate::loader::{KernelCounters, LossCounts};
-use crate::output::Output;
 use crate::procfs::{self, boottime_now};
-use crate::seed::TrackedMap;
 
 /// How long to wait for the kernel to reparent the children of an exited process.
 const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
@@ -483,7 +483,7 @@ impl Tracer {
                 .current(pid)
                 .is_some_and(|n| n.alive() && self.same_start(n.start, stat.start_ticks));
             if !known && stat.state != b'Z' {
-                let argv = procfs::read_cmdline(pid, crate::decode::MAX_ARGS)
+                let argv = procfs::read_cmdline(pid, crate::capture::decode::MAX_ARGS)
                     .map(|(a, _)| a)
                     .unwrap_or_default();
                 seeds.push(Seed {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use reaper_tests::{
-    Run, assert_schema_valid, reaper_trace, require_root, run_reaper, scratch, shapes,
+    Run, assert_schema_valid, patience, reaper_trace, require_root, run_reaper, scratch, shapes,
 };
 use serde_json::Value;
 
@@ -54,13 +54,19 @@ fn metrics_scrape_matches_the_stream() {
     let port = free_port();
     let dir = scratch("metrics");
     let truth = dir.join("truth.json");
+    // The orphan's pipe is held until the scrape agreed (no window a slow guest can miss).
+    let release = dir.join("release");
     let mut child = Command::new(reaper_trace())
         .args(["--json", "--quiet", "--scan-interval", "250ms", "--metrics"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--")
         .arg(shapes())
         .args(["leak-orphan", truth.to_str().unwrap()])
-        .env("REAPER_SHAPES_LINGER_MS", "6000")
+        .env("REAPER_SHAPES_RELEASE", &release)
+        .env(
+            "REAPER_SHAPES_HOLD_CAP_SECS",
+            patience().as_secs().to_string(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -81,7 +87,7 @@ fn metrics_scrape_matches_the_stream() {
     let start = Instant::now();
     let mut last = String::new();
     let agreed = loop {
-        if start.elapsed() > Duration::from_secs(5) {
+        if start.elapsed() > patience() {
             break false;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -119,7 +125,13 @@ fn metrics_scrape_matches_the_stream() {
             break true;
         }
     };
-    assert!(agreed, "the scrape never matched the stream:\n{last}");
+    std::fs::write(&release, b"").unwrap();
+    assert!(
+        agreed,
+        "the scrape never matched the stream in {:?}:\n{last}\nthe stream: {:?}",
+        patience(),
+        events.lock().unwrap()
+    );
     assert!(sample(&last, "reaper_flagged_resident_bytes").unwrap() > 0.0);
     assert!(sample(&last, "reaper_graph_nodes").unwrap() >= 3.0);
     assert!(sample(&last, "reaper_scan_duration_seconds_count").unwrap() >= 1.0);
@@ -232,18 +244,47 @@ fn a_full_disk_stops_nothing_and_loses_nothing() {
         .stderr(Stdio::null())
         .status();
     let file = dir.join("audit.ndjson");
-    // The gateway makes events while the disk is full, then frees the space, then makes more.
+    // The gateway makes events while the disk is full; once reaper-trace said it cannot
+    // write, the test lets it free the space and make more (no window to race).
+    let go = scratch("full-disk-go").join("go");
     let script = format!(
-        "for i in $(seq 50); do /bin/true; done; sleep 1; rm {}; sleep 0.5; \
-         for i in $(seq 50); do /bin/true; done",
+        "for i in $(seq 50); do /bin/true; done; n=0; \
+         while [ ! -e {} ] && [ $n -lt {} ]; do sleep 0.05; n=$((n+1)); done; \
+         rm {}; for i in $(seq 50); do /bin/true; done",
+        go.display(),
+        patience().as_secs() * 20,
         filler.display()
     );
-    let out = Command::new(reaper_trace())
+    let mut child = Command::new(reaper_trace())
         .args(["--json", "--quiet", "--output"])
         .arg(&file)
         .args(["--", "sh", "-c", &script])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let mut stdout_pipe = child.stdout.take().unwrap();
+    let stdout_reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        stdout_pipe.read_to_end(&mut bytes).unwrap();
+        bytes
+    });
+    let mut stderr_bytes = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).split(b'\n') {
+        let line = line.unwrap();
+        if String::from_utf8_lossy(&line).contains("No space left on device") {
+            std::fs::write(&go, b"").unwrap();
+        }
+        stderr_bytes.extend_from_slice(&line);
+        stderr_bytes.push(b'\n');
+    }
+    let status = child.wait().unwrap();
+    std::fs::write(&go, b"").unwrap(); // whatever happened, the gateway ends
+    let out = std::process::Output {
+        status,
+        stdout: stdout_reader.join().unwrap(),
+        stderr: stderr_bytes,
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("No space left on device"), "{stderr}");
@@ -289,6 +330,8 @@ fn the_status_line_shows_on_a_terminal_only() {
     if !require_root("the_status_line_shows_on_a_terminal_only") {
         return;
     }
+    // The gateway (`cat`) lives until its stdin closes: on a terminal, until the status line
+    // was drawn; with --quiet, until the run had time for a few scans.
     let on_tty = |extra: &[&str]| -> String {
         let (mut master, mut slave) = (0, 0);
         // SAFETY: openpty fills two fds we own from here on.
@@ -313,11 +356,13 @@ fn the_status_line_shows_on_a_terminal_only() {
         let mut child = Command::new(reaper_trace())
             .args(["--json", "--scan-interval", "100ms"])
             .args(extra)
-            .args(["--", "sleep", "0.6"])
+            .args(["--", "cat"])
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(slave)
             .spawn()
             .unwrap();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut text = Vec::new();
             let mut master = master;
@@ -328,9 +373,18 @@ fn the_status_line_shows_on_a_terminal_only() {
                     break;
                 }
                 text.extend_from_slice(&buf[..n]);
+                if String::from_utf8_lossy(&text).contains(" tracked · ") {
+                    let _ = seen_tx.send(());
+                }
             }
             String::from_utf8_lossy(&text).into_owned()
         });
+        let wait = match extra.contains(&"--quiet") {
+            true => Duration::from_millis(600),
+            false => patience(),
+        };
+        let _ = seen_rx.recv_timeout(wait);
+        drop(child.stdin.take());
         assert!(child.wait().unwrap().success());
         reader.join().unwrap()
     };

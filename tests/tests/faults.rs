@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use reaper_tests::{pid, reaper_trace, require_root, run_reaper};
+use reaper_tests::{patience, pid, reaper_trace, require_root, run_reaper};
 
 /// Ids of the loaded BPF programs named like reaper's probes, from the kernel's own list.
 fn probe_programs() -> BTreeSet<u32> {
@@ -72,7 +72,7 @@ fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
     let start = Instant::now();
     while !probe_programs().is_disjoint(&ours) {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < patience(),
             "programs still loaded after the tracer died: {:?}",
             probe_programs().intersection(&ours).collect::<Vec<_>>()
         );
@@ -80,7 +80,7 @@ fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
     }
     while !probe_maps().is_disjoint(&our_maps) {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < patience(),
             "maps still loaded (pinned or leaked) after the tracer died: {:?}",
             probe_maps().intersection(&our_maps).collect::<Vec<_>>()
         );

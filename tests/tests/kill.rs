@@ -2,11 +2,11 @@
 //! never be signalled. Needs root (see `require_root`).
 use std::time::Duration;
 
-use reaper_tests::{Run, pid, require_root, run_shape_with};
+use reaper_tests::{Run, Then, pid, require_root, run_shape_until};
 use reaper_user::{
-    graph::{LineageGraph, Seed},
-    inspect::Reason,
     kill::{KillOptions, Killer, Outcome},
+    leaks::Reason,
+    lineage::graph::{LineageGraph, Seed},
     procfs,
     text::Comm,
 };
@@ -35,11 +35,25 @@ fn assert_steps(run: &Run, pid: u64, steps: &[(&str, &str)]) {
     assert_eq!(kills(run, pid), want, "{:?}", run.all("kill"));
 }
 
-/// Runs the orphan shape under `--kill OPTS`; returns the run and the orphan's pid.
+/// A kill sequence reached its outcome (anything but a signal merely sent).
+fn kill_settled(events: &[Value]) -> bool {
+    events
+        .iter()
+        .any(|e| e["event"] == "kill" && e["result"] != "sent")
+}
+
+/// Runs the orphan shape under `--kill OPTS`, holding the orphan's pipe until a kill sequence
+/// reached its outcome; returns the run and the orphan's pid.
 fn orphan_under_kill(opts: &[&str], env: &[(&str, &str)]) -> (Run, u64) {
     let mut args = vec!["--kill", "--scan-interval", "250ms"];
     args.extend_from_slice(opts);
-    let (run, truth) = run_shape_with(&args, "leak-orphan", &[], env);
+    let (run, truth) = run_shape_until(
+        &args,
+        "leak-orphan",
+        env,
+        ("a kill outcome", Then::Release),
+        kill_settled,
+    );
     let b = pid(&truth["b"]);
     (run, b)
 }
@@ -55,10 +69,7 @@ fn an_orphan_ignoring_sigterm_is_killed_within_grace_and_term_timeout() {
     }
     let (run, b) = orphan_under_kill(
         &["--grace", "1s", "--term-timeout", "1s"],
-        &[
-            ("REAPER_SHAPES_LINGER_MS", "6000"),
-            ("REAPER_SHAPES_IGNORE_TERM", "1"),
-        ],
+        &[("REAPER_SHAPES_IGNORE_TERM", "1")],
     );
     assert_steps(
         &run,
@@ -94,10 +105,7 @@ fn a_stopped_orphan_is_continued_then_terminated() {
     }
     let (run, b) = orphan_under_kill(
         &["--grace", "0s", "--term-timeout", "2s"],
-        &[
-            ("REAPER_SHAPES_LINGER_MS", "3000"),
-            ("REAPER_SHAPES_STOP_SELF", "1"),
-        ],
+        &[("REAPER_SHAPES_STOP_SELF", "1")],
     );
     assert_steps(
         &run,
@@ -116,7 +124,7 @@ fn a_live_session_and_the_gateway_are_never_signalled() {
     if !require_root("a_live_session_and_the_gateway_are_never_signalled") {
         return;
     }
-    let (run, _) = run_shape_with(
+    let (run, truth) = run_shape_until(
         &[
             "--kill",
             "--kill-reasons",
@@ -130,9 +138,17 @@ fn a_live_session_and_the_gateway_are_never_signalled() {
         ],
         "normal",
         &[],
-        &[("REAPER_SHAPES_LINGER_MS", "3000")],
+        ("the positive control's kill outcome", Then::Release),
+        kill_settled,
     );
-    assert!(run.all("kill").is_empty(), "{:?}", run.all("kill"));
+    // Only the shape's abandoned server, the positive control, is signalled.
+    let control = pid(&truth["control"]);
+    assert!(!kill_pids(&run).is_empty());
+    assert!(
+        kill_pids(&run).iter().all(|p| *p == control),
+        "{:?}",
+        run.all("kill")
+    );
 }
 
 #[test]
@@ -140,10 +156,7 @@ fn dry_run_decides_and_sends_nothing() {
     if !require_root("dry_run_decides_and_sends_nothing") {
         return;
     }
-    let (run, b) = orphan_under_kill(
-        &["--dry-run", "--grace", "0s"],
-        &[("REAPER_SHAPES_LINGER_MS", "2000")],
-    );
+    let (run, b) = orphan_under_kill(&["--dry-run", "--grace", "0s"], &[]);
     assert_steps(&run, b, &[("SIGTERM", "dry_run")]);
     let exit = run.one("exit", b);
     assert_eq!(
@@ -157,7 +170,7 @@ fn a_respawning_supervisor_is_flagged_and_its_worker_killed_once() {
     if !require_root("a_respawning_supervisor_is_flagged_and_its_worker_killed_once") {
         return;
     }
-    let (run, truth) = run_shape_with(
+    let (run, truth) = run_shape_until(
         &[
             "--kill",
             "--grace",
@@ -169,7 +182,12 @@ fn a_respawning_supervisor_is_flagged_and_its_worker_killed_once() {
         ],
         "respawner",
         &[],
-        &[("REAPER_SHAPES_LINGER_MS", "4000")],
+        ("a respawning flag", Then::Release),
+        |events| {
+            events
+                .iter()
+                .any(|e| e["event"] == "flag" && e["reason"] == "respawning")
+        },
     );
     let supervisor = pid(&truth["supervisor"]);
     let terms = run

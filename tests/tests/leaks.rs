@@ -1,15 +1,35 @@
 //! The leak rules against real processes: each rule positively and negatively, and the
 //! `--check` gate. Needs root (see `require_root`).
-use reaper_tests::{Run, pid, require_root, run_shape_with};
+use reaper_tests::{Run, Then, pid, require_root, run_shape_until, run_shape_with};
 use serde_json::{Value, json};
 
-/// Runs a leak shape that keeps its leak for `linger_ms`, unless the test must be skipped.
-fn run_leak(test: &str, opts: &[&str], shape: &str, linger_ms: &str) -> Option<(Run, Value)> {
+/// Runs a leak shape that holds its leak until `n` flags of `reason` arrived, unless the test
+/// must be skipped.
+fn run_leak(
+    test: &str,
+    opts: &[&str],
+    shape: &str,
+    (n, reason): (usize, &str),
+) -> Option<(Run, Value)> {
     if !require_root(test) {
         return None;
     }
-    let env = [("REAPER_SHAPES_LINGER_MS", linger_ms)];
-    Some(run_shape_with(opts, shape, &[], &env))
+    let what = format!("{n} {reason} flags");
+    Some(run_shape_until(
+        opts,
+        shape,
+        &[],
+        (&what, Then::Release),
+        |events| flags_for(events, reason) >= n,
+    ))
+}
+
+/// How many flags of `reason` the stream holds so far.
+fn flags_for(events: &[Value], reason: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e["event"] == "flag" && e["reason"] == reason)
+        .count()
 }
 
 /// The flag events about `pid`.
@@ -74,7 +94,7 @@ fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
         "setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage",
         &["--scan-interval", "250ms"],
         "leak-orphan",
-        "2500",
+        (1, "orphaned"),
     ) else {
         return;
     };
@@ -123,7 +143,7 @@ fn only_the_abandoned_stdio_servers_are_idle() {
         "only_the_abandoned_stdio_servers_are_idle",
         &["--idle-after", "2s", "--scan-interval", "250ms"],
         "leak-idle",
-        "5000",
+        (2, "idle"),
     ) else {
         return;
     };
@@ -157,7 +177,7 @@ fn a_sigkilled_agent_leaves_its_worker_and_helper_orphaned() {
         "a_sigkilled_agent_leaves_its_worker_and_helper_orphaned",
         &["--scan-interval", "250ms"],
         "leak-agent-kill",
-        "2500",
+        (2, "orphaned"),
     ) else {
         return;
     };
@@ -189,7 +209,7 @@ fn a_reader_ignoring_eof_is_deaf_not_idle() {
         "a_reader_ignoring_eof_is_deaf_not_idle",
         &["--idle-after", "2s", "--scan-interval", "250ms"],
         "leak-deaf",
-        "4000",
+        (1, "deaf"),
     ) else {
         return;
     };
@@ -206,7 +226,7 @@ fn unreaped_children_are_zombies_until_reaped() {
         "unreaped_children_are_zombies_until_reaped",
         &["--zombie-after", "1s", "--scan-interval", "250ms"],
         "leak-zombies",
-        "3000",
+        (5, "zombie"),
     ) else {
         return;
     };
@@ -223,7 +243,7 @@ fn unreaped_children_are_zombies_until_reaped() {
 
 #[test]
 fn a_normal_session_is_never_flagged() {
-    let Some((run, _)) = run_leak(
+    let Some((run, truth)) = run_leak(
         "a_normal_session_is_never_flagged",
         &[
             "--idle-after",
@@ -234,23 +254,34 @@ fn a_normal_session_is_never_flagged() {
             "250ms",
         ],
         "normal",
-        "3000",
+        (1, "idle"),
     ) else {
         return;
     };
-    assert!(run.all("flag").is_empty(), "{:?}", run.all("flag"));
+    // The positive control, abandoned on purpose, is the only process flagged.
+    let control = pid(&truth["control"]);
+    let others: Vec<&Value> = run
+        .all("flag")
+        .into_iter()
+        .filter(|f| f["pid"].as_u64() != Some(control))
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+    assert_eq!(reasons_of(&run, control), vec!["idle"]);
 }
 
 #[test]
 fn check_fails_with_a_leaked_descendant_and_passes_without() {
-    let Some((run, truth)) = run_leak(
-        "check_fails_with_a_leaked_descendant_and_passes_without",
+    if !require_root("check_fails_with_a_leaked_descendant_and_passes_without") {
+        return;
+    }
+    // The escaped grandchild is held until the verdict is in.
+    let (run, truth) = run_shape_until(
         &["--check", "--settle", "1s"],
         "setsid-double-fork",
-        "4000",
-    ) else {
-        return;
-    };
+        &[],
+        ("the check verdict", Then::Release),
+        |events| events.iter().any(|e| e["event"] == "check"),
+    );
     assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
     let check = &run.all("check")[0];
     assert_eq!(check["verdict"], "leaked");

@@ -7,10 +7,29 @@ use std::{
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reaper_tests::{
-    Run, pid, read_json, reaper_trace, require_root, run_reaper, run_shape, run_shape_in, scratch,
-    shapes, wait_for_file,
+    Run, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper, run_shape,
+    run_shape_in, run_shape_until, scratch, shapes, wait_for_file,
 };
 use serde_json::Value;
+
+/// Waits until `pid` has exited and is not yet reaped (its state letter is Z).
+fn wait_until_zombie(pid: u32) {
+    let start = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state == Some('Z') {
+            return;
+        }
+        assert!(
+            start.elapsed() < patience(),
+            "{pid} never became a zombie: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 fn forks_by(run: &Run, spawner: u64) -> Vec<&Value> {
     run.all("fork")
@@ -172,23 +191,26 @@ fn gateway_exit_leaves_a_descendant_alive_with_its_lineage() {
     if !require_root("gateway_exit_leaves_a_descendant_alive_with_its_lineage") {
         return;
     }
-    let dir = scratch("leftover");
-    let truth_path = dir.join("truth.json");
-    let shapes = shapes();
-    let out = Command::new(reaper_trace())
-        .args(["--json", "--quiet", "--duration", "3s", "--"])
-        .arg(&shapes)
-        .args(["setsid-double-fork", truth_path.to_str().unwrap()])
-        .env("REAPER_SHAPES_LINGER_MS", "20000")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let run = Run::from_output(&out.stdout, &out.stderr, out.status);
-    let truth = read_json(&truth_path);
+    // reaper-trace is stopped while the escaped grandchild still runs: once the gateway is
+    // reaped (its exit status is then known), and the grandchild is held until after that.
+    let (run, truth) = run_shape_until(
+        &[],
+        "setsid-double-fork",
+        &[],
+        ("the gateway's reaped event", Then::Interrupt),
+        |events| {
+            let gateway = events
+                .iter()
+                .find(|e| e["event"] == "ready")
+                .map(|e| e["gateway"][0].clone());
+            gateway.is_some_and(|gw| {
+                events
+                    .iter()
+                    .any(|e| e["event"] == "reaped" && e["pid"] == gw)
+            })
+        },
+    );
     let grandchild = pid(&truth["grandchild"]);
-    // Clean up the lingering grandchild whatever the assertions say.
-    // SAFETY: plain kill of the process this test created.
-    unsafe { libc::kill(grandchild as i32, libc::SIGKILL) };
     let alive = run.summary()["alive"].as_array().unwrap().clone();
     assert_eq!(alive.len(), 1, "{alive:?}");
     let left = &alive[0];
@@ -282,7 +304,7 @@ fn tree_that_existed_before_attach_and_forks_after() {
         .spawn()
         .unwrap();
     let before_path = dir.join("truth.json.before");
-    wait_for_file(&before_path, Duration::from_secs(10));
+    wait_for_file(&before_path, patience());
     let before = read_json(&before_path);
     let gw = gateway.id() as u64;
 
@@ -366,7 +388,7 @@ fn bad_input_is_a_clear_error() {
     assert_eq!(run.status.code(), Some(1));
     assert!(run.stderr.contains("--allow-init"), "{}", run.stderr);
     let zombie = Command::new("true").spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until_zombie(zombie.id());
     let run = run_reaper(&["--gateway-pid", &zombie.id().to_string()]);
     assert_eq!(run.status.code(), Some(1));
     assert!(run.stderr.contains("zombie"), "{}", run.stderr);

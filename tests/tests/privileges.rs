@@ -17,7 +17,9 @@ fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
     let mut child = Command::new(reaper_trace())
         .args(["--json", "--quiet"])
         .args(args)
-        .args(["--", "sleep", "1"])
+        // The gateway lives until the test closes its stdin: no window to race.
+        .args(["--", "cat"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -45,6 +47,7 @@ fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
         hex("CapInh:"),
     );
     let nnp = field("NoNewPrivs:");
+    drop(child.stdin.take()); // the gateway reads EOF and exits 0
     for _ in lines {}
     assert!(child.wait().unwrap().success());
     (sets.0, sets.1, sets.2, sets.3, nnp)

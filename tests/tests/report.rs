@@ -8,7 +8,7 @@ use std::{
     process::Command,
 };
 
-use reaper_tests::{pid, reaper_trace, require_root, run_shape_in, scratch};
+use reaper_tests::{Then, pid, reaper_trace, require_root, run_shape_until, scratch};
 
 /// Chromium, or `None` to skip (never under CI=true: the set-up installs it).
 fn chromium(test: &str) -> Option<PathBuf> {
@@ -74,12 +74,12 @@ fn the_report_of_a_real_leak_renders_in_chromium() {
     let dir = scratch("report");
     let audit = dir.join("audit.ndjson");
     let audit_arg = audit.to_str().unwrap().to_owned();
-    let (run, truth) = run_shape_in(
-        &dir,
+    let (run, truth) = run_shape_until(
         &["--scan-interval", "250ms", "--output", &audit_arg],
         "leak-orphan",
         &[],
-        &[("REAPER_SHAPES_LINGER_MS", "2000")],
+        ("the orphan's flag", Then::Release),
+        |events| events.iter().any(|e| e["event"] == "flag"),
     );
     assert!(run.status.success(), "{}", run.stderr);
     let orphan = pid(&truth["b"]);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES, Point};
-use crate::leaks::human_duration;
+use crate::leaks::flags::human_duration;
 use crate::text::escape_for_terminal;
 
 /// Text from a process, safe in HTML text and attributes.

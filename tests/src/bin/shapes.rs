@@ -193,12 +193,9 @@ fn spawn() -> Value {
 
 /// Child A calls setsid() and forks B, then exits at once: B is reparented (to init or a
 /// subreaper) and, long after A is gone, still alive. B records its new parent, then lives
-/// `REAPER_SHAPES_LINGER_MS` (default 1500) more and exits 0.
+/// until released (see [`Hold`]; 1.5 s by hand) and exits 0.
 fn setsid_double_fork(truth: &str) -> Value {
-    let linger: u64 = std::env::var("REAPER_SHAPES_LINGER_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
+    let hold = Hold::new(1500);
     let b_truth = format!("{truth}.grandchild");
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
@@ -219,7 +216,7 @@ fn setsid_double_fork(truth: &str) -> Value {
                 &b_truth,
                 &json!({ "ppid_after": ppid, "pid": std::process::id() }),
             );
-            std::thread::sleep(Duration::from_millis(linger));
+            hold.wait();
             0
         });
         unsafe { libc::write(wr, (&b as *const u32).cast(), 4) };
@@ -360,13 +357,47 @@ fn tree(truth: &str) -> Value {
     json!({ "a": a, "b": b, "c": c })
 }
 
-/// How long the leak shapes keep their leak in place (`REAPER_SHAPES_LINGER_MS`, default 4000).
-fn linger() -> Duration {
-    let ms = std::env::var("REAPER_SHAPES_LINGER_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
-    Duration::from_millis(ms)
+/// How long a shape keeps its leak in place. A test names a file in `REAPER_SHAPES_RELEASE`
+/// and creates it once it has seen the event that proves its point: the shape holds until then,
+/// however slow the machine (capped at `REAPER_SHAPES_HOLD_CAP_SECS`, default 300, so that a
+/// failing test still ends). Without it, as when a person runs a shape by hand, the hold is
+/// `REAPER_SHAPES_LINGER_MS` (or the shape's default).
+#[derive(Clone)]
+struct Hold {
+    release: Option<std::path::PathBuf>,
+    deadline: Instant,
+}
+
+impl Hold {
+    fn new(default_linger_ms: u64) -> Hold {
+        let env_u64 = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let release = std::env::var_os("REAPER_SHAPES_RELEASE").map(std::path::PathBuf::from);
+        let limit = match release {
+            Some(_) => Duration::from_secs(env_u64("REAPER_SHAPES_HOLD_CAP_SECS").unwrap_or(300)),
+            None => Duration::from_millis(
+                env_u64("REAPER_SHAPES_LINGER_MS").unwrap_or(default_linger_ms),
+            ),
+        };
+        Hold {
+            release,
+            deadline: Instant::now() + limit,
+        }
+    }
+
+    /// The leak shapes' usual hold (4 s by hand).
+    fn leak() -> Hold {
+        Hold::new(4000)
+    }
+
+    fn released(&self) -> bool {
+        self.release.as_ref().is_some_and(|p| p.exists()) || Instant::now() >= self.deadline
+    }
+
+    fn wait(&self) {
+        while !self.released() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// Makes `fd` the caller's stdin.
@@ -432,7 +463,7 @@ fn recv_pid(rd: i32) -> u32 {
 }
 
 /// Orphaned: A calls setsid() and forks B with the read end of the gateway's pipe as stdin,
-/// then exits. B waits on stdin; the gateway holds the write end for the linger time, then
+/// then exits. B waits on stdin; the gateway holds the write end until released, then
 /// closes it (B reads EOF and exits) and exits.
 fn leak_orphan(truth: &str) -> Value {
     let (mut rd, mut wr) = (0, 0);
@@ -451,7 +482,7 @@ fn leak_orphan(truth: &str) -> Value {
     // SAFETY: the gateway keeps the write end only.
     unsafe { libc::close(rd) };
     write_truth(&format!("{truth}.ready"), &json!({ "a": a, "b": b }));
-    std::thread::sleep(linger());
+    Hold::leak().wait();
     // SAFETY: closing the write end gives B its EOF.
     unsafe { libc::close(wr) };
     json!({ "a": a, "b": b, "write_fd": wr })
@@ -459,7 +490,7 @@ fn leak_orphan(truth: &str) -> Value {
 
 /// Idle: three stdio servers, each in its own session reading its stdin pipe from the
 /// gateway. The gateway writes a line to the first every 300 ms and never to the other two;
-/// after the linger time it closes every pipe (each server reads EOF and exits).
+/// once released it closes every pipe (each server reads EOF and exits).
 fn leak_idle(truth: &str) -> Value {
     let mut servers = Vec::new();
     let mut write_ends = Vec::new();
@@ -489,8 +520,8 @@ fn leak_idle(truth: &str) -> Value {
         &format!("{truth}.ready"),
         &json!({ "busy": servers[0], "abandoned": [servers[1], servers[2]] }),
     );
-    let until = Instant::now() + linger();
-    while Instant::now() < until {
+    let hold = Hold::leak();
+    while !hold.released() {
         // SAFETY: writes a short line to the busy server.
         unsafe { libc::write(write_ends[0], b"ping\n".as_ptr().cast(), 5) };
         std::thread::sleep(Duration::from_millis(300));
@@ -507,7 +538,7 @@ fn leak_idle(truth: &str) -> Value {
 
 /// An agent spawns a worker reading a stdin pipe and a helper that inherited the pipe's write
 /// end, then is SIGKILLed: worker and helper are orphaned, and the worker's pipe peer is the
-/// helper. After the linger time the gateway ends the helper (the worker reads EOF).
+/// helper. Once released the gateway ends the helper (the worker reads EOF).
 fn leak_agent_kill(truth: &str) -> Value {
     let (mut prd, mut pwr) = (0, 0);
     pipe(&mut prd, &mut pwr);
@@ -540,7 +571,7 @@ fn leak_agent_kill(truth: &str) -> Value {
         &format!("{truth}.ready"),
         &json!({ "agent": agent, "worker": worker, "helper": helper }),
     );
-    std::thread::sleep(linger());
+    Hold::leak().wait();
     // SAFETY: ends the helper; the worker then reads EOF and exits.
     unsafe { libc::kill(helper as i32, libc::SIGTERM) };
     std::thread::sleep(Duration::from_millis(200));
@@ -548,8 +579,9 @@ fn leak_agent_kill(truth: &str) -> Value {
 }
 
 /// Deaf: a reader of a pipe whose writers all closed keeps running without reading (EOF is
-/// pending and ignored) for the linger time.
+/// pending and ignored) until released.
 fn leak_deaf(truth: &str) -> Value {
+    let hold = Hold::leak();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
     let reader = fork_then(move || {
@@ -559,7 +591,7 @@ fn leak_deaf(truth: &str) -> Value {
             libc::close(rd);
             libc::close(wr);
         }
-        std::thread::sleep(linger());
+        hold.wait();
         0
     });
     // SAFETY: the gateway drops the only write end.
@@ -572,11 +604,11 @@ fn leak_deaf(truth: &str) -> Value {
     json!({ "reader": reader })
 }
 
-/// Zombies: five children exit at once and are reaped only after the linger time.
+/// Zombies: five children exit at once and are reaped only once released.
 fn leak_zombies(truth: &str) -> Value {
     let kids: Vec<u32> = (0..5).map(|_| fork_then(|| 0)).collect();
     write_truth(&format!("{truth}.ready"), &json!({ "zombies": kids }));
-    std::thread::sleep(linger());
+    Hold::leak().wait();
     for pid in &kids {
         wait_for(*pid);
     }
@@ -584,38 +616,54 @@ fn leak_zombies(truth: &str) -> Value {
 }
 
 /// A normal session: a worker reading a pipe the gateway writes to every 300 ms, and a worker
-/// sleeping; both end with the session. Nothing here is a leak.
+/// sleeping; both end with the session. Nothing here is a leak, except the positive control: a
+/// server reading a pipe the gateway holds and never writes to (idle), which tells a test that
+/// the rules ran long enough to have flagged anything else.
 fn normal() -> Value {
+    let hold = Hold::leak();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
     let reader = stdin_reader(rd, &[wr]);
-    let sleeper = fork_then(|| {
-        std::thread::sleep(linger());
-        0
-    });
+    let sleeper = {
+        let hold = hold.clone();
+        fork_then(move || {
+            hold.wait();
+            0
+        })
+    };
     // SAFETY: the gateway keeps the write end only.
     unsafe { libc::close(rd) };
-    let until = Instant::now() + linger();
-    while Instant::now() < until {
+    let (mut crd, mut cwr) = (0, 0);
+    pipe(&mut crd, &mut cwr);
+    let control = stdin_reader(crd, &[cwr, wr]);
+    // SAFETY: the gateway keeps the control's write end only.
+    unsafe { libc::close(crd) };
+    while !hold.released() {
         // SAFETY: writes a short line to the reader.
         unsafe { libc::write(wr, b"ping\n".as_ptr().cast(), 5) };
         std::thread::sleep(Duration::from_millis(300));
     }
-    // SAFETY: EOF for the reader.
-    unsafe { libc::close(wr) };
+    // SAFETY: EOF for the reader and the control.
+    unsafe {
+        libc::close(wr);
+        libc::close(cwr);
+    }
     wait_for(reader);
     wait_for(sleeper);
-    json!({ "reader": reader, "sleeper": sleeper })
+    wait_for(control);
+    json!({ "reader": reader, "sleeper": sleeper, "control": control })
 }
 
 /// A supervisor that respawns its worker: X forks S and exits; S (holding no pipe, its stdio on
 /// /dev/null) forks worker C, which holds a pipe of its own and sleeps. Whenever C dies, S forks
-/// a new one (same argv). After the linger time S ends its worker and exits.
+/// a new one (same argv). Once released S ends its worker and exits.
 fn respawner(truth: &str) -> Value {
     let (mut prd, mut pwr) = (0, 0);
     pipe(&mut prd, &mut pwr);
-    let linger = linger();
+    let hold = Hold::leak();
+    let supervisor_hold = hold.clone();
     let x = fork_then(move || {
+        let hold = supervisor_hold;
         let s = fork_then(move || {
             // SAFETY: plain syscalls: stdio to /dev/null, every other fd closed (inherited
             // pipes such as a build tool's jobserver included).
@@ -634,9 +682,8 @@ fn respawner(truth: &str) -> Value {
                     0
                 })
             };
-            let until = Instant::now() + linger;
             let mut current = worker();
-            while Instant::now() < until {
+            while !hold.released() {
                 let mut status = 0;
                 // SAFETY: polls for the worker's end.
                 let done = unsafe { libc::waitpid(current as i32, &mut status, libc::WNOHANG) };
@@ -660,7 +707,8 @@ fn respawner(truth: &str) -> Value {
         &format!("{truth}.ready"),
         &json!({ "x": x, "supervisor": s }),
     );
-    std::thread::sleep(linger + Duration::from_millis(500));
+    hold.wait();
+    std::thread::sleep(Duration::from_millis(500));
     json!({ "x": x, "supervisor": s })
 }
 

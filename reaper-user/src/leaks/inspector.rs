@@ -11,20 +11,15 @@
 //! inspector duplicates it through a pidfd (`pidfd_getfd`) and polls the duplicate with a zero
 //! timeout, which reads nothing and tells EOF-pending (no writers left) exactly, with no scan of
 //! the machine.
-pub mod facts;
-mod peers;
-mod pidfd;
-
 use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
 
-pub use facts::{Blocked, End, FdKind, OpenFd, read_rss_kib};
-pub use peers::Holder;
-use peers::PeerIndex;
-pub use pidfd::PidFd;
+use super::peers::{Holder, PeerIndex};
+use crate::identity::PidFd;
+use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 
-use crate::graph::{LineageGraph, Node, NodeId};
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs;
 
 /// Why a process is flagged.

@@ -5,7 +5,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
 };
 
-use super::facts::End;
+use crate::procfs::facts::End;
 
 /// A pidfd for one process.
 pub struct PidFd(OwnedFd);

@@ -2,8 +2,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
-use crate::graph::{LineageGraph, Node, NodeId};
-use crate::inspect::Reason;
+use crate::leaks::Reason;
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::describe_status;
 use crate::text::{escape_args, escape_for_terminal};
 

@@ -1,6 +1,8 @@
 //! Reads of `/proc`: only what seeding and resynchronisation need, off the event path.
 //!
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
+pub mod facts;
+
 use std::{collections::HashMap, fs, io, path::PathBuf};
 
 use crate::text::Comm;

@@ -7,8 +7,8 @@ use anyhow::{Result, bail};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use reaper_common::Tracked;
 
-use crate::decode::MAX_ARGS;
-use crate::graph::Seed;
+use crate::capture::decode::MAX_ARGS;
+use crate::lineage::graph::Seed;
 use crate::procfs::{self, Stat};
 
 /// Passes over /proc at most (each after the previous one's inserts took effect).

@@ -8,9 +8,9 @@ use aya::{
 };
 use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked};
 
-use crate::btf::KernelBtf;
-use crate::features::{self, KernelFeatures};
-use crate::tracefs;
+use crate::capture::btf::KernelBtf;
+use crate::capture::features::{self, KernelFeatures};
+use crate::capture::tracefs;
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reaper"));

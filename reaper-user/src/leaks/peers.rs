@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::facts::{End, FdKind, OpenFd, read_fds};
 use crate::procfs;
+use crate::procfs::facts::{End, FdKind, OpenFd, read_fds};
 use crate::text::Comm;
 
 /// One process's hold on an inode.

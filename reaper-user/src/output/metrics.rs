@@ -9,10 +9,10 @@ use prometheus_client::metrics::{
 };
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::events::Event;
-use crate::graph::LineageGraph;
-use crate::inspect::{Inspector, Reason};
-use crate::leaks;
+use crate::leaks::flags as leaks;
+use crate::leaks::{Inspector, Reason};
+use crate::lineage::graph::LineageGraph;
+use crate::output::events::Event;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {

@@ -23,8 +23,9 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::graph::{LineageGraph, Node, NodeId};
-use crate::inspect::{PidFd, Reason};
+use crate::identity::PidFd;
+use crate::leaks::Reason;
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs;
 use crate::text::Comm;
 

@@ -1,12 +1,19 @@
 //! Where events go: NDJSON for tools, one readable line per event for people.
+pub mod events;
+pub mod logfile;
+pub mod metrics;
+pub mod serve;
+pub mod status;
+pub mod tree;
+
 use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 
-use crate::events::{Envelope, Event, wait_status};
-use crate::leaks;
-use crate::metrics::Metrics;
-use crate::status::StatusLine;
+use crate::leaks::flags as leaks;
+use crate::output::events::{Envelope, Event, wait_status};
+use crate::output::metrics::Metrics;
+use crate::output::status::StatusLine;
 
 /// Writes the event stream. NDJSON goes to each of `json` (stdout with `--json`, the file of
 /// `--output`); readable lines go to `human` (stdout by default, stderr with `--json`). Every
@@ -304,7 +311,7 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::events::{Argv, ProcText};
+    use crate::output::events::{Argv, ProcText};
 
     #[test]
     fn human_lines_escape_the_exact_bytes() {

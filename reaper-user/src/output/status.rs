@@ -4,8 +4,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::leaks::human_duration;
-use crate::metrics::StatusCounts;
+use crate::leaks::flags::human_duration;
+use crate::output::metrics::StatusCounts;
 
 pub struct StatusLine {
     shown: bool,

@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::events::{Argv, Event, ProcText};
-use crate::graph::{LineageGraph, Node, NodeId};
-use crate::inspect::{Change, Evidence, FdKind, Flagged, Inspector, Reason, read_rss_kib};
+use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
+use crate::output::events::{Argv, Event, ProcText};
+use crate::procfs::facts::{FdKind, read_rss_kib};
 
 /// One process on a flagged process's spawn chain.
 #[derive(Clone, Debug, Serialize)]
@@ -399,7 +400,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
 pub fn check_lines(
     verdict: &str,
     gateway_exit_code: Option<i32>,
-    leaked: &[crate::events::LeakedProcess],
+    leaked: &[crate::output::events::LeakedProcess],
 ) -> String {
     let gateway = match gateway_exit_code {
         Some(c) => format!("the command exited {c}"),

@@ -12,7 +12,7 @@ use std::rc::Rc;
 // and hashing is a good part of the cost of every event.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::decode::{KernelEvent, What};
+use crate::capture::decode::{KernelEvent, What};
 use crate::procfs::boottime_to_ticks;
 use crate::text::Comm;
 

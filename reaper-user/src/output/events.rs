@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
-use crate::leaks::{LeakDetail, LeakSummary};
+use crate::leaks::flags::{LeakDetail, LeakSummary};
 use crate::text::{Comm, escape_args, escape_for_terminal, exact_b64, lossy};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the

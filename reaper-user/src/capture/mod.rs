@@ -1,0 +1,8 @@
+//! From the kernel to typed records: what the running kernel offers ([`features`], [`btf`],
+//! [`tracefs`]), the probes loaded and attached with this kernel's offsets ([`loader`]), and
+//! each ring-buffer record decoded into a [`decode::KernelEvent`].
+pub mod btf;
+pub mod decode;
+pub mod features;
+pub mod loader;
+pub mod tracefs;

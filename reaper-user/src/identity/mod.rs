@@ -1,0 +1,4 @@
+//! Which process a pid names: see [`ProcessId`] and [`PidRef`].
+mod pidfd;
+
+pub use pidfd::PidFd;

@@ -1,0 +1,9 @@
+//! Leaks: the rules that flag a descendant left behind ([`rules`]), the inspector that samples
+//! /proc on a cadence a days-long run can afford ([`inspector`]), who holds the other end of a
+//! pipe ([`peers`]), and the flags as the evidence a person or a tool acts on ([`flags`]).
+pub mod flags;
+mod inspector;
+mod peers;
+
+pub use inspector::*;
+pub use peers::Holder;
