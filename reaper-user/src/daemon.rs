@@ -37,7 +37,7 @@ use crate::{
         tree::render_alive_tree,
     },
     privileges,
-    procfs::{self, boottime_now},
+    procfs::boottime_now,
     tracer::{FREE_LAG, Tracer},
 };
 
@@ -78,7 +78,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         eprintln!("reaper-trace: {note}");
     }
 
-    let graph = LineageGraph::new(cli.retain_dead, procfs::ticks_per_second());
+    let graph = LineageGraph::new(cli.retain_dead);
     let inspect = InspectOptions {
         scan_interval: cli.scan_interval,
         idle_after: cli.idle_after,

@@ -13,7 +13,7 @@ use crate::capture::loader::{KernelCounters, LossCounts};
 use crate::kill::{KillReport, Killer};
 use crate::leaks::flags as leaks;
 use crate::leaks::{InspectOptions, Inspector, Reason};
-use crate::lineage::graph::{Applied, LineageGraph, Node, NodeId, Seed, Start};
+use crate::lineage::graph::{Applied, LineageGraph, Node, NodeId, Seed};
 use crate::lineage::seed::TrackedMap;
 use crate::output::Output;
 use crate::output::events::{
@@ -79,7 +79,6 @@ pub struct Tracer {
     batch_ts: Vec<u64>,
     /// Time from an event in the kernel to the end of the batch that applied it, in ns.
     latency: Histogram<u64>,
-    ticks_per_second: u64,
     started: u64,
     /// The leak rules.
     pub inspector: Inspector,
@@ -104,7 +103,6 @@ impl Tracer {
             undecodable: 0,
             batch_ts: Vec::new(),
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
-            ticks_per_second: procfs::ticks_per_second(),
             started: boottime_now(),
             inspector: Inspector::new(inspect),
             killer: None,
@@ -341,10 +339,8 @@ impl Tracer {
             if !node.alive() {
                 continue;
             }
-            let start = node.start;
-            let stat = match procfs::read_stat(p.pid) {
-                Ok(s) if self.same_start(start, s.start_ticks) => s,
-                _ => continue, // gone: its own exit event tells the rest
+            let Some(stat) = node.process().still_same() else {
+                continue; // gone: its own exit event tells the rest
             };
             if stat.ppid == p.old_ppid {
                 if p.since.elapsed() < REPARENT_PATIENCE {
@@ -373,11 +369,7 @@ impl Tracer {
                 self.unfollowed.remove(&id);
                 continue;
             };
-            let gone = match procfs::read_stat(node.pid) {
-                Ok(s) => !self.same_start(node.start, s.start_ticks),
-                Err(_) => true,
-            };
-            if gone {
+            if node.process().still_same().is_none() {
                 self.unfollowed.remove(&id);
                 self.report_gone(id)?;
             }
@@ -413,13 +405,6 @@ impl Tracer {
 
     pub fn has_pending_reparents(&self) -> bool {
         !self.pending_reparents.is_empty()
-    }
-
-    fn same_start(&self, start: Start, ticks: u64) -> bool {
-        match start {
-            Start::Exact(ns) => procfs::boottime_to_ticks(ns, self.ticks_per_second) == ticks,
-            Start::Ticks(t) => t == ticks,
-        }
     }
 
     /// Compares the kernel's loss counters with what was reported; on a new loss, reports it
@@ -481,7 +466,7 @@ impl Tracer {
             let known = self
                 .graph
                 .current(pid)
-                .is_some_and(|n| n.alive() && self.same_start(n.start, stat.start_ticks));
+                .is_some_and(|n| n.alive() && n.process().matches(&stat));
             if !known && stat.state != b'Z' {
                 let argv = procfs::read_cmdline(pid, crate::capture::decode::MAX_ARGS)
                     .map(|(a, _)| a)
@@ -513,10 +498,7 @@ impl Tracer {
         let stale: Vec<(NodeId, u32)> = self
             .graph
             .alive()
-            .filter(|n| match procfs::read_stat(n.pid) {
-                Ok(s) => !self.same_start(n.start, s.start_ticks),
-                Err(_) => true,
-            })
+            .filter(|n| n.process().still_same().is_none())
             .map(|n| (n.id, n.pid))
             .collect();
         for (id, pid) in stale {
@@ -640,7 +622,7 @@ impl Tracer {
 
     /// Whether `node`'s process is still in /proc (alive or a zombie not yet reaped).
     fn still_in_proc(&self, node: &Node) -> bool {
-        procfs::read_stat_if_same(node.pid, self.graph.start_ticks(node)).is_some()
+        node.process().still_same().is_some()
     }
 
     /// `--check`'s verdict: every descendant still alive and every zombie, with evidence.

@@ -277,7 +277,7 @@ fn a_recycled_pid_is_never_signalled() {
         if trials == 10 {
             break;
         }
-        let mut graph = LineageGraph::new(100, procfs::ticks_per_second());
+        let mut graph = LineageGraph::new(100);
         seed(&mut graph, me, true, false);
         let victim = sleeper();
         let stale = seed(&mut graph, victim, false, false);
@@ -324,7 +324,7 @@ fn an_uncertain_process_is_never_signalled() {
     if !require_root("an_uncertain_process_is_never_signalled") {
         return;
     }
-    let mut graph = LineageGraph::new(100, procfs::ticks_per_second());
+    let mut graph = LineageGraph::new(100);
     seed(&mut graph, std::process::id() as i32, true, false);
     let child = sleeper();
     let node = seed(&mut graph, child, false, true);

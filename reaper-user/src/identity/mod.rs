@@ -1,4 +1,146 @@
-//! Which process a pid names: see [`ProcessId`] and [`PidRef`].
+//! Which process a pid names. A pid is reused as soon as its process is gone (`pid_max` may be
+//! 32768, so a day-long run sees every pid many times); a pid and its start time are not. Every
+//! place that trusts a pid asks here: the lineage graph (an event about a reused pid is a new
+//! process), the leak inspector (a sample is of the process that was flagged), `--kill` (a
+//! signal reaches that process or none) and the stop condition (a zombie is still there).
+//!
+//! Modelled on systemd's `PidRef`: [`ProcessId`] is the pair, [`PidRef::open`] turns it into a
+//! handle that cannot be redirected: a pidfd first, the start time checked second. If they
+//! match then, the pidfd is that process for good, whatever later happens to the pid.
 mod pidfd;
 
+use std::{io, sync::OnceLock};
+
 pub use pidfd::PidFd;
+
+use crate::procfs::{self, Stat};
+
+/// When a process started: exact from the kernel (`CLOCK_BOOTTIME` ns), or in the clock ticks
+/// of `/proc/PID/stat` when it was found in /proc before any kernel event named it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Start {
+    Exact(u64),
+    Ticks(u64),
+}
+
+impl Start {
+    /// The start in the clock ticks `/proc/PID/stat` shows.
+    pub fn ticks(self) -> u64 {
+        match self {
+            Start::Exact(ns) => boottime_to_ticks(ns),
+            Start::Ticks(t) => t,
+        }
+    }
+
+    /// Whether an exact kernel start time is this start (to the precision this one has).
+    pub fn matches_exact(self, ns: u64) -> bool {
+        match self {
+            Start::Exact(own) => own == ns,
+            Start::Ticks(t) => t == boottime_to_ticks(ns),
+        }
+    }
+}
+
+/// Clock ticks per second of `/proc` start times (USER_HZ), read once.
+pub fn ticks_per_second() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        if n > 0 { n as u64 } else { 100 }
+    })
+}
+
+/// A kernel `start_boottime` (ns) in the ticks `/proc/PID/stat` shows.
+pub fn boottime_to_ticks(ns: u64) -> u64 {
+    ns / (1_000_000_000 / ticks_per_second().max(1)).max(1)
+}
+
+/// One process for good: a pid and when it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start: Start,
+}
+
+impl ProcessId {
+    /// The process `stat` describes, as /proc saw it.
+    pub fn of_stat(stat: &Stat) -> ProcessId {
+        ProcessId {
+            pid: stat.pid,
+            start: Start::Ticks(stat.start_ticks),
+        }
+    }
+
+    /// Whether `stat` (read from /proc) is of this process.
+    pub fn matches(&self, stat: &Stat) -> bool {
+        stat.pid == self.pid && stat.start_ticks == self.start.ticks()
+    }
+
+    /// Its `/proc/PID/stat` while the pid still names this process (alive, or a zombie not yet
+    /// reaped); `None` once it is gone or the pid was reused.
+    pub fn still_same(&self) -> Option<Stat> {
+        procfs::read_stat(self.pid)
+            .ok()
+            .filter(|stat| self.matches(stat))
+    }
+}
+
+/// Why a [`PidRef`] could not be had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotOpened {
+    /// The pid is gone, or names another process now.
+    Gone,
+    /// Not allowed to open a pidfd for it.
+    PermissionDenied,
+}
+
+/// A verified handle on one process: a pidfd opened first and its process checked second.
+pub struct PidRef {
+    pub id: ProcessId,
+    pub pidfd: PidFd,
+}
+
+impl PidRef {
+    /// Opens a pidfd for `id.pid`, then checks the start time: on success the pidfd is `id`'s
+    /// process for good. Also returns the stat read for the check.
+    pub fn open(id: ProcessId) -> Result<(PidRef, Stat), NotOpened> {
+        let pidfd = PidFd::open(id.pid).map_err(|e| match e.kind() {
+            io::ErrorKind::PermissionDenied => NotOpened::PermissionDenied,
+            _ => NotOpened::Gone,
+        })?;
+        let stat = id.still_same().ok_or(NotOpened::Gone)?;
+        Ok((PidRef { id, pidfd }, stat))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_is_the_same_process_only_with_its_start_time() {
+        let me = procfs::read_stat(std::process::id()).unwrap();
+        let id = ProcessId::of_stat(&me);
+        assert!(id.still_same().is_some());
+        let reused = ProcessId {
+            start: Start::Ticks(me.start_ticks + 1),
+            ..id
+        };
+        assert!(reused.still_same().is_none(), "same pid, another start");
+        assert_eq!(PidRef::open(reused).err(), Some(NotOpened::Gone));
+        let (handle, stat) = PidRef::open(id).unwrap();
+        assert_eq!((handle.id, stat.pid), (id, me.pid));
+    }
+
+    #[test]
+    fn exact_and_tick_starts_agree_to_the_tick() {
+        let tick_ns = 1_000_000_000 / ticks_per_second();
+        let ns = 12_345 * tick_ns + tick_ns / 2;
+        assert_eq!(Start::Exact(ns).ticks(), 12_345);
+        assert!(Start::Ticks(12_345).matches_exact(ns));
+        assert!(!Start::Ticks(12_346).matches_exact(ns));
+        assert!(Start::Exact(ns).matches_exact(ns));
+        assert!(!Start::Exact(ns).matches_exact(ns + 1));
+    }
+}

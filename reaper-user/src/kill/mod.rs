@@ -23,7 +23,7 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::identity::PidFd;
+use crate::identity::{NotOpened, PidFd, PidRef};
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs;
@@ -248,7 +248,7 @@ impl Killer {
                 out.reports.push(refuse(Outcome::Uncertain));
                 continue;
             }
-            match verify(graph, n) {
+            match verify(n) {
                 Ok(_) if self.opts.dry_run => out.reports.push(refuse(Outcome::DryRun)),
                 Ok((pidfd, stopped)) => targets.push(Target {
                     node: n.id,
@@ -283,14 +283,12 @@ fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a N
 }
 
 /// A pidfd for `node`'s process, checked to be that process, and whether it is stopped.
-fn verify(graph: &LineageGraph, node: &Node) -> Result<(PidFd, bool), Outcome> {
-    let pidfd = match PidFd::open(node.pid) {
-        Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(Outcome::PermissionDenied),
-        Err(_) => return Err(Outcome::IdentityChanged),
-    };
-    match procfs::read_stat_if_same(node.pid, graph.start_ticks(node)) {
-        Some(stat) if stat.state != b'Z' => Ok((pidfd, matches!(stat.state, b'T' | b't'))),
+fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
+    match PidRef::open(node.process()) {
+        Ok((handle, stat)) if stat.state != b'Z' => {
+            Ok((handle.pidfd, matches!(stat.state, b'T' | b't')))
+        }
+        Err(NotOpened::PermissionDenied) => Err(Outcome::PermissionDenied),
         _ => Err(Outcome::IdentityChanged),
     }
 }

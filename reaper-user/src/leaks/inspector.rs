@@ -16,11 +16,10 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::peers::{Holder, PeerIndex};
-use crate::identity::PidFd;
+use crate::identity::{PidRef, ProcessId};
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::procfs;
 
 /// Why a process is flagged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -129,12 +128,10 @@ impl Sample {
     }
 }
 
-/// Samples the process `pid` if it is still the one that started at `start_ticks`.
-pub fn sample(pid: u32, start_ticks: u64) -> Option<Sample> {
-    // The pidfd first, then the identity check: if the start time matches after the pidfd
-    // exists, the pidfd is this process even if the pid is recycled later.
-    let pidfd = PidFd::open(pid).ok()?;
-    let stat = procfs::read_stat_if_same(pid, start_ticks)?;
+/// Samples the process `id` while its pid still names it.
+pub fn sample(id: ProcessId) -> Option<Sample> {
+    let (handle, stat) = PidRef::open(id).ok()?;
+    let (pid, pidfd) = (id.pid, handle.pidfd);
     let fds = facts::read_fds(pid)?
         .into_iter()
         .map(|fd| {
@@ -320,7 +317,7 @@ impl Inspector {
             return;
         }
         w.next_sample = now.saturating_add(opts.sample_every());
-        let Some(s) = sample(node.pid, graph.start_ticks(node)) else {
+        let Some(s) = sample(node.process()) else {
             return; // gone meanwhile: its exit event is on its way
         };
         if s.io != w.io {
@@ -492,7 +489,7 @@ impl Inspector {
     /// Evidence about a live process now (for `--check`): a fresh sample and its pipe peers.
     pub fn evidence(&mut self, graph: &LineageGraph, node: &Node) -> Option<Evidence> {
         let mut found = Evidence {
-            sample: sample(node.pid, graph.start_ticks(node))?,
+            sample: sample(node.process())?,
             peers: Vec::new(),
         };
         self.add_peers(graph, &mut [&mut found]);

@@ -13,19 +13,12 @@ use std::rc::Rc;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::capture::decode::{KernelEvent, What};
-use crate::procfs::boottime_to_ticks;
+pub use crate::identity::Start;
+use crate::identity::{ProcessId, boottime_to_ticks};
 use crate::text::Comm;
 
 /// Internal handle of a node; never reused.
 pub type NodeId = u64;
-
-/// When a process started: exact from the kernel, or in clock ticks when it was found in
-/// /proc before any kernel event named it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
-    Exact(u64),
-    Ticks(u64),
-}
 
 /// How a process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +67,13 @@ pub struct Node {
 }
 
 impl Node {
+    /// Which process this node is (see [`ProcessId`]).
+    pub fn process(&self) -> ProcessId {
+        ProcessId {
+            pid: self.pid,
+            start: self.start,
+        }
+    }
     pub fn alive(&self) -> bool {
         self.exited.is_none()
     }
@@ -120,7 +120,6 @@ pub struct LineageGraph {
     /// Reaped nodes, oldest first, waiting to be pruned.
     retired: VecDeque<NodeId>,
     retain_dead: usize,
-    ticks_per_second: u64,
     next_id: NodeId,
     /// Counts kept as nodes change state, so "is anything left?" never walks the graph.
     live: usize,
@@ -133,15 +132,14 @@ pub struct LineageGraph {
 
 impl LineageGraph {
     /// `retain_dead`: how many reaped processes without retained descendants to keep for
-    /// reporting; `ticks_per_second`: the unit of /proc start times.
-    pub fn new(retain_dead: usize, ticks_per_second: u64) -> Self {
+    /// reporting.
+    pub fn new(retain_dead: usize) -> Self {
         LineageGraph {
             nodes: HashMap::default(),
             current: HashMap::default(),
             by_identity: HashMap::default(),
             retired: VecDeque::new(),
             retain_dead,
-            ticks_per_second,
             next_id: 1,
             live: 0,
             zombies: 0,
@@ -242,14 +240,6 @@ impl LineageGraph {
         None
     }
 
-    /// A node's start time in the ticks of /proc/PID/stat, to check a pid is still it.
-    pub fn start_ticks(&self, node: &Node) -> u64 {
-        match node.start {
-            Start::Exact(ns) => boottime_to_ticks(ns, self.ticks_per_second),
-            Start::Ticks(t) => t,
-        }
-    }
-
     /// The node an event about (pid, start) refers to; a tick-precision node is upgraded to
     /// the exact start time on first match.
     fn find(&mut self, pid: u32, start: u64) -> Option<NodeId> {
@@ -259,7 +249,7 @@ impl LineageGraph {
         let id = *self.current.get(&pid)?;
         let node = self.nodes.get_mut(&id)?;
         if let Start::Ticks(t) = node.start
-            && t == boottime_to_ticks(start, self.ticks_per_second)
+            && t == boottime_to_ticks(start)
         {
             node.start = Start::Exact(start);
             self.by_identity.insert((pid, start), id);
@@ -336,9 +326,7 @@ impl LineageGraph {
         if let Some(id) = self.current_id(seed.pid) {
             let node = self.nodes.get_mut(&id).unwrap();
             let same = match node.start {
-                Start::Exact(ns) => {
-                    boottime_to_ticks(ns, self.ticks_per_second) == seed.start_ticks
-                }
+                Start::Exact(ns) => boottime_to_ticks(ns) == seed.start_ticks,
                 Start::Ticks(t) => t == seed.start_ticks,
             };
             if same && node.alive() {
@@ -600,8 +588,6 @@ impl LineageGraph {
 mod tests {
     use super::*;
 
-    const TPS: u64 = 100;
-
     fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
         KernelEvent {
             seq,
@@ -654,7 +640,7 @@ mod tests {
 
     #[test]
     fn escaped_grandchild_keeps_its_lineage_after_reparenting_to_init() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         let child = node_of(g.apply(&fork(200, 5_000, 100, 100)));
         g.apply(&ev(1, 200, 5_000, What::Setsid { sid: 200 }));
@@ -673,7 +659,7 @@ mod tests {
 
     #[test]
     fn clone_parent_child_has_spawner_edge_but_other_real_parent() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         g.apply(&fork(200, 5_000, 100, 100));
         let sibling = node_of(g.apply(&fork(300, 6_000, 200, 100)));
@@ -684,7 +670,7 @@ mod tests {
 
     #[test]
     fn reused_pid_before_the_old_free_is_two_processes() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         let old = node_of(g.apply(&fork(200, 5_000, 100, 100)));
         g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
@@ -700,7 +686,7 @@ mod tests {
 
     #[test]
     fn seeded_process_is_upgraded_by_its_fork_event_not_duplicated() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         let (seeded, new) = g.add_seed(Seed {
             pid: 200,
@@ -723,7 +709,7 @@ mod tests {
 
     #[test]
     fn events_for_unknown_processes_ask_for_a_resync() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         assert_eq!(
             g.apply(&ev(0, 7, 1, What::Exit { status: 0 })),
             Applied::Unknown
@@ -732,7 +718,7 @@ mod tests {
 
     #[test]
     fn pruning_is_bounded_but_keeps_ancestors_of_live_processes() {
-        let mut g = LineageGraph::new(2, TPS);
+        let mut g = LineageGraph::new(2);
         gateway(&mut g, 100);
         g.apply(&fork(200, 5_000, 100, 100));
         let leaf = node_of(g.apply(&fork(300, 6_000, 200, 200)));
@@ -762,7 +748,7 @@ mod tests {
 
     #[test]
     fn exit_status_and_zombie_state() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
         g.apply(&ev(1, 200, 5_000, What::Exit { status: 3 << 8 }));
@@ -775,7 +761,7 @@ mod tests {
 
     #[test]
     fn a_free_after_a_release_learnt_from_proc_is_a_duplicate() {
-        let mut g = LineageGraph::new(100, TPS);
+        let mut g = LineageGraph::new(100);
         gateway(&mut g, 100);
         let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
         g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
@@ -810,7 +796,7 @@ mod tests {
 
     #[test]
     fn kept_counts_follow_every_state_change() {
-        let mut g = LineageGraph::new(3, TPS);
+        let mut g = LineageGraph::new(3);
         gateway(&mut g, 100);
         assert_counts(&g);
         for i in 0..20u32 {

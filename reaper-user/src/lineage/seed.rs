@@ -1,6 +1,7 @@
 //! Seeding: the gateways and the descendants they already have, from /proc, into the kernel's
 //! tracked map. Runs after the probes are attached, so every fork from a process already in
 //! the map is caught by the kernel; repeated passes catch forks that raced a pass.
+use crate::identity::{ProcessId, Start};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use anyhow::{Result, bail};
@@ -44,16 +45,15 @@ pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
 /// Puts `stat`'s process in the tracked map, then checks it is still the same process; a
 /// process that exited in between is taken out again (its pid could be reused).
 fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
-    if let Ok(entry) = map.get(&stat.pid, 0) {
-        let ticks = procfs::boottime_to_ticks(entry.start, procfs::ticks_per_second());
-        if entry.start == 0 || ticks == stat.start_ticks {
-            return Ok(true); // the kernel already tracks this very process
-        }
-        // Otherwise a dead process's entry, not yet removed: replaced below.
+    // An entry for a dead process that was not removed yet is replaced below.
+    if let Ok(entry) = map.get(&stat.pid, 0)
+        && (entry.start == 0 || Start::Exact(entry.start).ticks() == stat.start_ticks)
+    {
+        return Ok(true); // the kernel already tracks this very process
     }
     // Start 0: the kernel learns the exact start time at the process's next event.
     map.insert(stat.pid, Tracked { start: 0 }, 0)?;
-    match procfs::read_stat_if_same(stat.pid, stat.start_ticks) {
+    match ProcessId::of_stat(stat).still_same() {
         Some(now) if now.state != b'Z' => Ok(true),
         _ => {
             let _ = map.remove(&stat.pid);

@@ -65,12 +65,6 @@ pub fn read_stat(pid: u32) -> io::Result<Stat> {
     parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
 
-/// The stat of `pid` if it is still the process that started at `start_ticks` (a pid can be
-/// recycled between any two looks).
-pub fn read_stat_if_same(pid: u32, start_ticks: u64) -> Option<Stat> {
-    read_stat(pid).ok().filter(|s| s.start_ticks == start_ticks)
-}
-
 /// Splits a NUL-separated argument block (`/proc/PID/cmdline`, or argv read at exec) into
 /// arguments, at most `max_args`. Returns the arguments and whether any were cut.
 pub fn split_args(block: &[u8], max_args: usize) -> (Vec<Vec<u8>>, bool) {
@@ -106,18 +100,6 @@ pub fn snapshot_all() -> io::Result<HashMap<u32, Stat>> {
         .into_iter()
         .filter_map(|pid| read_stat(pid).ok().map(|s| (pid, s)))
         .collect())
-}
-
-/// Clock ticks per second for `/proc` start times.
-pub fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if n > 0 { n as u64 } else { 100 }
-}
-
-/// Converts a kernel `start_boottime` (ns) to the tick count `/proc/PID/stat` shows.
-pub fn boottime_to_ticks(ns: u64, ticks_per_second: u64) -> u64 {
-    ns / (1_000_000_000 / ticks_per_second.max(1)).max(1)
 }
 
 /// `CLOCK_BOOTTIME` now, in ns: the clock of every event's `ts`.
@@ -174,7 +156,7 @@ mod tests {
         let me = std::process::id();
         let s = read_stat(me).unwrap();
         assert_eq!(s.pid, me);
-        let now_ticks = boottime_to_ticks(boottime_now(), ticks_per_second());
+        let now_ticks = crate::identity::boottime_to_ticks(boottime_now());
         assert!(s.start_ticks <= now_ticks);
     }
 }
