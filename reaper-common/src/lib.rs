@@ -6,6 +6,22 @@
 //! interface is the NDJSON stream produced by `reaper-user`.
 #![no_std]
 
+/// Names of the maps and load-time globals in the kernel object, as the loader asks for them.
+/// An aya `#[map]` is named after its static, so the kernel side's statics carry exactly these
+/// names; a unit test of the loader checks the built object holds every one.
+pub mod names {
+    pub const TRACKED: &str = "TRACKED";
+    pub const EVENTS: &str = "EVENTS";
+    pub const SEQ: &str = "SEQ";
+    pub const READER_IDLE: &str = "READER_IDLE";
+    pub const LOSSES: &str = "LOSSES";
+    pub const EXEC_SCRATCH: &str = "EXEC_SCRATCH";
+    /// The maps, for the check.
+    pub const MAPS: [&str; 6] = [TRACKED, EVENTS, SEQ, READER_IDLE, LOSSES, EXEC_SCRATCH];
+    pub const OFFSETS: &str = "OFFSETS";
+    pub const CONFIG: &str = "CONFIG";
+}
+
 /// Length of `task_struct::comm`, NUL included.
 pub const COMM_LEN: usize = 16;
 /// Bytes of argv copied from the new mm at exec (the rest is cut and flagged `truncated`).

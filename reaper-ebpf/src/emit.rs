@@ -1,9 +1,11 @@
 //! Putting records into the ring buffer: sequence numbers, loss counting, batched wake-ups.
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::bpf_ktime_get_boot_ns,
+    helpers::{bpf_ktime_get_boot_ns, generated::bpf_ringbuf_output},
 };
 use reaper_common::{EventHeader, EventKind};
 
@@ -43,7 +45,7 @@ pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
 /// polls the ring on its own every wake-up interval and no record wakes it; only the first
 /// record after the reader said it went idle (or a ring filling up) wakes it, at once.
 #[inline(always)]
-pub fn submit_flags() -> u64 {
+fn submit_flags() -> u64 {
     if global!(CONFIG.batch_wakeups) == 0 {
         return 0;
     }
@@ -58,6 +60,27 @@ pub fn submit_flags() -> u64 {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// Sends the first `size` bytes of a record built in scratch space: a variable-length record
+/// (exec's argv), copied into the ring. Its header (and so its sequence number) is already
+/// taken, so a failed copy leaves the gap the loss counter explains.
+///
+/// `size` must be provably at most `size_of::<T>()` to the verifier at the call site.
+#[inline(always)]
+pub fn send_prefix<T>(kind: EventKind, record: &T, size: u64) {
+    // SAFETY: `record` is valid for `size` bytes (the caller's bound); the helper copies them.
+    let rc = unsafe {
+        bpf_ringbuf_output(
+            core::ptr::addr_of!(EVENTS) as *mut c_void,
+            record as *const T as *mut c_void,
+            size,
+            submit_flags(),
+        )
+    };
+    if rc < 0 {
+        count_loss(kind.loss_slot());
     }
 }
 

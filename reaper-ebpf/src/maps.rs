@@ -1,5 +1,7 @@
-//! Maps and load-time globals shared by the probes.
+//! Maps and load-time globals shared by the probes. Each static is named as in
+//! `reaper_common::names`, which is how the loader finds it.
 use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
@@ -91,6 +93,18 @@ pub fn same_process(entry: *mut Tracked, start: u64) -> bool {
         return true;
     }
     known == start
+}
+
+/// The opening of every probe about the current process: its tgid and start time, if it is
+/// tracked and its entry is this very process (see [`same_process`]). The untracked path is
+/// one map lookup; `start` is read only for a tracked pid, and returns `None` to skip the
+/// event (a thread's exit, say) before the entry is touched.
+#[inline(always)]
+pub fn tracked_current(start: impl FnOnce() -> Option<u64>) -> Option<(u32, u64)> {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let entry = TRACKED.get_ptr_mut(pid)?;
+    let start = start()?;
+    same_process(entry, start).then_some((pid, start))
 }
 
 /// Counts one loss in `slot` on this CPU.

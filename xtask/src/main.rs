@@ -30,14 +30,14 @@ commands:
   run [ARGS...]    build (release) and run reaper-trace with ARGS
   test [--no-vm]   fmt and clippy checks, unit tests, the kernel integration tests on this
                    kernel, 15 s of each fuzz target and, unless --no-vm, the integration
-                   tests on Debian's 6.1 and 6.12 under qemu
+                   tests on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu
   fuzz [--secs N] [TARGET...]
                    the cargo-fuzz targets (decode, proc_stat, proc_files, btf, cli_values,
                    audit), N seconds each (default 60); installs cargo-fuzz if missing
   vmtest [KERNEL...] [-- TEST-ARGS]
-                   the kernel integration tests on each KERNEL: a Debian series (6.1,
-                   6.12: its newest amd64 image, fetched and cached), `host`, or a bzImage
-                   path; default: 6.1 6.12 host. Prints a table of results.
+                   the kernel integration tests on each KERNEL: a Debian series (5.10,
+                   6.1, 6.12: its newest amd64 image, fetched and cached), `host`, or a
+                   bzImage path; default: 5.10 6.1 6.12 host. Prints a table of results.
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
                    overhead, completeness, hook cost, memory, idle CPU, latency and the
                    report on a million-line audit, side by side with no tracer and with

@@ -2,10 +2,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid,
-        generated::{bpf_probe_read_kernel_str, bpf_probe_read_user, bpf_ringbuf_output},
-    },
+    helpers::generated::{bpf_probe_read_kernel_str, bpf_probe_read_user},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
@@ -14,9 +11,9 @@ use reaper_common::{
 };
 
 use crate::{
-    emit::{header, submit_flags},
+    emit::{header, send_prefix},
     global,
-    maps::{EVENTS, EXEC_SCRATCH, TRACKED, count_loss, same_process},
+    maps::{EXEC_SCRATCH, tracked_current},
     task::{Task, read_ptr_at},
 };
 
@@ -24,15 +21,10 @@ use crate::{
 pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // After de_thread(): even an exec from a non-leader thread now runs as the leader, with
     // the process's tgid and start time; `old_pid` (arg 1) is the thread id that called it.
-    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
+    let task = Task(ctx.arg::<*const u8>(0));
+    let Some((pid, start)) = tracked_current(|| Some(task.start_boottime())) else {
         return 0;
     };
-    let task = Task(ctx.arg::<*const u8>(0));
-    let start = task.start_boottime();
-    if !same_process(entry, start) {
-        return 0;
-    }
     let Some(ev) = EXEC_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -79,19 +71,8 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     ev.argv_len = len as u32;
 
     // Variable length: only the bytes of argv actually read go into the ring.
+    // `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
     let size = EXEC_FIXED_LEN as u64 + (len & (ARGV_MAX as u64 * 2 - 1));
-    let flags = submit_flags();
-    // SAFETY: `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
-    let rc = unsafe {
-        bpf_ringbuf_output(
-            core::ptr::addr_of!(EVENTS) as *mut c_void,
-            ev as *mut _ as *mut c_void,
-            size,
-            flags,
-        )
-    };
-    if rc < 0 {
-        count_loss(EventKind::Exec.loss_slot());
-    }
+    send_prefix(EventKind::Exec, ev, size);
     0
 }

@@ -1,15 +1,13 @@
 //! `sched_process_fork`: a tracked process made a new process.
 use aya_ebpf::{
-    bindings::BPF_ANY,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid},
-    macros::btf_tracepoint,
+    bindings::BPF_ANY, helpers::bpf_get_current_uid_gid, macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
 
 use crate::{
     emit::{header, send},
-    maps::{TRACKED, count_loss, same_process},
+    maps::{TRACKED, count_loss, tracked_current},
     task::Task,
 };
 
@@ -17,19 +15,14 @@ use crate::{
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     // Runs in the context of the thread that called fork/clone/vfork, before the child is
     // first woken: whatever is inserted here is in place before the child runs.
-    let spawner = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // The untracked path: one map lookup, then return.
-    let Some(entry) = TRACKED.get_ptr_mut(spawner) else {
+    let child = Task(ctx.arg::<*const u8>(1));
+    // A new thread is not a new process; a stale entry whose pid now names another process
+    // is not the spawner.
+    let spawner_start = || (child.pid() == child.tgid()).then(|| Task::current().process_start());
+    let Some((spawner, _)) = tracked_current(spawner_start) else {
         return 0;
     };
-    let child = Task(ctx.arg::<*const u8>(1));
     let pid = child.pid();
-    if pid != child.tgid() {
-        return 0; // a new thread is not a new process
-    }
-    if !same_process(entry, Task::current().process_start()) {
-        return 0; // a stale entry whose pid now names another process
-    }
     let start = child.start_boottime();
     let flags = match TRACKED.insert(pid, Tracked { start }, BPF_ANY as u64) {
         Ok(()) => 0,

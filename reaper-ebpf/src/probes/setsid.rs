@@ -4,7 +4,6 @@
 //! mounts when missing). Fallback: the raw `sys_exit` tracepoint, filtered here by syscall
 //! number before anything else.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
@@ -13,7 +12,7 @@ use reaper_common::{EventKind, SetsidEvent};
 use crate::{
     emit::{header, send},
     global,
-    maps::{TRACKED, same_process},
+    maps::tracked_current,
     task::{Task, read_u64_at},
 };
 
@@ -41,14 +40,9 @@ fn report(ret: i64) {
     if ret < 0 {
         return; // setsid failed: nothing changed
     }
-    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(entry) = TRACKED.get_ptr_mut(pid) else {
+    let Some((pid, start)) = tracked_current(|| Some(Task::current().process_start())) else {
         return;
     };
-    let start = Task::current().process_start();
-    if !same_process(entry, start) {
-        return;
-    }
     send::<SetsidEvent>(EventKind::Setsid, |ev| {
         ev.header = header(EventKind::Setsid, pid, start);
         ev.sid = ret as u32;

@@ -6,7 +6,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
 };
-use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked};
+use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked, names};
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
@@ -187,10 +187,10 @@ impl Probes {
         // object has none of: drop it, so no two parsed copies are ever resident together.
         let mut ebpf = EbpfLoader::new()
             .btf(None)
-            .override_global("OFFSETS", &offsets, true)
-            .override_global("CONFIG", &config, true)
-            .map_max_entries("TRACKED", opts.max_tracked)
-            .map_max_entries("EVENTS", opts.ring_bytes)
+            .override_global(names::OFFSETS, &offsets, true)
+            .override_global(names::CONFIG, &config, true)
+            .map_max_entries(names::TRACKED, opts.max_tracked)
+            .map_max_entries(names::EVENTS, opts.ring_bytes)
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
 
@@ -207,13 +207,13 @@ impl Probes {
                 .ok_or_else(|| anyhow!("map {name} missing from the object"))
         };
         Ok(Probes {
-            ring: RingBuf::try_from(map(&mut ebpf, "EVENTS")?)?,
-            tracked: HashMap::try_from(map(&mut ebpf, "TRACKED")?)?,
+            ring: RingBuf::try_from(map(&mut ebpf, names::EVENTS)?)?,
+            tracked: HashMap::try_from(map(&mut ebpf, names::TRACKED)?)?,
             counters: KernelCounters {
-                losses: PerCpuArray::try_from(map(&mut ebpf, "LOSSES")?)?,
-                seq: Array::try_from(map(&mut ebpf, "SEQ")?)?,
+                losses: PerCpuArray::try_from(map(&mut ebpf, names::LOSSES)?)?,
+                seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
             },
-            reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, "READER_IDLE")?)?),
+            reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
             programs: Some(ebpf),
             setsid_hook,
             features,
@@ -321,6 +321,22 @@ fn attach_setsid(
                  sid of later fork events"
             ));
             SetsidHook::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loader asks for maps by the names in `reaper_common::names`; the kernel side names
+    /// its statics the same way. A rename on one side fails here, not at load. (The globals
+    /// are overridden with `must_exist`, so a missing one fails the load by its name.)
+    #[test]
+    fn the_object_holds_every_name_the_loader_asks_for() {
+        let object = aya_obj::Object::parse(EBPF_OBJECT).expect("the embedded object parses");
+        for name in names::MAPS {
+            assert!(object.maps.contains_key(name), "map {name} in the object");
         }
     }
 }
