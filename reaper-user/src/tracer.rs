@@ -602,7 +602,7 @@ impl Tracer {
             result: r.result.name(),
             secs: r.secs,
         };
-        self.out.event(boottime_now(), &ev)
+        self.out.event(r.at, &ev)
     }
 
     /// One round of the leak inspector; emits the flags that started or stopped holding.

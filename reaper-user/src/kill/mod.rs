@@ -26,7 +26,7 @@ use tokio::{
 use crate::identity::{NotOpened, PidFd, PidRef};
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::procfs;
+use crate::procfs::{self, boottime_now};
 use crate::text::Comm;
 
 /// `--kill` settings.
@@ -85,6 +85,9 @@ pub struct KillReport {
     pub result: Outcome,
     /// At the end of a sequence: seconds from the first signal to the exit.
     pub secs: Option<f64>,
+    /// Boot-time ns of the step: when the signal was sent, the exit seen, or the refusal
+    /// decided (the event's `ts`, whenever the stream gets to write it).
+    pub at: u64,
 }
 
 /// A process cleared for signalling: its pidfd is verified to be the graph's process.
@@ -235,6 +238,7 @@ impl Killer {
                 signal: "SIGTERM",
                 result,
                 secs: None,
+                at: boottime_now(),
             };
             let chain = graph.chain(n.id);
             let in_lineage = chain
@@ -310,6 +314,7 @@ async fn run_sequence(
             signal,
             result,
             secs: done.then(|| started.elapsed().as_secs_f64()),
+            at: boottime_now(),
         });
     };
     let send = |signal: i32, name: &'static str| -> bool {

@@ -18,6 +18,7 @@ struct Line<'a> {
     pid: Option<u32>,
     spawner: Option<u32>,
     ppid: Option<u32>,
+    new_ppid: Option<u32>,
     #[serde(borrow)]
     comm: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -292,7 +293,12 @@ impl Audit {
             "exit" => {
                 self.live.remove(&pid);
             }
-            "reparent" => {}
+            // The tree shows each process under its lineage, with its real parent now.
+            "reparent" => {
+                if let (Some(p), Some(new_ppid)) = (self.live.get_mut(&pid), l.new_ppid) {
+                    p.ppid = new_ppid;
+                }
+            }
             "lost" => self.lost += l.count.unwrap_or(0),
             "flag" => self.flag(l, raw),
             "cleared" => {
@@ -569,5 +575,38 @@ mod tests {
             "peak kept"
         );
         assert!(audit.complete);
+    }
+
+    #[test]
+    fn an_orphan_alive_at_the_end_shows_its_parent_after_the_reparent() {
+        let text = [
+            line(1, r#""event":"ready","gateway":[10],"kernel":"k""#),
+            line(
+                2,
+                r#""event":"fork","pid":10,"ppid":9,"spawner":9,"comm":"gw""#,
+            ),
+            line(
+                3,
+                r#""event":"fork","pid":11,"ppid":10,"spawner":10,"comm":"gw""#,
+            ),
+            line(
+                4,
+                r#""event":"fork","pid":12,"ppid":11,"spawner":11,"comm":"gw""#,
+            ),
+            line(5, r#""event":"exit","pid":11"#),
+            line(
+                6,
+                r#""event":"reparent","pid":12,"old_ppid":11,"new_ppid":1"#,
+            ),
+        ]
+        .concat();
+        let audit = Audit::read(text.as_bytes()).unwrap();
+        let orphan = &audit.live[&12];
+        assert_eq!(orphan.lineage, [10, 11, 12]);
+        assert_eq!(orphan.ppid, 1, "its real parent now, not its dead spawner");
+        assert_eq!(
+            audit.live[&10].comm, "gw",
+            "the gateway's line has its comm"
+        );
     }
 }
