@@ -20,13 +20,14 @@ use tokio::{
 };
 
 use crate::{
-    capture::loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
+    capture::loader::{KernelCounters, LoadOptions, LossCounts, Probes, ReaderIdle},
     cli::Cli,
     kill::{KillOptions, KillReport, Killer},
     leaks::{InspectOptions, flags as leaks},
     lineage::{
         graph::LineageGraph,
         seed::{self, TrackedMap},
+        upkeep::FREE_LAG,
     },
     output::{
         Output,
@@ -38,7 +39,7 @@ use crate::{
     },
     privileges,
     procfs::boottime_now,
-    tracer::{FREE_LAG, Tracer},
+    tracer::Tracer,
 };
 
 /// Exit status for a run-time failure (documented in the README).
@@ -155,10 +156,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
     tokio::time::sleep(DETACH_SETTLE).await;
     let losses = probes.counters.losses()?;
     drain(ring.get_mut(), &mut tracer)?;
-    tracer.check_reparents()?;
-    tracer.check_unfollowed()?;
-    tracer.check_losses(losses, &probes.tracked)?;
-    tracer.check_released(Duration::ZERO)?;
+    keep_exact(&mut tracer, losses, &probes.tracked)?;
+    let Tracer {
+        graph, out, upkeep, ..
+    } = &mut tracer;
+    upkeep.check_released(graph, out, Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
     tracer.scan_leaks()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
@@ -215,7 +217,7 @@ async fn event_loop(
     // --check: when the gateway command's settle time is up.
     let mut settled_at: Option<Instant> = None;
     loop {
-        let house_at = match tracer.has_pending_reparents() {
+        let house_at = match tracer.upkeep.has_pending_reparents() {
             true => housekeeping.min(Instant::now() + REPARENT_RETRY),
             false => housekeeping,
         };
@@ -237,14 +239,13 @@ async fn event_loop(
             _ = sleep_until(house_at) => {
                 let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), tracer)?;
-                tracer.check_reparents()?;
-                tracer.check_unfollowed()?;
-                tracer.check_losses(losses, kernel.tracked)?;
+                keep_exact(tracer, losses, kernel.tracked)?;
                 housekeeping = Instant::now() + HOUSEKEEPING;
             }
             _ = sleep_until(next_scan) => {
                 drain(ring.get_mut(), tracer)?;
-                tracer.check_released(FREE_LAG)?;
+                let Tracer { graph, out, upkeep, .. } = &mut *tracer;
+                upkeep.check_released(graph, out, FREE_LAG)?;
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
                 tracer.out.draw_status().context("writing output")?;
@@ -271,6 +272,17 @@ async fn event_loop(
         }
     }
     Ok(())
+}
+
+/// The graph's upkeep (see [`crate::lineage::upkeep`]): reparents read back, unfollowed
+/// processes looked for, and a loss repaired. `losses` must be read before the last drain.
+fn keep_exact(tracer: &mut Tracer, losses: LossCounts, tracked: &TrackedMap) -> Result<()> {
+    let Tracer {
+        graph, out, upkeep, ..
+    } = tracer;
+    upkeep.check_reparents(graph, out)?;
+    upkeep.check_unfollowed(graph, out)?;
+    upkeep.check_losses(graph, out, losses, tracked)
 }
 
 /// The next step a kill sequence reports; never, without `--kill`.

@@ -4,3 +4,4 @@
 //! ([`upkeep`]).
 pub mod graph;
 pub mod seed;
+pub mod upkeep;

@@ -166,6 +166,23 @@ pub struct Counts {
     pub snapshot: u64,
 }
 
+impl Counts {
+    /// Counts one event of the stream, if it is a lifecycle event.
+    pub fn observe(&mut self, ev: &Event) {
+        let count = match ev {
+            Event::Fork { .. } => &mut self.fork,
+            Event::Exec { .. } => &mut self.exec,
+            Event::Exit { .. } => &mut self.exit,
+            Event::Reaped { .. } => &mut self.reaped,
+            Event::Setsid { .. } => &mut self.setsid,
+            Event::Reparent { .. } => &mut self.reparent,
+            Event::Snapshot { .. } => &mut self.snapshot,
+            _ => return,
+        };
+        *count += 1;
+    }
+}
+
 /// How the event stream checked out against the kernel's own counters.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Delivery {

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 
 use crate::leaks::flags as leaks;
-use crate::output::events::{Envelope, Event, wait_status};
+use crate::output::events::{Counts, Envelope, Event, wait_status};
 use crate::output::metrics::Metrics;
 use crate::output::status::StatusLine;
 
@@ -22,6 +22,8 @@ pub struct Output {
     json: Vec<Box<dyn Write + Send>>,
     human: Option<Box<dyn Write + Send>>,
     pub metrics: Metrics,
+    /// The lifecycle events written so far, for the summary.
+    pub counts: Counts,
     status: Option<StatusLine>,
     seq: u64,
     /// Boot-time ns at start, for relative times in human lines.
@@ -41,6 +43,7 @@ impl Output {
             json,
             human,
             metrics: Metrics::new(),
+            counts: Counts::default(),
             status: None,
             seq: 0,
             t0,
@@ -51,6 +54,7 @@ impl Output {
     /// Emits one event stamped `ts`.
     pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
         self.metrics.observe(body);
+        self.counts.observe(body);
         if !self.json.is_empty() {
             let env = Envelope {
                 event: body.name(),

@@ -1,0 +1,316 @@
+//! Keeping the graph exact while tracing, off the event path: the children of an exited
+//! process read back once the kernel reparented them, processes the kernel does not follow
+//! (forked while its tracked map was full) watched in /proc, zombies whose kernel free lags
+//! recorded from /proc, and, after a loss, the graph repaired from /proc and the kernel's
+//! tracked map. Each step is reported in the stream as what it learnt (`reparent`, `exit`,
+//! `reaped` with `from_proc`, `snapshot`, `lost`).
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use reaper_common::EventKind;
+use rustc_hash::FxHashSet as HashSet;
+
+use super::graph::{LineageGraph, NodeId, Seed};
+use super::seed::TrackedMap;
+
+use crate::capture::decode::MAX_ARGS;
+use crate::capture::loader::LossCounts;
+use crate::output::{
+    Output,
+    events::{Argv, Event, ProcText},
+};
+use crate::procfs::{self, boottime_now};
+
+/// How long to wait for the kernel to reparent the children of an exited process.
+const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long after an exit the kernel's free may take before a zombie gone from /proc is
+/// recorded as reaped from /proc instead (normally the free comes within milliseconds).
+pub const FREE_LAG: Duration = Duration::from_secs(1);
+
+/// A child whose parent exited; its new parent is read from /proc once the kernel set it.
+struct PendingReparent {
+    node: NodeId,
+    pid: u32,
+    old_ppid: u32,
+    since: Instant,
+}
+
+/// What the upkeep still has to look at.
+#[derive(Default)]
+pub struct Upkeep {
+    /// Loss counters as last reported.
+    reported_losses: LossCounts,
+    /// Pids to re-read from /proc (events about processes the graph did not know).
+    resync_pids: HashSet<u32>,
+    /// Children forked while the tracked map was full, not yet reported in a `lost` event.
+    untracked_children: Vec<u32>,
+    /// Live processes the kernel does not follow: their end is learnt from /proc.
+    unfollowed: HashSet<NodeId>,
+    pending_reparents: Vec<PendingReparent>,
+}
+
+impl Upkeep {
+    /// A child forked while the tracked map was full: the kernel will not follow it.
+    pub fn unfollowed_child(&mut self, pid: u32, node: NodeId) {
+        self.untracked_children.push(pid);
+        self.unfollowed.insert(node);
+    }
+
+    /// An event named a process the graph does not know (only after a loss): re-read it.
+    pub fn resync_later(&mut self, pid: u32) {
+        self.resync_pids.insert(pid);
+    }
+
+    /// The live children of an exited process, whose new parents are to be read back.
+    pub fn orphaned(&mut self, graph: &LineageGraph, orphans: Vec<NodeId>) {
+        let since = Instant::now();
+        for orphan in orphans {
+            if let Some(n) = graph.node(orphan) {
+                self.pending_reparents.push(PendingReparent {
+                    node: orphan,
+                    pid: n.pid,
+                    old_ppid: n.ppid,
+                    since,
+                });
+            }
+        }
+    }
+
+    /// Records the release of zombies that are gone from /proc although their kernel free has
+    /// not arrived: the kernel frees a reaped task only after an RCU grace period, which lags
+    /// by seconds or more on some kernels (seen here: frees not fired 95 s after the reap, for
+    /// a kernel tracepoint of its own as much as for reaper's). A late free is then ignored.
+    ///
+    /// `min_age`: how long ago the exit must be ([`FREE_LAG`] while tracing; zero once the
+    /// probes are detached, since no free can come any more).
+    pub fn check_released(
+        &mut self,
+        graph: &mut LineageGraph,
+        out: &mut Output,
+        min_age: Duration,
+    ) -> Result<()> {
+        if graph.zombie_count() == 0 {
+            return Ok(()); // the common case: no walk of the graph
+        }
+        let now = boottime_now();
+        let lagging: Vec<NodeId> = graph
+            .zombies()
+            .filter(|n| {
+                n.exited
+                    .as_ref()
+                    .is_some_and(|e| now.saturating_sub(e.ts) >= min_age.as_nanos() as u64)
+            })
+            .filter(|n| n.process().still_same().is_none())
+            .map(|n| n.id)
+            .collect();
+        for id in lagging {
+            report_gone(graph, out, id)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the new parents of children whose parent exited. The kernel reparents them a
+    /// little after the exit event, so a child still showing its old parent is retried.
+    pub fn check_reparents(&mut self, graph: &mut LineageGraph, out: &mut Output) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending_reparents);
+        for p in pending {
+            let Some(node) = graph.node(p.node) else {
+                continue;
+            };
+            if !node.alive() {
+                continue;
+            }
+            let Some(stat) = node.process().still_same() else {
+                continue; // gone: its own exit event tells the rest
+            };
+            if stat.ppid == p.old_ppid {
+                if p.since.elapsed() < REPARENT_PATIENCE {
+                    self.pending_reparents.push(p);
+                }
+                continue;
+            }
+            graph.reparent(p.node, stat.ppid);
+            let ev = Event::Reparent {
+                pid: p.pid,
+                old_ppid: p.old_ppid,
+                new_ppid: stat.ppid,
+            };
+            out.event(boottime_now(), &ev)?;
+        }
+        Ok(())
+    }
+
+    /// Looks in /proc for the processes the kernel does not follow; reports those that are
+    /// gone as exited and reaped (status unknown).
+    pub fn check_unfollowed(&mut self, graph: &mut LineageGraph, out: &mut Output) -> Result<()> {
+        let watched: Vec<NodeId> = self.unfollowed.iter().copied().collect();
+        for id in watched {
+            let Some(node) = graph.node(id) else {
+                self.unfollowed.remove(&id);
+                continue;
+            };
+            if node.process().still_same().is_none() {
+                self.unfollowed.remove(&id);
+                report_gone(graph, out, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has_pending_reparents(&self) -> bool {
+        !self.pending_reparents.is_empty()
+    }
+
+    /// Compares the kernel's loss counters with what was reported; on a new loss, reports it
+    /// and repairs the graph from /proc and the kernel's tracked map.
+    ///
+    /// `now` must be read *before* the ring was last drained: the kernel counts a child it
+    /// could not track after submitting the record that names it, so every record a count
+    /// stands for has been taken in by then.
+    pub fn check_losses(
+        &mut self,
+        graph: &mut LineageGraph,
+        out: &mut Output,
+        now: LossCounts,
+        tracked: &TrackedMap,
+    ) -> Result<()> {
+        let new_drops = now.dropped() - self.reported_losses.dropped();
+        let new_full = now.tracked_full - self.reported_losses.tracked_full;
+        if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() {
+            return Ok(());
+        }
+        let mut kinds = BTreeMap::new();
+        for kind in EventKind::ALL {
+            let i = kind.loss_slot() as usize;
+            let n = now.kinds[i] - self.reported_losses.kinds[i];
+            if n > 0 {
+                kinds.insert(kind.name(), n);
+            }
+        }
+        if new_full > 0 {
+            kinds.insert("tracked_full", new_full);
+        }
+        self.reported_losses = now;
+        let mut affected = if new_drops > 0 || !self.resync_pids.is_empty() {
+            self.resync(graph, out, tracked)?
+        } else {
+            Vec::new()
+        };
+        affected.append(&mut self.untracked_children);
+        affected.sort_unstable();
+        affected.dedup();
+        if new_drops == 0 && new_full == 0 {
+            return Ok(()); // a late event for a process already repaired: nothing was lost
+        }
+        let ev = Event::Lost {
+            count: new_drops + new_full,
+            kinds,
+            affected,
+        };
+        out.event(boottime_now(), &ev)
+    }
+
+    /// Re-reads from /proc every process the kernel tracks or the graph thinks alive, and
+    /// fixes the graph: processes it missed are added (as `snapshot`s, marked uncertain: their
+    /// lineage edge is only their parent at that moment), processes that are gone are marked
+    /// exited and reaped. Returns the pids it touched.
+    fn resync(
+        &mut self,
+        graph: &mut LineageGraph,
+        out: &mut Output,
+        tracked: &TrackedMap,
+    ) -> Result<Vec<u32>> {
+        let mut affected = Vec::new();
+        let kernel_pids: Vec<u32> = tracked.keys().filter_map(|k| k.ok()).collect();
+        let mut seeds = Vec::new();
+        let asked: Vec<u32> = self.resync_pids.drain().collect();
+        for pid in kernel_pids.into_iter().chain(asked) {
+            let Ok(stat) = procfs::read_stat(pid) else {
+                continue;
+            };
+            let known = graph
+                .current(pid)
+                .is_some_and(|n| n.alive() && n.process().matches(&stat));
+            if !known && stat.state != b'Z' {
+                let argv = procfs::read_cmdline(pid, MAX_ARGS)
+                    .map(|(a, _)| a)
+                    .unwrap_or_default();
+                seeds.push(Seed {
+                    pid,
+                    start_ticks: stat.start_ticks,
+                    ppid: stat.ppid,
+                    sid: stat.session,
+                    pgid: stat.pgrp,
+                    comm: stat.comm,
+                    argv,
+                    is_gateway: false,
+                    uncertain: true,
+                });
+            }
+        }
+        // Parents first, so that lineage edges find their parent node.
+        seeds.sort_by_key(|s| s.start_ticks);
+        for seed in seeds {
+            let pid = seed.pid;
+            let (id, new) = graph.add_seed(seed);
+            if new {
+                emit_snapshot(graph, out, id)?;
+            }
+            affected.push(pid);
+        }
+        // Processes the graph holds alive that are gone (their exit was lost).
+        let stale: Vec<(NodeId, u32)> = graph
+            .alive()
+            .filter(|n| n.process().still_same().is_none())
+            .map(|n| (n.id, n.pid))
+            .collect();
+        for (id, pid) in stale {
+            report_gone(graph, out, id)?;
+            affected.push(pid);
+        }
+        Ok(affected)
+    }
+}
+
+/// Marks a process that vanished from /proc unseen as reaped (and, if it was thought alive,
+/// exited, status unknown), and says so.
+pub fn report_gone(graph: &mut LineageGraph, out: &mut Output, id: NodeId) -> Result<()> {
+    let Some((pid, was_alive)) = graph.node(id).map(|n| (n.pid, n.alive())) else {
+        return Ok(());
+    };
+    let now = boottime_now();
+    graph.mark_gone(id, now);
+    if was_alive {
+        let exit = Event::Exit {
+            pid,
+            exit_code: None,
+            signal: None,
+            core: false,
+        };
+        out.event(now, &exit)?;
+    }
+    let reaped = Event::Reaped {
+        pid,
+        from_proc: true,
+    };
+    out.event(now, &reaped)
+}
+
+/// Reports a process newly added to the graph from /proc as a `snapshot`.
+pub fn emit_snapshot(graph: &LineageGraph, out: &mut Output, id: NodeId) -> Result<()> {
+    let Some(n) = graph.node(id) else {
+        return Ok(());
+    };
+    let ev = Event::Snapshot {
+        pid: n.pid,
+        ppid: n.ppid,
+        spawner: n.spawner_pid,
+        comm: ProcText::new("comm", n.comm),
+        argv: Argv::new(n.argv.clone()),
+        sid: n.sid,
+        pgid: n.pgid,
+    };
+    out.event(boottime_now(), &ev)
+}
