@@ -1,5 +1,5 @@
 //! The event schema itself: a valid JSON Schema, strict enough to fail a wrong event, and in
-//! step with the README's table of events. (Every event every integration test produces is
+//! step with the table of events in docs/events.md. (Every event every integration test produces is
 //! validated against it where it is parsed: `Run::from_output`.)
 use reaper_tests::{EVENT_SCHEMA, event_schema};
 use serde_json::{Value, json};
@@ -55,11 +55,11 @@ fn the_schema_names_every_event_the_readme_documents() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/events.md");
     let table = readme
         .split("| event | fields | when |")
         .nth(1)
-        .expect("the README's table of events");
+        .expect("the table of events in docs/events.md");
     let mut in_readme: Vec<&str> = table
         .lines()
         .skip(2)
