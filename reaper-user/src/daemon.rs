@@ -20,7 +20,7 @@ use tokio::{
 };
 
 use crate::{
-    capture::loader::{KernelCounters, LoadOptions, LossCounts, Probes, ReaderIdle},
+    capture::loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
     cli::Cli,
     kill::{KillOptions, KillReport, Killer},
     leaks::{InspectOptions, flags as leaks},
@@ -156,11 +156,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
     tokio::time::sleep(DETACH_SETTLE).await;
     let losses = probes.counters.losses()?;
     drain(ring.get_mut(), &mut tracer)?;
-    keep_exact(&mut tracer, losses, &probes.tracked)?;
-    let Tracer {
-        graph, out, upkeep, ..
-    } = &mut tracer;
-    upkeep.check_released(graph, out, Duration::ZERO)?;
+    tracer.keep_exact(losses, &probes.tracked)?;
+    tracer.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
     tracer.scan_leaks()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
@@ -239,13 +236,12 @@ async fn event_loop(
             _ = sleep_until(house_at) => {
                 let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), tracer)?;
-                keep_exact(tracer, losses, kernel.tracked)?;
+                tracer.keep_exact(losses, kernel.tracked)?;
                 housekeeping = Instant::now() + HOUSEKEEPING;
             }
             _ = sleep_until(next_scan) => {
                 drain(ring.get_mut(), tracer)?;
-                let Tracer { graph, out, upkeep, .. } = &mut *tracer;
-                upkeep.check_released(graph, out, FREE_LAG)?;
+                tracer.release_lagging(FREE_LAG)?;
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
                 tracer.out.draw_status().context("writing output")?;
@@ -272,17 +268,6 @@ async fn event_loop(
         }
     }
     Ok(())
-}
-
-/// The graph's upkeep (see [`crate::lineage::upkeep`]): reparents read back, unfollowed
-/// processes looked for, and a loss repaired. `losses` must be read before the last drain.
-fn keep_exact(tracer: &mut Tracer, losses: LossCounts, tracked: &TrackedMap) -> Result<()> {
-    let Tracer {
-        graph, out, upkeep, ..
-    } = tracer;
-    upkeep.check_reparents(graph, out)?;
-    upkeep.check_unfollowed(graph, out)?;
-    upkeep.check_losses(graph, out, losses, tracked)
 }
 
 /// The next step a kill sequence reports; never, without `--kill`.

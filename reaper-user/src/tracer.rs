@@ -11,11 +11,12 @@ use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
 use crate::capture::decode::{KernelEvent, What, decode};
-use crate::capture::loader::KernelCounters;
+use crate::capture::loader::{KernelCounters, LossCounts};
 use crate::kill::{KillReport, Killer};
 use crate::leaks::flags as leaks;
 use crate::leaks::{InspectOptions, Inspector, Reason};
 use crate::lineage::graph::{Applied, LineageGraph, NodeId, Seed};
+use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{Upkeep, emit_snapshot};
 use crate::output::Output;
 use crate::output::events::{
@@ -126,6 +127,22 @@ impl Tracer {
             .zombies()
             .any(|n| n.process().still_same().is_none());
         !release_pending && self.last_exit.elapsed() >= ZOMBIE_SETTLE
+    }
+
+    /// The graph's upkeep (see [`crate::lineage::upkeep`]): reparents read back, unfollowed
+    /// processes looked for, and a loss repaired. `losses` must be read before the last drain.
+    pub fn keep_exact(&mut self, losses: LossCounts, tracked: &TrackedMap) -> Result<()> {
+        let (graph, out) = (&mut self.graph, &mut self.out);
+        self.upkeep.check_reparents(graph, out)?;
+        self.upkeep.check_unfollowed(graph, out)?;
+        self.upkeep.check_losses(graph, out, losses, tracked)
+    }
+
+    /// Zombies gone from /proc whose kernel free lags, recorded as reaped (see
+    /// [`Upkeep::check_released`]).
+    pub fn release_lagging(&mut self, min_age: Duration) -> Result<()> {
+        self.upkeep
+            .check_released(&mut self.graph, &mut self.out, min_age)
     }
 
     /// Handles one ring-buffer record.

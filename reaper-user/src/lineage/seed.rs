@@ -62,7 +62,8 @@ fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
     }
 }
 
-fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
+/// A process as /proc shows it (`stat`, and its cmdline read now), for the graph.
+pub fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
     let argv = procfs::read_cmdline(stat.pid, MAX_ARGS)
         .map(|(a, _)| a)
         .unwrap_or_default();

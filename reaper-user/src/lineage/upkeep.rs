@@ -12,9 +12,8 @@ use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
 use super::graph::{LineageGraph, NodeId, Seed};
-use super::seed::TrackedMap;
+use super::seed::{TrackedMap, seed_of};
 
-use crate::capture::decode::MAX_ARGS;
 use crate::capture::loader::LossCounts;
 use crate::output::{
     Output,
@@ -234,19 +233,9 @@ impl Upkeep {
                 .current(pid)
                 .is_some_and(|n| n.alive() && n.process().matches(&stat));
             if !known && stat.state != b'Z' {
-                let argv = procfs::read_cmdline(pid, MAX_ARGS)
-                    .map(|(a, _)| a)
-                    .unwrap_or_default();
                 seeds.push(Seed {
-                    pid,
-                    start_ticks: stat.start_ticks,
-                    ppid: stat.ppid,
-                    sid: stat.session,
-                    pgid: stat.pgrp,
-                    comm: stat.comm,
-                    argv,
-                    is_gateway: false,
                     uncertain: true,
+                    ..seed_of(&stat, false)
                 });
             }
         }
