@@ -22,6 +22,7 @@ use crate::output::Output;
 use crate::output::events::{
     AliveProcess, Argv, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
 };
+use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
 
 /// CPU time this process used so far (user + system; its children excluded).
@@ -358,9 +359,15 @@ impl Tracer {
                 self.out.event(now, &ev)?;
             }
         }
-        self.out
-            .metrics
-            .set_state(&self.graph, &self.inspector, began.elapsed());
+        let flagged = leaks::flagged_now(&self.graph, &self.inspector);
+        self.out.metrics.set_state(&ScanState {
+            alive: self.graph.live_count(),
+            zombies: self.graph.zombie_count(),
+            graph_nodes: self.graph.len(),
+            flagged: flagged.active,
+            flagged_rss_kib: flagged.rss_kib,
+            took: began.elapsed(),
+        });
         Ok(())
     }
 

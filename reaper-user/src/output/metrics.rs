@@ -1,5 +1,6 @@
 //! Prometheus metrics: counters fed by the event stream itself (so they always agree with it)
-//! and gauges set from the graph at each leak scan. `--metrics ADDR` serves them.
+//! and gauges set from what each leak scan found. `--metrics ADDR` serves them.
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,9 +10,7 @@ use prometheus_client::metrics::{
 };
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::leaks::flags as leaks;
-use crate::leaks::{Inspector, Reason};
-use crate::lineage::graph::LineageGraph;
+use crate::leaks::Reason;
 use crate::output::events::Event;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -173,20 +172,23 @@ impl Metrics {
         self.events[lifecycle].inc();
     }
 
-    /// Sets the gauges from the graph and the flags holding now, after a scan that took `took`.
-    pub fn set_state(&self, graph: &LineageGraph, inspector: &Inspector, took: Duration) {
-        self.alive.set(graph.live_count() as i64);
-        self.zombies.set(graph.zombie_count() as i64);
-        self.graph_nodes.set(graph.len() as i64);
-        let now = leaks::flagged_now(graph, inspector);
-        for (reason, n) in &now.active {
+    /// Sets the gauges after a leak scan.
+    pub fn set_state(&self, state: &ScanState) {
+        self.alive.set(state.alive as i64);
+        self.zombies.set(state.zombies as i64);
+        self.graph_nodes.set(state.graph_nodes as i64);
+        for (reason, n) in &state.flagged {
             self.flagged
                 .get_or_create(&ReasonLabel { reason })
                 .set(*n as i64);
         }
-        self.flagged_rss
-            .set(now.rss_kib.saturating_mul(1024).min(i64::MAX as u64) as i64);
-        self.scan_seconds.observe(took.as_secs_f64());
+        self.flagged_rss.set(
+            state
+                .flagged_rss_kib
+                .saturating_mul(1024)
+                .min(i64::MAX as u64) as i64,
+        );
+        self.scan_seconds.observe(state.took.as_secs_f64());
     }
 
     /// What the one-line status shows.
@@ -226,6 +228,20 @@ pub fn encode(registry: &Registry) -> String {
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, registry);
     text
+}
+
+/// What a leak scan found, for the gauges: the graph's counts and the flags holding now.
+#[derive(Clone, Debug, Default)]
+pub struct ScanState {
+    pub alive: usize,
+    pub zombies: usize,
+    pub graph_nodes: usize,
+    /// Flags holding, by reason.
+    pub flagged: BTreeMap<&'static str, u64>,
+    /// Resident memory of the flagged live processes.
+    pub flagged_rss_kib: u64,
+    /// How long the scan took.
+    pub took: Duration,
 }
 
 /// The counts behind the terminal's status line.

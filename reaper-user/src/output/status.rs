@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::leaks::flags::human_duration;
+use crate::output::human::human_duration;
 use crate::output::metrics::StatusCounts;
 
 pub struct StatusLine {

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::output::describe_status;
+use crate::output::human::describe_status;
 use crate::text::{escape_args, escape_for_terminal};
 
 /// Renders every live (or zombie) process with its lineage, from the gateways down along

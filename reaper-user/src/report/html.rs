@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES, Point};
-use crate::leaks::flags::human_duration;
+use crate::output::human::{human_duration, human_rss};
 use crate::text::escape_for_terminal;
 
 /// Text from a process, safe in HTML text and attributes.
@@ -35,10 +35,6 @@ fn short(s: &str) -> String {
 fn at(audit: &Audit, ts: u64) -> String {
     let start = audit.first_ts.unwrap_or(ts);
     format!("+{}", human_duration(ts.saturating_sub(start)))
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 const STYLE: &str = "
@@ -382,7 +378,7 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         f.pid,
         f.pid,
         esc(&f.reason),
-        mib(rss),
+        human_rss(rss),
     );
 }
 

@@ -1,0 +1,428 @@
+//! Events for people: one readable line per event, with every string that came from a process
+//! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
+use crate::output::events::{
+    Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, wait_status,
+};
+
+/// One line a person reads. Every string that came from a process is escaped.
+pub fn human_line(ts: u64, ev: &Event) -> String {
+    match ev {
+        Event::Flag {
+            pid,
+            reason,
+            since,
+            detail,
+            ..
+        } => flag_line(ts, *pid, reason, *since, detail),
+        Event::Cleared {
+            pid,
+            reason,
+            because,
+        } => format!("cleared  {reason} pid {pid}: {because}"),
+        Event::Kill {
+            pid,
+            comm,
+            reason,
+            signal,
+            result,
+            secs,
+        } => {
+            let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
+            match secs {
+                Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
+                None => format!("{who}: {signal} {result}"),
+            }
+        }
+        Event::Check {
+            verdict,
+            gateway_exit_code,
+            leaked,
+        } => check_lines(verdict, *gateway_exit_code, leaked),
+        Event::Snapshot {
+            pid,
+            ppid,
+            comm,
+            argv,
+            ..
+        } => format!(
+            "found    {pid} ({}) parent {ppid}: {}",
+            comm.for_terminal(),
+            argv.for_terminal()
+        ),
+        Event::Ready {
+            gateway,
+            tracked,
+            setsid_hook,
+            kernel,
+        } => {
+            let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
+            format!(
+                "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by \
+                 {setsid_hook}; kernel {kernel})",
+                gws.join(", ")
+            )
+        }
+        Event::Fork {
+            pid,
+            ppid,
+            spawner,
+            comm,
+            untracked,
+            ..
+        } => {
+            let parent = if ppid == spawner {
+                String::new()
+            } else {
+                format!(" (parent {ppid})")
+            };
+            let note = if *untracked {
+                "; NOT FOLLOWED: tracked map full"
+            } else {
+                ""
+            };
+            format!(
+                "fork     {pid} ({}) by {spawner}{parent}{note}",
+                comm.for_terminal()
+            )
+        }
+        Event::Exec {
+            pid,
+            filename,
+            argv,
+            truncated,
+            ..
+        } => format!(
+            "exec     {pid} {}: {}{}",
+            filename.for_terminal(),
+            argv.for_terminal(),
+            if *truncated { " [truncated]" } else { "" }
+        ),
+        Event::Exit {
+            pid,
+            exit_code,
+            signal,
+            core,
+        } => match (exit_code, signal) {
+            (Some(code), _) => format!("exit     {pid} code {code}"),
+            (None, Some(sig)) => {
+                format!(
+                    "exit     {pid} killed by {sig}{}",
+                    if *core { " (core dumped)" } else { "" }
+                )
+            }
+            (None, None) => format!("exit     {pid}"),
+        },
+        Event::Reaped {
+            pid,
+            from_proc: false,
+        } => format!("reaped   {pid}"),
+        Event::Reaped {
+            pid,
+            from_proc: true,
+        } => format!("reaped   {pid} (gone from /proc)"),
+        Event::Setsid { pid, sid } => format!("setsid   {pid} now leads session {sid}"),
+        Event::Reparent {
+            pid,
+            old_ppid,
+            new_ppid,
+        } => {
+            format!("reparent {pid} parent {old_ppid} exited; new parent {new_ppid}")
+        }
+        Event::Lost {
+            count,
+            kinds,
+            affected,
+        } => {
+            let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let pids: Vec<String> = affected.iter().map(u32::to_string).collect();
+            format!(
+                "LOST     {count} records ({}); re-read from /proc: {}",
+                kinds.join(", "),
+                if pids.is_empty() {
+                    "nothing affected".into()
+                } else {
+                    pids.join(", ")
+                }
+            )
+        }
+        Event::Summary {
+            counts,
+            delivery,
+            alive,
+            zombies,
+            ..
+        } => format!(
+            "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
+            counts.fork,
+            counts.exec,
+            counts.exit,
+            alive.len(),
+            zombies.len(),
+            delivery.received,
+            delivery.kernel_events,
+            delivery.dropped.values().sum::<u64>(),
+            if delivery.consistent {
+                ""
+            } else {
+                " (INCONSISTENT)"
+            }
+        ),
+    }
+}
+
+/// Exit status in words, for the tree.
+pub fn describe_status(status: Option<u32>) -> String {
+    let Some(status) = status else {
+        return "exited, status unknown".into();
+    };
+    match wait_status(status) {
+        (Some(code), _, _) => format!("exited {code}"),
+        (None, Some(sig), core) => format!("killed by {sig}{}", if core { ", core" } else { "" }),
+        _ => "exited".into(),
+    }
+}
+
+/// "3m12s": a duration for people, to the second.
+pub fn human_duration(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m{:02}s", secs / 60, secs % 60),
+        _ => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
+    }
+}
+
+/// "512 KiB", "312.4 MiB": resident memory for people.
+pub fn human_rss(kib: u64) -> String {
+    match kib {
+        0..1024 => format!("{kib} KiB"),
+        _ => format!("{:.1} MiB", kib as f64 / 1024.0),
+    }
+}
+
+/// `1234 (node bridge.cjs)`: a pid and what it runs, escaped for a terminal.
+fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
+    let args = argv.for_terminal();
+    match args.is_empty() {
+        true => format!("{pid} ({})", comm.for_terminal()),
+        false => format!("{pid} ({args})"),
+    }
+}
+
+/// What the pipes show, for people: `fd 0 pipe:[88123] read end, other end held by 4705 (sleep)
+/// fd 5`.
+fn pipes_text(pipes: &[PipeInfo]) -> String {
+    let parts: Vec<String> = pipes
+        .iter()
+        .filter(|p| p.kind != "tty")
+        .map(|p| {
+            let what = match p.inode {
+                Some(i) => format!("fd {} {}:[{i}] {} end", p.fd, p.kind, p.end),
+                None => format!("fd {} {} {} end", p.fd, p.kind, p.end),
+            };
+            let holders: Vec<String> = p
+                .peers
+                .iter()
+                .map(|h| {
+                    format!(
+                        "{} ({}) fd {} {} end",
+                        h.pid,
+                        h.comm.for_terminal(),
+                        h.fd,
+                        h.end
+                    )
+                })
+                .collect();
+            match (p.other_end, holders.is_empty()) {
+                (_, false) => format!("{what}, other end held by {}", holders.join(", ")),
+                ("closed", true) => format!("{what}, other end closed"),
+                ("open", true) => format!("{what}, other end open (holder not found)"),
+                _ => what,
+            }
+        })
+        .collect();
+    parts.join("; ")
+}
+
+/// One line a person can act on, for a flag raised at `ts`.
+pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetail) -> String {
+    let me = who(pid, &detail.comm, &detail.argv);
+    let ago = human_duration(ts.saturating_sub(since));
+    let why = match reason {
+        "orphaned" => detail
+            .ancestors
+            .iter()
+            .rev()
+            .skip(1)
+            .enumerate()
+            .find_map(|(up, a)| {
+                let exited = a.exited?;
+                Some(format!(
+                    "{} {} exited {} ago",
+                    if up == 0 { "spawner" } else { "ancestor" },
+                    who(a.pid, &a.comm, &a.argv),
+                    human_duration(ts.saturating_sub(exited))
+                ))
+            })
+            .unwrap_or_else(|| "its spawner exited".into()),
+        "idle" => format!("waiting for input, no I/O for {ago}"),
+        "deaf" => format!("a pipe it reads has had no writers for {ago} (EOF ignored)"),
+        "zombie" => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
+        other => other.to_owned(),
+    };
+    let mut line = format!("LEAK {reason} pid {me}: {why}");
+    let spawner = detail.lineage.iter().rev().nth(1).copied();
+    if reason != "zombie" && spawner.is_some_and(|s| s != detail.ppid) {
+        line.push_str(&format!(", now a child of {}", detail.ppid));
+    }
+    if detail.escaped {
+        line.push_str(", escaped (another session, group or cgroup than the gateway's)");
+    }
+    let pipes = pipes_text(&detail.pipes);
+    if !pipes.is_empty() {
+        line.push_str("; ");
+        line.push_str(&pipes);
+    }
+    if let Some(kib) = detail.rss_kib {
+        line.push_str(&format!("; RSS {}", human_rss(kib)));
+    }
+    line
+}
+
+/// `--check`'s verdict for people: one line, then one per leaked process.
+pub fn check_lines(
+    verdict: &str,
+    gateway_exit_code: Option<i32>,
+    leaked: &[LeakedProcess],
+) -> String {
+    let gateway = match gateway_exit_code {
+        Some(c) => format!("the command exited {c}"),
+        None => "the command's status is unknown".into(),
+    };
+    let mut out = format!("CHECK {verdict}: {gateway}; {} left behind", leaked.len());
+    for p in leaked {
+        let lineage: Vec<String> = p.detail.lineage.iter().map(u32::to_string).collect();
+        out.push_str(&format!(
+            "\n  pid {} {}, lineage {}",
+            who(p.pid, &p.detail.comm, &p.detail.argv),
+            p.detail.state,
+            lineage.join(" > ")
+        ));
+        let pipes = pipes_text(&p.detail.pipes);
+        if !pipes.is_empty() {
+            out.push_str("; ");
+            out.push_str(&pipes);
+        }
+        if let Some(kib) = p.detail.rss_kib {
+            out.push_str(&format!("; RSS {}", human_rss(kib)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::output::events::{Ancestor, Peer};
+    use crate::text::Comm;
+
+    #[test]
+    fn human_lines_escape_the_exact_bytes() {
+        let line = human_line(
+            0,
+            &Event::Exec {
+                pid: 7,
+                filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
+                argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
+                truncated: false,
+                tid: 7,
+            },
+        );
+        assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
+    }
+
+    fn ancestor(pid: u32, argv: &[&str], exited: Option<u64>) -> Ancestor {
+        Ancestor {
+            pid,
+            comm: ProcText::new("comm", Comm::from_c(b"x")),
+            argv: Argv::new(Rc::from(
+                argv.iter()
+                    .map(|a| a.as_bytes().to_vec())
+                    .collect::<Vec<_>>(),
+            )),
+            exited,
+        }
+    }
+
+    fn detail(ancestors: Vec<Ancestor>, ppid: u32, escaped: bool) -> LeakDetail {
+        LeakDetail {
+            lineage: ancestors.iter().map(|a| a.pid).collect(),
+            pipes: vec![PipeInfo {
+                fd: 0,
+                kind: "pipe",
+                inode: Some(88123),
+                end: "read",
+                other_end: "open",
+                peers: vec![Peer {
+                    pid: 4705,
+                    fd: 5,
+                    end: "write",
+                    comm: ProcText::new("comm", Comm::from_c(b"sleep\x1b")),
+                }],
+            }],
+            ancestors,
+            state: "S (sleeping)".into(),
+            rss_kib: Some(312 * 1024),
+            ppid,
+            escaped,
+            comm: ProcText::new("comm", Comm::from_c(b"node")),
+            argv: Argv::new(Rc::from(vec![b"node".to_vec(), b"bridge.cjs".to_vec()])),
+        }
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {
+        let d = detail(
+            vec![
+                ancestor(4700, &["hermes", "--tui"], Some(10 * SEC)),
+                ancestor(4711, &["node", "bridge.cjs"], None),
+            ],
+            1,
+            true,
+        );
+        let line = flag_line(202 * SEC, 4711, "orphaned", 10 * SEC, &d);
+        assert_eq!(
+            line,
+            "LEAK orphaned pid 4711 (node bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
+             ago, now a child of 1, escaped (another session, group or cgroup than the \
+             gateway's); fd 0 pipe:[88123] read end, other end held by 4705 (sleep\\x1b) fd 5 \
+             write end; RSS 312.0 MiB"
+        );
+    }
+
+    #[test]
+    fn an_exited_grandparent_is_an_ancestor_and_zombies_say_how_long() {
+        let d = detail(
+            vec![
+                ancestor(1, &["gw"], Some(SEC)),
+                ancestor(2, &["sh"], None),
+                ancestor(3, &["sleep"], None),
+            ],
+            2,
+            false,
+        );
+        let line = flag_line(5 * SEC, 3, "orphaned", SEC, &d);
+        assert!(line.contains(": ancestor 1 (gw) exited 4s ago;"), "{line}");
+        assert!(!line.contains("now a child"), "{line}");
+        let line = flag_line(65 * SEC, 3, "zombie", 4 * SEC, &d);
+        assert!(
+            line.contains("exited 1m01s ago, not reaped by its parent 2"),
+            "{line}"
+        );
+        assert_eq!(human_duration(7300 * SEC), "2h01m");
+    }
+}
