@@ -1,4 +1,5 @@
-//! The leak inspector: /proc facts about the live descendants, and the rules that flag leaks.
+//! The leak inspector: when to look at which descendant, what a look reads from /proc, and the
+//! flags that start and stop holding as the rules ([`super::rules`]) answer.
 //!
 //! Cost model (it runs for days): a live descendant is sampled when it is first seen and then
 //! every `max(scan interval, idle-after / 4)`; a sample is a few small /proc reads. Only what
@@ -16,6 +17,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::peers::{Holder, PeerIndex};
+use super::rules::{self, Observed};
 use crate::identity::{PidRef, ProcessId};
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 
@@ -103,25 +105,25 @@ pub struct Sample {
 }
 
 impl Sample {
-    fn holds_pipe_or_socket(&self) -> bool {
+    pub fn holds_pipe_or_socket(&self) -> bool {
         self.fds
             .iter()
             .any(|f| matches!(f.fd.kind, FdKind::Pipe | FdKind::Socket))
     }
 
-    fn waits_for_input(&self) -> bool {
+    pub fn waits_for_input(&self) -> bool {
         self.state == b'S' && matches!(self.blocked, Some(Blocked::WaitingForInput { .. }))
     }
 
     /// Pipes and sockets whose other end some live process still holds.
-    fn has_live_peer(&self) -> bool {
+    pub fn has_live_peer(&self) -> bool {
         self.fds.iter().any(|f| {
             matches!(f.fd.kind, FdKind::Pipe | FdKind::Socket) && f.other_end_open == Some(true)
         })
     }
 
     /// A pipe read end whose writers are all gone.
-    fn eof_pending(&self) -> bool {
+    pub fn eof_pending(&self) -> bool {
         self.fds.iter().any(|f| {
             f.fd.kind == FdKind::Pipe && f.fd.end == End::Read && f.other_end_open == Some(false)
         })
@@ -331,25 +333,17 @@ impl Inspector {
             true => w.eof_since.or(Some(now)),
             false => None,
         };
-        let idle_for = now.saturating_sub(w.io_since);
-        let idle_after = nanos(opts.idle_after);
-        let wanted = [
-            (Reason::Orphaned, broken && s.holds_pipe_or_socket(), now),
-            (
-                Reason::Idle,
-                s.waits_for_input() && s.has_live_peer() && idle_for >= idle_after,
-                w.io_since,
-            ),
-            (
-                Reason::Deaf,
-                w.eof_since
-                    .is_some_and(|t| now.saturating_sub(t) >= idle_after),
-                w.eof_since.unwrap_or(now),
-            ),
-        ];
-        for (reason, holds, since) in wanted {
-            match (holds, w.has(reason)) {
-                (true, false) => {
+        let seen = Observed {
+            sample: &s,
+            chain_broken: broken,
+            io_since: w.io_since,
+            eof_since: w.eof_since,
+            now,
+            idle_after: nanos(opts.idle_after),
+        };
+        for (reason, rule) in rules::LIVE {
+            match (rule(&seen), w.has(reason)) {
+                (Some(since), false) => {
                     w.flags.push((reason, since));
                     changes.push(Change::Flag(Box::new(Flagged {
                         node: node.id,
@@ -362,20 +356,13 @@ impl Inspector {
                         }),
                     })));
                 }
-                (false, true) => {
+                (None, true) => {
                     w.flags.retain(|(r, _)| *r != reason);
-                    let because = match reason {
-                        Reason::Orphaned => "holds no pipe or socket now",
-                        Reason::Idle if w.io_since == now => "moved data",
-                        Reason::Idle => "no longer waits for input from a live peer",
-                        Reason::Deaf => "its pipe has a writer again",
-                        Reason::Zombie | Reason::Respawning => "reaped",
-                    };
                     changes.push(Change::Cleared {
                         node: node.id,
                         pid: node.pid,
                         reason,
-                        because,
+                        because: rules::cleared_because(reason, &seen),
                     });
                 }
                 _ => {}
@@ -401,8 +388,10 @@ impl Inspector {
             return;
         }
         for node in graph.zombies().filter(|n| !n.is_gateway) {
-            let exited = node.exited.map_or(now, |e| e.ts);
-            if now.saturating_sub(exited) < after || self.zombies.contains_key(&node.id) {
+            let Some(exited) = rules::zombie(node, now, after) else {
+                continue;
+            };
+            if self.zombies.contains_key(&node.id) {
                 continue;
             }
             self.zombies.insert(node.id, (node.pid, exited));

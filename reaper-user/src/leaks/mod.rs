@@ -4,6 +4,7 @@
 pub mod flags;
 mod inspector;
 mod peers;
+mod rules;
 
 pub use inspector::*;
 pub use peers::Holder;
