@@ -20,7 +20,7 @@ use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{Upkeep, emit_snapshot};
 use crate::output::Output;
 use crate::output::events::{
-    AliveProcess, Argv, Delivery, Event, Latency, LeakedProcess, ProcText, wait_status,
+    AliveProcess, Argv, Delivery, Event, Latency, LeakedProcess, ProcText,
 };
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
@@ -184,17 +184,9 @@ impl Tracer {
                 return Ok(());
             }
         };
-        let out = match &ev.what {
-            What::Fork {
-                spawner,
-                ppid,
-                sid,
-                pgid,
-                uid,
-                cgroup_id,
-                comm,
-                untracked,
-            } => {
+        // What the event means for the run besides the graph change.
+        match (&ev.what, applied) {
+            (What::Fork { untracked, .. }, _) => {
                 if self.pending_gateways.remove(&ev.pid) {
                     self.graph.set_gateway(node);
                 }
@@ -202,55 +194,16 @@ impl Tracer {
                     self.upkeep.unfollowed_child(ev.pid, node);
                     self.graph.mark_uncertain(node);
                 }
-                Event::Fork {
-                    pid: ev.pid,
-                    ppid: *ppid,
-                    spawner: *spawner,
-                    comm: ProcText::new("comm", *comm),
-                    start: ev.start,
-                    sid: *sid,
-                    pgid: *pgid,
-                    uid: *uid,
-                    cgroup_id: *cgroup_id,
-                    untracked: *untracked,
-                }
             }
-            What::Exec {
-                old_tid,
-                filename,
-                argv,
-                truncated,
-                ..
-            } => Event::Exec {
-                pid: ev.pid,
-                filename: ProcText::new("filename", filename.clone()),
-                argv: Argv::new(argv.clone()),
-                truncated: *truncated,
-                tid: *old_tid,
-            },
-            What::Exit { status } => {
+            (What::Exit { .. }, applied) => {
                 self.last_exit = Instant::now();
                 if let Applied::Exit { orphans, .. } = applied {
                     self.upkeep.orphaned(&self.graph, orphans);
                 }
-                let (exit_code, signal, core) = wait_status(*status);
-                Event::Exit {
-                    pid: ev.pid,
-                    exit_code,
-                    signal,
-                    core,
-                }
             }
-            What::Free => Event::Reaped {
-                pid: ev.pid,
-                from_proc: false,
-            },
-            What::Setsid { sid } => Event::Setsid {
-                pid: ev.pid,
-                sid: *sid,
-            },
-        };
-        self.out.event(ev.ts, &out)
+            _ => {}
+        }
+        self.out.event(ev.ts, &Event::from_kernel(ev))
     }
 
     /// The closing summary, after the probes were detached and the ring drained.

@@ -2,12 +2,13 @@
 //! Names and fields change only compatibly (new optional fields, new events).
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Serialize, ser::SerializeMap};
 
 use std::rc::Rc;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
+use crate::capture::decode::{KernelEvent, What};
 use crate::text::{Comm, escape_args, escape_for_terminal, exact_b64, lossy};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
@@ -153,32 +154,68 @@ pub struct AliveProcess {
     pub uncertain: bool,
 }
 
-/// Counts in the closing summary.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Counts {
-    pub fork: u64,
-    pub exec: u64,
-    pub exit: u64,
-    pub reaped: u64,
-    pub setsid: u64,
-    pub reparent: u64,
-    pub snapshot: u64,
+/// The lifecycle events: counted by kind in the summary's `counts` and in the metrics'
+/// `reaper_events_total{kind}`, both from [`Event::lifecycle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Fork,
+    Exec,
+    Exit,
+    Reaped,
+    Setsid,
+    Reparent,
+    Snapshot,
 }
+
+impl Lifecycle {
+    pub const ALL: [Lifecycle; 7] = [
+        Lifecycle::Fork,
+        Lifecycle::Exec,
+        Lifecycle::Exit,
+        Lifecycle::Reaped,
+        Lifecycle::Setsid,
+        Lifecycle::Reparent,
+        Lifecycle::Snapshot,
+    ];
+
+    /// The event's name, which is also its key in `counts` and its metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lifecycle::Fork => "fork",
+            Lifecycle::Exec => "exec",
+            Lifecycle::Exit => "exit",
+            Lifecycle::Reaped => "reaped",
+            Lifecycle::Setsid => "setsid",
+            Lifecycle::Reparent => "reparent",
+            Lifecycle::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// Counts in the closing summary: one per [`Lifecycle`] kind, an object keyed by its name.
+#[derive(Clone, Debug, Default)]
+pub struct Counts([u64; Lifecycle::ALL.len()]);
 
 impl Counts {
     /// Counts one event of the stream, if it is a lifecycle event.
     pub fn observe(&mut self, ev: &Event) {
-        let count = match ev {
-            Event::Fork { .. } => &mut self.fork,
-            Event::Exec { .. } => &mut self.exec,
-            Event::Exit { .. } => &mut self.exit,
-            Event::Reaped { .. } => &mut self.reaped,
-            Event::Setsid { .. } => &mut self.setsid,
-            Event::Reparent { .. } => &mut self.reparent,
-            Event::Snapshot { .. } => &mut self.snapshot,
-            _ => return,
-        };
-        *count += 1;
+        if let Some(kind) = ev.lifecycle() {
+            self.0[kind as usize] += 1;
+        }
+    }
+
+    pub fn get(&self, kind: Lifecycle) -> u64 {
+        self.0[kind as usize]
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(Lifecycle::ALL.len()))?;
+        for kind in Lifecycle::ALL {
+            map.serialize_entry(kind.name(), &self.get(kind))?;
+        }
+        map.end()
     }
 }
 
@@ -348,6 +385,75 @@ pub struct LeakedProcess {
 }
 
 impl Event {
+    /// The stream's event for a kernel record.
+    pub fn from_kernel(ev: &KernelEvent) -> Event {
+        let pid = ev.pid;
+        match &ev.what {
+            What::Fork {
+                spawner,
+                ppid,
+                sid,
+                pgid,
+                uid,
+                cgroup_id,
+                comm,
+                untracked,
+            } => Event::Fork {
+                pid,
+                ppid: *ppid,
+                spawner: *spawner,
+                comm: ProcText::new("comm", *comm),
+                start: ev.start,
+                sid: *sid,
+                pgid: *pgid,
+                uid: *uid,
+                cgroup_id: *cgroup_id,
+                untracked: *untracked,
+            },
+            What::Exec {
+                old_tid,
+                filename,
+                argv,
+                truncated,
+                ..
+            } => Event::Exec {
+                pid,
+                filename: ProcText::new("filename", filename.clone()),
+                argv: Argv::new(argv.clone()),
+                truncated: *truncated,
+                tid: *old_tid,
+            },
+            What::Exit { status } => {
+                let (exit_code, signal, core) = wait_status(*status);
+                Event::Exit {
+                    pid,
+                    exit_code,
+                    signal,
+                    core,
+                }
+            }
+            What::Free => Event::Reaped {
+                pid,
+                from_proc: false,
+            },
+            What::Setsid { sid } => Event::Setsid { pid, sid: *sid },
+        }
+    }
+
+    /// The lifecycle kind of this event, if it is one.
+    pub fn lifecycle(&self) -> Option<Lifecycle> {
+        Some(match self {
+            Event::Fork { .. } => Lifecycle::Fork,
+            Event::Exec { .. } => Lifecycle::Exec,
+            Event::Exit { .. } => Lifecycle::Exit,
+            Event::Reaped { .. } => Lifecycle::Reaped,
+            Event::Setsid { .. } => Lifecycle::Setsid,
+            Event::Reparent { .. } => Lifecycle::Reparent,
+            Event::Snapshot { .. } => Lifecycle::Snapshot,
+            _ => return None,
+        })
+    }
+
     /// The `event` name on the wire.
     pub fn name(&self) -> &'static str {
         match self {

@@ -1,7 +1,7 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::events::{
-    Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, wait_status,
+    Argv, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, wait_status,
 };
 
 /// One line a person reads. Every string that came from a process is escaped.
@@ -153,9 +153,9 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             ..
         } => format!(
             "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
-            counts.fork,
-            counts.exec,
-            counts.exit,
+            counts.get(Lifecycle::Fork),
+            counts.get(Lifecycle::Exec),
+            counts.get(Lifecycle::Exit),
             alive.len(),
             zombies.len(),
             delivery.received,

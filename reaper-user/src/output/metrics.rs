@@ -11,7 +11,7 @@ use prometheus_client::metrics::{
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::leaks::Reason;
-use crate::output::events::Event;
+use crate::output::events::{Event, Lifecycle};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -29,15 +29,10 @@ struct KillLabel {
     result: &'static str,
 }
 
-/// The lifecycle events counted by kind, in `reaper_events_total{kind}`.
-const LIFECYCLE: [&str; 7] = [
-    "snapshot", "fork", "exec", "exit", "reaped", "setsid", "reparent",
-];
-
 /// Every metric, as handles onto the registry's atomics: updating one is an atomic add.
 pub struct Metrics {
     registry: Arc<Registry>,
-    events: [Counter; LIFECYCLE.len()],
+    events: [Counter; Lifecycle::ALL.len()],
     lost: Counter,
     flags: Family<ReasonLabel, Counter>,
     kills: Family<KillLabel, Counter>,
@@ -64,7 +59,10 @@ impl Metrics {
             "Lifecycle events in the stream, by kind",
             events_family.clone(),
         );
-        let events = LIFECYCLE.map(|kind| events_family.get_or_create(&KindLabel { kind }).clone());
+        let events = Lifecycle::ALL.map(|kind| {
+            let label = KindLabel { kind: kind.name() };
+            events_family.get_or_create(&label).clone()
+        });
         let lost = Counter::default();
         reg.register(
             "events_lost",
@@ -142,6 +140,9 @@ impl Metrics {
 
     /// Counts one event of the stream.
     pub fn observe(&self, ev: &Event) {
+        if let Some(kind) = ev.lifecycle() {
+            self.events[kind as usize].inc();
+        }
         match ev {
             Event::Lost { count, .. } => {
                 self.lost.inc_by(*count);
@@ -154,22 +155,8 @@ impl Metrics {
                     .get_or_create(&KillLabel { reason, result })
                     .inc();
             }
-            Event::Snapshot { .. } => self.count(0),
-            Event::Fork { .. } => self.count(1),
-            Event::Exec { .. } => self.count(2),
-            Event::Exit { .. } => self.count(3),
-            Event::Reaped { .. } => self.count(4),
-            Event::Setsid { .. } => self.count(5),
-            Event::Reparent { .. } => self.count(6),
-            Event::Ready { .. }
-            | Event::Summary { .. }
-            | Event::Cleared { .. }
-            | Event::Check { .. } => {}
+            _ => {}
         }
-    }
-
-    fn count(&self, lifecycle: usize) {
-        self.events[lifecycle].inc();
     }
 
     /// Sets the gauges after a leak scan.
