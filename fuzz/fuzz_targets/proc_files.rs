@@ -2,7 +2,7 @@
 //! syscall and statm. The first byte picks the parser.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::{procfs, procfs::facts};
+use reaper_user::{procfs::facts, text::Args};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
@@ -11,9 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(rest);
     match which % 6 {
         0 => {
-            let (args, cut) = procfs::split_args(rest, 256);
+            let (args, cut) = Args::from_block(rest, 256);
             assert!(args.len() <= 256);
             assert!(cut || args.iter().map(|a| a.len()).sum::<usize>() <= rest.len());
+            assert_eq!(args.iter().count(), args.len());
         }
         1 => {
             let _ = facts::parse_fd_target(rest);

@@ -3,7 +3,7 @@
 //! Two outlets, one rule each: JSON carries them losslessly (a lossy string plus, only when
 //! the bytes are not UTF-8, the exact bytes in base64), and a terminal never receives a raw
 //! control character (C0, DEL, C1) or a bidi override from them.
-use std::{borrow::Cow, fmt::Write as _};
+use std::{borrow::Cow, fmt::Write as _, rc::Rc};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
@@ -83,12 +83,84 @@ pub fn escape_for_terminal(bytes: &[u8]) -> String {
     out
 }
 
-/// Escapes an argv for a terminal, arguments separated by spaces.
-pub fn escape_args(args: &[Vec<u8>]) -> String {
-    args.iter()
-        .map(|a| escape_for_terminal(a))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// A process's arguments as the kernel and /proc lay them out: each one followed by a NUL, in
+/// one block. One allocation holds them all, shared (cloning is a count) by the lineage graph,
+/// a child that has not exec'd yet, and the events that name the process.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Args(Rc<[u8]>);
+
+impl Args {
+    /// At most `max` arguments of a NUL-separated block (`/proc/PID/cmdline`, or argv read at
+    /// exec, which may end mid-argument). Returns them and whether any were cut.
+    pub fn from_block(block: &[u8], max: usize) -> (Args, bool) {
+        let args = block.strip_suffix(&[0]).unwrap_or(block);
+        if args.is_empty() || max == 0 {
+            return (Args::none(), !args.is_empty());
+        }
+        // The NUL that ends the `max`-th argument, if more follow.
+        let cut_at = args
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == 0)
+            .nth(max - 1)
+            .map(|(i, _)| i);
+        let bytes: Rc<[u8]> = match cut_at {
+            Some(end) => Rc::from(&args[..=end]),
+            None if args.len() < block.len() => Rc::from(block),
+            // Cut mid-argument (argv is copied at exec up to a size): its NUL is added.
+            None => args.iter().copied().chain([0]).collect(),
+        };
+        (Args(bytes), cut_at.is_some())
+    }
+
+    /// Arguments from a list (tests, and tools that build their own).
+    pub fn from_list<A: AsRef<[u8]>>(args: impl IntoIterator<Item = A>) -> Args {
+        let mut block = Vec::new();
+        for a in args {
+            block.extend_from_slice(a.as_ref());
+            block.push(0);
+        }
+        Args(Rc::from(block))
+    }
+
+    /// No arguments.
+    pub fn none() -> Args {
+        Args(Rc::from(&[][..]))
+    }
+
+    /// Each argument's bytes.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        self.0.split(|&b| b == 0).take(self.len())
+    }
+
+    /// How many arguments.
+    pub fn len(&self) -> usize {
+        self.0.iter().filter(|&&b| b == 0).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The arguments escaped for a terminal, separated by spaces.
+    pub fn for_terminal(&self) -> String {
+        self.iter()
+            .map(escape_for_terminal)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        Args::none()
+    }
+}
+
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter().map(lossy)).finish()
+    }
 }
 
 #[cfg(test)]
@@ -125,6 +197,27 @@ mod tests {
         assert_eq!(
             escape_for_terminal("naïve ✓ 日本".as_bytes()),
             "naïve ✓ 日本"
+        );
+    }
+
+    #[test]
+    fn args_keep_the_kernels_layout_and_are_cut_by_count() {
+        let (a, cut) = Args::from_block(b"a\0bb\0\0c\0", 10);
+        assert_eq!(a.iter().collect::<Vec<_>>(), [&b"a"[..], b"bb", b"", b"c"]);
+        assert!(!cut);
+        assert_eq!(a, Args::from_list(["a", "bb", "", "c"]));
+        let (a, cut) = Args::from_block(b"a\0b\0c\0", 2);
+        assert_eq!((a.len(), cut), (2, true));
+        assert_eq!(a.for_terminal(), "a b");
+        // Cut mid-argument at exec: the last one is kept as it is.
+        let (a, cut) = Args::from_block(b"node\0serv", 256);
+        assert_eq!((a.iter().last(), cut), (Some(&b"serv"[..]), false));
+        let (a, cut) = Args::from_block(b"", 10);
+        assert!(a.is_empty() && !cut && a.iter().next().is_none());
+        assert_eq!(
+            Args::from_list([""]).len(),
+            1,
+            "one empty argument is not none"
         );
     }
 }

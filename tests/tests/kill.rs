@@ -8,7 +8,7 @@ use reaper_user::{
     leaks::Reason,
     lineage::graph::{LineageGraph, Seed},
     procfs,
-    text::Comm,
+    text::{Args, Comm},
 };
 use serde_json::Value;
 
@@ -251,7 +251,7 @@ fn seed(graph: &mut LineageGraph, pid: i32, is_gateway: bool, uncertain: bool) -
             sid: stat.session,
             pgid: stat.pgrp,
             comm: Comm::from_c(b"sleeper"),
-            argv: vec![b"sleeper".to_vec()],
+            argv: Args::from_list(["sleeper"]),
             is_gateway,
             uncertain,
         })

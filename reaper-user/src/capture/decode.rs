@@ -1,14 +1,17 @@
 //! Ring-buffer records → typed kernel events. Never panics on malformed input: a record that
 //! does not decode is an error the caller reports.
-use std::{mem::size_of, rc::Rc};
+use std::{
+    mem::{offset_of, size_of},
+    rc::Rc,
+};
 
 use anyhow::{Result, bail};
 use reaper_common::{
-    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader, EventKind,
-    ExecEvent, ExitEvent, FORK_UNTRACKED, ForkEvent, SetsidEvent,
+    ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
+    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, SetsidEvent,
 };
 
-use crate::{procfs::split_args, text::Comm};
+use crate::text::{Args, Comm};
 
 /// Most arguments kept from one exec (the rest is cut and flagged `truncated`).
 pub const MAX_ARGS: usize = 256;
@@ -44,7 +47,7 @@ pub enum What {
         comm: Comm,
         /// Shared with the lineage graph, which keeps them.
         filename: Rc<[u8]>,
-        argv: Rc<[Vec<u8>]>,
+        argv: Args,
         truncated: bool,
     },
     Exit {
@@ -72,9 +75,9 @@ fn read<T: Copy>(bytes: &[u8]) -> Result<T> {
 }
 
 /// Bytes up to the first NUL.
-fn c_bytes(raw: &[u8]) -> Vec<u8> {
+fn c_bytes(raw: &[u8]) -> &[u8] {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    raw[..end].to_vec()
+    &raw[..end]
 }
 
 /// Decodes one ring-buffer record.
@@ -115,7 +118,13 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
     })
 }
 
-/// Exec records have a fixed part and then only `argv_len` bytes of argv.
+/// A `u32` field of a record at `offset` (the caller checked the record is that long).
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_ne_bytes(bytes[offset..offset + 4].try_into().expect("four bytes"))
+}
+
+/// Exec records have a fixed part and then only `argv_len` bytes of argv. Read in place: the
+/// record is a few hundred bytes and the full struct more than 4 KiB.
 fn decode_exec(bytes: &[u8]) -> Result<What> {
     if bytes.len() < EXEC_FIXED_LEN {
         bail!(
@@ -123,29 +132,25 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
             bytes.len()
         );
     }
-    let mut ev = std::mem::MaybeUninit::<ExecEvent>::zeroed();
-    let n = bytes.len().min(size_of::<ExecEvent>());
-    // SAFETY: copies at most the size of the record into it; zeroed bytes are a valid
-    // ExecEvent (integers and byte arrays only).
-    let ev = unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ev.as_mut_ptr().cast::<u8>(), n);
-        ev.assume_init()
-    };
-    let argv_len = ev.argv_len as usize;
+    let argv_len = u32_at(bytes, offset_of!(ExecEvent, argv_len)) as usize;
     if argv_len > ARGV_MAX || bytes.len() < EXEC_FIXED_LEN + argv_len {
         bail!(
             "exec record claims {argv_len} bytes of argv in {} bytes",
             bytes.len()
         );
     }
-    let filename_len = (ev.filename_len as usize).min(ev.filename.len());
-    let (argv, cut) = split_args(&ev.argv[..argv_len], MAX_ARGS);
+    let flags = u32_at(bytes, offset_of!(ExecEvent, flags));
+    let filename_len =
+        (u32_at(bytes, offset_of!(ExecEvent, filename_len)) as usize).min(FILENAME_MAX);
+    let filename_at = offset_of!(ExecEvent, filename);
+    let comm_at = offset_of!(ExecEvent, comm);
+    let (argv, cut) = Args::from_block(&bytes[EXEC_FIXED_LEN..][..argv_len], MAX_ARGS);
     Ok(What::Exec {
-        old_tid: ev.old_tid,
-        comm: Comm::from_c(&ev.comm),
-        filename: c_bytes(&ev.filename[..filename_len]).into(),
-        argv: argv.into(),
-        truncated: cut || ev.flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
+        old_tid: u32_at(bytes, offset_of!(ExecEvent, old_tid)),
+        comm: Comm::from_c(&bytes[comm_at..comm_at + COMM_LEN]),
+        filename: Rc::from(c_bytes(&bytes[filename_at..][..filename_len])),
+        argv,
+        truncated: cut || flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
     })
 }
 
@@ -220,7 +225,7 @@ mod tests {
                 ..
             } => {
                 assert_eq!(&*filename, b"/bin/true");
-                assert_eq!(&*argv, &[b"true".to_vec(), b"--x".to_vec()]);
+                assert_eq!(argv, Args::from_list(["true", "--x"]));
                 assert!(!truncated);
             }
             other => panic!("{other:?}"),

@@ -13,7 +13,6 @@
 use std::{
     collections::BTreeMap,
     io,
-    rc::Rc,
     time::{Duration, Instant},
 };
 
@@ -27,7 +26,7 @@ use crate::identity::{NotOpened, PidFd, PidRef};
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
-use crate::text::Comm;
+use crate::text::{Args, Comm};
 
 /// `--kill` settings.
 #[derive(Clone, Debug)]
@@ -111,7 +110,7 @@ pub struct Decisions {
 /// A kill that ended in an exit.
 struct Killed {
     spawner: NodeId,
-    argv: Rc<[Vec<u8>]>,
+    argv: Args,
     /// Boot-time ns.
     at: u64,
 }

@@ -15,7 +15,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use crate::capture::decode::{KernelEvent, What};
 pub use crate::identity::Start;
 use crate::identity::{ProcessId, boottime_to_ticks};
-use crate::text::Comm;
+use crate::text::{Args, Comm};
 
 /// Internal handle of a node; never reused.
 pub type NodeId = u64;
@@ -47,7 +47,7 @@ pub struct Node {
     pub comm: Comm,
     /// Shared with the events and with children that have not exec'd: cloning is a count.
     pub filename: Option<Rc<[u8]>>,
-    pub argv: Rc<[Vec<u8>]>,
+    pub argv: Args,
     pub execs: u32,
     pub forked_at: Option<u64>,
     pub exited: Option<ExitInfo>,
@@ -105,7 +105,7 @@ pub struct Seed {
     pub sid: u32,
     pub pgid: u32,
     pub comm: Comm,
-    pub argv: Vec<Vec<u8>>,
+    pub argv: Args,
     pub is_gateway: bool,
     pub uncertain: bool,
 }
@@ -127,7 +127,7 @@ pub struct LineageGraph {
     /// Gateway nodes (never pruned), in the order they became gateways.
     gateways: Vec<NodeId>,
     /// The argv of a process whose program is not known yet: one shared empty list.
-    no_argv: Rc<[Vec<u8>]>,
+    no_argv: Args,
 }
 
 impl LineageGraph {
@@ -144,7 +144,7 @@ impl LineageGraph {
             live: 0,
             zombies: 0,
             gateways: Vec::new(),
-            no_argv: Rc::from(Vec::new()),
+            no_argv: Args::none(),
         }
     }
 
@@ -348,7 +348,7 @@ impl LineageGraph {
         node.sid = seed.sid;
         node.pgid = seed.pgid;
         node.comm = seed.comm;
-        node.argv = seed.argv.into();
+        node.argv = seed.argv;
         node.is_gateway = seed.is_gateway;
         node.seeded = true;
         node.uncertain = seed.uncertain;
@@ -624,7 +624,7 @@ mod tests {
             sid: pid,
             pgid: pid,
             comm: Comm::from_c(b"gw"),
-            argv: vec![],
+            argv: Args::none(),
             is_gateway: true,
             uncertain: false,
         })
@@ -695,7 +695,7 @@ mod tests {
             sid: 100,
             pgid: 100,
             comm: Comm::from_c(b"w"),
-            argv: vec![],
+            argv: Args::none(),
             is_gateway: false,
             uncertain: false,
         });

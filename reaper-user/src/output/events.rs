@@ -1,6 +1,6 @@
 //! The public event stream: one JSON object per line (NDJSON), documented in the README.
 //! Names and fields change only compatibly (new optional fields, new events).
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::{Serialize, ser::SerializeMap};
 
@@ -9,7 +9,7 @@ use std::rc::Rc;
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
 use crate::capture::decode::{KernelEvent, What};
-use crate::text::{Comm, escape_args, escape_for_terminal, exact_b64, lossy};
+use crate::text::{Args, Comm, escape_for_terminal, exact_b64, lossy};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.
@@ -96,30 +96,30 @@ impl Serialize for ProcText {
 /// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64` (every
 /// argument in base64). Shares the graph's bytes; text is made while serialising.
 #[derive(Clone, Debug)]
-pub struct Argv(Rc<[Vec<u8>]>);
+pub struct Argv(Args);
 
 impl Argv {
-    pub fn new(args: Rc<[Vec<u8>]>) -> Argv {
+    pub fn new(args: Args) -> Argv {
         Argv(args)
     }
 
     /// The exact arguments, escaped for a terminal and separated by spaces.
     pub fn for_terminal(&self) -> String {
-        escape_args(&self.0)
+        self.0.for_terminal()
     }
 }
 
 /// Arguments as one JSON array of lossy strings, written without collecting them.
-struct LossyList<'a>(&'a [Vec<u8>]);
+struct LossyList<'a>(&'a Args);
 
 impl Serialize for LossyList<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|a| lossy(a)))
+        s.collect_seq(self.0.iter().map(lossy))
     }
 }
 
 /// Arguments as one JSON array of base64 strings.
-struct Base64List<'a>(&'a [Vec<u8>]);
+struct Base64List<'a>(&'a Args);
 
 impl Serialize for Base64List<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -293,7 +293,7 @@ pub enum Event {
     Exit {
         pid: u32,
         exit_code: Option<i32>,
-        signal: Option<String>,
+        signal: Option<Cow<'static, str>>,
         core: bool,
     },
     Reaped {
@@ -553,7 +553,7 @@ pub struct ExecutableLeaks {
 }
 
 /// Splits a wait(2) status into (exit code, signal name, core dumped).
-pub fn wait_status(status: u32) -> (Option<i32>, Option<String>, bool) {
+pub fn wait_status(status: u32) -> (Option<i32>, Option<Cow<'static, str>>, bool) {
     let sig = (status & 0x7f) as i32;
     if sig == 0 {
         (Some(((status >> 8) & 0xff) as i32), None, false)
@@ -562,11 +562,13 @@ pub fn wait_status(status: u32) -> (Option<i32>, Option<String>, bool) {
     }
 }
 
-/// `SIGKILL` for 9; `SIG41` for a number without a name (real-time signals).
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_owned())
-        .unwrap_or_else(|_| format!("SIG{sig}"))
+/// `SIGKILL` for 9; `SIG41` for a number without a name (real-time signals). A named one is
+/// borrowed: the ingest path allocates nothing for a killed process.
+pub fn signal_name(sig: i32) -> Cow<'static, str> {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => Cow::Borrowed(s.as_str()),
+        Err(_) => Cow::Owned(format!("SIG{sig}")),
+    }
 }
 
 #[cfg(test)]
@@ -590,7 +592,7 @@ mod tests {
         let v = line(&Event::Exec {
             pid: 5,
             filename: ProcText::new("filename", &b"/bin/\xffx"[..]),
-            argv: Argv::new(Rc::from(vec![b"a\nb".to_vec()])),
+            argv: Argv::new(Args::from_list([&b"a\nb"[..]])),
             truncated: false,
             tid: 5,
         });
@@ -604,7 +606,7 @@ mod tests {
         let v = line(&Event::Exec {
             pid: 5,
             filename: ProcText::new("filename", &b"/bin/x"[..]),
-            argv: Argv::new(Rc::from(vec![b"a".to_vec(), b"\xff".to_vec()])),
+            argv: Argv::new(Args::from_list([&b"a"[..], &b"\xff"[..]])),
             truncated: false,
             tid: 5,
         });
@@ -616,11 +618,8 @@ mod tests {
     #[test]
     fn wait_status_decoding() {
         assert_eq!(wait_status(3 << 8), (Some(3), None, false));
-        assert_eq!(wait_status(9), (None, Some("SIGKILL".to_owned()), false));
-        assert_eq!(
-            wait_status(0x80 | 11),
-            (None, Some("SIGSEGV".to_owned()), true)
-        );
+        assert_eq!(wait_status(9), (None, Some("SIGKILL".into()), false));
+        assert_eq!(wait_status(0x80 | 11), (None, Some("SIGSEGV".into()), true));
         assert_eq!(signal_name(41), "SIG41");
     }
 

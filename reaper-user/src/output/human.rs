@@ -322,11 +322,9 @@ pub fn check_lines(
 
 #[cfg(test)]
 mod tests {
-    use std::rc::Rc;
-
     use super::*;
     use crate::output::events::{Ancestor, Peer};
-    use crate::text::Comm;
+    use crate::text::{Args, Comm};
 
     #[test]
     fn human_lines_escape_the_exact_bytes() {
@@ -335,7 +333,7 @@ mod tests {
             &Event::Exec {
                 pid: 7,
                 filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
-                argv: Argv::new(Rc::from(vec![b"a\nb".to_vec(), b"\xfe".to_vec()])),
+                argv: Argv::new(Args::from_list([&b"a\nb"[..], &b"\xfe"[..]])),
                 truncated: false,
                 tid: 7,
             },
@@ -347,11 +345,7 @@ mod tests {
         Ancestor {
             pid,
             comm: ProcText::new("comm", Comm::from_c(b"x")),
-            argv: Argv::new(Rc::from(
-                argv.iter()
-                    .map(|a| a.as_bytes().to_vec())
-                    .collect::<Vec<_>>(),
-            )),
+            argv: Argv::new(Args::from_list(argv)),
             exited,
         }
     }
@@ -378,7 +372,7 @@ mod tests {
             ppid,
             escaped,
             comm: ProcText::new("comm", Comm::from_c(b"node")),
-            argv: Argv::new(Rc::from(vec![b"node".to_vec(), b"bridge.cjs".to_vec()])),
+            argv: Argv::new(Args::from_list([&b"node"[..], &b"bridge.cjs"[..]])),
         }
     }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::human::describe_status;
-use crate::text::{escape_args, escape_for_terminal};
+use crate::text::escape_for_terminal;
 
 /// Renders every live (or zombie) process with its lineage, from the gateways down along
 /// spawner edges; exited ancestors are shown because the lineage runs through them.
@@ -92,7 +92,7 @@ fn describe(n: &Node) -> String {
         s.push_str(" gateway");
     }
     if !n.argv.is_empty() {
-        let _ = write!(s, " `{}`", escape_args(&n.argv));
+        let _ = write!(s, " `{}`", n.argv.for_terminal());
     }
     match (n.exited, n.reaped_at) {
         (Some(e), Some(_)) => {

@@ -5,7 +5,7 @@ pub mod facts;
 
 use std::{collections::HashMap, fs, io, path::PathBuf};
 
-use crate::text::Comm;
+use crate::text::{Args, Comm};
 
 /// Fields of `/proc/PID/stat`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,26 +65,12 @@ pub fn read_stat(pid: u32) -> io::Result<Stat> {
     parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
 
-/// Splits a NUL-separated argument block (`/proc/PID/cmdline`, or argv read at exec) into
-/// arguments, at most `max_args`. Returns the arguments and whether any were cut.
-pub fn split_args(block: &[u8], max_args: usize) -> (Vec<Vec<u8>>, bool) {
-    let block = block.strip_suffix(&[0]).unwrap_or(block);
-    if block.is_empty() {
-        return (Vec::new(), false);
-    }
-    let mut args: Vec<Vec<u8>> = Vec::new();
-    for arg in block.split(|&b| b == 0) {
-        if args.len() == max_args {
-            return (args, true);
-        }
-        args.push(arg.to_vec());
-    }
-    (args, false)
-}
-
-/// Reads `/proc/PID/cmdline` as arguments.
-pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Vec<Vec<u8>>, bool)> {
-    Ok(split_args(&fs::read(proc_path(pid, "cmdline"))?, max_args))
+/// Reads `/proc/PID/cmdline`: at most `max_args` arguments, and whether any were cut.
+pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Args, bool)> {
+    Ok(Args::from_block(
+        &fs::read(proc_path(pid, "cmdline"))?,
+        max_args,
+    ))
 }
 
 /// Every pid in `/proc` right now (thread-group leaders only).
@@ -133,22 +119,6 @@ mod tests {
         assert_eq!(parse_stat(b"12 (x) S 1"), None);
         assert_eq!(parse_stat(b")("), None);
         assert_eq!(parse_stat(b""), None);
-    }
-
-    #[test]
-    fn args_split_and_capped() {
-        assert_eq!(
-            split_args(b"a\0bb\0\0c\0", 10),
-            (
-                vec![b"a".to_vec(), b"bb".to_vec(), vec![], b"c".to_vec()],
-                false
-            )
-        );
-        assert_eq!(split_args(b"", 10), (vec![], false));
-        assert_eq!(
-            split_args(b"a\0b\0c\0", 2),
-            (vec![b"a".to_vec(), b"b".to_vec()], true)
-        );
     }
 
     #[test]
