@@ -330,8 +330,8 @@ fn the_status_line_shows_on_a_terminal_only() {
     if !require_root("the_status_line_shows_on_a_terminal_only") {
         return;
     }
-    // The gateway (`cat`) lives until its stdin closes: on a terminal, until the status line
-    // was drawn; with --quiet, until the run had time for a few scans.
+    // The gateway (a shell reading a line) lives until its stdin closes: on a terminal, until
+    // the status line was drawn; with --quiet, until the run had time for a few scans.
     let on_tty = |extra: &[&str]| -> String {
         let (mut master, mut slave) = (0, 0);
         // SAFETY: openpty fills two fds we own from here on.
@@ -356,7 +356,7 @@ fn the_status_line_shows_on_a_terminal_only() {
         let mut child = Command::new(reaper_trace())
             .args(["--json", "--scan-interval", "100ms"])
             .args(extra)
-            .args(["--", "cat"])
+            .args(["--", "sh", "-c", "read line || true"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(slave)

@@ -18,7 +18,7 @@ fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
         .args(["--json", "--quiet"])
         .args(args)
         // The gateway lives until the test closes its stdin: no window to race.
-        .args(["--", "cat"])
+        .args(["--", "sh", "-c", "read line || true"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
