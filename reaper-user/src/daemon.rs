@@ -205,19 +205,29 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
-    let deadline = cli.duration.map(|d| Instant::now() + d).unwrap_or(far);
     let poll_interval = cli.wakeup_interval.max(Duration::from_micros(100));
-    let mut polling: Option<Instant> = None;
     kernel.reader_idle.going_idle()?;
-    let mut housekeeping = Instant::now() + HOUSEKEEPING;
-    let mut next_scan = Instant::now() + cli.scan_interval;
+    // The timers live across iterations and are moved only when their time changes: a fresh
+    // timer per wake-up is a timer-wheel insertion and removal each, on the hottest loop.
+    let stop_at = sleep_until(cli.duration.map(|d| Instant::now() + d).unwrap_or(far));
+    let poll = sleep_until(far);
+    let house = sleep_until(Instant::now() + HOUSEKEEPING);
+    let scan = sleep_until(Instant::now() + cli.scan_interval);
     // --check: when the gateway command's settle time is up.
-    let mut settled_at: Option<Instant> = None;
+    let settle = sleep_until(far);
+    tokio::pin!(stop_at, poll, house, scan, settle);
+    let mut polling = false;
+    let mut settling = false;
+    let mut reparent_retry = false;
     loop {
-        let house_at = match tracer.upkeep.has_pending_reparents() {
-            true => housekeeping.min(Instant::now() + REPARENT_RETRY),
-            false => housekeeping,
-        };
+        // A child whose parent exited is looked at again soon, not at the next tick.
+        if tracer.upkeep.has_pending_reparents() && !reparent_retry {
+            let soon = Instant::now() + REPARENT_RETRY;
+            if soon < house.deadline() {
+                house.as_mut().reset(soon);
+                reparent_retry = true;
+            }
+        }
         // Written lines go out at once, except while records stream: then they leave in
         // full buffers and at each housekeeping tick, and all of them when the stream pauses
         // (a write per wake-up was a fifth of the reader's CPU in a fork storm).
@@ -227,31 +237,38 @@ async fn event_loop(
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
                 drain(ring.get_mut(), tracer)?;
-                polling = Some(Instant::now() + poll_interval);
+                if !polling {
+                    poll.as_mut().reset(Instant::now() + poll_interval);
+                    polling = true;
+                }
                 flush = false;
             }
-            _ = sleep_until(polling.unwrap_or(far)), if polling.is_some() => {
+            _ = &mut poll, if polling => {
                 let mut n = drain(ring.get_mut(), tracer)?;
                 if n == 0 {
                     kernel.reader_idle.going_idle()?;
                     n = drain(ring.get_mut(), tracer)?;
                 }
-                polling = (n > 0).then(|| Instant::now() + poll_interval);
-                flush = polling.is_none();
+                polling = n > 0;
+                if polling {
+                    poll.as_mut().reset(Instant::now() + poll_interval);
+                }
+                flush = !polling;
             }
-            _ = sleep_until(house_at) => {
+            _ = &mut house => {
                 let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), tracer)?;
                 tracer.keep_exact(losses, kernel.tracked)?;
-                housekeeping = Instant::now() + HOUSEKEEPING;
+                house.as_mut().reset(Instant::now() + HOUSEKEEPING);
+                reparent_retry = false;
             }
-            _ = sleep_until(next_scan) => {
+            _ = &mut scan => {
                 drain(ring.get_mut(), tracer)?;
                 tracer.release_lagging(FREE_LAG)?;
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
                 tracer.out.draw_status().context("writing output")?;
-                next_scan = Instant::now() + cli.scan_interval;
+                scan.as_mut().reset(Instant::now() + cli.scan_interval);
             }
             Some(report) = next_report(kill_reports) => tracer.report_kill(report)?,
             status = wait_child(child), if child.is_some() && gateway_status.is_none() => {
@@ -259,13 +276,14 @@ async fn event_loop(
                 // Its exit event may still be in the ring.
                 drain(ring.get_mut(), tracer)?;
                 if cli.check {
-                    settled_at = Some(Instant::now() + cli.settle_time());
+                    settle.as_mut().reset(Instant::now() + cli.settle_time());
+                    settling = true;
                 }
             }
-            _ = sleep_until(settled_at.unwrap_or(far)), if settled_at.is_some() => break,
+            _ = &mut settle, if settling => break,
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
-            _ = sleep_until(deadline) => break,
+            _ = &mut stop_at => break,
         }
         if flush {
             tracer.out.flush().context("writing output")?;

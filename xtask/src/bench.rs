@@ -30,8 +30,8 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 7] = [
-    "overhead", "hooks", "memory", "idle", "latency", "report", "soak",
+const SECTIONS: [&str; 8] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "report", "soak",
 ];
 
 impl BenchOptions {
@@ -197,6 +197,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     if wanted("overhead") {
         overhead(&bins, opts, &peers)?;
     }
+    if wanted("reader") {
+        reader_cpu(&bins, opts)?;
+    }
     if wanted("hooks") {
         hook_costs(&bins, opts)?;
     }
@@ -241,6 +244,48 @@ fn overhead(bins: &Bins, opts: &BenchOptions, peers: &[Peer]) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for line in &report {
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// The reader's CPU per traced process: its CPU over a tracked loop of N processes minus over a
+/// loop of one (start-up, BTF, seeding and the stop are the same in both), divided by N - 1.
+/// The two runs alternate, `reps` times.
+fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let mut rows = Vec::new();
+    for (lp, target_us) in [(Loop::ForkExit, 3.0), (Loop::ForkExec, 4.0)] {
+        let mut per_proc = Vec::new();
+        for rep in 0..opts.reps {
+            eprintln!(
+                "bench: reader CPU, {}, round {}/{}",
+                lp.label(),
+                rep + 1,
+                opts.reps
+            );
+            let many = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
+            let one = measure(bins, lp, 1, 1, Watcher::ReaperTracked)?;
+            let n = many.created.saturating_sub(one.created).max(1) as f64;
+            per_proc.push((many.reader_cpu - one.reader_cpu) / n * 1e6);
+        }
+        let (min, max) = (
+            per_proc.iter().cloned().fold(f64::MAX, f64::min),
+            per_proc.iter().cloned().fold(0.0, f64::max),
+        );
+        let med = median(&mut per_proc);
+        rows.push(format!(
+            "| {} | {med:.2} µs | {min:.2} µs | {max:.2} µs | ≤ {target_us:.0} µs | {} |",
+            lp.label(),
+            if med <= target_us { "met" } else { "not met" }
+        ));
+    }
+    println!(
+        "\n## Reader CPU per traced process (tracked loop of {} minus a loop of one)\n",
+        opts.procs
+    );
+    println!("| loop | median | min | max | target | |");
+    println!("|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
     }
     Ok(())
 }

@@ -39,9 +39,10 @@ commands:
                    6.1, 6.12: its newest amd64 image, fetched and cached), `host`, or a
                    bzImage path; default: 5.10 6.1 6.12 host. Prints a table of results.
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
-                   overhead, completeness, hook cost, memory, idle CPU, latency and the
-                   report on a million-line audit, side by side with no tracer and with
-                   perf, forkstat and bpftrace
+                   overhead, completeness, reader CPU per traced process, hook cost,
+                   memory, idle CPU, latency and the report on a million-line audit, side
+                   by side with no tracer and with perf, forkstat and bpftrace (sections
+                   for --only: overhead, reader, hooks, memory, idle, latency, report)
   bench --only soak [--soak-mins N]
                    N minutes (default 30) of process churn: reaper-trace's RSS, fds and
                    graph size over time
