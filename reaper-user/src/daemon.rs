@@ -42,11 +42,6 @@ use crate::{
     tracer::Tracer,
 };
 
-/// Exit status for a run-time failure (documented in the README).
-pub const EXIT_FAILURE: i32 = 1;
-/// Exit status for a bad command line.
-pub const EXIT_USAGE: i32 = 2;
-
 /// How often losses are checked and pending reparents re-read when nothing else happens.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// How soon a child whose parent exited is looked at again.

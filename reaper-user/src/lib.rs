@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod cli;
 pub mod daemon;
+pub mod exit_status;
 pub mod identity;
 pub mod kill;
 pub mod leaks;

@@ -1,7 +1,7 @@
 //! `reaper-trace`: see `reaper_user::cli::Cli` for the command line, and
 //! `reaper_user::report::ReportCli` for `reaper-trace report`.
 use clap::Parser;
-use reaper_user::{cli::Cli, daemon, report};
+use reaper_user::{cli::Cli, daemon, exit_status, report};
 
 fn main() {
     // `report` is a word of its own: the tracer's command line ends with an arbitrary CMD.
@@ -15,14 +15,14 @@ fn main() {
             }
             Err(e) => {
                 eprintln!("reaper-trace: error: {e:#}");
-                std::process::exit(daemon::EXIT_FAILURE);
+                std::process::exit(exit_status::FAILURE);
             }
         }
     }
     let cli = Cli::parse();
     if let Err(e) = cli.validate() {
         eprintln!("reaper-trace: error: {e}");
-        std::process::exit(daemon::EXIT_USAGE);
+        std::process::exit(exit_status::USAGE);
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -31,14 +31,14 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("reaper-trace: error: cannot start the runtime: {e}");
-            std::process::exit(daemon::EXIT_FAILURE);
+            std::process::exit(exit_status::FAILURE);
         }
     };
     match runtime.block_on(daemon::run(cli)) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("reaper-trace: error: {e:#}");
-            std::process::exit(daemon::EXIT_FAILURE);
+            std::process::exit(exit_status::FAILURE);
         }
     }
 }

@@ -12,6 +12,7 @@ use rustc_hash::FxHashSet as HashSet;
 
 use crate::capture::decode::{KernelEvent, What, decode};
 use crate::capture::loader::{KernelCounters, LossCounts};
+use crate::exit_status;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::flags as leaks;
 use crate::leaks::{InspectOptions, Inspector, Reason};
@@ -33,11 +34,6 @@ fn own_cpu_ns() -> u64 {
     let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
     ns(usage.ru_utime) + ns(usage.ru_stime)
 }
-
-/// `--check` exit status: descendants were left behind.
-pub const EXIT_LEAKED: i32 = 3;
-/// `--check` exit status: the command failed, and nothing was left behind.
-pub const EXIT_GATEWAY_FAILED: i32 = 4;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -355,9 +351,9 @@ impl Tracer {
             .collect();
         leaked.sort_by_key(|p| p.pid);
         let (verdict, code) = match (leaked.is_empty(), gateway_exit_code) {
-            (false, _) => ("leaked", EXIT_LEAKED),
+            (false, _) => ("leaked", exit_status::LEAKED),
             (true, Some(0)) => ("clean", 0),
-            (true, _) => ("gateway_failed", EXIT_GATEWAY_FAILED),
+            (true, _) => ("gateway_failed", exit_status::GATEWAY_FAILED),
         };
         let ev = Event::Check {
             verdict,
