@@ -81,7 +81,7 @@ fn pipes(e: &Evidence) -> Vec<PipeInfo> {
                         .map(|h| Peer {
                             pid: h.pid,
                             fd: h.fd,
-                            end: h.end.name(),
+                            end: h.end.name().into(),
                             comm: ProcText::new("comm", h.comm),
                         })
                         .collect()
@@ -89,14 +89,15 @@ fn pipes(e: &Evidence) -> Vec<PipeInfo> {
                 .unwrap_or_default();
             PipeInfo {
                 fd: f.fd.fd,
-                kind: f.fd.kind.name(),
+                kind: f.fd.kind.name().into(),
                 inode: f.fd.inode,
-                end: f.fd.end.name(),
+                end: f.fd.end.name().into(),
                 other_end: match f.other_end_open {
                     Some(true) => "open",
                     Some(false) => "closed",
                     None => "unknown",
-                },
+                }
+                .into(),
                 peers,
             }
         })

@@ -2,7 +2,7 @@
 //! Names and fields change only compatibly (new optional fields, new events).
 use std::{borrow::Cow, collections::BTreeMap};
 
-use serde::{Serialize, ser::SerializeMap};
+use serde::{Deserialize, Serialize, ser::SerializeMap};
 
 use std::rc::Rc;
 
@@ -78,6 +78,41 @@ impl ProcText {
     pub fn for_terminal(&self) -> String {
         escape_for_terminal(self.raw.as_bytes())
     }
+
+    /// The text (invalid UTF-8 replaced), as the stream's string field shows it.
+    pub fn text(&self) -> Cow<'_, str> {
+        lossy(self.raw.as_bytes())
+    }
+}
+
+/// An empty `comm`.
+impl Default for ProcText {
+    fn default() -> Self {
+        ProcText::new("comm", Comm::default())
+    }
+}
+
+/// The bytes of a string field and its `_b64` twin, as read back from the stream: the exact
+/// bytes when the twin is there and valid, the text's otherwise.
+fn exact_bytes(text: Option<String>, b64: Option<String>) -> Vec<u8> {
+    b64.and_then(|b| STANDARD.decode(b).ok())
+        .or_else(|| text.map(String::into_bytes))
+        .unwrap_or_default()
+}
+
+/// Read back (the audit report): a `comm` and its `comm_b64` twin, flattened into the object
+/// that holds them. Only `comm` fields are read back; paths and executables are not.
+impl<'de> Deserialize<'de> for ProcText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Comm {
+            comm: Option<String>,
+            comm_b64: Option<String>,
+        }
+        let c = Comm::deserialize(d)?;
+        let bytes: Rc<[u8]> = exact_bytes(c.comm, c.comm_b64).into();
+        Ok(ProcText::new("comm", bytes))
+    }
 }
 
 impl Serialize for ProcText {
@@ -95,7 +130,7 @@ impl Serialize for ProcText {
 
 /// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64` (every
 /// argument in base64). Shares the graph's bytes; text is made while serialising.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Argv(Args);
 
 impl Argv {
@@ -106,6 +141,32 @@ impl Argv {
     /// The exact arguments, escaped for a terminal and separated by spaces.
     pub fn for_terminal(&self) -> String {
         self.0.for_terminal()
+    }
+
+    /// The arguments as text (invalid UTF-8 replaced), separated by spaces.
+    pub fn text(&self) -> String {
+        self.0.iter().map(lossy).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Read back (the audit report): `argv` and its `argv_b64` twin.
+impl<'de> Deserialize<'de> for Argv {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Lists {
+            argv: Option<Vec<String>>,
+            argv_b64: Option<Vec<String>>,
+        }
+        let l = Lists::deserialize(d)?;
+        let exact = l.argv_b64.and_then(|list| {
+            list.iter()
+                .map(|a| STANDARD.decode(a).ok())
+                .collect::<Option<Vec<_>>>()
+        });
+        Ok(Argv(match exact {
+            Some(args) => Args::from_list(args),
+            None => Args::from_list(l.argv.unwrap_or_default()),
+        }))
     }
 }
 
@@ -477,8 +538,12 @@ impl Event {
 
 // The evidence of a leak flag (`flag`, `check`, `summary.leaks`).
 
+// The evidence types are read back by the audit report too: every field has a default, so an
+// odd line loses only what it lacks.
+
 /// One process on a flagged process's spawn chain.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Ancestor {
     pub pid: u32,
     #[serde(flatten)]
@@ -490,30 +555,33 @@ pub struct Ancestor {
 }
 
 /// A holder of a pipe's or socket's other end.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Peer {
     pub pid: u32,
     pub fd: u32,
-    pub end: &'static str,
+    pub end: Cow<'static, str>,
     #[serde(flatten)]
     pub comm: ProcText,
 }
 
 /// A pipe, socket or terminal a flagged process holds.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PipeInfo {
     pub fd: u32,
-    pub kind: &'static str,
+    pub kind: Cow<'static, str>,
     pub inode: Option<u64>,
-    pub end: &'static str,
+    pub end: Cow<'static, str>,
     /// "open" (some process holds the other end), "closed" (none does: EOF or EPIPE is
     /// pending), or "unknown".
-    pub other_end: &'static str,
+    pub other_end: Cow<'static, str>,
     pub peers: Vec<Peer>,
 }
 
 /// What a leak flag carries besides its reason.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LeakDetail {
     pub lineage: Vec<u32>,
     pub ancestors: Vec<Ancestor>,
@@ -633,5 +701,63 @@ mod tests {
         });
         assert!(v["exit_code"].is_null());
         assert_eq!(v["signal"], "SIGTERM");
+    }
+
+    #[test]
+    fn the_evidence_reads_back_exactly_as_written() {
+        let odd = ProcText::new("comm", &b"w\xffrk"[..]);
+        let detail = LeakDetail {
+            lineage: vec![1, 2],
+            ancestors: vec![Ancestor {
+                pid: 1,
+                comm: ProcText::new("comm", &b"gw"[..]),
+                argv: Argv::new(Args::from_list(["gw"])),
+                exited: Some(5),
+            }],
+            pipes: vec![PipeInfo {
+                fd: 0,
+                kind: "socket".into(),
+                inode: Some(7),
+                end: "both".into(),
+                other_end: "open".into(),
+                peers: vec![Peer {
+                    pid: 1,
+                    fd: 9,
+                    end: "both".into(),
+                    comm: ProcText::new("comm", &b"gw"[..]),
+                }],
+            }],
+            state: "S (sleeping)".into(),
+            rss_kib: Some(100),
+            ppid: 1,
+            escaped: true,
+            comm: odd,
+            argv: Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"])),
+        };
+        let text = serde_json::to_string(&Event::Flag {
+            pid: 2,
+            reason: "orphaned",
+            since: 1,
+            idle_secs: None,
+            detail: Box::new(detail.clone()),
+        })
+        .unwrap();
+        let back: LeakDetail = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            serde_json::to_string(&back).unwrap(),
+            serde_json::to_string(&detail).unwrap()
+        );
+        assert_eq!(back.comm.text(), "w\u{fffd}rk");
+        assert_eq!(
+            back.comm.for_terminal(),
+            "w\\xffrk",
+            "the exact bytes came back"
+        );
+        // A line missing most fields still reads, with defaults.
+        let sparse: LeakDetail = serde_json::from_str(r#"{"comm":"x","lineage":[3]}"#).unwrap();
+        assert_eq!(
+            (sparse.lineage, sparse.comm.text().into_owned()),
+            (vec![3], "x".into())
+        );
     }
 }

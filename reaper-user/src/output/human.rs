@@ -233,7 +233,7 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
                     )
                 })
                 .collect();
-            match (p.other_end, holders.is_empty()) {
+            match (p.other_end.as_ref(), holders.is_empty()) {
                 (_, false) => format!("{what}, other end held by {}", holders.join(", ")),
                 ("closed", true) => format!("{what}, other end closed"),
                 ("open", true) => format!("{what}, other end open (holder not found)"),
@@ -355,14 +355,14 @@ mod tests {
             lineage: ancestors.iter().map(|a| a.pid).collect(),
             pipes: vec![PipeInfo {
                 fd: 0,
-                kind: "pipe",
+                kind: "pipe".into(),
                 inode: Some(88123),
-                end: "read",
-                other_end: "open",
+                end: "read".into(),
+                other_end: "open".into(),
                 peers: vec![Peer {
                     pid: 4705,
                     fd: 5,
-                    end: "write",
+                    end: "write".into(),
                     comm: ProcText::new("comm", Comm::from_c(b"sleep\x1b")),
                 }],
             }],

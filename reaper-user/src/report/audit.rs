@@ -9,6 +9,8 @@ use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Deserialize;
 
+use crate::output::events::LeakDetail;
+
 /// The fields of a line the pass needs; the rest is skipped by the parser.
 #[derive(Deserialize)]
 struct Line<'a> {
@@ -39,60 +41,14 @@ struct Line<'a> {
     kernel: Option<Cow<'a, str>>,
 }
 
-/// What a `flag` line carries besides the common fields.
+/// What a `flag` line carries besides the common fields: the stream's own evidence type.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct FlagDetail {
-    #[serde(default)]
     pub since: u64,
     pub idle_secs: Option<f64>,
-    #[serde(default)]
-    pub lineage: Vec<u32>,
-    #[serde(default)]
-    pub ancestors: Vec<Ancestor>,
-    #[serde(default)]
-    pub pipes: Vec<Pipe>,
-    #[serde(default)]
-    pub state: String,
-    pub rss_kib: Option<u64>,
-    #[serde(default)]
-    pub ppid: u32,
-    #[serde(default)]
-    pub escaped: bool,
-    #[serde(default)]
-    pub comm: String,
-    #[serde(default)]
-    pub argv: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Ancestor {
-    pub pid: u32,
-    #[serde(default)]
-    pub comm: String,
-    #[serde(default)]
-    pub argv: Vec<String>,
-    pub exited: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Pipe {
-    pub fd: u32,
-    #[serde(default)]
-    pub kind: String,
-    #[serde(default)]
-    pub end: String,
-    #[serde(default)]
-    pub other_end: String,
-    #[serde(default)]
-    pub peers: Vec<Peer>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Peer {
-    pub pid: u32,
-    pub fd: u32,
-    #[serde(default)]
-    pub comm: String,
+    #[serde(flatten)]
+    pub leak: LeakDetail,
 }
 
 /// One flag, as the leak table shows it.
@@ -343,10 +299,10 @@ impl Audit {
         let pid = l.pid.unwrap_or(0);
         let detail: FlagDetail = serde_json::from_slice(raw).unwrap_or_default();
         let reason = l.reason.as_deref().unwrap_or("").to_owned();
-        let rss = detail.rss_kib.unwrap_or(0);
+        let rss = detail.leak.rss_kib.unwrap_or(0);
         let exe = match self.live.get(&pid) {
             Some(p) if !p.exe.is_empty() => p.exe.clone(),
-            _ => detail.comm.clone(),
+            _ => detail.leak.comm.text().into_owned(),
         };
         self.exe(&exe).flags += 1;
         let row = match self.flags.len() < MAX_FLAG_ROWS {

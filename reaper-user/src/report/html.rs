@@ -308,11 +308,11 @@ fn leak_table(h: &mut String, a: &Audit) {
 }
 
 fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
-    let d = &f.detail;
+    let d = &f.detail.leak;
     let process = format!(
         "<b>{}</b><br><code>{}</code>{}",
-        esc(&d.comm),
-        esc(&short(&d.argv.join(" "))),
+        esc(&d.comm.text()),
+        esc(&short(&d.argv.text())),
         if d.escaped {
             "<br>escaped its session"
         } else {
@@ -329,12 +329,12 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
             lineage,
             "{} ({}) <i>{}</i><br>",
             anc.pid,
-            esc(&anc.comm),
+            esc(&anc.comm.text()),
             esc(&state)
         );
     }
     let mut evidence = format!("state {}, parent {}", esc(&d.state), d.ppid);
-    if let Some(idle) = d.idle_secs {
+    if let Some(idle) = f.detail.idle_secs {
         let _ = write!(
             evidence,
             ", idle {}",
@@ -345,7 +345,7 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         let holders: Vec<String> = p
             .peers
             .iter()
-            .map(|peer| format!("{} ({}) fd {}", peer.pid, esc(&peer.comm), peer.fd))
+            .map(|peer| format!("{} ({}) fd {}", peer.pid, esc(&peer.comm.text()), peer.fd))
             .collect();
         let _ = write!(
             evidence,
