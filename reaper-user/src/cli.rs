@@ -66,7 +66,7 @@ pub struct Cli {
 
     /// Longest time an event may wait in the ring before the reader is woken. Batching wake-ups
     /// is what keeps tracing cheap under a fork storm; 0 wakes the reader for every event.
-    #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "2ms", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 
     /// How setsid() is observed: `auto` uses the syscalls/sys_exit_setsid tracepoint (mounting

@@ -20,7 +20,10 @@ use tokio::{
 };
 
 use crate::{
-    capture::loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
+    capture::{
+        loader::{KernelCounters, LoadOptions, Probes, ReaderIdle},
+        poll_clock::PollClock,
+    },
     cli::Cli,
     kill::{KillOptions, KillReport, Killer},
     leaks::{InspectOptions, flags as leaks},
@@ -200,18 +203,17 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
-    let poll_interval = cli.wakeup_interval.max(Duration::from_micros(100));
+    let mut poll = PollClock::new(cli.wakeup_interval.max(Duration::from_micros(100)))
+        .context("creating the reader's poll clock (timerfd)")?;
     kernel.reader_idle.going_idle()?;
     // The timers live across iterations and are moved only when their time changes: a fresh
     // timer per wake-up is a timer-wheel insertion and removal each, on the hottest loop.
     let stop_at = sleep_until(cli.duration.map(|d| Instant::now() + d).unwrap_or(far));
-    let poll = sleep_until(far);
     let house = sleep_until(Instant::now() + HOUSEKEEPING);
     let scan = sleep_until(Instant::now() + cli.scan_interval);
     // --check: when the gateway command's settle time is up.
     let settle = sleep_until(far);
-    tokio::pin!(stop_at, poll, house, scan, settle);
-    let mut polling = false;
+    tokio::pin!(stop_at, house, scan, settle);
     let mut settling = false;
     let mut reparent_retry = false;
     loop {
@@ -232,23 +234,20 @@ async fn event_loop(
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
                 drain(ring.get_mut(), tracer)?;
-                if !polling {
-                    poll.as_mut().reset(Instant::now() + poll_interval);
-                    polling = true;
-                }
+                poll.start().context("starting the poll clock")?;
                 flush = false;
             }
-            _ = &mut poll, if polling => {
+            tick = poll.tick(), if poll.ticking() => {
+                tick.context("waiting on the poll clock")?;
                 let mut n = drain(ring.get_mut(), tracer)?;
                 if n == 0 {
                     kernel.reader_idle.going_idle()?;
                     n = drain(ring.get_mut(), tracer)?;
                 }
-                polling = n > 0;
-                if polling {
-                    poll.as_mut().reset(Instant::now() + poll_interval);
+                if n == 0 {
+                    poll.stop().context("stopping the poll clock")?;
                 }
-                flush = !polling;
+                flush = n == 0;
             }
             _ = &mut house => {
                 let losses = kernel.counters.losses()?;

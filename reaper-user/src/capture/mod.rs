@@ -1,8 +1,10 @@
 //! From the kernel to typed records: what the running kernel offers ([`features`], [`btf`],
 //! [`tracefs`]), the probes loaded and attached with this kernel's offsets ([`loader`]), and
-//! each ring-buffer record decoded into a [`decode::KernelEvent`].
+//! each ring-buffer record decoded into a [`decode::KernelEvent`], read on the pace of a
+//! [`poll_clock::PollClock`] while records stream.
 pub mod btf;
 pub mod decode;
 pub mod features;
 pub mod loader;
+pub mod poll_clock;
 pub mod tracefs;
