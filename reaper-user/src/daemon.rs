@@ -203,6 +203,9 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    // `--wakeup-interval 0`: every record wakes the reader (the kernel is told not to batch),
+    // so there is nothing to poll for.
+    let batching = !cli.wakeup_interval.is_zero();
     let mut poll = PollClock::new(cli.wakeup_interval.max(Duration::from_micros(100)))
         .context("creating the reader's poll clock (timerfd)")?;
     kernel.reader_idle.going_idle()?;
@@ -234,8 +237,10 @@ async fn event_loop(
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
                 drain(ring.get_mut(), tracer)?;
-                poll.start().context("starting the poll clock")?;
-                flush = false;
+                if batching {
+                    poll.start().context("starting the poll clock")?;
+                }
+                flush = !batching;
             }
             tick = poll.tick(), if poll.ticking() => {
                 tick.context("waiting on the poll clock")?;
