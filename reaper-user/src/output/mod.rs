@@ -1,5 +1,6 @@
 //! Where events go: NDJSON for tools, one readable line per event for people.
 pub mod events;
+pub mod evidence;
 pub mod human;
 pub mod logfile;
 pub mod metrics;

@@ -1,0 +1,89 @@
+//! The evidence a leak flag carries (`flag`, `check.leaked`, `summary.leaks`): written by the
+//! tracer and read back by the audit report, one definition for both.
+use std::{borrow::Cow, collections::BTreeMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::events::{Argv, ProcText};
+
+// The evidence types are read back by the audit report too: every field has a default, so an
+// odd line loses only what it lacks.
+
+/// One process on a flagged process's spawn chain.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ancestor {
+    pub pid: u32,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+    /// Boot-time ns of its exit; null while alive.
+    pub exited: Option<u64>,
+}
+
+/// A holder of a pipe's or socket's other end.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Peer {
+    pub pid: u32,
+    pub fd: u32,
+    pub end: Cow<'static, str>,
+    #[serde(flatten)]
+    pub comm: ProcText,
+}
+
+/// A pipe, socket or terminal a flagged process holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PipeInfo {
+    pub fd: u32,
+    pub kind: Cow<'static, str>,
+    pub inode: Option<u64>,
+    pub end: Cow<'static, str>,
+    /// "open" (some process holds the other end), "closed" (none does: EOF or EPIPE is
+    /// pending), or "unknown".
+    pub other_end: Cow<'static, str>,
+    pub peers: Vec<Peer>,
+}
+
+/// What a leak flag carries besides its reason.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LeakDetail {
+    pub lineage: Vec<u32>,
+    pub ancestors: Vec<Ancestor>,
+    pub pipes: Vec<PipeInfo>,
+    /// `/proc/PID/stat` state, e.g. "S (sleeping)"; "Z (zombie)" for a zombie.
+    pub state: String,
+    pub rss_kib: Option<u64>,
+    /// Its real parent now: init or a subreaper once the one that forked it exited.
+    pub ppid: u32,
+    /// Out of its gateway's session, process group or cgroup (informational).
+    pub escaped: bool,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+}
+
+/// Leaks in the closing summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LeakSummary {
+    /// Flags holding at the end, by reason.
+    pub active: BTreeMap<&'static str, u64>,
+    /// Flags raised during the run, by reason.
+    pub raised: BTreeMap<&'static str, u64>,
+    /// Resident memory of the flagged live processes (each counted once).
+    pub rss_kib: u64,
+    /// The flagged processes grouped by executable.
+    pub by_executable: Vec<ExecutableLeaks>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ExecutableLeaks {
+    #[serde(flatten)]
+    pub executable: ProcText,
+    pub pids: Vec<u32>,
+    pub rss_kib: u64,
+}
