@@ -18,5 +18,6 @@ pub mod output;
 pub mod privileges;
 pub mod procfs;
 pub mod report;
+pub mod sockdiag;
 pub mod text;
 pub mod tracer;

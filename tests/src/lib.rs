@@ -92,13 +92,16 @@ pub struct Run {
     pub events: Vec<Value>,
     pub stderr: String,
     pub status: ExitStatus,
+    /// How many events had come when the test's proof held (all of them for a run that was
+    /// not waited on): what came after is the test's own teardown.
+    pub proven_after: usize,
 }
 
 impl Run {
     /// Parses NDJSON, failing loudly on any line that is not one JSON object.
     pub fn from_output(stdout: &[u8], stderr: &[u8], status: ExitStatus) -> Run {
         let text = String::from_utf8(stdout.to_vec()).expect("NDJSON is UTF-8");
-        let events = text
+        let events: Vec<Value> = text
             .lines()
             .map(|l| {
                 let event = serde_json::from_str::<Value>(l)
@@ -108,10 +111,38 @@ impl Run {
             })
             .collect();
         Run {
+            proven_after: events.len(),
             events,
             stderr: String::from_utf8_lossy(stderr).into_owned(),
             status,
         }
+    }
+
+    /// The run as it stood when the proof held: the events before the test released or
+    /// stopped what it ran (a teardown can orphan a wrapper's child for a moment).
+    pub fn until_proof(&self) -> Run {
+        Run {
+            events: self.events[..self.proven_after].to_vec(),
+            stderr: self.stderr.clone(),
+            status: self.status,
+            proven_after: self.proven_after,
+        }
+    }
+
+    /// The flag events about `pid`.
+    pub fn flags_of(&self, pid: u64) -> Vec<&Value> {
+        self.all("flag")
+            .into_iter()
+            .filter(|f| f["pid"].as_u64() == Some(pid))
+            .collect()
+    }
+
+    /// The reasons `pid` was flagged for, in order.
+    pub fn reasons_of(&self, pid: u64) -> Vec<String> {
+        self.flags_of(pid)
+            .iter()
+            .map(|f| f["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
     }
 
     /// Events named `name`.
@@ -280,7 +311,19 @@ pub fn run_reaper_until(
     mut proof: impl FnMut(&[Value]) -> bool,
 ) -> Run {
     use std::io::{BufRead, Read};
-    let mut child = Command::new(reaper_trace())
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(reaper_trace());
+    // Only stdio goes to reaper-trace and the processes it starts, as a service manager
+    // would have it: an fd the test runner inherited from its own parent (a job server's
+    // pipe, say) would otherwise be one more channel in every flag.
+    // SAFETY: close_range is async-signal-safe and touches only this child's fd table.
+    unsafe {
+        command.pre_exec(|| {
+            libc::close_range(3, u32::MAX, 0);
+            Ok(())
+        });
+    }
+    let mut child = command
         .args(["--json", "--quiet"])
         .args(args)
         .envs(env.iter().copied())
@@ -304,6 +347,7 @@ pub fn run_reaper_until(
     let mut stdout = Vec::new();
     let mut events = Vec::new();
     let mut proven = false;
+    let mut proven_after = 0;
     for line in std::io::BufReader::new(child.stdout.take().unwrap()).split(b'\n') {
         let line = line.expect("read reaper-trace's stream");
         if let Ok(event) = serde_json::from_slice::<Value>(&line) {
@@ -313,6 +357,7 @@ pub fn run_reaper_until(
         stdout.push(b'\n');
         if !proven && proof(&events) {
             proven = true;
+            proven_after = events.len();
             match then {
                 Then::Release => release_now(),
                 // SAFETY: a plain signal to the child this test started.
@@ -325,7 +370,8 @@ pub fn run_reaper_until(
     let status = child.wait().expect("wait for reaper-trace");
     release_now(); // whatever happened, the shape's processes end
     let stderr = stderr.join().unwrap();
-    let run = Run::from_output(&stdout, &stderr, status);
+    let mut run = Run::from_output(&stdout, &stderr, status);
+    run.proven_after = proven_after;
     assert!(
         proven,
         "waited {:?} for {what}; it never came. The stream:\n{}\n{}",
@@ -335,6 +381,16 @@ pub fn run_reaper_until(
     );
     run.assert_well_formed();
     run
+}
+
+/// The evidence of fd `fd` in a flag (its `pipes` entry).
+pub fn pipe_fd(flag: &Value, fd: u64) -> &Value {
+    flag["pipes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["fd"].as_u64() == Some(fd))
+        .unwrap_or_else(|| panic!("no fd {fd} in {flag}"))
 }
 
 pub fn read_json(path: &std::path::Path) -> Value {

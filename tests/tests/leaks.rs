@@ -1,6 +1,6 @@
 //! The leak rules against real processes: each rule positively and negatively, and the
 //! `--check` gate. Needs root (see `require_root`).
-use reaper_tests::{Run, Then, pid, require_root, run_shape_until, run_shape_with};
+use reaper_tests::{Run, Then, pid, pipe_fd, require_root, run_shape_until, run_shape_with};
 use serde_json::{Value, json};
 
 /// Runs a leak shape that holds its leak until `n` flags of `reason` arrived, unless the test
@@ -32,17 +32,10 @@ fn flags_for(events: &[Value], reason: &str) -> usize {
         .count()
 }
 
-/// The flag events about `pid`.
-fn flags_of(run: &Run, pid: u64) -> Vec<&Value> {
-    run.all("flag")
-        .into_iter()
-        .filter(|f| f["pid"].as_u64() == Some(pid))
-        .collect()
-}
-
 /// The one flag of `reason` about `pid`.
 fn flag<'a>(run: &'a Run, pid: u64, reason: &str) -> &'a Value {
-    let found: Vec<&Value> = flags_of(run, pid)
+    let found: Vec<&Value> = run
+        .flags_of(pid)
         .into_iter()
         .filter(|f| f["reason"] == reason)
         .collect();
@@ -54,23 +47,6 @@ fn flag<'a>(run: &'a Run, pid: u64, reason: &str) -> &'a Value {
         run.stderr
     );
     found[0]
-}
-
-fn reasons_of(run: &Run, pid: u64) -> Vec<String> {
-    flags_of(run, pid)
-        .iter()
-        .map(|f| f["reason"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-/// The evidence of fd `fd` in a flag.
-fn pipe_fd(flag: &Value, fd: u64) -> &Value {
-    flag["pipes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["fd"].as_u64() == Some(fd))
-        .unwrap_or_else(|| panic!("no fd {fd} in {flag}"))
 }
 
 fn cleared(run: &Run, pid: u64, reason: &str) -> Value {
@@ -131,7 +107,7 @@ fn setsid_grandchild_holding_a_pipe_is_orphaned_with_exact_lineage() {
         "the gateway holds the write end: {stdin}"
     );
     assert_eq!(cleared(&run, b, "orphaned")["because"], "exited");
-    assert_eq!(reasons_of(&run, a), Vec::<String>::new());
+    assert_eq!(run.reasons_of(a), Vec::<String>::new());
     let leaks = &run.summary()["leaks"];
     assert_eq!(leaks["raised"]["orphaned"], 1, "{leaks}");
     assert_eq!(leaks["active"]["orphaned"], 0, "{leaks}");
@@ -149,13 +125,13 @@ fn only_the_abandoned_stdio_servers_are_idle() {
     };
     let busy = pid(&truth["busy"]);
     assert_eq!(
-        reasons_of(&run, busy),
+        run.reasons_of(busy),
         Vec::<String>::new(),
         "the busy server"
     );
     for s in truth["abandoned"].as_array().unwrap() {
         let s = pid(s);
-        assert_eq!(reasons_of(&run, s), vec!["idle"], "abandoned server {s}");
+        assert_eq!(run.reasons_of(s), vec!["idle"], "abandoned server {s}");
         let f = flag(&run, s, "idle");
         assert!(f["idle_secs"].as_f64().unwrap() >= 2.0, "{f}");
         let stdin = pipe_fd(f, 0);
@@ -214,7 +190,7 @@ fn a_reader_ignoring_eof_is_deaf_not_idle() {
         return;
     };
     let reader = pid(&truth["reader"]);
-    assert_eq!(reasons_of(&run, reader), vec!["deaf"]);
+    assert_eq!(run.reasons_of(reader), vec!["deaf"]);
     let stdin = pipe_fd(flag(&run, reader, "deaf"), 0);
     assert_eq!(stdin["other_end"], "closed", "{stdin}");
     assert_eq!(stdin["peers"], json!([]));
@@ -266,7 +242,7 @@ fn a_normal_session_is_never_flagged() {
         .filter(|f| f["pid"].as_u64() != Some(control))
         .collect();
     assert!(others.is_empty(), "{others:?}");
-    assert_eq!(reasons_of(&run, control), vec!["idle"]);
+    assert_eq!(run.reasons_of(control), vec!["idle"]);
 }
 
 #[test]

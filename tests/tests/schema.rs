@@ -36,7 +36,8 @@ fn the_schema_accepts_real_shapes_and_refuses_wrong_ones() {
     assert!(!valid(&json!({"event": "forked", "seq": 0, "ts": 0})));
     let flag = json!({"event": "flag", "seq": 9, "ts": 9, "pid": 12, "reason": "orphaned",
         "since": 8, "lineage": [1, 12], "ancestors": [{"pid": 1, "comm": "gw", "argv": ["gw"],
-        "exited": 7}], "pipes": [{"fd": 0, "kind": "pipe", "inode": 55, "end": "read",
+        "exited": 7}], "chain": [{"pid": 12, "comm": "helper", "argv": ["helper", "--stdio"]}],
+        "pipes": [{"fd": 0, "kind": "pipe", "inode": 55, "end": "read",
         "other_end": "open", "peers": [{"pid": 13, "fd": 1, "end": "write", "comm": "x"}]}],
         "state": "S (sleeping)", "rss_kib": 1000, "ppid": 1, "escaped": true,
         "comm": "helper", "argv": ["helper", "--stdio"]});
@@ -44,6 +45,18 @@ fn the_schema_accepts_real_shapes_and_refuses_wrong_ones() {
     let mut bad_peer = flag.clone();
     bad_peer["pipes"][0]["peers"][0]["end"] = json!("sideways");
     assert!(!valid(&bad_peer), "nested objects are checked too");
+    let mut no_chain = flag.clone();
+    no_chain["chain"] = json!([]);
+    assert!(
+        !valid(&no_chain),
+        "a flagged server has at least its own process"
+    );
+    let mut internal_false = flag.clone();
+    internal_false["pipes"][0]["internal"] = json!(false);
+    assert!(
+        !valid(&internal_false),
+        "`internal` is written only when true"
+    );
 }
 
 #[test]

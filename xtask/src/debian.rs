@@ -191,12 +191,28 @@ fn natural_cmp(a: &str, b: &str) -> Ordering {
     a.len().cmp(&b.len())
 }
 
-/// The kernel image of Debian package `pkg` (of `series`), downloaded and cached on first use.
-pub fn kernel_image(pkg: &str, series: &str) -> Result<PathBuf> {
+/// A Debian kernel for the guests: its image, its release (`uname -r`), and its `unix_diag`
+/// module. The guests boot with no modules, but Debian builds sock_diag for UNIX sockets as
+/// one, and the Node host tests need it to name socket peers (a host loads it on demand).
+pub struct DebianKernel {
+    pub image: PathBuf,
+    pub release: String,
+    pub unix_diag: PathBuf,
+}
+
+/// The kernel of Debian package `pkg` (of `series`), downloaded and cached on first use.
+pub fn kernel(pkg: &str, series: &str) -> Result<DebianKernel> {
     let dir = kernel_cache().join(pkg);
-    let image = dir.join("vmlinuz");
-    if image.exists() {
-        return Ok(image);
+    let cached = || -> Option<DebianKernel> {
+        let kernel = DebianKernel {
+            image: dir.join("vmlinuz"),
+            release: fs::read_to_string(dir.join("release")).ok()?,
+            unix_diag: dir.join("unix_diag.ko"),
+        };
+        (kernel.image.exists() && kernel.unix_diag.exists()).then_some(kernel)
+    };
+    if let Some(kernel) = cached() {
+        return Ok(kernel);
     }
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let work = dir.join("download");
@@ -219,7 +235,7 @@ pub fn kernel_image(pkg: &str, series: &str) -> Result<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
         .context("apt-get download left no .deb")?;
-    extract_boot(&deb, &work)?;
+    extract(&deb, &work)?;
     let vmlinuz = fs::read_dir(work.join("boot"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
@@ -227,24 +243,76 @@ pub fn kernel_image(pkg: &str, series: &str) -> Result<PathBuf> {
                 .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
         })
         .with_context(|| format!("{pkg} has no /boot/vmlinuz-*"))?;
-    fs::rename(&vmlinuz, &image)?;
+    let module = find_file(&work, "unix_diag.ko")
+        .with_context(|| format!("{pkg} has no unix_diag module"))?;
+    // .../modules/RELEASE/kernel/net/unix/unix_diag.ko[.xz]
+    let release = module
+        .ancestors()
+        .find(|a| a.parent().is_some_and(|p| p.ends_with("modules")))
+        .and_then(|a| a.file_name())
+        .with_context(|| format!("no modules/RELEASE/ in {}", module.display()))?
+        .to_string_lossy()
+        .into_owned();
+    unpack_module(&module, &dir.join("unix_diag.ko"))?;
+    fs::write(dir.join("release"), &release)?;
+    fs::rename(&vmlinuz, dir.join("vmlinuz"))?;
     fs::remove_dir_all(&work)?;
-    Ok(image)
+    cached().context("the kernel cache is incomplete after extracting")
 }
 
-/// Extracts only `./boot` of a .deb (the modules are not needed: the guest boots from an
-/// initramfs and needs no drivers beyond the built-in serial console).
-fn extract_boot(deb: &Path, into: &Path) -> Result<()> {
-    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -x -C \"$2\" --wildcards './boot/vmlinuz-*'";
+/// Extracts `./boot` and the `unix_diag` module of a .deb (the guests need no other module).
+fn extract(deb: &Path, into: &Path) -> Result<()> {
+    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -x -C \"$2\" --wildcards \
+                  './boot/vmlinuz-*' '*/unix_diag.ko*'";
     let status = Command::new("sh")
         .args(["-c", script, "sh"])
         .arg(deb)
         .arg(into)
         .status()
-        .context("extracting the kernel image")?;
+        .context("extracting the kernel")?;
     if !status.success() {
-        bail!("extracting /boot from {} failed ({status})", deb.display());
+        bail!(
+            "extracting the kernel from {} failed ({status})",
+            deb.display()
+        );
     }
+    Ok(())
+}
+
+/// The first file under `dir` whose name starts with `prefix`.
+fn find_file(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    for entry in fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, prefix) {
+                return Some(found);
+            }
+        } else if entry.file_name().to_string_lossy().starts_with(prefix) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// Copies a module to `to`, decompressed (Debian compresses them with xz or zstd).
+fn unpack_module(module: &Path, to: &Path) -> Result<()> {
+    let tool = match module.extension().and_then(|e| e.to_str()) {
+        Some("xz") => "xz",
+        Some("zst") => "zstd",
+        _ => {
+            fs::copy(module, to)?;
+            return Ok(());
+        }
+    };
+    let out = Command::new(tool)
+        .args(["-dc"])
+        .arg(module)
+        .output()
+        .with_context(|| format!("running {tool} -dc"))?;
+    if !out.status.success() {
+        bail!("{tool} -dc {} failed ({})", module.display(), out.status);
+    }
+    fs::write(to, out.stdout)?;
     Ok(())
 }
 

@@ -207,6 +207,10 @@ fn test(root: &Path, vm: bool) -> Result<()> {
     if !debian::ensure("chromium", "chromium", "the report's browser test") {
         bail!("chromium is missing and `apt-get install chromium` did not provide it");
     }
+    // The Node host tests run a real Node MCP host and its servers.
+    if !debian::ensure("node", "nodejs", "the Node host tests") {
+        bail!("node is missing and `apt-get install nodejs` did not provide it");
+    }
     let (mut passed, mut failed) = cargo_test(root)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);

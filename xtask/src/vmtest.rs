@@ -1,13 +1,14 @@
 //! `cargo xtask vmtest`: the kernel integration tests on other kernels, each booted under qemu.
 //!
 //! The guest's root filesystem is an initramfs holding the release test binaries, reaper-trace,
-//! reaper-shapes, the host programs the tests run (sh, true, sleep, seq) and their shared
-//! libraries, at their host paths, plus a static busybox for the guest's init. Debian kernels
-//! boot from it with no modules (the serial console is built in). The guest's init mounts
-//! /proc, /sys, /dev and /dev/pts (the initramfs itself is the writable root, /tmp included:
-//! the workspace may live under /tmp), brings up loopback (for `/metrics`), runs the tests
-//! with `CI=true` (so nothing may skip), prints their exit status and powers off. tracefs is
-//! left unmounted, as on a fresh host.
+//! reaper-shapes, the host programs the tests run (sh, true, sleep, seq, node and the Node
+//! host tests' scripts) and their shared libraries, at their host paths, plus a static busybox
+//! for the guest's init. Debian kernels boot from it with one module, `unix_diag` (sock_diag
+//! for UNIX sockets, which the Node host tests need; the serial console is built in). The
+//! guest's init mounts /proc, /sys, /dev and /dev/pts (the initramfs itself is the writable
+//! root, /tmp included: the workspace may live under /tmp), brings up loopback (for
+//! `/metrics`), loads the module, runs the tests with `CI=true` (so nothing may skip), prints
+//! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
@@ -88,17 +89,31 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
     let test_exes = build(root)?;
     let needs_vm = kernels.iter().any(|k| !matches!(k, Kernel::Host));
     let initrd = root.join("target/vmtest/initramfs.cpio");
+    // Every Debian kernel first: the one initramfs carries each one's unix_diag module.
+    let mut debian_kernels = Vec::new();
+    for kernel in kernels {
+        if let Kernel::Debian(series) = kernel {
+            let pkg = debian::newest_kernel_package(series)?;
+            debian_kernels.push((series.clone(), debian::kernel(&pkg, series)?));
+        }
+    }
     if needs_vm {
         for (bin, pkg) in [
             ("qemu-system-x86_64", "qemu-system-x86"),
             ("busybox", "busybox-static"),
+            ("node", "nodejs"),
         ] {
             if !debian::ensure(bin, pkg, "the kernel matrix") {
                 bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
             }
         }
         std::fs::create_dir_all(initrd.parent().unwrap())?;
-        guest_root(root, &test_exes, test_args)?.write(&initrd)?;
+        let mut guest = guest_root(root, &test_exes, test_args)?;
+        for (_, k) in &debian_kernels {
+            let at = format!("/lib/modules/{}/unix_diag.ko", k.release);
+            guest.host_file_at(Path::new(&at), &k.unix_diag)?;
+        }
+        guest.write(&initrd)?;
     }
     let mut outcomes = Vec::new();
     for kernel in kernels {
@@ -106,9 +121,11 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
         let (log, problem) = match kernel {
             Kernel::Host => run_host(root, &test_exes, test_args)?,
             Kernel::Debian(series) => {
-                let pkg = debian::newest_kernel_package(series)?;
-                let image = debian::kernel_image(&pkg, series)?;
-                boot(&image, &initrd, &format!("[{series}] "))?
+                let (_, k) = debian_kernels
+                    .iter()
+                    .find(|(s, _)| s == series)
+                    .context("a Debian kernel not fetched")?;
+                boot(&k.image, &initrd, &format!("[{series}] "))?
             }
             Kernel::Image(image) => boot(image, &initrd, "[vm] ")?,
         };
@@ -186,6 +203,7 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         ("/bin/dd", "dd"),
         ("/bin/mount", "mount"),
         ("/bin/umount", "umount"),
+        ("/bin/node", "node"),
     ] {
         let host = which(bin)?;
         fs.program(&host)?;
@@ -193,6 +211,11 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
     }
     fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
     fs.dir(&root.join("tests").to_string_lossy());
+    // The Node host tests' scripts, at their host paths (the tests name them so).
+    for script in std::fs::read_dir(root.join("tests/node")).context("tests/node")? {
+        let script = script?.path();
+        fs.host_file_at(&script, &script)?;
+    }
     let args: Vec<String> = test_args.iter().map(|a| shell_quote(a)).collect();
     // Every test binary runs; the status is the first failure's, or 0. On a kernel older than
     // the oldest supported one, only the test that it is refused by name (the others would
@@ -220,6 +243,8 @@ busybox mount -t devtmpfs devtmpfs /dev
 busybox mkdir -p /dev/pts && busybox mount -t devpts devpts /dev/pts
 busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 busybox ip link set lo up
+# sock_diag for UNIX sockets (Debian builds it as a module; a host loads it on demand).
+busybox insmod /lib/modules/$(busybox uname -r)/unix_diag.ko 2>/dev/null
 echo \"{KERNEL_MARK}$(busybox uname -r)\"
 case \"$(busybox uname -r)\" in 4.*|5.[0-9].*|5.1[01].*) old=1 ;; *) old=0 ;; esac
 cd {tests}

@@ -288,9 +288,9 @@ fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a N
 /// A pidfd for `node`'s process, checked to be that process, and whether it is stopped.
 fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
     match PidRef::open(node.process()) {
-        Ok((handle, stat)) if stat.state != b'Z' => {
-            Ok((handle.pidfd, matches!(stat.state, b'T' | b't')))
-        }
+        // It exited on its own (a wrapper whose child was just killed): nothing to signal.
+        Ok((_, stat)) if stat.state == b'Z' => Err(Outcome::Exited),
+        Ok((handle, stat)) => Ok((handle.pidfd, matches!(stat.state, b'T' | b't'))),
         Err(NotOpened::PermissionDenied) => Err(Outcome::PermissionDenied),
         _ => Err(Outcome::IdentityChanged),
     }

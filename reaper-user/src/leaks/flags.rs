@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::events::{
-    Ancestor, Argv, Event, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo, ProcText,
+    Ancestor, Argv, ChainMember, Event, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo,
+    ProcText,
 };
 use crate::procfs::facts::{FdKind, read_rss_kib};
 
@@ -37,6 +38,20 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         })
         .collect();
     let pipes = evidence.map(pipes).unwrap_or_default();
+    let member = |n: &Node| ChainMember {
+        pid: n.pid,
+        comm: ProcText::new("comm", n.comm),
+        argv: Argv::new(n.argv.clone()),
+    };
+    let server = match evidence {
+        Some(e) => e
+            .server
+            .iter()
+            .filter_map(|id| graph.node(*id))
+            .map(member)
+            .collect(),
+        None => vec![member(node)],
+    };
     let (state, rss_kib) = match evidence {
         Some(e) => (state_text(e.sample.state), e.sample.rss_kib),
         None => (state_text(if node.zombie() { b'Z' } else { b'?' }), None),
@@ -55,6 +70,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
     LeakDetail {
         lineage: chain.iter().map(|n| n.pid).collect(),
         ancestors,
+        chain: server,
         pipes,
         state,
         rss_kib,
@@ -98,6 +114,8 @@ fn pipes(e: &Evidence) -> Vec<PipeInfo> {
                     None => "unknown",
                 }
                 .into(),
+                peer_inode: f.peer_inode,
+                internal: f.internal,
                 peers,
             }
         })

@@ -11,15 +11,22 @@
 //! Whether the other end of a pipe or socket is still open is asked of the fd itself: the
 //! inspector duplicates it through a pidfd (`pidfd_getfd`) and polls the duplicate with a zero
 //! timeout, which reads nothing and tells EOF-pending (no writers left) exactly, with no scan of
-//! the machine.
+//! the machine. A UNIX socket's peer is asked of the kernel once per socket (sock_diag).
+//!
+//! The rules judge a **server**, not a process: a process and the live spawner it shares a
+//! channel end with are one server ([`super::channels`]), looked at together, judged on what
+//! all of them do (a wrapper moves no data while the server under it answers requests) and
+//! flagged once, on the outermost process. A process's internal channels count for nothing.
 use std::time::Duration;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::channels::{self, Holders};
 use super::peers::{Holder, PeerIndex};
 use super::rules::{self, Observed};
 use crate::identity::{PidRef, ProcessId};
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
+use crate::sockdiag::{SockDiag, UnixPeer};
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
@@ -90,6 +97,10 @@ pub struct FdFact {
     pub fd: OpenFd,
     /// Whether the other end is open (see [`PidFd::other_end_open`]); `None`: unknown.
     pub other_end_open: Option<bool>,
+    /// A connected UNIX socket's peer (the other end's inode).
+    pub peer_inode: Option<u64>,
+    /// Both ends are held by this process alone (see [`channels`]).
+    pub internal: bool,
 }
 
 /// What one sample of a process found.
@@ -105,60 +116,105 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn holds_pipe_or_socket(&self) -> bool {
-        self.fds
-            .iter()
-            .any(|f| matches!(f.fd.kind, FdKind::Pipe | FdKind::Socket))
+    /// Holds a pipe or socket to another process (internal ones do not count).
+    pub fn holds_channel(&self) -> bool {
+        self.fds.iter().any(FdFact::is_channel)
     }
 
     pub fn waits_for_input(&self) -> bool {
         self.state == b'S' && matches!(self.blocked, Some(Blocked::WaitingForInput { .. }))
     }
 
-    /// Pipes and sockets whose other end some live process still holds.
+    /// Channels whose other end some live process still holds.
     pub fn has_live_peer(&self) -> bool {
-        self.fds.iter().any(|f| {
-            matches!(f.fd.kind, FdKind::Pipe | FdKind::Socket) && f.other_end_open == Some(true)
-        })
+        self.fds
+            .iter()
+            .any(|f| f.is_channel() && f.other_end_open == Some(true))
     }
 
-    /// A pipe read end whose writers are all gone.
+    /// A pipe read end whose writers are all gone, or a socket whose peer closed or shut down.
     pub fn eof_pending(&self) -> bool {
         self.fds.iter().any(|f| {
-            f.fd.kind == FdKind::Pipe && f.fd.end == End::Read && f.other_end_open == Some(false)
+            let reads = f.fd.kind == FdKind::Socket || f.fd.end == End::Read;
+            f.is_channel() && reads && f.other_end_open == Some(false)
         })
     }
 }
 
-/// Samples the process `id` while its pid still names it.
-pub fn sample(id: ProcessId) -> Option<Sample> {
-    let (handle, stat) = PidRef::open(id).ok()?;
-    let (pid, pidfd) = (id.pid, handle.pidfd);
-    let fds = facts::read_fds(pid)?
-        .into_iter()
-        .map(|fd| {
-            let other_end_open = match fd.kind {
-                FdKind::Pipe | FdKind::Socket => {
-                    pidfd.other_end_open(fd.fd, fd.end, fd.kind == FdKind::Socket)
+/// Reads processes' facts: /proc, their fds through a pidfd, socket peers from the kernel.
+#[derive(Default)]
+struct Sampler {
+    /// Opened at the first socket; `None` after it could not be (peers then stay unknown).
+    diag: Option<Option<SockDiag>>,
+}
+
+impl Sampler {
+    /// Samples the process `id` while its pid still names it. A socket's peer is taken from
+    /// `before` (its previous sample) when the socket is the same.
+    fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
+        let (handle, stat) = PidRef::open(id).ok()?;
+        let (pid, pidfd) = (id.pid, handle.pidfd);
+        let fds = facts::read_fds(pid)?
+            .into_iter()
+            .map(|fd| {
+                let socket = fd.kind == FdKind::Socket;
+                let other_end_open = match fd.kind {
+                    FdKind::Pipe | FdKind::Socket => pidfd.other_end_open(fd.fd, fd.end, socket),
+                    _ => None,
+                };
+                let peer_inode = match (socket, fd.inode) {
+                    (true, Some(inode)) => self.peer_of(inode, before),
+                    _ => None,
+                };
+                FdFact {
+                    fd,
+                    other_end_open,
+                    peer_inode,
+                    internal: false,
                 }
-                _ => None,
-            };
-            FdFact { fd, other_end_open }
-        })
-        .collect();
-    let mut s = Sample {
-        pid,
-        state: stat.state,
-        rss_kib: None, // read for evidence only
-        io: facts::read_io(pid),
-        blocked: None,
-        fds,
-    };
-    // What its threads are blocked in matters only to `idle`: read it only then.
-    if s.state == b'S' && s.has_live_peer() {
-        s.blocked = facts::read_blocked(pid);
+            })
+            .collect();
+        let mut s = Sample {
+            pid,
+            state: stat.state,
+            rss_kib: None, // read for evidence only
+            io: facts::read_io(pid),
+            blocked: None,
+            fds,
+        };
+        // What its threads are blocked in matters only to `idle`: read it only then. (Internal
+        // channels are not marked yet: a live one may make this read needlessly, never miss.)
+        if s.state == b'S' && s.has_live_peer() {
+            s.blocked = facts::read_blocked(pid);
+        }
+        Some(s)
     }
-    Some(s)
+
+    /// The peer of UNIX socket `inode` (a connected socket's peer never changes).
+    fn peer_of(&mut self, inode: u64, before: Option<&Sample>) -> Option<u64> {
+        let known = before.and_then(|b| {
+            b.fds
+                .iter()
+                .find(|f| f.fd.inode == Some(inode) && f.fd.kind == FdKind::Socket)
+        });
+        if let Some(f) = known {
+            return f.peer_inode;
+        }
+        let diag = self
+            .diag
+            .get_or_insert_with(|| {
+                SockDiag::open()
+                    .inspect_err(|e| {
+                        eprintln!("reaper-trace: warning: {e}; socket peers stay unknown")
+                    })
+                    .ok()
+            })
+            .as_mut()?;
+        match diag.unix_peer(inode) {
+            Ok(UnixPeer::Connected(peer)) => Some(peer),
+            _ => None,
+        }
+    }
 }
 
 /// The /proc facts about a live process, and who holds the other ends of its pipes.
@@ -167,6 +223,9 @@ pub struct Evidence {
     pub sample: Sample,
     /// The holders of each pipe and socket in `sample`, by fd.
     pub peers: Vec<(u32, Vec<Holder>)>,
+    /// The processes of its server, outermost (this one) first: its wrappers' children down to
+    /// the one doing the I/O. Just this one for a server of one process.
+    pub server: Vec<NodeId>,
 }
 
 /// A flag that starts holding.
@@ -205,8 +264,10 @@ struct Watch {
     eof_since: Option<u64>,
     /// Whether the spawn chain was broken at the last look.
     chain_broken: bool,
-    /// Active flags and since when.
+    /// Active flags and since when (on a server's outermost process only).
     flags: Vec<(Reason, u64)>,
+    /// The last sample.
+    last: Option<Sample>,
 }
 
 impl Watch {
@@ -222,6 +283,9 @@ pub struct Inspector {
     /// Flagged zombies: pid and since.
     zombies: HashMap<NodeId, (u32, u64)>,
     peers: PeerIndex,
+    /// Who holds each channel end, from the last samples.
+    holders: Holders,
+    sampler: Sampler,
     /// Flags raised so far, by reason.
     raised: [u64; 5],
 }
@@ -236,6 +300,8 @@ impl Inspector {
             watches: HashMap::default(),
             zombies: HashMap::default(),
             peers: PeerIndex::default(),
+            holders: Holders::default(),
+            sampler: Sampler::default(),
             raised: [0; 5],
         }
     }
@@ -263,9 +329,13 @@ impl Inspector {
     pub fn scan(&mut self, graph: &LineageGraph, now: u64) -> Vec<Change> {
         let mut changes = Vec::new();
         self.forget_the_dead(graph, &mut changes);
-        let live: Vec<&Node> = graph.alive().filter(|n| !n.is_gateway).collect();
-        for node in live {
-            self.look_at(graph, node, now, &mut changes);
+        let sampled = self.sample_due(graph, now);
+        if !sampled.is_empty() {
+            for server in self.servers(graph) {
+                if sampled.contains(&server[0]) {
+                    self.judge(graph, &server, now, &mut changes);
+                }
+            }
         }
         self.check_zombies(graph, now, &mut changes);
         let mut evidence: Vec<&mut Evidence> = changes
@@ -286,6 +356,7 @@ impl Inspector {
 
     /// Clears the flags of descendants that exited.
     fn forget_the_dead(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
+        let holders = &mut self.holders;
         self.watches.retain(|id, w| {
             let alive = graph.node(*id).is_some_and(Node::alive);
             if !alive {
@@ -297,29 +368,63 @@ impl Inspector {
                         because: "exited",
                     });
                 }
+                if let Some(last) = &w.last {
+                    holders.remove(*id, &last.fds);
+                }
             }
             alive
         });
     }
 
-    fn look_at(&mut self, graph: &LineageGraph, node: &Node, now: u64, changes: &mut Vec<Change>) {
-        let opts = self.opts;
-        let broken = graph.exited_spawner(node.id).is_some();
-        let w = self.watches.entry(node.id).or_insert_with(|| Watch {
-            pid: node.pid,
-            // First looks are spread over a sample period, so that a thousand processes
-            // appearing at once are not read in one burst; a short-lived one is never read.
-            next_sample: now + first_look_delay(node.id, opts.sample_every()),
-            io_since: now,
-            ..Watch::default()
-        });
-        let urgent = (broken && !w.chain_broken) || w.has(Reason::Idle) || w.has(Reason::Deaf);
-        w.chain_broken = broken;
-        if !urgent && now < w.next_sample {
-            return;
+    /// Samples the live descendants that are due, with the rest of their servers (a server is
+    /// judged on all its processes at one moment). Returns what was sampled.
+    fn sample_due(&mut self, graph: &LineageGraph, now: u64) -> HashSet<NodeId> {
+        let every = self.opts.sample_every();
+        let mut due = HashSet::default();
+        for node in graph.alive().filter(|n| !n.is_gateway) {
+            let broken = graph.exited_spawner(node.id).is_some();
+            let w = self.watches.entry(node.id).or_insert_with(|| Watch {
+                pid: node.pid,
+                // First looks are spread over a sample period, so that a thousand processes
+                // appearing at once are not read in one burst; a short-lived one is never read.
+                next_sample: now + first_look_delay(node.id, every),
+                io_since: now,
+                ..Watch::default()
+            });
+            let urgent = (broken && !w.chain_broken) || w.has(Reason::Idle) || w.has(Reason::Deaf);
+            w.chain_broken = broken;
+            if urgent || now >= w.next_sample {
+                due.insert(node.id);
+            }
         }
-        w.next_sample = now.saturating_add(opts.sample_every());
-        let Some(s) = sample(node.process()) else {
+        if due.is_empty() {
+            return due;
+        }
+        for server in self.servers(graph) {
+            if server.iter().any(|id| due.contains(id)) {
+                due.extend(server);
+            }
+        }
+        for &id in &due {
+            let Some(node) = graph.node(id) else { continue };
+            self.refresh(node.process(), id, now, every);
+        }
+        // Internal channels need every fresh sample's holders in the index first.
+        for &id in &due {
+            if let Some(s) = self.watches.get_mut(&id).and_then(|w| w.last.as_mut()) {
+                channels::mark_internal(id, &mut s.fds, &self.holders);
+            }
+        }
+        due
+    }
+
+    /// Takes a fresh sample of one process and updates what its watch remembers.
+    fn refresh(&mut self, process: ProcessId, id: NodeId, now: u64, every: u64) {
+        let Some(w) = self.watches.get_mut(&id) else {
+            return;
+        };
+        w.next_sample = now.saturating_add(every);
+        let Some(s) = self.sampler.sample(process, w.last.as_ref()) else {
             return; // gone meanwhile: its exit event is on its way
         };
         if s.io != w.io {
@@ -329,38 +434,110 @@ impl Inspector {
                 w.io_since = now;
             }
         }
+        // (An internal channel never polls closed: its own process holds the other end.)
         w.eof_since = match s.eof_pending() {
             true => w.eof_since.or(Some(now)),
             false => None,
         };
+        let before = w.last.as_ref().map_or(&[][..], |l| &l.fds[..]);
+        self.holders.replace(id, before, &s.fds);
+        w.last = Some(s);
+    }
+
+    /// The servers among the watched processes, each outermost process first.
+    fn servers(&self, graph: &LineageGraph) -> Vec<Vec<NodeId>> {
+        let fds_of = |id: NodeId| {
+            self.watches
+                .get(&id)
+                .and_then(|w| w.last.as_ref())
+                .map(|s| &s.fds[..])
+        };
+        let mut by_outermost: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
+        for &id in self.watches.keys() {
+            let top = channels::outermost(graph, id, fds_of);
+            by_outermost.entry(top).or_default().push(id);
+        }
+        by_outermost
+            .into_values()
+            .map(|mut members| {
+                // Outermost first, then down the chain. (Not by id: seeded processes get
+                // theirs in /proc order, where a child can come before its parent.)
+                members.sort_by_cached_key(|id| (graph.chain(*id).len(), *id));
+                members
+            })
+            .collect()
+    }
+
+    /// Applies the rules to one server (`server[0]` its outermost process) as sampled now.
+    fn judge(
+        &mut self,
+        graph: &LineageGraph,
+        server: &[NodeId],
+        now: u64,
+        changes: &mut Vec<Change>,
+    ) {
+        let top = server[0];
+        // A process that became part of a server upwards is no longer judged by itself.
+        for &inner in &server[1..] {
+            let Some(w) = self.watches.get_mut(&inner) else {
+                continue;
+            };
+            for (reason, _) in rules::LIVE {
+                if w.has(reason) {
+                    w.flags.retain(|(r, _)| *r != reason);
+                    changes.push(Change::Cleared {
+                        node: inner,
+                        pid: w.pid,
+                        reason,
+                        because: "part of its spawner's server now",
+                    });
+                }
+            }
+        }
+        let watches: Vec<&Watch> = server
+            .iter()
+            .filter_map(|id| self.watches.get(id))
+            .collect();
+        let samples: Vec<&Sample> = watches.iter().filter_map(|w| w.last.as_ref()).collect();
+        let Some(top_sample) = self.watches.get(&top).and_then(|w| w.last.clone()) else {
+            return;
+        };
         let seen = Observed {
-            sample: &s,
-            chain_broken: broken,
-            io_since: w.io_since,
-            eof_since: w.eof_since,
+            holds_channel: samples.iter().any(|s| s.holds_channel()),
+            waits_for_input: samples.iter().all(|s| s.state != b'R')
+                && samples.iter().any(|s| s.waits_for_input()),
+            has_live_peer: samples.iter().any(|s| s.has_live_peer()),
+            idle_held: self.watches.get(&top).is_some_and(|w| w.has(Reason::Idle)),
+            chain_broken: graph.exited_spawner(top).is_some(),
+            io_since: watches.iter().map(|w| w.io_since).max().unwrap_or(now),
+            eof_since: watches.iter().filter_map(|w| w.eof_since).min(),
             now,
-            idle_after: nanos(opts.idle_after),
+            idle_after: nanos(self.opts.idle_after),
+        };
+        let Some(w) = self.watches.get_mut(&top) else {
+            return;
         };
         for (reason, rule) in rules::LIVE {
             match (rule(&seen), w.has(reason)) {
                 (Some(since), false) => {
                     w.flags.push((reason, since));
                     changes.push(Change::Flag(Box::new(Flagged {
-                        node: node.id,
-                        pid: node.pid,
+                        node: top,
+                        pid: w.pid,
                         reason,
                         since,
                         evidence: Some(Evidence {
-                            sample: s.clone(),
+                            sample: top_sample.clone(),
                             peers: Vec::new(),
+                            server: server.to_vec(),
                         }),
                     })));
                 }
                 (None, true) => {
                     w.flags.retain(|(r, _)| *r != reason);
                     changes.push(Change::Cleared {
-                        node: node.id,
-                        pid: node.pid,
+                        node: top,
+                        pid: w.pid,
                         reason,
                         because: rules::cleared_because(reason, &seen),
                     });
@@ -412,16 +589,12 @@ impl Inspector {
         }
         self.peers.clear();
         index_tracked(&mut self.peers, graph);
-        let mut unresolved = rustc_hash::FxHashSet::default();
+        let mut unresolved = HashSet::default();
         for e in evidence.iter() {
-            for fact in &e.sample.fds {
-                if let Some(inode) = fact.fd.inode
-                    && fact.fd.kind == FdKind::Pipe
-                    && fact.other_end_open == Some(true)
-                    && self
-                        .peers
-                        .peers(inode, e.sample.pid, fact.fd.end)
-                        .is_empty()
+            for fact in e.sample.fds.iter().filter(|f| f.is_channel()) {
+                if fact.other_end_open == Some(true)
+                    && let Some(inode) = PeerIndex::other_inode(fact)
+                    && self.peers.peers(fact, e.sample.pid).is_empty()
                 {
                     unresolved.insert(inode);
                 }
@@ -436,11 +609,8 @@ impl Inspector {
                 .sample
                 .fds
                 .iter()
-                .filter(|fact| fact.fd.kind == FdKind::Pipe)
-                .filter_map(|fact| {
-                    let holders = self.peers.peers(fact.fd.inode?, pid, fact.fd.end);
-                    Some((fact.fd.fd, holders))
-                })
+                .filter(|f| f.is_channel())
+                .map(|f| (f.fd.fd, self.peers.peers(f, pid)))
                 .collect();
         }
     }
@@ -477,9 +647,13 @@ impl Inspector {
 
     /// Evidence about a live process now (for `--check`): a fresh sample and its pipe peers.
     pub fn evidence(&mut self, graph: &LineageGraph, node: &Node) -> Option<Evidence> {
+        let before = self.watches.get(&node.id).and_then(|w| w.last.as_ref());
+        let mut sample = self.sampler.sample(node.process(), before)?;
+        channels::mark_internal(node.id, &mut sample.fds, &self.holders);
         let mut found = Evidence {
-            sample: sample(node.process())?,
+            sample,
             peers: Vec::new(),
+            server: vec![node.id],
         };
         self.add_peers(graph, &mut [&mut found]);
         Some(found)

@@ -1,6 +1,7 @@
 //! Leaks: the rules that flag a descendant left behind ([`rules`]), the inspector that samples
 //! /proc on a cadence a days-long run can afford ([`inspector`]), who holds the other end of a
 //! pipe ([`peers`]), and the flags as the evidence a person or a tool acts on ([`flags`]).
+mod channels;
 pub mod flags;
 mod inspector;
 mod peers;

@@ -1,6 +1,7 @@
-//! Who holds the other end of a pipe: an index from pipe inodes to the processes and fds that
-//! hold them. (Both ends of a pipe are one inode; the two ends of a socket pair are two, so a
-//! socket's peer is not found this way: for sockets only "is the other end open" is known.)
+//! Who holds the other end of a pipe or socket: an index from inodes to the processes and fds
+//! that hold them. Both ends of a pipe are one inode (the holders of the opposite end are the
+//! peers); the two ends of a UNIX socket pair are two inodes (the holders of the peer's inode,
+//! which the kernel names, are the peers).
 //!
 //! The tracked processes and the gateways are indexed first (they are read anyway, and nearly
 //! every peer is one of them). An inode still unresolved after that is looked up by a scan of
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::FdFact;
 use crate::procfs;
 use crate::procfs::facts::{End, FdKind, OpenFd, read_fds};
 use crate::text::Comm;
@@ -41,7 +43,7 @@ impl PeerIndex {
     pub fn add(&mut self, pid: u32, comm: Comm, fds: &[OpenFd]) {
         for f in fds {
             let Some(inode) = f.inode else { continue };
-            if f.kind != FdKind::Pipe {
+            if !matches!(f.kind, FdKind::Pipe | FdKind::Socket) {
                 continue;
             }
             let list = self.holders.entry(inode).or_default();
@@ -57,10 +59,25 @@ impl PeerIndex {
         }
     }
 
-    /// The holders of the other end of pipe `inode`, as seen from `pid`'s `end`: the writers
-    /// of a read end, the readers of a write end (other processes only).
-    pub fn peers(&self, inode: u64, pid: u32, end: End) -> Vec<Holder> {
+    /// The inode the other end of `fact` is: the pipe's own, a socket's peer's.
+    pub fn other_inode(fact: &FdFact) -> Option<u64> {
+        match fact.fd.kind {
+            FdKind::Socket => fact.peer_inode,
+            _ => fact.fd.inode,
+        }
+    }
+
+    /// The holders of the other end of the pipe or socket `fact` of process `pid` (other
+    /// processes only): the writers of a read end, the readers of a write end, the holders of
+    /// a socket's peer.
+    pub fn peers(&self, fact: &FdFact, pid: u32) -> Vec<Holder> {
+        let Some(inode) = Self::other_inode(fact) else {
+            return Vec::new();
+        };
+        let socket = fact.fd.kind == FdKind::Socket;
+        let end = fact.fd.end;
         let other_end = |h: &&Holder| match end {
+            _ if socket => true,
             End::Read => h.end.writes(),
             End::Write => h.end.reads(),
             End::Both => true,
@@ -124,6 +141,15 @@ mod tests {
         }
     }
 
+    fn fact(f: OpenFd) -> FdFact {
+        FdFact {
+            fd: f,
+            other_end_open: Some(true),
+            peer_inode: None,
+            internal: false,
+        }
+    }
+
     #[test]
     fn peers_are_the_other_holders() {
         let mut idx = PeerIndex::default();
@@ -131,7 +157,7 @@ mod tests {
         idx.add(20, Comm::from_c(b"gateway"), &[fd(5, 77, End::Write)]);
         idx.add(20, Comm::from_c(b"gateway"), &[fd(5, 77, End::Write)]);
         idx.add(30, Comm::from_c(b"co-reader"), &[fd(3, 77, End::Read)]);
-        let peers = idx.peers(77, 10, End::Read);
+        let peers = idx.peers(&fact(fd(0, 77, End::Read)), 10);
         assert_eq!(
             peers.len(),
             1,
@@ -142,12 +168,28 @@ mod tests {
             (20, 5, End::Write)
         );
         let readers: Vec<u32> = idx
-            .peers(77, 20, End::Write)
+            .peers(&fact(fd(5, 77, End::Write)), 20)
             .iter()
             .map(|h| h.pid)
             .collect();
         assert_eq!(readers, [10, 30]);
-        assert!(idx.peers(99, 10, End::Read).is_empty());
+        assert!(idx.peers(&fact(fd(0, 99, End::Read)), 10).is_empty());
+        // A socket's peers hold the peer's inode, whatever their end.
+        let sock = |fd, inode| OpenFd {
+            fd,
+            kind: FdKind::Socket,
+            inode: Some(inode),
+            end: End::Both,
+        };
+        idx.add(40, Comm::from_c(b"host"), &[sock(41, 501)]);
+        let mut server = fact(sock(0, 500));
+        server.peer_inode = Some(501);
+        let host: Vec<_> = idx
+            .peers(&server, 10)
+            .iter()
+            .map(|h| (h.pid, h.fd))
+            .collect();
+        assert_eq!(host, [(40, 41)]);
     }
 
     #[test]
@@ -166,7 +208,7 @@ mod tests {
         let mut idx = PeerIndex::default();
         let wanted: HashSet<u64> = [inode].into_iter().collect();
         assert!(idx.full_scan(&wanted, &HashSet::default(), Duration::from_secs(60)));
-        let holders = idx.peers(inode, 0, End::Read);
+        let holders = idx.peers(&fact(fd(fds[0] as u32, inode, End::Read)), 0);
         assert!(
             holders.iter().any(|h| h.pid == me && h.end == End::Write),
             "{holders:?}"

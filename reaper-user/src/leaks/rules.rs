@@ -1,18 +1,28 @@
-//! The leak rules, one function each. A rule reads what one look at a process found (and what
-//! the inspector remembers of it) and answers whether its flag holds and since when; the
+//! The leak rules, one function each. A rule reads what one look at a server found (a process,
+//! or a process and the wrappers it shares a channel with, see [`super::channels`]) and what
+//! the inspector remembers of it, and answers whether its flag holds and since when; the
 //! inspector decides when to look (see [`super::Inspector`]) and turns the answers into `flag`
-//! and `cleared` events. A rule reads no /proc and keeps no state of its own.
-use super::{Reason, Sample};
+//! and `cleared` events. A rule reads no /proc and keeps no state of its own. A channel is a
+//! pipe or socket to another process: internal ones count for nothing.
+use super::Reason;
 use crate::lineage::graph::Node;
 
-/// What the rules see of one live process at one look.
-pub struct Observed<'a> {
-    pub sample: &'a Sample,
+/// What the rules see of one live server at one look.
+pub struct Observed {
+    /// One of its processes holds a channel.
+    pub holds_channel: bool,
+    /// None of its processes runs, and one waits in a read, poll, select or epoll.
+    pub waits_for_input: bool,
+    /// One of its channels has its other end open.
+    pub has_live_peer: bool,
+    /// It is flagged `idle` already. A look that catches it on a CPU or in another system call
+    /// (a timer firing) does not clear the flag; only moving data or losing its peer does.
+    pub idle_held: bool,
     /// A process on its spawn chain (the gateway included) has exited.
     pub chain_broken: bool,
-    /// Boot-time ns since when its I/O counters have not changed.
+    /// Boot-time ns since when no process of it moved data.
     pub io_since: u64,
-    /// Boot-time ns since when a pipe it reads has had no writers.
+    /// Boot-time ns since when a channel it reads has had no other end.
     pub eof_since: Option<u64>,
     pub now: u64,
     /// `--idle-after`, ns.
@@ -29,20 +39,22 @@ pub const LIVE: [(Reason, Rule); 3] = [
     (Reason::Deaf, deaf),
 ];
 
-/// `orphaned`: its spawn chain is broken and it still holds a pipe or socket (it can still be
+/// `orphaned`: its spawn chain is broken and it still holds a channel (it can still be
 /// waiting on, or keeping open, a channel of a session that is gone).
 pub fn orphaned(o: &Observed) -> Option<u64> {
-    (o.chain_broken && o.sample.holds_pipe_or_socket()).then_some(o.now)
+    (o.chain_broken && o.holds_channel).then_some(o.now)
 }
 
-/// `idle`: it waits for input on a pipe or socket whose other end is open, and moved no data
-/// for `--idle-after`.
+/// `idle`: it waits for input on a channel whose other end is open, and moved no data for
+/// `--idle-after`.
 pub fn idle(o: &Observed) -> Option<u64> {
     let quiet = o.now.saturating_sub(o.io_since) >= o.idle_after;
-    (o.sample.waits_for_input() && o.sample.has_live_peer() && quiet).then_some(o.io_since)
+    let waits = o.waits_for_input || o.idle_held;
+    (waits && o.has_live_peer && quiet).then_some(o.io_since)
 }
 
-/// `deaf`: a pipe it reads has had no writers (EOF pending, ignored) for `--idle-after`.
+/// `deaf`: a pipe it reads has had no writers, or a socket it reads no peer (EOF pending,
+/// ignored), for `--idle-after`.
 pub fn deaf(o: &Observed) -> Option<u64> {
     o.eof_since
         .filter(|&t| o.now.saturating_sub(t) >= o.idle_after)
@@ -57,9 +69,9 @@ pub fn zombie(node: &Node, now: u64, after: u64) -> Option<u64> {
 /// Why the flag `reason` stopped holding for a live process, for the `cleared` event.
 pub fn cleared_because(reason: Reason, o: &Observed) -> &'static str {
     match reason {
-        Reason::Orphaned => "holds no pipe or socket now",
+        Reason::Orphaned => "holds no pipe or socket to another process now",
         Reason::Idle if o.io_since == o.now => "moved data",
-        Reason::Idle => "no longer waits for input from a live peer",
+        Reason::Idle => "no live peer on its channels now",
         Reason::Deaf => "its pipe has a writer again",
         Reason::Zombie | Reason::Respawning => "reaped",
     }
@@ -68,26 +80,16 @@ pub fn cleared_because(reason: Reason, o: &Observed) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leaks::FdFact;
-    use crate::procfs::facts::{Blocked, End, FdKind, OpenFd};
 
     const SEC: u64 = 1_000_000_000;
 
-    fn stdin(end: End, other_end_open: Option<bool>) -> FdFact {
-        FdFact {
-            fd: OpenFd {
-                fd: 0,
-                kind: FdKind::Pipe,
-                inode: Some(7),
-                end,
-            },
-            other_end_open,
-        }
-    }
-
-    fn seen(sample: &Sample, io_since: u64, eof_since: Option<u64>, broken: bool) -> Observed<'_> {
+    /// A server waiting for input on a channel whose other end is `peer_open`.
+    fn waiting(peer_open: bool, io_since: u64, eof_since: Option<u64>, broken: bool) -> Observed {
         Observed {
-            sample,
+            holds_channel: true,
+            waits_for_input: true,
+            has_live_peer: peer_open,
+            idle_held: false,
             chain_broken: broken,
             io_since,
             eof_since,
@@ -96,49 +98,49 @@ mod tests {
         }
     }
 
-    fn waiting_reader(other_end_open: Option<bool>) -> Sample {
-        Sample {
-            pid: 5,
-            state: b'S',
-            blocked: Some(Blocked::WaitingForInput {
-                syscall: 0,
-                fd: Some(0),
-            }),
-            fds: vec![stdin(End::Read, other_end_open)],
-            ..Sample::default()
-        }
-    }
-
     #[test]
     fn orphaned_needs_a_broken_chain_and_a_channel() {
-        let reader = waiting_reader(Some(true));
-        assert_eq!(orphaned(&seen(&reader, 0, None, true)), Some(100 * SEC));
-        assert_eq!(orphaned(&seen(&reader, 0, None, false)), None);
-        let no_fds = Sample::default();
-        assert_eq!(orphaned(&seen(&no_fds, 0, None, true)), None);
+        assert_eq!(orphaned(&waiting(true, 0, None, true)), Some(100 * SEC));
+        assert_eq!(orphaned(&waiting(true, 0, None, false)), None);
+        let only_plumbing = Observed {
+            holds_channel: false,
+            ..waiting(true, 0, None, true)
+        };
+        assert_eq!(orphaned(&only_plumbing), None);
     }
 
     #[test]
     fn idle_needs_a_live_peer_and_the_whole_quiet_time() {
-        let reader = waiting_reader(Some(true));
-        assert_eq!(idle(&seen(&reader, 90 * SEC, None, false)), Some(90 * SEC));
+        assert_eq!(idle(&waiting(true, 90 * SEC, None, false)), Some(90 * SEC));
         assert_eq!(
-            idle(&seen(&reader, 91 * SEC, None, false)),
+            idle(&waiting(true, 91 * SEC, None, false)),
             None,
             "9 s quiet"
         );
-        let deaf_reader = waiting_reader(Some(false));
-        assert_eq!(idle(&seen(&deaf_reader, 0, None, false)), None, "no peer");
+        assert_eq!(idle(&waiting(false, 0, None, false)), None, "no peer");
+        let busy = Observed {
+            waits_for_input: false,
+            ..waiting(true, 0, None, false)
+        };
+        assert_eq!(idle(&busy), None, "running");
+        let timer_fired = Observed {
+            idle_held: true,
+            ..busy
+        };
+        assert_eq!(
+            idle(&timer_fired),
+            Some(0),
+            "caught on a CPU once it is idle: still idle, it moved no data"
+        );
     }
 
     #[test]
     fn deaf_counts_from_the_last_writer_gone() {
-        let reader = waiting_reader(Some(false));
         assert_eq!(
-            deaf(&seen(&reader, 0, Some(90 * SEC), false)),
+            deaf(&waiting(false, 0, Some(90 * SEC), false)),
             Some(90 * SEC)
         );
-        assert_eq!(deaf(&seen(&reader, 0, Some(95 * SEC), false)), None);
-        assert_eq!(deaf(&seen(&reader, 0, None, false)), None);
+        assert_eq!(deaf(&waiting(false, 0, Some(95 * SEC), false)), None);
+        assert_eq!(deaf(&waiting(false, 0, None, false)), None);
     }
 }

@@ -11,7 +11,9 @@ use base64::{Engine as _, engine::general_purpose::STANDARD};
 use crate::capture::decode::{KernelEvent, What};
 use crate::text::{Args, Comm, escape_for_terminal, exact_b64, lossy};
 
-pub use super::evidence::{Ancestor, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo};
+pub use super::evidence::{
+    Ancestor, ChainMember, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo,
+};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.
@@ -640,12 +642,19 @@ mod tests {
                 inode: Some(7),
                 end: "both".into(),
                 other_end: "open".into(),
+                peer_inode: Some(8),
+                internal: false,
                 peers: vec![Peer {
                     pid: 1,
                     fd: 9,
                     end: "both".into(),
                     comm: ProcText::new("comm", &b"gw"[..]),
                 }],
+            }],
+            chain: vec![ChainMember {
+                pid: 2,
+                comm: ProcText::new("comm", &b"w"[..]),
+                argv: Argv::new(Args::from_list(["w"])),
             }],
             state: "S (sleeping)".into(),
             rss_kib: Some(100),

@@ -22,6 +22,17 @@ pub struct Ancestor {
     pub exited: Option<u64>,
 }
 
+/// One process of a flagged server (see `LeakDetail::chain`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChainMember {
+    pub pid: u32,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+}
+
 /// A holder of a pipe's or socket's other end.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -44,7 +55,18 @@ pub struct PipeInfo {
     /// "open" (some process holds the other end), "closed" (none does: EOF or EPIPE is
     /// pending), or "unknown".
     pub other_end: Cow<'static, str>,
+    /// A connected UNIX socket's peer: the inode of the other end (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_inode: Option<u64>,
+    /// Both ends are held by this process alone (its own plumbing, e.g. libuv's signal pipe);
+    /// absent when false. Such a channel never makes a rule hold.
+    #[serde(skip_serializing_if = "is_false")]
+    pub internal: bool,
     pub peers: Vec<Peer>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// What a leak flag carries besides its reason.
@@ -53,6 +75,10 @@ pub struct PipeInfo {
 pub struct LeakDetail {
     pub lineage: Vec<u32>,
     pub ancestors: Vec<Ancestor>,
+    /// The processes of the flagged server, outermost (the flagged one) first: a process and
+    /// the ones it started that share its channel (`npm exec` > `sh -c` > `node server.js`).
+    /// Just the flagged process when it is a server by itself.
+    pub chain: Vec<ChainMember>,
     pub pipes: Vec<PipeInfo>,
     /// `/proc/PID/stat` state, e.g. "S (sleeping)"; "Z (zombie)" for a zombie.
     pub state: String,

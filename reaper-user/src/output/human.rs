@@ -1,7 +1,7 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::events::{
-    Argv, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, wait_status,
+    Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, wait_status,
 };
 
 /// One line a person reads. Every string that came from a process is escaped.
@@ -209,27 +209,33 @@ fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
     }
 }
 
-/// What the pipes show, for people: `fd 0 pipe:[88123] read end, other end held by 4705 (sleep)
-/// fd 5`.
+/// What the pipes and sockets show, for people: `fd 0 pipe:[88123] read end, other end held
+/// by 4705 (sleep) fd 5 write end`; a socket's end is not named (it reads and writes); the
+/// process's internal channels are counted, not listed.
 fn pipes_text(pipes: &[PipeInfo]) -> String {
-    let parts: Vec<String> = pipes
+    let mut parts: Vec<String> = pipes
         .iter()
-        .filter(|p| p.kind != "tty")
+        .filter(|p| p.kind != "tty" && !p.internal)
         .map(|p| {
+            let socket = p.kind == "socket";
+            let end = |end: &str| match socket {
+                true => String::new(),
+                false => format!(" {end} end"),
+            };
             let what = match p.inode {
-                Some(i) => format!("fd {} {}:[{i}] {} end", p.fd, p.kind, p.end),
-                None => format!("fd {} {} {} end", p.fd, p.kind, p.end),
+                Some(i) => format!("fd {} {}:[{i}]{}", p.fd, p.kind, end(&p.end)),
+                None => format!("fd {} {}{}", p.fd, p.kind, end(&p.end)),
             };
             let holders: Vec<String> = p
                 .peers
                 .iter()
                 .map(|h| {
                     format!(
-                        "{} ({}) fd {} {} end",
+                        "{} ({}) fd {}{}",
                         h.pid,
                         h.comm.for_terminal(),
                         h.fd,
-                        h.end
+                        end(&h.end)
                     )
                 })
                 .collect();
@@ -241,7 +247,36 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
             }
         })
         .collect();
+    let internal = pipes.iter().filter(|p| p.internal).count();
+    if internal > 0 {
+        parts.push(format!("{internal} fds of its own internal channels"));
+    }
     parts.join("; ")
+}
+
+/// `server 4701 (npm exec x) > 4702 (sh -c x) > 4703 (node server.js)` for a server of more
+/// than one process.
+fn chain_text(chain: &[ChainMember]) -> Option<String> {
+    (chain.len() > 1).then(|| {
+        let members: Vec<String> = chain.iter().map(|m| who(m.pid, &m.comm, &m.argv)).collect();
+        format!("server {}", members.join(" > "))
+    })
+}
+
+/// The evidence after the reason: the server's processes, channels, RSS.
+fn evidence_text(out: &mut String, detail: &LeakDetail) {
+    if let Some(chain) = chain_text(&detail.chain) {
+        out.push_str("; ");
+        out.push_str(&chain);
+    }
+    let pipes = pipes_text(&detail.pipes);
+    if !pipes.is_empty() {
+        out.push_str("; ");
+        out.push_str(&pipes);
+    }
+    if let Some(kib) = detail.rss_kib {
+        out.push_str(&format!("; RSS {}", human_rss(kib)));
+    }
 }
 
 /// One line a person can act on, for a flag raised at `ts`.
@@ -266,7 +301,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
             })
             .unwrap_or_else(|| "its spawner exited".into()),
         "idle" => format!("waiting for input, no I/O for {ago}"),
-        "deaf" => format!("a pipe it reads has had no writers for {ago} (EOF ignored)"),
+        "deaf" => format!("a channel it reads has had no other end for {ago} (EOF ignored)"),
         "zombie" => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
         other => other.to_owned(),
     };
@@ -278,14 +313,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
     if detail.escaped {
         line.push_str(", escaped (another session, group or cgroup than the gateway's)");
     }
-    let pipes = pipes_text(&detail.pipes);
-    if !pipes.is_empty() {
-        line.push_str("; ");
-        line.push_str(&pipes);
-    }
-    if let Some(kib) = detail.rss_kib {
-        line.push_str(&format!("; RSS {}", human_rss(kib)));
-    }
+    evidence_text(&mut line, detail);
     line
 }
 
@@ -308,14 +336,7 @@ pub fn check_lines(
             p.detail.state,
             lineage.join(" > ")
         ));
-        let pipes = pipes_text(&p.detail.pipes);
-        if !pipes.is_empty() {
-            out.push_str("; ");
-            out.push_str(&pipes);
-        }
-        if let Some(kib) = p.detail.rss_kib {
-            out.push_str(&format!("; RSS {}", human_rss(kib)));
-        }
+        evidence_text(&mut out, &p.detail);
     }
     out
 }
@@ -365,7 +386,9 @@ mod tests {
                     end: "write".into(),
                     comm: ProcText::new("comm", Comm::from_c(b"sleep\x1b")),
                 }],
+                ..PipeInfo::default()
             }],
+            chain: Vec::new(),
             ancestors,
             state: "S (sleeping)".into(),
             rss_kib: Some(312 * 1024),
@@ -377,6 +400,60 @@ mod tests {
     }
 
     const SEC: u64 = 1_000_000_000;
+
+    fn member(pid: u32, argv: &[&str]) -> ChainMember {
+        ChainMember {
+            pid,
+            comm: ProcText::new("comm", Comm::from_c(b"x")),
+            argv: Argv::new(Args::from_list(argv)),
+        }
+    }
+
+    #[test]
+    fn a_node_servers_line_names_the_host_socket_shows_the_chain_and_counts_the_plumbing() {
+        let socket = |fd, inode, peer_inode, internal, peers: Vec<Peer>| PipeInfo {
+            fd,
+            kind: "socket".into(),
+            inode: Some(inode),
+            end: "both".into(),
+            other_end: "open".into(),
+            peer_inode: Some(peer_inode),
+            internal,
+            peers,
+        };
+        let host = |fd| Peer {
+            pid: 4700,
+            fd,
+            end: "both".into(),
+            comm: ProcText::new("comm", Comm::from_c(b"node")),
+        };
+        let mut d = detail(
+            vec![ancestor(4700, &["node", "host.js"], None)],
+            4700,
+            false,
+        );
+        d.pipes = vec![
+            socket(0, 900, 901, false, vec![host(21)]),
+            socket(1, 902, 903, false, vec![host(23)]),
+            socket(6, 904, 905, true, Vec::new()),
+            socket(7, 905, 904, true, Vec::new()),
+        ];
+        d.chain = vec![
+            member(4701, &["node", "npm", "exec", "srv"]),
+            member(4702, &["sh", "-c", "srv"]),
+            member(4703, &["node", "server.js"]),
+        ];
+        d.argv = Argv::new(Args::from_list(["node", "npm", "exec", "srv"]));
+        d.rss_kib = None;
+        let line = flag_line(70 * SEC, 4701, "idle", 10 * SEC, &d);
+        assert_eq!(
+            line,
+            "LEAK idle pid 4701 (node npm exec srv): waiting for input, no I/O for 1m00s; server \
+             4701 (node npm exec srv) > 4702 (sh -c srv) > 4703 (node server.js); fd 0 \
+             socket:[900], other end held by 4700 (node) fd 21; fd 1 socket:[902], other end \
+             held by 4700 (node) fd 23; 2 fds of its own internal channels"
+        );
+    }
 
     #[test]
     fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {

@@ -341,7 +341,16 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
             esc(&human_duration((idle * 1e9) as u64))
         );
     }
-    for p in &d.pipes {
+    if d.chain.len() > 1 {
+        let members: Vec<String> = d
+            .chain
+            .iter()
+            .map(|m| format!("{} ({})", m.pid, esc(&m.comm.text())))
+            .collect();
+        let _ = write!(evidence, "<br>server {}", members.join(" &gt; "));
+    }
+    let internal = d.pipes.iter().filter(|p| p.internal).count();
+    for p in d.pipes.iter().filter(|p| !p.internal) {
         let holders: Vec<String> = p
             .peers
             .iter()
@@ -359,6 +368,9 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
                 false => format!(": {}", holders.join(", ")),
             }
         );
+    }
+    if internal > 0 {
+        let _ = write!(evidence, "<br>{internal} fds of its own internal channels");
     }
     let mut outcome = match &f.cleared {
         Some((ts, because)) => format!("cleared {}: {}", at(a, *ts), esc(because)),
@@ -490,7 +502,7 @@ mod tests {
             "\n",
             r#"{"event":"exec","seq":2,"ts":1200000000,"pid":11,"filename":"/bin/<evil>","argv":["<img src=x>"],"truncated":false,"tid":11}"#,
             "\n",
-            r#"{"event":"flag","seq":3,"ts":3000000000,"pid":11,"reason":"orphaned","since":2,"lineage":[10,11],"ancestors":[{"pid":10,"comm":"gw","argv":["gw"],"exited":2900000000},{"pid":11,"comm":"<evil>","argv":["<img src=x>"],"exited":null}],"pipes":[{"fd":0,"kind":"pipe","inode":5,"end":"read","other_end":"open","peers":[{"pid":12,"fd":1,"end":"write","comm":"holder"}]}],"state":"S (sleeping)","rss_kib":2048,"ppid":1,"escaped":true,"comm":"<evil>","argv":["<img src=x>"]}"#,
+            r#"{"event":"flag","seq":3,"ts":3000000000,"pid":11,"reason":"orphaned","since":2,"lineage":[10,11],"ancestors":[{"pid":10,"comm":"gw","argv":["gw"],"exited":2900000000},{"pid":11,"comm":"<evil>","argv":["<img src=x>"],"exited":null}],"chain":[{"pid":11,"comm":"<evil>","argv":["<img src=x>"]},{"pid":13,"comm":"node","argv":["node"]}],"pipes":[{"fd":0,"kind":"pipe","inode":5,"end":"read","other_end":"open","peers":[{"pid":12,"fd":1,"end":"write","comm":"holder"}]},{"fd":4,"kind":"pipe","inode":77,"end":"read","other_end":"open","internal":true,"peers":[]}],"state":"S (sleeping)","rss_kib":2048,"ppid":1,"escaped":true,"comm":"<evil>","argv":["<img src=x>"]}"#,
             "\n",
             "not json at all\n",
         );
@@ -500,6 +512,14 @@ mod tests {
         let page = render(&audit, "t");
         assert!(page.contains("id=\"plot-counts\"") && page.contains("id=\"leak-table\""));
         assert!(page.contains("12 (holder) fd 1"), "pipe peers shown");
+        assert!(
+            page.contains("server 11 (&lt;evil&gt;) &gt; 13 (node)"),
+            "the server's chain shown"
+        );
+        assert!(
+            page.contains("1 fds of its own internal channels") && !page.contains("fd 4 pipe"),
+            "internal channels counted, not listed"
+        );
         assert!(page.contains("exited +1s"), "ancestor exit times shown");
         assert!(page.contains("2.0 MiB"));
         assert!(

@@ -655,8 +655,9 @@ fn normal() -> Value {
 }
 
 /// A supervisor that respawns its worker: X forks S and exits; S (holding no pipe, its stdio on
-/// /dev/null) forks worker C, which holds a pipe of its own and sleeps. Whenever C dies, S forks
-/// a new one (same argv). Once released S ends its worker and exits.
+/// /dev/null) forks worker C, which holds the read end of a pipe whose writer is gone, and
+/// sleeps. Whenever C dies, S forks a new one (same argv). Once released S ends its worker and
+/// exits.
 fn respawner(truth: &str) -> Value {
     let (mut prd, mut pwr) = (0, 0);
     pipe(&mut prd, &mut pwr);
@@ -676,8 +677,13 @@ fn respawner(truth: &str) -> Value {
             }
             let worker = || {
                 fork_then(|| {
+                    // It holds the read end of a pipe whose writer is gone, as a worker of a
+                    // dead session does. (A pipe it held both ends of would be its own
+                    // plumbing, which no rule counts.)
                     let (mut r, mut w) = (0, 0);
                     pipe(&mut r, &mut w);
+                    // SAFETY: closing its own write end.
+                    unsafe { libc::close(w) };
                     std::thread::sleep(Duration::from_secs(60));
                     0
                 })
