@@ -24,7 +24,7 @@ use crate::output::events::{
     AliveProcess, Argv, Delivery, Event, Latency, LeakedProcess, ProcText,
 };
 use crate::output::metrics::ScanState;
-use crate::procfs::boottime_now;
+use crate::procfs::{boottime_now, placement};
 
 /// CPU time this process used so far (user + system; its children excluded).
 fn own_cpu_ns() -> u64 {
@@ -227,7 +227,12 @@ impl Tracer {
             .map(|n| AliveProcess {
                 pid: n.pid,
                 lineage: self.graph.lineage(n.id),
-                comm: ProcText::new("comm", n.comm),
+                placement: placement::read(n.pid),
+                // Its name now: it may have renamed itself since its exec.
+                comm: ProcText::new(
+                    "comm",
+                    n.process().still_same().map_or(n.comm, |stat| stat.comm),
+                ),
                 argv: Argv::new(n.argv.clone()),
                 ppid: n.ppid,
                 escaped: n.escaped,

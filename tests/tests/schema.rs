@@ -39,12 +39,19 @@ fn the_schema_accepts_real_shapes_and_refuses_wrong_ones() {
         "exited": 7}], "chain": [{"pid": 12, "comm": "helper", "argv": ["helper", "--stdio"]}],
         "pipes": [{"fd": 0, "kind": "pipe", "inode": 55, "end": "read",
         "other_end": "open", "peers": [{"pid": 13, "fd": 1, "end": "write", "comm": "x"}]}],
-        "state": "S (sleeping)", "rss_kib": 1000, "ppid": 1, "escaped": true,
+        "state": "S (sleeping)", "rss_kib": 1000, "ppid": 1, "escaped": true, "nspid": 2,
+        "cgroup": "/system.slice/hermes.service",
         "comm": "helper", "argv": ["helper", "--stdio"]});
     assert!(valid(&flag));
     let mut bad_peer = flag.clone();
     bad_peer["pipes"][0]["peers"][0]["end"] = json!("sideways");
     assert!(!valid(&bad_peer), "nested objects are checked too");
+    let mut odd_runtime = flag.clone();
+    odd_runtime["container"] = json!({"runtime": "lxc", "id": "x"});
+    assert!(
+        !valid(&odd_runtime),
+        "a container's runtime is one reaper-trace names"
+    );
     let mut no_chain = flag.clone();
     no_chain["chain"] = json!([]);
     assert!(

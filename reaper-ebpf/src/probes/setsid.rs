@@ -45,7 +45,10 @@ fn report(ret: i64) {
     };
     send::<SetsidEvent>(EventKind::Setsid, |ev| {
         ev.header = header(EventKind::Setsid, pid, start);
-        ev.sid = ret as u32;
+        // The new session is named after its leader, the caller's thread group: its pid as
+        // the initial namespace sees it. (`ret` is the same id inside the caller's own pid
+        // namespace: 1, 2, ... in a container.)
+        ev.sid = pid;
         ev._pad = 0;
     });
 }

@@ -56,6 +56,8 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         Some(e) => (state_text(e.sample.state), e.sample.rss_kib),
         None => (state_text(if node.zombie() { b'Z' } else { b'?' }), None),
     };
+    // Its name as it is now (prctl(PR_SET_NAME), a write to /proc/PID/comm), not at its exec.
+    let comm = evidence.map_or(node.comm, |e| e.sample.comm);
     // Out of the gateway's session, process group or cgroup: by its own setsid() or an
     // ancestor's (a session is inherited).
     let escaped = match chain.first().filter(|g| g.is_gateway && g.id != node.id) {
@@ -76,7 +78,8 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         rss_kib,
         ppid: node.ppid,
         escaped,
-        comm: ProcText::new("comm", node.comm),
+        placement: evidence.map(|e| e.placement.clone()).unwrap_or_default(),
+        comm: ProcText::new("comm", comm),
         argv: Argv::new(node.argv.clone()),
     }
 }

@@ -26,7 +26,9 @@ use super::peers::{Holder, PeerIndex};
 use super::rules::{self, Observed};
 use crate::identity::{PidRef, ProcessId};
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
+use crate::procfs::placement::{self, Placement};
 use crate::sockdiag::{SockDiag, UnixPeer};
+use crate::text::Comm;
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
@@ -107,6 +109,8 @@ pub struct FdFact {
 #[derive(Clone, Debug, Default)]
 pub struct Sample {
     pub pid: u32,
+    /// Its name now (a process may rename itself after exec).
+    pub comm: Comm,
     /// `/proc/PID/stat` state letter (R, S, D, T, Z...).
     pub state: u8,
     pub rss_kib: Option<u64>,
@@ -176,6 +180,7 @@ impl Sampler {
             .collect();
         let mut s = Sample {
             pid,
+            comm: stat.comm,
             state: stat.state,
             rss_kib: None, // read for evidence only
             io: facts::read_io(pid),
@@ -226,6 +231,8 @@ pub struct Evidence {
     /// The processes of its server, outermost (this one) first: its wrappers' children down to
     /// the one doing the I/O. Just this one for a server of one process.
     pub server: Vec<NodeId>,
+    /// Its pid namespace and cgroup.
+    pub placement: Placement,
 }
 
 /// A flag that starts holding.
@@ -530,6 +537,7 @@ impl Inspector {
                             sample: top_sample.clone(),
                             peers: Vec::new(),
                             server: server.to_vec(),
+                            placement: Placement::default(),
                         }),
                     })));
                 }
@@ -605,6 +613,7 @@ impl Inspector {
         for e in evidence.iter_mut() {
             let pid = e.sample.pid;
             e.sample.rss_kib = facts::read_rss_kib(pid);
+            e.placement = placement::read(pid);
             e.peers = e
                 .sample
                 .fds
@@ -654,6 +663,7 @@ impl Inspector {
             sample,
             peers: Vec::new(),
             server: vec![node.id],
+            placement: Placement::default(),
         };
         self.add_peers(graph, &mut [&mut found]);
         Some(found)

@@ -19,7 +19,7 @@ use crate::output::{
     Output,
     events::{Argv, Event, ProcText},
 };
-use crate::procfs::{self, boottime_now};
+use crate::procfs::{self, boottime_now, placement};
 
 /// How long to wait for the kernel to reparent the children of an exited process.
 const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
@@ -300,6 +300,7 @@ pub fn emit_snapshot(graph: &LineageGraph, out: &mut Output, id: NodeId) -> Resu
         argv: Argv::new(n.argv.clone()),
         sid: n.sid,
         pgid: n.pgid,
+        placement: placement::read(n.pid),
     };
     out.event(boottime_now(), &ev)
 }

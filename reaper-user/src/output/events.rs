@@ -9,6 +9,7 @@ use std::rc::Rc;
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
 use crate::capture::decode::{KernelEvent, What};
+use crate::procfs::placement::Placement;
 use crate::text::{Args, Comm, escape_for_terminal, exact_b64, lossy};
 
 pub use super::evidence::{
@@ -210,6 +211,10 @@ pub struct AliveProcess {
     pub pid: u32,
     /// Pids from the gateway to this process along spawner edges.
     pub lineage: Vec<u32>,
+    /// Its pid namespace and cgroup, read at the end.
+    #[serde(flatten)]
+    pub placement: Placement,
+    /// Its name at the end.
     #[serde(flatten)]
     pub comm: ProcText,
     #[serde(flatten)]
@@ -323,6 +328,8 @@ pub enum Event {
         argv: Argv,
         sid: u32,
         pgid: u32,
+        #[serde(flatten)]
+        placement: Placement,
     },
     Ready {
         gateway: Vec<u32>,
@@ -660,6 +667,15 @@ mod tests {
             rss_kib: Some(100),
             ppid: 1,
             escaped: true,
+            placement: Placement {
+                nspid: Some(2),
+                cgroup: Some("/machine.slice/libpod-x.scope".into()),
+                container: Some(crate::procfs::placement::Container {
+                    runtime: "podman".into(),
+                    id: "x".into(),
+                    pod_uid: None,
+                }),
+            },
             comm: odd,
             argv: Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"])),
         };

@@ -5,6 +5,7 @@ use std::{borrow::Cow, collections::BTreeMap};
 use serde::{Deserialize, Serialize};
 
 use super::events::{Argv, ProcText};
+use crate::procfs::placement::Placement;
 
 // The evidence types are read back by the audit report too: every field has a default, so an
 // odd line loses only what it lacks.
@@ -87,6 +88,10 @@ pub struct LeakDetail {
     pub ppid: u32,
     /// Out of its gateway's session, process group or cgroup (informational).
     pub escaped: bool,
+    /// Its pid inside its pid namespace (`nspid`, when it differs), cgroup and container.
+    #[serde(flatten)]
+    pub placement: Placement,
+    /// Its name now (it may have renamed itself since its exec).
     #[serde(flatten)]
     pub comm: ProcText,
     #[serde(flatten)]

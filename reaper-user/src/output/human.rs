@@ -3,6 +3,7 @@
 use crate::output::events::{
     Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, wait_status,
 };
+use crate::text::escape_for_terminal;
 
 /// One line a person reads. Every string that came from a process is escaped.
 pub fn human_line(ts: u64, ev: &Event) -> String {
@@ -263,8 +264,23 @@ fn chain_text(chain: &[ChainMember]) -> Option<String> {
     })
 }
 
-/// The evidence after the reason: the server's processes, channels, RSS.
+/// The evidence after the reason: where it runs, the server's processes, channels, RSS.
 fn evidence_text(out: &mut String, detail: &LeakDetail) {
+    let place = &detail.placement;
+    if let Some(ns) = place.nspid {
+        out.push_str(&format!(", pid {ns} in its pid namespace"));
+    }
+    if let Some(c) = &place.container {
+        // Twelve digits, as `docker ps` and `podman ps` show an id.
+        let id: String = escape_for_terminal(c.id.as_bytes())
+            .chars()
+            .take(12)
+            .collect();
+        out.push_str(&format!(", in {} container {id}", c.runtime));
+        if let Some(pod) = &c.pod_uid {
+            out.push_str(&format!(" of pod {}", escape_for_terminal(pod.as_bytes())));
+        }
+    }
     if let Some(chain) = chain_text(&detail.chain) {
         out.push_str("; ");
         out.push_str(&chain);
@@ -394,6 +410,7 @@ mod tests {
             rss_kib: Some(312 * 1024),
             ppid,
             escaped,
+            placement: Default::default(),
             comm: ProcText::new("comm", Comm::from_c(b"node")),
             argv: Argv::new(Args::from_list([&b"node"[..], &b"bridge.cjs"[..]])),
         }
@@ -452,6 +469,30 @@ mod tests {
              4701 (node npm exec srv) > 4702 (sh -c srv) > 4703 (node server.js); fd 0 \
              socket:[900], other end held by 4700 (node) fd 21; fd 1 socket:[902], other end \
              held by 4700 (node) fd 23; 2 fds of its own internal channels"
+        );
+    }
+
+    #[test]
+    fn a_flag_in_a_container_says_where_it_runs() {
+        let mut d = detail(vec![ancestor(4700, &["gw"], Some(0))], 1, true);
+        d.pipes.clear();
+        d.rss_kib = None;
+        d.placement = crate::procfs::placement::Placement {
+            nspid: Some(2),
+            cgroup: Some("/kubepods/besteffort/podX/0123456789abcdef".into()),
+            container: Some(crate::procfs::placement::Container {
+                runtime: "containerd".into(),
+                id: "0123456789abcdef0123".into(),
+                pod_uid: Some("6f1c1a52-1111-4c2e-9a5b-0123456789ab".into()),
+            }),
+        };
+        let line = flag_line(SEC, 4711, "deaf", 0, &d);
+        assert!(
+            line.ends_with(
+                ", pid 2 in its pid namespace, in containerd container 0123456789ab of pod \
+                 6f1c1a52-1111-4c2e-9a5b-0123456789ab"
+            ),
+            "{line}"
         );
     }
 

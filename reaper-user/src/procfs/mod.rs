@@ -2,6 +2,7 @@
 //!
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
 pub mod facts;
+pub mod placement;
 
 use std::{collections::HashMap, fs, io, path::PathBuf};
 

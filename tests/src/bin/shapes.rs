@@ -35,6 +35,7 @@ fn main() {
         "leak-agent-kill" => leak_agent_kill(truth),
         "leak-deaf" => leak_deaf(truth),
         "leak-zombies" => leak_zombies(truth),
+        "leak-pidns" => leak_pidns(truth),
         "normal" => normal(),
         "respawner" => respawner(truth),
         "hostile" => hostile(),
@@ -486,6 +487,62 @@ fn leak_orphan(truth: &str) -> Value {
     // SAFETY: closing the write end gives B its EOF.
     unsafe { libc::close(wr) };
     json!({ "a": a, "b": b, "write_fd": wr })
+}
+
+/// Orphaned inside a pid namespace: A unshares a new pid namespace and forks B, its init (pid 1
+/// there). B puts its stdio on /dev/null and forks C (pid 2 there) with the read end of the
+/// gateway's pipe as stdin; C calls setsid() (its session is 2 inside, its host pid outside),
+/// renames itself `ns-escapee` (prctl) and waits on stdin. A sends B's host pid and exits, which
+/// breaks C's chain. Once released the gateway closes the write end: C reads EOF and exits, and
+/// B, which waited for it, exits too.
+fn leak_pidns(truth: &str) -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let a = fork_then(move || {
+        // SAFETY: plain syscall; the next child of A is the new namespace's init.
+        if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+            eprintln!("unshare(CLONE_NEWPID): {}", std::io::Error::last_os_error());
+            return 1;
+        }
+        let b = fork_then(move || {
+            // SAFETY: plain syscalls in the namespace's init: stdio on /dev/null.
+            unsafe {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+            }
+            let c = fork_then(move || {
+                as_stdin(rd);
+                // SAFETY: plain syscalls in C: only its stdin pipe kept, a session of its own,
+                // a new name.
+                unsafe {
+                    libc::close_range(3, u32::MAX, 0);
+                    libc::setsid();
+                    libc::prctl(libc::PR_SET_NAME, c"ns-escapee".as_ptr());
+                }
+                read_stdin_to_eof();
+                0
+            });
+            // SAFETY: B keeps nothing but its /dev/null stdio.
+            unsafe { libc::close_range(3, u32::MAX, 0) };
+            wait_for(c);
+            0
+        });
+        send_pid(pwr, b);
+        0
+    });
+    let b = recv_pid(prd);
+    wait_for(a);
+    // SAFETY: the gateway keeps the write end only.
+    unsafe { libc::close(rd) };
+    write_truth(&format!("{truth}.ready"), &json!({ "a": a, "b": b }));
+    Hold::leak().wait();
+    // SAFETY: closing the write end gives C its EOF.
+    unsafe { libc::close(wr) };
+    json!({ "a": a, "b": b })
 }
 
 /// Idle: three stdio servers, each in its own session reading its stdin pipe from the
