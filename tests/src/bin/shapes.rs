@@ -480,13 +480,20 @@ fn leak_orphan(truth: &str) -> Value {
     });
     let b = recv_pid(prd);
     wait_for(a);
-    // SAFETY: the gateway keeps the write end only.
-    unsafe { libc::close(rd) };
-    write_truth(&format!("{truth}.ready"), &json!({ "a": a, "b": b }));
-    Hold::leak().wait();
-    // SAFETY: closing the write end gives B its EOF.
-    unsafe { libc::close(wr) };
+    hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
     json!({ "a": a, "b": b, "write_fd": wr })
+}
+
+/// The gateway's part once its leak is in place: it keeps only the write end of the pipe its
+/// orphan reads, says it is ready with `ready`, holds until released, then closes the write end
+/// (the orphan reads EOF and exits).
+fn hold_the_write_end(truth: &str, (rd, wr): (i32, i32), ready: Value) {
+    // SAFETY: closing the gateway's own copy of the read end.
+    unsafe { libc::close(rd) };
+    write_truth(&format!("{truth}.ready"), &ready);
+    Hold::leak().wait();
+    // SAFETY: closing the write end gives the reader its EOF.
+    unsafe { libc::close(wr) };
 }
 
 /// Orphaned inside a pid namespace: A unshares a new pid namespace and forks B, its init (pid 1
@@ -536,12 +543,7 @@ fn leak_pidns(truth: &str) -> Value {
     });
     let b = recv_pid(prd);
     wait_for(a);
-    // SAFETY: the gateway keeps the write end only.
-    unsafe { libc::close(rd) };
-    write_truth(&format!("{truth}.ready"), &json!({ "a": a, "b": b }));
-    Hold::leak().wait();
-    // SAFETY: closing the write end gives C its EOF.
-    unsafe { libc::close(wr) };
+    hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
     json!({ "a": a, "b": b })
 }
 
