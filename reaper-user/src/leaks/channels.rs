@@ -128,13 +128,19 @@ pub fn outermost<'a>(
     fds_of: impl Fn(NodeId) -> Option<&'a [FdFact]>,
 ) -> NodeId {
     let mut at = id;
-    while let Some(node) = graph.node(at)
-        && let Some(up) = node.spawner.and_then(|s| graph.node(s))
-        && up.alive()
-        && !up.is_gateway
-        && let (Some(mine), Some(theirs)) = (fds_of(at), fds_of(up.id))
-        && share_an_end(mine, theirs)
-    {
+    // Bounded like the graph's own chain walk: a malformed cycle must not hang a scan.
+    for _ in 0..4096 {
+        let Some(node) = graph.node(at) else { break };
+        let Some(up) = node.spawner.and_then(|s| graph.node(s)) else {
+            break;
+        };
+        let shares = match (fds_of(at), fds_of(up.id)) {
+            (Some(mine), Some(theirs)) => share_an_end(mine, theirs),
+            _ => false, // one of them not looked at yet
+        };
+        if !up.alive() || up.is_gateway || !shares {
+            break;
+        }
         at = up.id;
     }
     at
