@@ -25,6 +25,7 @@ use crate::{
         poll_clock::PollClock,
     },
     cli::Cli,
+    identity,
     kill::{KillOptions, KillReport, Killer},
     leaks::{InspectOptions, flags as leaks},
     lineage::{
@@ -55,6 +56,7 @@ const DETACH_SETTLE: Duration = Duration::from_millis(20);
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
     let t0 = boottime_now();
+    identity::check_host_pid_namespace()?;
     // Check the gateways before touching the kernel: a typo should cost nothing.
     let gateways = cli
         .gateway_pid

@@ -64,3 +64,47 @@ fn a_descendant_in_a_pid_namespace_is_reported_with_host_pids_and_its_own_name()
         run.all("flag")
     );
 }
+
+#[test]
+fn reaper_trace_refuses_to_run_in_a_pid_namespace_of_its_own() {
+    let test = "reaper_trace_refuses_to_run_in_a_pid_namespace_of_its_own";
+    if !require_root(test) {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(reaper_tests::reaper_trace());
+    command.args(["--json", "--", "true"]);
+    // SAFETY: between fork and exec only async-signal-safe calls: the child moves its future
+    // children to a new pid namespace and forks the one that execs reaper-trace there (as pid
+    // 1), then waits for it and exits with its status.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let inner = libc::fork();
+            if inner < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if inner > 0 {
+                let mut status = 0;
+                libc::waitpid(inner, &mut status, 0);
+                libc::_exit(match libc::WIFEXITED(status) {
+                    true => libc::WEXITSTATUS(status),
+                    false => 128 + libc::WTERMSIG(status),
+                });
+            }
+            Ok(())
+        });
+    }
+    let out = command
+        .output()
+        .expect("run reaper-trace in a new pid namespace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pid namespace of its own") && stderr.contains("hostPID"),
+        "the error says why and what to do: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no event before the refusal");
+}

@@ -41,6 +41,29 @@ impl Start {
     }
 }
 
+/// Refuses to run in a pid namespace below the host's (a container without the host's pid
+/// namespace). The kernel reports every pid as the host sees it, while `pidfd_open`, signals
+/// and this process's /proc name pids as its own namespace does: the same number can name
+/// another process there, so nothing could be trusted, least of all a kill.
+///
+/// The host's pid namespace is the initial one, whose inode number the kernel fixes
+/// (`PROC_PID_INIT_INO`); a namespace created later has another.
+pub fn check_host_pid_namespace() -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    let ns = std::fs::metadata("/proc/self/ns/pid")
+        .map_err(|e| anyhow::anyhow!("reading /proc/self/ns/pid: {e}"))?;
+    if ns.ino() == PROC_PID_INIT_INO {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "reaper-trace runs in a pid namespace of its own (a container without the host's pid \
+         namespace): the kernel reports the host's pids, which this namespace's pidfds, signals \
+         and /proc do not name. Run it in the host's pid namespace (`docker run --pid=host`, \
+         `podman run --pid=host`, Kubernetes `hostPID: true`)"
+    )
+}
+
 /// Clock ticks per second of `/proc` start times (USER_HZ), read once.
 pub fn ticks_per_second() -> u64 {
     static TICKS: OnceLock<u64> = OnceLock::new();
