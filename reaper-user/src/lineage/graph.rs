@@ -432,6 +432,12 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
+                // The kernel can report one process's exit more than once: when the threads of
+                // a SIGKILLed process exit together, each may find the group dead by the time
+                // it reaches the tracepoint. The first report is the exit.
+                if self.nodes[&id].exited.is_some_and(|e| e.status.is_some()) {
+                    return Applied::Duplicate;
+                }
                 self.set_exited(
                     id,
                     ExitInfo {
@@ -756,6 +762,27 @@ mod tests {
         assert!(n.zombie() && !n.alive());
         assert_eq!(n.exited.unwrap().status, Some(0x300));
         assert_eq!(g.zombies().count(), 1);
+        assert_counts(&g);
+    }
+
+    #[test]
+    fn a_multithreaded_process_reported_exiting_by_several_threads_exits_once() {
+        let mut g = LineageGraph::new(100);
+        gateway(&mut g, 100);
+        let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+        let exit = |seq, ts| {
+            let mut e = ev(seq, 200, 5_000, What::Exit { status: 9 });
+            e.ts = ts;
+            e
+        };
+        assert!(matches!(g.apply(&exit(1, 6_000)), Applied::Exit { .. }));
+        assert!(matches!(g.apply(&exit(2, 6_100)), Applied::Duplicate));
+        assert!(matches!(g.apply(&exit(3, 6_200)), Applied::Duplicate));
+        assert_eq!(
+            g.node(id).unwrap().exited.unwrap().ts,
+            6_000,
+            "the first one"
+        );
         assert_counts(&g);
     }
 
