@@ -85,7 +85,7 @@ pub struct Cli {
     pub scan_interval: Duration,
 
     /// Flag `idle` a descendant that waits for input and moved no data for this long, and
-    /// `deaf` one that reads a pipe with no writers left for this long.
+    /// `deaf` one that reads a pipe or socket whose other end is gone for this long.
     #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
     pub idle_after: Duration,
 

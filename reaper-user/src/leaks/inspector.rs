@@ -24,10 +24,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use super::channels::{self, Holders};
 use super::peers::{Holder, PeerIndex};
 use super::rules::{self, Observed};
-use crate::identity::{PidRef, ProcessId};
+use super::sampler::Sampler;
+use crate::identity::ProcessId;
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 use crate::procfs::placement::{self, Placement};
-use crate::sockdiag::{SockDiag, UnixPeer};
 use crate::text::Comm;
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
@@ -142,83 +142,6 @@ impl Sample {
             let reads = f.fd.kind == FdKind::Socket || f.fd.end == End::Read;
             f.is_channel() && reads && f.other_end_open == Some(false)
         })
-    }
-}
-
-/// Reads processes' facts: /proc, their fds through a pidfd, socket peers from the kernel.
-#[derive(Default)]
-struct Sampler {
-    /// Opened at the first socket; `None` after it could not be (peers then stay unknown).
-    diag: Option<Option<SockDiag>>,
-}
-
-impl Sampler {
-    /// Samples the process `id` while its pid still names it. A socket's peer is taken from
-    /// `before` (its previous sample) when the socket is the same.
-    fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
-        let (handle, stat) = PidRef::open(id).ok()?;
-        let (pid, pidfd) = (id.pid, handle.pidfd);
-        let fds = facts::read_fds(pid)?
-            .into_iter()
-            .map(|fd| {
-                let socket = fd.kind == FdKind::Socket;
-                let other_end_open = match fd.kind {
-                    FdKind::Pipe | FdKind::Socket => pidfd.other_end_open(fd.fd, fd.end, socket),
-                    _ => None,
-                };
-                let peer_inode = match (socket, fd.inode) {
-                    (true, Some(inode)) => self.peer_of(inode, before),
-                    _ => None,
-                };
-                FdFact {
-                    fd,
-                    other_end_open,
-                    peer_inode,
-                    internal: false,
-                }
-            })
-            .collect();
-        let mut s = Sample {
-            pid,
-            comm: stat.comm,
-            state: stat.state,
-            rss_kib: None, // read for evidence only
-            io: facts::read_io(pid),
-            blocked: None,
-            fds,
-        };
-        // What its threads are blocked in matters only to `idle`: read it only then. (Internal
-        // channels are not marked yet: a live one may make this read needlessly, never miss.)
-        if s.state == b'S' && s.has_live_peer() {
-            s.blocked = facts::read_blocked(pid);
-        }
-        Some(s)
-    }
-
-    /// The peer of UNIX socket `inode` (a connected socket's peer never changes).
-    fn peer_of(&mut self, inode: u64, before: Option<&Sample>) -> Option<u64> {
-        let known = before.and_then(|b| {
-            b.fds
-                .iter()
-                .find(|f| f.fd.inode == Some(inode) && f.fd.kind == FdKind::Socket)
-        });
-        if let Some(f) = known {
-            return f.peer_inode;
-        }
-        let diag = self
-            .diag
-            .get_or_insert_with(|| {
-                SockDiag::open()
-                    .inspect_err(|e| {
-                        eprintln!("reaper-trace: warning: {e}; socket peers stay unknown")
-                    })
-                    .ok()
-            })
-            .as_mut()?;
-        match diag.unix_peer(inode) {
-            Ok(UnixPeer::Connected(peer)) => Some(peer),
-            _ => None,
-        }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod flags;
 mod inspector;
 mod peers;
 mod rules;
+mod sampler;
 
 pub use inspector::*;
 pub use peers::Holder;
