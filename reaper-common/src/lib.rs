@@ -16,8 +16,25 @@ pub mod names {
     pub const READER_IDLE: &str = "READER_IDLE";
     pub const LOSSES: &str = "LOSSES";
     pub const EXEC_SCRATCH: &str = "EXEC_SCRATCH";
+    pub const PATH_SCRATCH: &str = "PATH_SCRATCH";
+    pub const GATEWAY_EXES: &str = "GATEWAY_EXES";
+    pub const GATEWAY_PATHS: &str = "GATEWAY_PATHS";
+    pub const GATEWAY_CGROUPS: &str = "GATEWAY_CGROUPS";
+    pub const GATEWAY_CGROUP_PATHS: &str = "GATEWAY_CGROUP_PATHS";
     /// The maps, for the check.
-    pub const MAPS: [&str; 6] = [TRACKED, EVENTS, SEQ, READER_IDLE, LOSSES, EXEC_SCRATCH];
+    pub const MAPS: [&str; 11] = [
+        TRACKED,
+        EVENTS,
+        SEQ,
+        READER_IDLE,
+        LOSSES,
+        EXEC_SCRATCH,
+        PATH_SCRATCH,
+        GATEWAY_EXES,
+        GATEWAY_PATHS,
+        GATEWAY_CGROUPS,
+        GATEWAY_CGROUP_PATHS,
+    ];
     pub const OFFSETS: &str = "OFFSETS";
     pub const CONFIG: &str = "CONFIG";
 }
@@ -28,6 +45,11 @@ pub const COMM_LEN: usize = 16;
 pub const ARGV_MAX: usize = 4096;
 /// Bytes of the exec'd filename copied from `linux_binprm::filename`.
 pub const FILENAME_MAX: usize = 256;
+/// Bytes of a path used as a map key (an executed script's path, a cgroup's path): the path,
+/// then zeros. Longer paths cannot be selected.
+pub const PATH_KEY_LEN: usize = 256;
+/// A path as a map key (see [`PATH_KEY_LEN`]).
+pub type PathKey = [u8; PATH_KEY_LEN];
 
 /// What a record in the ring buffer describes. The discriminant is the first `u32` of every
 /// record, so user space can tell records apart before it knows their size.
@@ -39,16 +61,18 @@ pub enum EventKind {
     Exit = 3,
     Free = 4,
     Setsid = 5,
+    Gateway = 6,
 }
 
 impl EventKind {
     /// All kinds, in the order of their loss counters (see [`LossSlot`]).
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::Fork,
         EventKind::Exec,
         EventKind::Exit,
         EventKind::Free,
         EventKind::Setsid,
+        EventKind::Gateway,
     ];
 
     pub fn from_u32(v: u32) -> Option<EventKind> {
@@ -58,6 +82,7 @@ impl EventKind {
             3 => Some(EventKind::Exit),
             4 => Some(EventKind::Free),
             5 => Some(EventKind::Setsid),
+            6 => Some(EventKind::Gateway),
             _ => None,
         }
     }
@@ -74,6 +99,7 @@ impl EventKind {
             EventKind::Exit => "exit",
             EventKind::Free => "free",
             EventKind::Setsid => "setsid",
+            EventKind::Gateway => "gateway",
         }
     }
 }
@@ -83,9 +109,9 @@ pub struct LossSlot;
 impl LossSlot {
     /// A tracked process forked a child that could not be inserted into the full tracked map:
     /// the child's own descendants will not be followed in the kernel.
-    pub const TRACKED_FULL: u32 = 5;
+    pub const TRACKED_FULL: u32 = 6;
     /// Number of slots in `LOSSES`.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
 }
 
 /// Header at the start of every record.
@@ -178,6 +204,58 @@ pub struct SetsidEvent {
     pub _pad: u32,
 }
 
+/// Where the kernel found a process matching a gateway selector.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatchedAt {
+    /// It executed a selected program (`GATEWAY_EXES`, `GATEWAY_PATHS`).
+    Exec = 1,
+    /// It was created in a selected cgroup by an untracked parent (`CLONE_INTO_CGROUP`).
+    Fork = 2,
+    /// It was moved into a selected cgroup.
+    Attach = 3,
+}
+
+impl MatchedAt {
+    pub fn from_u32(v: u32) -> Option<MatchedAt> {
+        match v {
+            1 => Some(MatchedAt::Exec),
+            2 => Some(MatchedAt::Fork),
+            3 => Some(MatchedAt::Attach),
+            _ => None,
+        }
+    }
+}
+
+/// A process became a gateway: it matched a selector in the kernel and is tracked from this
+/// moment (before it can fork). Sent before the event that made it match (an exec's record
+/// follows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GatewayEvent {
+    pub header: EventHeader,
+    /// The selector's index, as user space numbered them in the maps' values.
+    pub selector: u32,
+    /// A [`MatchedAt`] discriminant.
+    pub matched_at: u32,
+    pub ppid: u32,
+    pub sid: u32,
+    pub pgid: u32,
+    pub _pad: u32,
+    pub cgroup_id: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Key of `GATEWAY_EXES`: an executable file by its inode, which names it whatever path,
+/// symlink or hard link it is executed through.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExeKey {
+    /// `super_block::s_dev`, the kernel's encoding: `major << 20 | minor`.
+    pub dev: u64,
+    pub ino: u64,
+}
+
 /// Value of the in-kernel tracked-process map (keyed by tgid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -216,6 +294,12 @@ pub struct KernelOffsets {
     pub mm_arg_start: u64,
     pub mm_arg_end: u64,
     pub bprm_filename: u64,
+    pub bprm_file: u64,
+    pub file_inode: u64,
+    pub inode_ino: u64,
+    pub inode_sb: u64,
+    pub super_block_dev: u64,
+    pub kernfs_node_parent: u64,
     /// Offset of the syscall number in `struct pt_regs` (`orig_ax` on x86_64), for the
     /// raw `sys_exit` fallback of the setsid hook.
     pub pt_regs_syscall_nr: u64,
@@ -234,6 +318,13 @@ pub struct ProbeConfig {
     pub setsid_ret_offset: u64,
     /// The setsid syscall number on this architecture (for the raw `sys_exit` fallback).
     pub setsid_nr: u64,
+    /// 1: executables are selected by inode (`GATEWAY_EXES`): exec looks them up.
+    pub gateway_exes: u64,
+    /// 1: scripts are selected by the path they are executed by (`GATEWAY_PATHS`).
+    pub gateway_paths: u64,
+    /// 1: cgroups are selected (`GATEWAY_CGROUPS`, `GATEWAY_CGROUP_PATHS`): forks from
+    /// untracked processes, moves into cgroups and new cgroups are looked at.
+    pub gateway_cgroups: u64,
 }
 
 #[cfg(feature = "user")]
@@ -242,4 +333,5 @@ mod pod {
     unsafe impl aya::Pod for super::Tracked {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::ProbeConfig {}
+    unsafe impl aya::Pod for super::ExeKey {}
 }

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use reaper_common::{ExecEvent, KernelOffsets, LossSlot, ProbeConfig, Tracked};
+use reaper_common::{ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, Tracked};
 
 /// Processes under the gateways, keyed by tgid. Seeded by user space, extended here at fork
 /// (before the child can run), removed here when the process is freed.
@@ -34,6 +34,28 @@ pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossSlot::CO
 #[map]
 pub static EXEC_SCRATCH: PerCpuArray<ExecEvent> = PerCpuArray::with_max_entries(1, 0);
 
+/// Scratch space for a path read as a map key (zeroed, then filled).
+#[map]
+pub static PATH_SCRATCH: PerCpuArray<PathKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// `--gateway-exe` executables, by inode → the selector's index.
+#[map]
+pub static GATEWAY_EXES: HashMap<ExeKey, u32> = HashMap::with_max_entries(64, 0);
+
+/// `--gateway-exe` scripts, by the path they are executed by → the selector's index.
+#[map]
+pub static GATEWAY_PATHS: HashMap<PathKey, u32> = HashMap::with_max_entries(128, 0);
+
+/// Selected cgroups, by id → the selector's index. Kept here as cgroups come and go: a cgroup
+/// made under a selected one, or at a selected path, is selected from its mkdir.
+#[map]
+pub static GATEWAY_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+
+/// `--gateway-cgroup` / `--gateway-unit` paths (from the cgroup2 root, as the kernel names
+/// them: `/system.slice/x.service`) → the selector's index, for cgroups made again.
+#[map]
+pub static GATEWAY_CGROUP_PATHS: HashMap<PathKey, u32> = HashMap::with_max_entries(64, 0);
+
 /// Kernel struct offsets from the running kernel's BTF (set by user space at load).
 #[unsafe(no_mangle)]
 pub static OFFSETS: KernelOffsets = KernelOffsets {
@@ -57,6 +79,12 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     mm_arg_start: 0,
     mm_arg_end: 0,
     bprm_filename: 0,
+    bprm_file: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    super_block_dev: 0,
+    kernfs_node_parent: 0,
     pt_regs_syscall_nr: 0,
 };
 
@@ -67,6 +95,9 @@ pub static CONFIG: ProbeConfig = ProbeConfig {
     wakeup_bytes: 0,
     setsid_ret_offset: 0,
     setsid_nr: 0,
+    gateway_exes: 0,
+    gateway_paths: 0,
+    gateway_cgroups: 0,
 };
 
 /// Reads one field of a load-time global. Volatile, so the compiler cannot fold the

@@ -3,4 +3,5 @@ mod exec;
 mod exit;
 mod fork;
 mod free;
+mod gateway;
 mod setsid;

@@ -6,7 +6,7 @@ use crate::global;
 pub struct Task(pub *const u8);
 
 #[inline(always)]
-fn read<T: Copy + Default>(base: *const u8, off: u64) -> T {
+pub fn read<T: Copy + Default>(base: *const u8, off: u64) -> T {
     // SAFETY: `base` is a BTF-typed kernel pointer and `off` a frozen constant, so the
     // verifier checks the access against the struct's BTF and turns it into a
     // fault-tolerant load (a bad address reads as zero), without a helper call.
@@ -68,11 +68,13 @@ impl Task {
     pub fn pgid(self) -> u32 {
         Self::pid_nr(read_ptr(self.signal(), global!(OFFSETS.signal_pids_pgid)))
     }
-    pub fn cgroup_id(self) -> u64 {
+    /// The task's cgroup in the v2 hierarchy.
+    pub fn cgroup(self) -> Cgroup {
         let css_set = read_ptr(self.0, global!(OFFSETS.task_cgroups));
-        let cgroup = read_ptr(css_set, global!(OFFSETS.css_set_dfl_cgrp));
-        let kn = read_ptr(cgroup, global!(OFFSETS.cgroup_kn));
-        read(kn, global!(OFFSETS.kernfs_node_id))
+        Cgroup(read_ptr(css_set, global!(OFFSETS.css_set_dfl_cgrp)))
+    }
+    pub fn cgroup_id(self) -> u64 {
+        self.cgroup().id()
     }
     /// `(arg_start, arg_end)` of the task's mm (user addresses).
     pub fn arg_range(self) -> (u64, u64) {
@@ -84,6 +86,27 @@ impl Task {
             read(mm, global!(OFFSETS.mm_arg_start)),
             read(mm, global!(OFFSETS.mm_arg_end)),
         )
+    }
+}
+
+/// A kernel `struct cgroup *`.
+#[derive(Clone, Copy)]
+pub struct Cgroup(pub *const u8);
+
+impl Cgroup {
+    /// The cgroup id: its kernfs node's id, which is the inode number of its directory.
+    pub fn id(self) -> u64 {
+        let kn = read_ptr(self.0, global!(OFFSETS.cgroup_kn));
+        read(kn, global!(OFFSETS.kernfs_node_id))
+    }
+    /// The id of the cgroup it was made in (0 for the root).
+    pub fn parent_id(self) -> u64 {
+        let kn = read_ptr(self.0, global!(OFFSETS.cgroup_kn));
+        let parent = read_ptr(kn, global!(OFFSETS.kernfs_node_parent));
+        if parent.is_null() {
+            return 0;
+        }
+        read(parent, global!(OFFSETS.kernfs_node_id))
     }
 }
 

@@ -22,6 +22,29 @@ pub struct Cli {
     #[arg(long = "gateway-pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub gateway_pid: Vec<u32>,
 
+    /// Every process that executes PATH is a gateway: those running at start and each one
+    /// started later, matched in the kernel at exec (tracked before it can fork). A binary is
+    /// matched by its inode (any path or link to it); a `#!` script by the path it is run by
+    /// (PATH or its resolved target). Repeatable; the run then lasts until --duration or a
+    /// signal, across the gateway's restarts.
+    #[arg(long = "gateway-exe", value_name = "PATH")]
+    pub gateway_exe: Vec<PathBuf>,
+
+    /// The processes of a systemd unit are gateways: its cgroup, as with --gateway-cgroup
+    /// (asked of systemd; without systemd, the cgroup directory named after the unit).
+    #[arg(long = "gateway-unit", value_name = "NAME")]
+    pub gateway_unit: Vec<String>,
+
+    /// The processes of a cgroup v2 directory (and those under it) whose parent is outside it
+    /// are gateways: at start, and each one moved or started into it later, matched in the
+    /// kernel (a restarted unit's or container's new cgroup at the same path included).
+    #[arg(long = "gateway-cgroup", value_name = "PATH")]
+    pub gateway_cgroup: Vec<PathBuf>,
+
+    /// The pid in FILE is a gateway, read at start and again whenever FILE is rewritten.
+    #[arg(long = "gateway-pidfile", value_name = "FILE")]
+    pub gateway_pidfile: Vec<PathBuf>,
+
     /// Write NDJSON events to stdout (one object per line); readable lines go to stderr, and
     /// CMD's own stdout is sent to stderr so the stream stays clean.
     #[arg(long)]
@@ -51,7 +74,8 @@ pub struct Cli {
     pub metrics: Option<SocketAddr>,
 
     /// Stop after this long (e.g. 30s, 10m, 2h). Otherwise: on SIGINT/SIGTERM, or when the
-    /// gateways have exited and no tracked process is left.
+    /// gateways have exited and no tracked process is left (never, with a selector other than
+    /// --gateway-pid: a gateway may start again).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
@@ -249,8 +273,17 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 impl Cli {
     /// Checks what clap cannot: there is something to trace.
     pub fn validate(&self) -> Result<(), String> {
-        if self.gateway_pid.is_empty() && self.command.is_empty() {
-            return Err("nothing to trace: give --gateway-pid PID or a command after `--`".into());
+        let selectors = self.gateway_exe.len()
+            + self.gateway_unit.len()
+            + self.gateway_cgroup.len()
+            + self.gateway_pidfile.len();
+        if self.gateway_pid.is_empty() && self.command.is_empty() && selectors == 0 {
+            return Err(
+                "nothing to trace: give --gateway-pid PID, --gateway-exe PATH, \
+                        --gateway-unit NAME, --gateway-cgroup PATH, --gateway-pidfile FILE \
+                        or a command after `--`"
+                    .into(),
+            );
         }
         if self.check && self.command.is_empty() {
             return Err("--check runs a command: give it after `--`".into());

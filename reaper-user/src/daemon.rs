@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use reaper_common::Tracked;
 use tokio::{
@@ -25,6 +25,7 @@ use crate::{
         poll_clock::PollClock,
     },
     cli::Cli,
+    gateways::Selectors,
     identity,
     kill::{KillOptions, KillReport, Killer},
     leaks::{InspectOptions, flags as leaks},
@@ -42,7 +43,8 @@ use crate::{
         tree::render_alive_tree,
     },
     privileges,
-    procfs::boottime_now,
+    procfs::{self, Stat, boottime_now},
+    text::Args,
     tracer::Tracer,
 };
 
@@ -58,11 +60,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let t0 = boottime_now();
     identity::check_host_pid_namespace()?;
     // Check the gateways before touching the kernel: a typo should cost nothing.
-    let gateways = cli
+    let pid_gateways = cli
         .gateway_pid
         .iter()
         .map(|&pid| seed::check_gateway(pid, cli.allow_init))
         .collect::<Result<Vec<_>>>()?;
+    let mut selectors = Selectors::from_cli(&cli)?;
+    selectors.check_pidfiles()?;
     let output = output_for(&cli, t0)?;
     let metrics_listener = match cli.metrics {
         Some(addr) => Some(serve::bind(addr).await?),
@@ -74,6 +78,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         ring_bytes: cli.ring_size,
         batch_wakeups: !cli.wakeup_interval.is_zero(),
         setsid_hook: cli.setsid_hook.wanted(),
+        selectors: selectors.needs(),
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
@@ -101,8 +106,35 @@ pub async fn run(cli: Cli) -> Result<i32> {
         kill_reports = Some(reports);
     }
 
-    let seeds = seed::seed(&mut probes.tracked, &gateways)?;
+    // The kernel looks for new gateways from here on; then /proc for those already running.
+    selectors.arm(&mut probes.selector_maps)?;
+    tracer.set_selectors(selectors.labels());
+    let mut gateways: Vec<(usize, Stat)> = pid_gateways
+        .into_iter()
+        .map(|stat| (Selectors::PID, stat))
+        .collect();
+    for (selector, stat) in selectors.running(&procfs::snapshot_all()?) {
+        if !gateways.iter().any(|(_, g)| g.pid == stat.pid) {
+            gateways.push((selector, stat));
+        }
+    }
+    let stats: Vec<Stat> = gateways.iter().map(|(_, s)| s.clone()).collect();
+    let seeds = seed::seed(&mut probes.tracked, &stats)?;
+    for (selector, stat) in &gateways {
+        let seeded = seeds.iter().any(|s| s.is_gateway && s.pid == stat.pid);
+        if *selector == Selectors::PID && !seeded {
+            bail!(
+                "--gateway-pid {}: the process exited during start-up",
+                stat.pid
+            );
+        }
+    }
     tracer.add_seeds(seeds)?;
+    for (selector, stat) in &gateways {
+        if let Some(node) = tracer.graph.current(stat.pid).filter(|n| n.is_gateway) {
+            tracer.announce(node.id, *selector, boottime_now())?;
+        }
+    }
     let mut child = match cli.command.is_empty() {
         true => None,
         false => {
@@ -111,6 +143,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 child
                     .id()
                     .ok_or_else(|| anyhow!("the gateway exited at once"))?,
+                Args::from_list(cli.command.iter().map(|a| a.as_encoded_bytes())),
             );
             Some(child)
         }
@@ -137,11 +170,12 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut gateway_status: Option<ExitStatus> = None;
     let mut kernel = Kernel {
         counters: &probes.counters,
-        tracked: &probes.tracked,
+        tracked: &mut probes.tracked,
         reader_idle: &mut probes.reader_idle,
     };
     event_loop(
         &cli,
+        &mut selectors,
         &mut ring,
         &mut tracer,
         &mut kernel,
@@ -182,7 +216,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
 /// The maps the event loop uses besides the ring.
 struct Kernel<'a> {
     counters: &'a KernelCounters,
-    tracked: &'a TrackedMap,
+    tracked: &'a mut TrackedMap,
     reader_idle: &'a mut ReaderIdle,
 }
 
@@ -193,8 +227,10 @@ struct Kernel<'a> {
 /// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
 /// next record then wakes it at once), polls once more to catch a record that raced that,
 /// and sleeps. Housekeeping also polls, which bounds even that race's delay.
+#[allow(clippy::too_many_arguments)]
 async fn event_loop(
     cli: &Cli,
+    selectors: &mut Selectors,
     ring: &mut AsyncFd<RingBuf<MapData>>,
     tracer: &mut Tracer,
     kernel: &mut Kernel<'_>,
@@ -260,6 +296,7 @@ async fn event_loop(
                 let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), tracer)?;
                 tracer.keep_exact(losses, kernel.tracked)?;
+                follow_pidfiles(selectors, tracer, kernel.tracked, cli.allow_init)?;
                 house.as_mut().reset(Instant::now() + HOUSEKEEPING);
                 reparent_retry = false;
             }
@@ -290,8 +327,39 @@ async fn event_loop(
             tracer.out.flush().context("writing output")?;
         }
         let child_done = child.is_none() || gateway_status.is_some();
-        if child_done && tracer.gateways_exited() && tracer.tree_finished() {
+        let waiting_for_more = selectors.watches();
+        if child_done && !waiting_for_more && tracer.gateways_exited() && tracer.tree_finished() {
             break;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the pid of each rewritten pidfile a gateway (with what it already spawned, from
+/// /proc). A pidfile that names no live process, or holds no pid, is reported and waited on.
+fn follow_pidfiles(
+    selectors: &mut Selectors,
+    tracer: &mut Tracer,
+    tracked: &mut TrackedMap,
+    allow_init: bool,
+) -> Result<()> {
+    for (selector, change) in selectors.pidfile_changes() {
+        let label = selectors.label(selector).to_owned();
+        let stat = change.and_then(|pid| {
+            seed::check_gateway(pid, allow_init)
+                .map_err(|e| anyhow!("{}", e.to_string().replace("--gateway-pid", "pid")))
+        });
+        let stat = match stat {
+            Ok(stat) => stat,
+            Err(e) => {
+                eprintln!("reaper-trace: {label}: {e:#}; waiting for it to change");
+                continue;
+            }
+        };
+        let seeds = seed::seed(tracked, std::slice::from_ref(&stat))?;
+        tracer.add_seeds(seeds)?;
+        if let Some(node) = tracer.graph.current(stat.pid).filter(|n| n.is_gateway) {
+            tracer.announce(node.id, selector, boottime_now())?;
         }
     }
     Ok(())

@@ -10,6 +10,7 @@ pub mod capture;
 pub mod cli;
 pub mod daemon;
 pub mod exit_status;
+pub mod gateways;
 pub mod identity;
 pub mod kill;
 pub mod leaks;

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use hdrhistogram::Histogram;
 use reaper_common::EventKind;
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::capture::decode::{KernelEvent, What, decode};
 use crate::capture::loader::{KernelCounters, LossCounts};
 use crate::exit_status;
+use crate::gateways::Selectors;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::flags as leaks;
 use crate::leaks::{InspectOptions, Inspector, Reason};
@@ -24,7 +25,8 @@ use crate::output::events::{
     AliveProcess, Argv, Delivery, Event, Latency, LeakedProcess, ProcText,
 };
 use crate::output::metrics::ScanState;
-use crate::procfs::{boottime_now, placement};
+use crate::procfs::{self, boottime_now, placement};
+use crate::text::Args;
 
 /// CPU time this process used so far (user + system; its children excluded).
 fn own_cpu_ns() -> u64 {
@@ -49,6 +51,14 @@ pub struct Tracer {
     last_exit: Instant,
     /// Pids that are gateways once their fork event arrives (the `-- CMD` gateway).
     pending_gateways: HashSet<u32>,
+    /// The selectors' labels, by number (for the `gateway` event).
+    selector_labels: Vec<String>,
+    /// The `-- CMD` gateway's command line.
+    command: Args,
+    /// Gateways the stream has announced.
+    announced: HashSet<NodeId>,
+    /// Gateways matched at exec, announced after their exec event (with the new argv).
+    announce_at_exec: HashMap<u32, usize>,
     /// Records that did not decode (a build mismatch; never expected).
     pub undecodable: u64,
     /// Kernel timestamps of the records of the batch being handled.
@@ -71,6 +81,10 @@ impl Tracer {
             upkeep: Upkeep::default(),
             last_exit: Instant::now(),
             pending_gateways: HashSet::default(),
+            selector_labels: Vec::new(),
+            command: Args::default(),
+            announced: HashSet::default(),
+            announce_at_exec: HashMap::default(),
             undecodable: 0,
             batch_ts: Vec::new(),
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
@@ -91,9 +105,51 @@ impl Tracer {
         Ok(())
     }
 
-    /// `pid` becomes a gateway when its fork event arrives.
-    pub fn expect_gateway(&mut self, pid: u32) {
+    /// Names the selectors (see [`Selectors::label`]) for the `gateway` events.
+    pub fn set_selectors(&mut self, labels: Vec<String>) {
+        self.selector_labels = labels;
+    }
+
+    /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
+    pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
         self.pending_gateways.insert(pid);
+        self.command = argv;
+    }
+
+    /// Emits the `gateway` event for node `id`, found by selector number `selector`, once.
+    pub fn announce(&mut self, id: NodeId, selector: usize, ts: u64) -> Result<()> {
+        let Some(node) = self.graph.node(id) else {
+            return Ok(());
+        };
+        if !self.announced.insert(id) {
+            return Ok(());
+        }
+        // Its own program's arguments: from its exec or /proc; the command's, if it has not
+        // executed it yet.
+        let argv = match (selector, node.argv.is_empty()) {
+            (Selectors::COMMAND, _) => self.command.clone(),
+            (_, false) => node.argv.clone(),
+            (_, true) => procfs::read_cmdline(node.pid, crate::capture::decode::MAX_ARGS)
+                .map(|(a, _)| a)
+                .unwrap_or_default(),
+        };
+        let ev = Event::Gateway {
+            pid: node.pid,
+            start: node.start.boottime_ns(),
+            selector: self
+                .selector_labels
+                .get(selector)
+                .map_or("unknown", String::as_str)
+                .to_owned(),
+            comm: ProcText::new("comm", node.comm),
+            argv: Argv::new(argv),
+        };
+        self.out.event(ts, &ev)
+    }
+
+    /// Gateway instances alive now.
+    pub fn gateways_alive(&self) -> usize {
+        self.graph.gateways().filter(|n| n.alive()).count()
     }
 
     /// The gateway pids (for `ready`).
@@ -180,11 +236,31 @@ impl Tracer {
                 return Ok(());
             }
         };
-        // What the event means for the run besides the graph change.
+        // What the event means for the run besides the graph change; a gateway found by it is
+        // announced after it.
+        let mut announce = None;
         match (&ev.what, applied) {
+            (
+                What::Gateway {
+                    selector,
+                    matched_at,
+                    ..
+                },
+                _,
+            ) => {
+                let selector = *selector as usize;
+                match matched_at {
+                    reaper_common::MatchedAt::Exec => {
+                        self.announce_at_exec.insert(ev.pid, selector);
+                    }
+                    _ => announce = Some(selector),
+                }
+            }
+            (What::Exec { .. }, _) => announce = self.announce_at_exec.remove(&ev.pid),
             (What::Fork { untracked, .. }, _) => {
                 if self.pending_gateways.remove(&ev.pid) {
                     self.graph.set_gateway(node);
+                    announce = Some(Selectors::COMMAND);
                 }
                 if *untracked {
                     self.upkeep.unfollowed_child(ev.pid, node);
@@ -199,7 +275,13 @@ impl Tracer {
             }
             _ => {}
         }
-        self.out.event(ev.ts, &Event::from_kernel(ev))
+        if let Some(event) = Event::from_kernel(ev) {
+            self.out.event(ev.ts, &event)?;
+        }
+        match announce {
+            Some(selector) => self.announce(node, selector, ev.ts),
+            None => Ok(()),
+        }
     }
 
     /// The closing summary, after the probes were detached and the ring drained.
@@ -316,6 +398,7 @@ impl Tracer {
         let flagged = leaks::flagged_now(&self.graph, &self.inspector);
         self.out.metrics.set_state(&ScanState {
             alive: self.graph.live_count(),
+            gateways: self.gateways_alive(),
             zombies: self.graph.zombie_count(),
             graph_nodes: self.graph.len(),
             flagged: flagged.active,

@@ -7,8 +7,11 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use reaper_common::{
-    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind, FILENAME_MAX,
+    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
+    FILENAME_MAX, MatchedAt,
 };
+
+use super::gateway;
 
 use crate::{
     emit::{header, send_prefix},
@@ -22,8 +25,16 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // After de_thread(): even an exec from a non-leader thread now runs as the leader, with
     // the process's tgid and start time; `old_pid` (arg 1) is the thread id that called it.
     let task = Task(ctx.arg::<*const u8>(0));
-    let Some((pid, start)) = tracked_current(|| Some(task.start_boottime())) else {
-        return 0;
+    let bprm = ctx.arg::<*const u8>(2);
+    let tracked = tracked_current(|| Some(task.start_boottime()));
+    // Without exe selectors (the load-time constants are 0) this is gone from the program,
+    // and an untracked exec costs the one lookup above.
+    let (pid, start) = match gateway::exec_selector(bprm) {
+        Some(selector) => gateway::announce(task, selector, MatchedAt::Exec),
+        None => match tracked {
+            Some(identity) => identity,
+            None => return 0,
+        },
     };
     let Some(ev) = EXEC_SCRATCH.get_ptr_mut(0) else {
         return 0;
@@ -35,7 +46,6 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     ev.comm = task.comm();
     ev.flags = 0;
 
-    let bprm = ctx.arg::<*const u8>(2);
     let filename = read_ptr_at(bprm, global!(OFFSETS.bprm_filename));
     // SAFETY: the helper bounds the copy by the buffer size and faults safely.
     let n = unsafe {

@@ -5,8 +5,10 @@ use aya_ebpf::{
 };
 use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
 
+use super::gateway;
 use crate::{
     emit::{header, send},
+    global,
     maps::{TRACKED, count_loss, tracked_current},
     task::Task,
 };
@@ -20,6 +22,9 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     // is not the spawner.
     let spawner_start = || (child.pid() == child.tgid()).then(|| Task::current().process_start());
     let Some((spawner, _)) = tracked_current(spawner_start) else {
+        if global!(CONFIG.gateway_cgroups) != 0 {
+            gateway::fork_into_cgroup(child);
+        }
         return 0;
     };
     let pid = child.pid();

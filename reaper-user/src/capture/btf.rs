@@ -342,6 +342,15 @@ impl KernelBtf {
             mm_arg_start: self.offset("mm_struct", "arg_start")?,
             mm_arg_end: self.offset("mm_struct", "arg_end")?,
             bprm_filename: self.offset("linux_binprm", "filename")?,
+            bprm_file: self.offset("linux_binprm", "file")?,
+            file_inode: self.offset("file", "f_inode")?,
+            inode_ino: self.offset("inode", "i_ino")?,
+            inode_sb: self.offset("inode", "i_sb")?,
+            super_block_dev: self.offset("super_block", "s_dev")?,
+            // `__parent` since 6.15, when it became RCU-protected.
+            kernfs_node_parent: self
+                .offset("kernfs_node", "parent")
+                .or_else(|_| self.offset("kernfs_node", "__parent"))?,
             pt_regs_syscall_nr: self.offset("pt_regs", "orig_ax")?,
         })
     }

@@ -8,7 +8,8 @@ use std::{
 use anyhow::{Result, bail};
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
-    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, SetsidEvent,
+    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent,
+    MatchedAt, SetsidEvent,
 };
 
 use crate::text::{Args, Comm};
@@ -57,6 +58,17 @@ pub enum What {
     Free,
     Setsid {
         sid: u32,
+    },
+    /// The process matched a gateway selector in the kernel and is tracked from now on.
+    Gateway {
+        /// The selector's index (see `crate::gateways::Selectors`).
+        selector: u32,
+        matched_at: MatchedAt,
+        ppid: u32,
+        sid: u32,
+        pgid: u32,
+        cgroup_id: u64,
+        comm: Comm,
     },
 }
 
@@ -108,6 +120,21 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
         EventKind::Setsid => What::Setsid {
             sid: read::<SetsidEvent>(bytes)?.sid,
         },
+        EventKind::Gateway => {
+            let ev: GatewayEvent = read(bytes)?;
+            let Some(matched_at) = MatchedAt::from_u32(ev.matched_at) else {
+                bail!("gateway record with unknown match kind {}", ev.matched_at);
+            };
+            What::Gateway {
+                selector: ev.selector,
+                matched_at,
+                ppid: ev.ppid,
+                sid: ev.sid,
+                pgid: ev.pgid,
+                cgroup_id: ev.cgroup_id,
+                comm: Comm::from_c(&ev.comm),
+            }
+        }
     };
     Ok(KernelEvent {
         seq: header.seq,
@@ -232,6 +259,38 @@ mod tests {
         }
         // A record shorter than it claims is an error, not a panic.
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn gateway_round_trip() {
+        let mut comm = [0u8; 16];
+        comm[..6].copy_from_slice(b"hermes");
+        let mut ev = GatewayEvent {
+            header: header(EventKind::Gateway),
+            selector: 3,
+            matched_at: MatchedAt::Attach as u32,
+            ppid: 1,
+            sid: 42,
+            pgid: 42,
+            _pad: 0,
+            cgroup_id: 77,
+            comm,
+        };
+        match decode(&as_bytes(&ev)).unwrap().what {
+            What::Gateway {
+                selector,
+                matched_at,
+                cgroup_id,
+                comm,
+                ..
+            } => assert_eq!(
+                (selector, matched_at, cgroup_id, comm.as_bytes()),
+                (3, MatchedAt::Attach, 77, &b"hermes"[..])
+            ),
+            other => panic!("{other:?}"),
+        }
+        ev.matched_at = 9;
+        assert!(decode(&as_bytes(&ev)).is_err(), "an unknown match kind");
     }
 
     #[test]

@@ -6,7 +6,9 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
 };
-use reaper_common::{EventKind, KernelOffsets, LossSlot, ProbeConfig, Tracked, names};
+use reaper_common::{
+    EventKind, ExeKey, KernelOffsets, LossSlot, PathKey, ProbeConfig, Tracked, names,
+};
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
@@ -23,6 +25,29 @@ const LIFECYCLE: [&str; 4] = [
     "sched_process_free",
 ];
 
+/// The cgroup tracepoints, attached only when cgroups are selected.
+const CGROUP_SELECTION: [&str; 3] = ["cgroup_attach_task", "cgroup_mkdir", "cgroup_rmdir"];
+
+/// Which gateway selectors the kernel programs look for (load-time switches: with none, the
+/// untracked paths cost what they cost without selectors).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelectorNeeds {
+    /// Executables by inode.
+    pub exes: bool,
+    /// Scripts by the path they are executed by.
+    pub paths: bool,
+    /// cgroups.
+    pub cgroups: bool,
+}
+
+/// The kernel's gateway-selector maps, filled by [`crate::gateways::Selectors::arm`].
+pub struct SelectorMaps {
+    pub exes: HashMap<MapData, ExeKey, u32>,
+    pub paths: HashMap<MapData, PathKey, u32>,
+    pub cgroups: HashMap<MapData, u64, u32>,
+    pub cgroup_paths: HashMap<MapData, PathKey, u32>,
+}
+
 /// Load-time settings.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -34,6 +59,7 @@ pub struct LoadOptions {
     pub batch_wakeups: bool,
     /// The setsid hook to use; `None`: the best one this host offers.
     pub setsid_hook: Option<SetsidHook>,
+    pub selectors: SelectorNeeds,
 }
 
 /// How setsid() calls are observed.
@@ -63,6 +89,7 @@ pub struct Probes {
     pub programs: Option<Ebpf>,
     pub ring: RingBuf<MapData>,
     pub tracked: HashMap<MapData, u32, Tracked>,
+    pub selector_maps: SelectorMaps,
     pub counters: KernelCounters,
     /// The reader's "I went idle, wake me" flag (see `submit_flags` in the probes).
     pub reader_idle: ReaderIdle,
@@ -75,10 +102,11 @@ pub struct Probes {
 
 /// This kernel's offsets, checked against the tracepoints the probes need. The BTF bytes are
 /// dropped and handed back before aya parses its own copy.
-fn resolve_offsets() -> Result<KernelOffsets> {
+fn resolve_offsets(cgroups: bool) -> Result<KernelOffsets> {
     let offsets = {
         let kernel_btf = KernelBtf::from_sys_fs()?;
-        for tp in LIFECYCLE {
+        let cgroup_tps = CGROUP_SELECTION.iter().filter(|_| cgroups);
+        for &tp in LIFECYCLE.iter().chain(cgroup_tps) {
             if !kernel_btf.has_btf_tracepoint(tp)? {
                 return Err(anyhow!(
                     "this kernel has no BTF tracepoint `{tp}` (needs Linux 5.5+)"
@@ -93,10 +121,11 @@ fn resolve_offsets() -> Result<KernelOffsets> {
 
 /// Loads and attaches the BTF tracepoint programs. aya's parsed kernel BTF (~20 MiB) lives only
 /// for this, and is handed back before the ring buffer is mapped.
-fn attach_lifecycle(ebpf: &mut Ebpf) -> Result<()> {
+fn attach_lifecycle(ebpf: &mut Ebpf, cgroups: bool) -> Result<()> {
     {
         let btf = Btf::from_sys_fs().context("reading the kernel BTF")?;
-        for tp in LIFECYCLE {
+        let cgroup_tps = CGROUP_SELECTION.iter().filter(|_| cgroups);
+        for &tp in LIFECYCLE.iter().chain(cgroup_tps) {
             let prog: &mut BtfTracePoint = ebpf
                 .program_mut(tp)
                 .ok_or_else(|| anyhow!("program {tp} missing from the object"))?
@@ -155,7 +184,7 @@ impl Probes {
     fn try_load(opts: &LoadOptions) -> Result<Probes> {
         let features = KernelFeatures::probe();
         features.require()?;
-        let offsets = resolve_offsets()?;
+        let offsets = resolve_offsets(opts.selectors.cgroups)?;
         let mut notes = Vec::new();
 
         // The classic setsid tracepoint needs its record layout before the object is loaded.
@@ -181,6 +210,9 @@ impl Probes {
             wakeup_bytes: u64::from(opts.ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),
             setsid_nr: libc::SYS_setsid as u64,
+            gateway_exes: u64::from(opts.selectors.exes),
+            gateway_paths: u64::from(opts.selectors.paths),
+            gateway_cgroups: u64::from(opts.selectors.cgroups),
         };
 
         // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
@@ -194,7 +226,7 @@ impl Probes {
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
 
-        attach_lifecycle(&mut ebpf)?;
+        attach_lifecycle(&mut ebpf, opts.selectors.cgroups)?;
         let setsid_hook = attach_setsid(
             &mut ebpf,
             setsid_ret_offset.is_some(),
@@ -209,6 +241,12 @@ impl Probes {
         Ok(Probes {
             ring: RingBuf::try_from(map(&mut ebpf, names::EVENTS)?)?,
             tracked: HashMap::try_from(map(&mut ebpf, names::TRACKED)?)?,
+            selector_maps: SelectorMaps {
+                exes: HashMap::try_from(map(&mut ebpf, names::GATEWAY_EXES)?)?,
+                paths: HashMap::try_from(map(&mut ebpf, names::GATEWAY_PATHS)?)?,
+                cgroups: HashMap::try_from(map(&mut ebpf, names::GATEWAY_CGROUPS)?)?,
+                cgroup_paths: HashMap::try_from(map(&mut ebpf, names::GATEWAY_CGROUP_PATHS)?)?,
+            },
             counters: KernelCounters {
                 losses: PerCpuArray::try_from(map(&mut ebpf, names::LOSSES)?)?,
                 seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,

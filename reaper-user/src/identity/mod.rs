@@ -32,6 +32,14 @@ impl Start {
         }
     }
 
+    /// The start in boot-time ns: exact, or the start of its clock tick.
+    pub fn boottime_ns(self) -> u64 {
+        match self {
+            Start::Exact(ns) => ns,
+            Start::Ticks(t) => t * (1_000_000_000 / ticks_per_second().max(1)).max(1),
+        }
+    }
+
     /// Whether an exact kernel start time is this start (to the precision this one has).
     pub fn matches_exact(self, ns: u64) -> bool {
         match self {

@@ -368,6 +368,29 @@ impl LineageGraph {
     /// Applies one kernel event.
     pub fn apply(&mut self, ev: &KernelEvent) -> Applied {
         match &ev.what {
+            What::Gateway {
+                ppid,
+                sid,
+                pgid,
+                cgroup_id,
+                comm,
+                ..
+            } => {
+                // A process already followed (a descendant that executed a selected program,
+                // or one seeded at start) becomes a root of lineage where it is.
+                if let Some(id) = self.find(ev.pid, ev.start) {
+                    self.set_gateway(id);
+                    return Applied::Node(id);
+                }
+                let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+                node.ppid = *ppid;
+                node.sid = *sid;
+                node.pgid = *pgid;
+                node.cgroup_id = Some(*cgroup_id);
+                node.comm = *comm;
+                node.is_gateway = true;
+                Applied::Node(self.insert(node))
+            }
             What::Fork {
                 spawner,
                 ppid,
@@ -661,6 +684,47 @@ mod tests {
         assert_eq!(g.lineage(grandchild), vec![100, 200, 300]);
         assert!(g.node(child).unwrap().escaped);
         assert_eq!(g.node(grandchild).unwrap().ppid, 1);
+    }
+
+    fn matched(pid: u32, start: u64) -> KernelEvent {
+        ev(
+            0,
+            pid,
+            start,
+            What::Gateway {
+                selector: 2,
+                matched_at: reaper_common::MatchedAt::Exec,
+                ppid: 1,
+                sid: pid,
+                pgid: pid,
+                cgroup_id: 1,
+                comm: Comm::from_c(b"hermes"),
+            },
+        )
+    }
+
+    #[test]
+    fn each_restarted_instance_is_a_root_of_its_own_lineage() {
+        let mut g = LineageGraph::new(100);
+        let first = node_of(g.apply(&matched(100, 1_000)));
+        let leak = node_of(g.apply(&fork(200, 2_000, 100, 100)));
+        g.apply(&ev(1, 100, 1_000, What::Exit { status: 0 }));
+        // The restart reuses no pid here, but would be told apart by its start if it did.
+        let second = node_of(g.apply(&matched(300, 3_000)));
+        let leak2 = node_of(g.apply(&fork(400, 4_000, 300, 300)));
+        assert_eq!(g.lineage(leak), vec![100, 200]);
+        assert_eq!(g.lineage(leak2), vec![300, 400]);
+        assert_eq!(
+            g.gateways().map(|n| n.id).collect::<Vec<_>>(),
+            vec![first, second]
+        );
+        assert!(!g.node(first).unwrap().alive());
+        // A descendant that executes the gateway program becomes a root where it is.
+        let inner = node_of(g.apply(&fork(500, 5_000, 400, 400)));
+        assert_eq!(node_of(g.apply(&matched(500, 5_000))), inner);
+        let below = node_of(g.apply(&fork(600, 6_000, 500, 500)));
+        assert_eq!(g.lineage(below), vec![500, 600]);
+        assert_eq!(g.gateways().count(), 3);
     }
 
     #[test]

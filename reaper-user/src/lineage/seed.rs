@@ -81,19 +81,15 @@ pub fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
 }
 
 /// Tracks the gateways and all their current descendants (by parent pid). Returns them,
-/// parents before children.
+/// parents before children; a gateway that exited meanwhile is not among them.
 pub fn seed(map: &mut TrackedMap, gateways: &[Stat]) -> Result<Vec<Seed>> {
     let mut seeds = Vec::new();
     let mut known: HashSet<u32> = HashSet::new();
     for gw in gateways {
-        if !track(map, gw)? {
-            bail!(
-                "--gateway-pid {}: the process exited during start-up",
-                gw.pid
-            );
+        if track(map, gw)? {
+            known.insert(gw.pid);
+            seeds.push(seed_of(gw, true));
         }
-        known.insert(gw.pid);
-        seeds.push(seed_of(gw, true));
     }
     for pass in 0..MAX_PASSES {
         let found = descendants_pass(map, &mut known)?;

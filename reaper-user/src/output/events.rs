@@ -331,6 +331,20 @@ pub enum Event {
         #[serde(flatten)]
         placement: Placement,
     },
+    /// A process became a gateway: found at start, matched by a selector later, or the
+    /// `-- CMD` gateway. Its spawned processes' `lineage` starts with it.
+    Gateway {
+        pid: u32,
+        /// Boot-time ns when it started (to the clock tick for one found in /proc).
+        start: u64,
+        /// Which selector found it: "pid", "command", "exe:PATH", "cgroup:PATH",
+        /// "unit:NAME" or "pidfile:PATH".
+        selector: String,
+        #[serde(flatten)]
+        comm: ProcText,
+        #[serde(flatten)]
+        argv: Argv,
+    },
     Ready {
         gateway: Vec<u32>,
         tracked: usize,
@@ -457,10 +471,11 @@ pub struct LeakedProcess {
 }
 
 impl Event {
-    /// The stream's event for a kernel record.
-    pub fn from_kernel(ev: &KernelEvent) -> Event {
+    /// The stream's event for a kernel record. A gateway match has none of its own: the tracer
+    /// announces the gateway with its selector's name.
+    pub fn from_kernel(ev: &KernelEvent) -> Option<Event> {
         let pid = ev.pid;
-        match &ev.what {
+        Some(match &ev.what {
             What::Fork {
                 spawner,
                 ppid,
@@ -509,7 +524,8 @@ impl Event {
                 from_proc: false,
             },
             What::Setsid { sid } => Event::Setsid { pid, sid: *sid },
-        }
+            What::Gateway { .. } => return None,
+        })
     }
 
     /// The lifecycle kind of this event, if it is one.
@@ -530,6 +546,7 @@ impl Event {
     pub fn name(&self) -> &'static str {
         match self {
             Event::Snapshot { .. } => "snapshot",
+            Event::Gateway { .. } => "gateway",
             Event::Ready { .. } => "ready",
             Event::Fork { .. } => "fork",
             Event::Exec { .. } => "exec",

@@ -50,6 +50,18 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             comm.for_terminal(),
             argv.for_terminal()
         ),
+        Event::Gateway {
+            pid,
+            selector,
+            comm,
+            argv,
+            ..
+        } => format!(
+            "gateway  {pid} ({}) by {}: {}",
+            comm.for_terminal(),
+            escape_for_terminal(selector.as_bytes()),
+            argv.for_terminal()
+        ),
         Event::Ready {
             gateway,
             tracked,
@@ -57,10 +69,13 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             kernel,
         } => {
             let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
+            let gws = match gws.is_empty() {
+                true => "no gateway yet (waiting for the selectors)".to_owned(),
+                false => format!("gateway {}", gws.join(", ")),
+            };
             format!(
-                "ready    tracing gateway {} (tracked now: {tracked}; setsid seen by \
-                 {setsid_hook}; kernel {kernel})",
-                gws.join(", ")
+                "ready    tracing {gws} (tracked now: {tracked}; setsid seen by \
+                 {setsid_hook}; kernel {kernel})"
             )
         }
         Event::Fork {

@@ -38,6 +38,7 @@ pub struct Metrics {
     kills: Family<KillLabel, Counter>,
     flagged: Family<ReasonLabel, Gauge>,
     alive: Gauge,
+    gateways: Gauge,
     zombies: Gauge,
     graph_nodes: Gauge,
     flagged_rss: Gauge,
@@ -95,6 +96,12 @@ impl Metrics {
             "Tracked processes alive now, gateways included",
             alive.clone(),
         );
+        let gateways = Gauge::default();
+        reg.register(
+            "gateways_alive",
+            "Gateway instances alive now (each restart is a new instance)",
+            gateways.clone(),
+        );
         let zombies = Gauge::default();
         reg.register(
             "descendants_zombie",
@@ -131,6 +138,7 @@ impl Metrics {
             kills,
             flagged,
             alive,
+            gateways,
             zombies,
             graph_nodes,
             flagged_rss,
@@ -162,6 +170,7 @@ impl Metrics {
     /// Sets the gauges after a leak scan.
     pub fn set_state(&self, state: &ScanState) {
         self.alive.set(state.alive as i64);
+        self.gateways.set(state.gateways as i64);
         self.zombies.set(state.zombies as i64);
         self.graph_nodes.set(state.graph_nodes as i64);
         for (reason, n) in &state.flagged {
@@ -221,6 +230,8 @@ pub fn encode(registry: &Registry) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct ScanState {
     pub alive: usize,
+    /// Gateway instances alive.
+    pub gateways: usize,
     pub zombies: usize,
     pub graph_nodes: usize,
     /// Flags holding, by reason.

@@ -39,6 +39,9 @@ struct Line<'a> {
     gateway: Option<Vec<u32>>,
     #[serde(borrow)]
     kernel: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    selector: Option<Cow<'a, str>>,
+    lineage: Option<Vec<u32>>,
 }
 
 /// What a `flag` line carries besides the common fields: the stream's own evidence type.
@@ -62,6 +65,22 @@ pub struct FlagRow {
     pub cleared: Option<(u64, String)>,
     /// The last `--kill` step for it: signal and result.
     pub kill: Option<(String, String)>,
+    /// The gateway instance its lineage starts at (an index into [`Audit::instances`]).
+    pub instance: Option<usize>,
+}
+
+/// One gateway instance (a `gateway` event) and what became of it.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub pid: u32,
+    /// When it became a gateway.
+    pub ts: u64,
+    pub selector: String,
+    pub comm: String,
+    pub argv: String,
+    pub exited: Option<u64>,
+    /// Flags raised on what it spawned.
+    pub flags: u64,
 }
 
 /// A process alive at the end of the audit.
@@ -107,10 +126,12 @@ pub const MAX_KILL_KINDS: usize = 64;
 /// Longest argv kept for a live process.
 pub const MAX_ARGV_CHARS: usize = 300;
 /// The stream's event names (README: The NDJSON event stream).
-const KNOWN_EVENTS: [&str; 14] = [
-    "snapshot", "ready", "fork", "exec", "exit", "reaped", "setsid", "reparent", "lost", "summary",
-    "flag", "cleared", "kill", "check",
+const KNOWN_EVENTS: [&str; 15] = [
+    "snapshot", "gateway", "ready", "fork", "exec", "exit", "reaped", "setsid", "reparent", "lost",
+    "summary", "flag", "cleared", "kill", "check",
 ];
+/// At most this many gateway instances are listed (the rest are counted).
+pub const MAX_INSTANCES: usize = 10_000;
 /// Label of the executables past [`MAX_EXECUTABLES`].
 pub const OTHER_EXECUTABLES: &str = "(other executables)";
 
@@ -125,6 +146,10 @@ pub struct Audit {
     pub last_ts: u64,
     pub kernel: Option<String>,
     pub gateways: Vec<u32>,
+    /// Gateway instances in the order they appeared (restarts are the second and later of one
+    /// selector).
+    pub instances: Vec<Instance>,
+    pub instances_omitted: u64,
     pub events: BTreeMap<String, u64>,
     pub lost: u64,
     /// Whether the audit ran to its `summary` (a tracer that was killed has none).
@@ -204,6 +229,33 @@ impl Audit {
                     });
                 }
             }
+            "gateway" => {
+                // A root of lineage: what it spawns is listed under it.
+                if self.live.len() < MAX_LIVE || self.live.contains_key(&pid) {
+                    self.live.insert(
+                        pid,
+                        LiveProc {
+                            lineage: vec![pid],
+                            exe: String::new(),
+                            comm: l.comm.as_deref().unwrap_or("").to_owned(),
+                            argv: join_args(l.argv.as_deref()),
+                            ppid: l.ppid.unwrap_or(0),
+                        },
+                    );
+                }
+                match self.instances.len() < MAX_INSTANCES {
+                    true => self.instances.push(Instance {
+                        pid,
+                        ts: l.ts,
+                        selector: l.selector.as_deref().unwrap_or("").to_owned(),
+                        comm: l.comm.as_deref().unwrap_or("").to_owned(),
+                        argv: join_args(l.argv.as_deref()),
+                        exited: None,
+                        flags: 0,
+                    }),
+                    false => self.instances_omitted += 1,
+                }
+            }
             "snapshot" | "fork" => {
                 let parent = l.spawner.or(l.ppid).unwrap_or(0);
                 let (mut lineage, exe) = match self.live.get(&parent) {
@@ -248,6 +300,9 @@ impl Audit {
             }
             "exit" => {
                 self.live.remove(&pid);
+                if let Some(i) = self.instance_of(pid, l.ts) {
+                    self.instances[i].exited.get_or_insert(l.ts);
+                }
             }
             // The tree shows each process under its lineage, with its real parent now.
             "reparent" => {
@@ -295,6 +350,14 @@ impl Audit {
         self.sample(l.ts);
     }
 
+    /// The latest instance with pid `pid` that became a gateway by `ts` (a pid can be reused
+    /// by a later instance).
+    fn instance_of(&self, pid: u32, ts: u64) -> Option<usize> {
+        self.instances
+            .iter()
+            .rposition(|i| i.pid == pid && i.ts <= ts)
+    }
+
     fn flag(&mut self, l: &Line, raw: &[u8]) {
         let pid = l.pid.unwrap_or(0);
         let detail: FlagDetail = serde_json::from_slice(raw).unwrap_or_default();
@@ -305,6 +368,11 @@ impl Audit {
             _ => detail.leak.comm.text().into_owned(),
         };
         self.exe(&exe).flags += 1;
+        let root = l.lineage.as_ref().and_then(|l| l.first().copied());
+        let instance = root.and_then(|root| self.instance_of(root, l.ts));
+        if let Some(i) = instance {
+            self.instances[i].flags += 1;
+        }
         let row = match self.flags.len() < MAX_FLAG_ROWS {
             true => {
                 self.flags.push(FlagRow {
@@ -314,6 +382,7 @@ impl Audit {
                     detail,
                     cleared: None,
                     kill: None,
+                    instance,
                 });
                 Some(self.flags.len() - 1)
             }

@@ -89,6 +89,10 @@ pub fn render(audit: &Audit, title: &str) -> String {
     facts(&mut h, audit);
     h.push_str("<h2 id=\"timeline\">Timeline</h2>\n");
     timeline(&mut h, audit);
+    if !audit.instances.is_empty() {
+        h.push_str("<h2 id=\"instances\">Gateway instances</h2>\n");
+        instances(&mut h, audit);
+    }
     let _ = writeln!(
         h,
         "<h2 id=\"leaks\">Leaks ({} flags)</h2>",
@@ -112,7 +116,14 @@ fn facts(h: &mut String, a: &Audit) {
         let _ = writeln!(h, "<b>{k}</b><span>{v}</span>");
     };
     row("span", esc(&human_duration(span)));
-    row("gateways", esc(&gateways.join(", ")));
+    row("gateways at start", esc(&gateways.join(", ")));
+    if !a.instances.is_empty() {
+        let total = a.instances.len() as u64 + a.instances_omitted;
+        row(
+            "gateway instances",
+            format!("{total} ({} after the start)", restarts(a).count()),
+        );
+    }
     row("kernel", esc(a.kernel.as_deref().unwrap_or("unknown")));
     row("lines", a.lines.to_string());
     row("events", esc(&events.join(", ")));
@@ -167,7 +178,13 @@ fn timeline(h: &mut String, a: &Audit) {
         "<p class=\"legend\"><span><i class=\"sw\" style=\"background:#2a6fdb\"></i>live \
          descendants</span><span><i class=\"sw\" style=\"background:#d3461e\"></i>flagged \
          processes</span><span><i class=\"sw\" style=\"background:#7b3fb5\"></i>flagged RSS \
-         (MiB, at flag time)</span> (each point: the peak within {}).</p>",
+         (MiB, at flag time)</span>{} (each point: the peak within {}).</p>",
+        match restarts(a).next() {
+            Some(_) =>
+                "<span><i class=\"sw\" style=\"border-left:2px dashed #888\"></i>\
+                        a gateway instance started</span>",
+            None => "",
+        },
         esc(&human_duration(a.point_span))
     );
     let counts = [
@@ -246,6 +263,17 @@ fn plot(
         H / 2.0,
         H / 2.0
     );
+    for i in restarts(a) {
+        let _ = writeln!(
+            h,
+            "<line class=\"restart\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"10\" y2=\"{}\" \
+             stroke=\"#888\" stroke-dasharray=\"4 3\"><title>gateway {} started ({})</title></line>",
+            H - BOTTOM,
+            i.pid,
+            esc(&i.selector),
+            x = x(i.ts.clamp(pts[0].ts, pts[pts.len() - 1].ts))
+        );
+    }
     for (values, color) in series {
         // Steps, not slopes: a value holds until the next point changes it.
         let mut d = String::with_capacity(values.len() * 16);
@@ -283,6 +311,54 @@ fn trim_number(v: f64) -> String {
     }
 }
 
+/// Instances that appeared after the audit began (restarts, new containers): marked on the
+/// timeline.
+fn restarts(a: &Audit) -> impl Iterator<Item = &super::audit::Instance> {
+    let first = a.timeline.first().map_or(0, |p| p.ts);
+    let ready = a.first_ts.unwrap_or(0);
+    a.instances.iter().filter(move |i| i.ts > ready.max(first))
+}
+
+/// Each gateway instance: when it came and went, which selector found it, what it leaked.
+fn instances(h: &mut String, a: &Audit) {
+    if a.instances_omitted > 0 {
+        let _ = writeln!(
+            h,
+            "<p class=\"warn\">The first {} instances are listed; {} more were counted only.</p>",
+            a.instances.len(),
+            a.instances_omitted
+        );
+    }
+    h.push_str(
+        "<table id=\"instance-table\" class=\"sortable\"><thead><tr><th>#</th><th>pid</th>\
+         <th>selector</th><th>process</th><th>became a gateway</th><th>exited</th>\
+         <th>flags</th></tr></thead><tbody>\n",
+    );
+    for (n, i) in a.instances.iter().enumerate() {
+        let exited = i
+            .exited
+            .map_or("alive at the end".to_owned(), |ts| at(a, ts));
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"num\" data-sort=\"{n}\">{}</td><td class=\"num\" data-sort=\"{}\">{}</td>\
+             <td>{}</td><td><b>{}</b><br><code>{}</code></td><td data-sort=\"{}\">{}</td>\
+             <td>{}</td><td class=\"num\" data-sort=\"{}\">{}</td></tr>",
+            n + 1,
+            i.pid,
+            i.pid,
+            esc(&i.selector),
+            esc(&i.comm),
+            esc(&short(&i.argv)),
+            i.ts,
+            esc(&at(a, i.ts)),
+            esc(&exited),
+            i.flags,
+            i.flags
+        );
+    }
+    h.push_str("</tbody></table>\n");
+}
+
 fn leak_table(h: &mut String, a: &Audit) {
     if a.flags.is_empty() {
         h.push_str("<p id=\"no-leaks\">No process was flagged.</p>\n");
@@ -299,9 +375,12 @@ fn leak_table(h: &mut String, a: &Audit) {
     h.push_str(
         "<table id=\"leak-table\" class=\"sortable\"><thead><tr><th>flagged</th><th>pid</th>\
          <th>reason</th><th>process</th><th>RSS</th><th>lineage (gateway first)</th>\
-         <th>evidence</th><th>outcome</th></tr></thead><tbody>\n",
+         <th>evidence</th><th>outcome</th><th>gateway instance</th></tr></thead><tbody>\n",
     );
-    for f in &a.flags {
+    // Grouped by the instance that spawned them, in time within one.
+    let mut rows: Vec<&FlagRow> = a.flags.iter().collect();
+    rows.sort_by_key(|f| (f.instance.map_or(usize::MAX, |i| i), f.ts));
+    for f in rows {
         flag_row(h, a, f);
     }
     h.push_str("</tbody></table>\n");
@@ -380,11 +459,23 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         let _ = write!(outcome, "<br>kill: {} {}", esc(signal), esc(result));
     }
     let rss = d.rss_kib.unwrap_or(0);
+    let instance = match f
+        .instance
+        .and_then(|i| a.instances.get(i).map(|inst| (i, inst)))
+    {
+        Some((i, inst)) => format!(
+            "<td class=\"num\" data-sort=\"{i}\">#{} {} ({})</td>",
+            i + 1,
+            inst.pid,
+            esc(&inst.comm)
+        ),
+        None => "<td data-sort=\"-1\"></td>".to_owned(),
+    };
     let _ = writeln!(
         h,
         "<tr><td data-sort=\"{}\">{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td>{}</td>\
          <td>{process}</td><td class=\"num\" data-sort=\"{rss}\">{}</td><td>{lineage}</td>\
-         <td>{evidence}</td><td>{outcome}</td></tr>",
+         <td>{evidence}</td><td>{outcome}</td>{instance}</tr>",
         f.ts,
         esc(&at(a, f.ts)),
         f.pid,

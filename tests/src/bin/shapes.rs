@@ -39,6 +39,7 @@ fn main() {
         "normal" => normal(),
         "respawner" => respawner(truth),
         "hostile" => hostile(),
+        "into-cgroup" => into_cgroup(&args),
         other => {
             eprintln!("unknown shape {other}");
             std::process::exit(2);
@@ -401,6 +402,47 @@ impl Hold {
     }
 }
 
+/// `reaper-shapes into-cgroup DIR SHAPE TRUTH`: starts `reaper-shapes SHAPE TRUTH` straight
+/// into the cgroup DIR (`clone3` with `CLONE_INTO_CGROUP`, as service managers start a unit's
+/// process), waits for it and exits with its status. Writes no truth of its own.
+fn into_cgroup(args: &[String]) -> ! {
+    let (Some(dir), Some(shape), Some(truth)) = (args.get(2), args.get(3), args.get(4)) else {
+        eprintln!("usage: reaper-shapes into-cgroup DIR SHAPE TRUTH");
+        std::process::exit(2);
+    };
+    let dir = CString::new(dir.as_str()).unwrap();
+    // SAFETY: opening a directory.
+    let cgroup = unsafe { libc::open(dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(
+        cgroup >= 0,
+        "open {dir:?}: {}",
+        std::io::Error::last_os_error()
+    );
+    let me = std::env::current_exe().unwrap();
+    let me = me.to_str().unwrap();
+    // struct clone_args (include/uapi/linux/sched.h), up to `cgroup`.
+    let mut clone_args = [0u64; 11];
+    clone_args[0] = 0x2_0000_0000; // flags: CLONE_INTO_CGROUP
+    clone_args[4] = libc::SIGCHLD as u64; // exit_signal
+    clone_args[10] = cgroup as u64; // cgroup
+    // SAFETY: clone3 with no new stack behaves as fork; the child only execs or _exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            clone_args.as_mut_ptr(),
+            std::mem::size_of_val(&clone_args),
+        )
+    };
+    match pid {
+        -1 => panic!("clone3: {}", std::io::Error::last_os_error()),
+        0 => exec(me, &[me, shape, truth]),
+        pid => {
+            let status = wait_for(pid as u32);
+            std::process::exit(libc::WEXITSTATUS(status));
+        }
+    }
+}
+
 /// Makes `fd` the caller's stdin.
 fn as_stdin(fd: i32) {
     // SAFETY: plain dup2 in a child.
@@ -467,6 +509,7 @@ fn recv_pid(rd: i32) -> u32 {
 /// then exits. B waits on stdin; the gateway holds the write end until released, then
 /// closes it (B reads EOF and exits) and exits.
 fn leak_orphan(truth: &str) -> Value {
+    wait_for_go();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
     let (mut prd, mut pwr) = (0, 0);
@@ -482,6 +525,18 @@ fn leak_orphan(truth: &str) -> Value {
     wait_for(a);
     hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
     json!({ "a": a, "b": b, "write_fd": wr })
+}
+
+/// With `REAPER_SHAPES_GO` set, waits until that file exists (capped like a hold): a test
+/// starts the process, makes it a gateway, and only then lets it make its leak.
+fn wait_for_go() {
+    let Some(go) = std::env::var_os("REAPER_SHAPES_GO") else {
+        return;
+    };
+    let cap = Hold::leak();
+    while !std::path::Path::new(&go).exists() && Instant::now() < cap.deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The gateway's part once its leak is in place: it keeps only the write end of the pipe its
