@@ -45,6 +45,12 @@ pub struct Cli {
     #[arg(long = "gateway-pidfile", value_name = "FILE")]
     pub gateway_pidfile: Vec<PathBuf>,
 
+    /// Read processes in the host's /proc mounted at PATH (a container without the host's pid
+    /// namespace: e.g. a DaemonSet mounting /proc at /host/proc). Without the host's pid
+    /// namespace, no pidfds: --kill and `-- CMD` are refused and `deaf` is not judged.
+    #[arg(long, value_name = "PATH")]
+    pub proc_root: Option<PathBuf>,
+
     /// Write NDJSON events to stdout (one object per line); readable lines go to stderr, and
     /// CMD's own stdout is sent to stderr so the stream stays clean.
     #[arg(long)]

@@ -58,7 +58,26 @@ const DETACH_SETTLE: Duration = Duration::from_millis(20);
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
     let t0 = boottime_now();
-    identity::check_host_pid_namespace()?;
+    if let Some(root) = &cli.proc_root {
+        if !root.join("self/stat").exists() {
+            bail!("--proc-root {}: not a mounted /proc", root.display());
+        }
+        procfs::set_root(root);
+    }
+    identity::check_pid_namespace(cli.proc_root.as_deref())?;
+    if !identity::own_pids_are_hosts() {
+        // The kernel's pids are the host's; a pidfd or a signal would take them as this
+        // namespace's.
+        if cli.kill {
+            bail!("--kill needs the host's pid namespace: signals name pids in reaper-trace's own");
+        }
+        if !cli.command.is_empty() {
+            bail!(
+                "`-- CMD` needs the host's pid namespace (CMD's pid is this namespace's): \
+                 select the gateway instead (--gateway-exe, --gateway-pid with its host pid)"
+            );
+        }
+    }
     // Check the gateways before touching the kernel: a typo should cost nothing.
     let pid_gateways = cli
         .gateway_pid
@@ -394,7 +413,7 @@ fn drain(ring: &mut RingBuf<MapData>, tracer: &mut Tracer) -> Result<usize> {
 /// Starts the gateway command so that it is tracked before its first instruction: reaper-trace
 /// tracks itself for the moment of the fork, so the kernel inserts the child at fork time.
 fn spawn_gateway(tracked: &mut TrackedMap, argv: &[OsString], json: bool) -> Result<Child> {
-    let me = std::process::id();
+    let me = procfs::own_pid();
     tracked
         .insert(me, Tracked { start: 0 }, 0)
         .context("tracking the gateway command")?;

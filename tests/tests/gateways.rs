@@ -6,92 +6,14 @@ use std::{
     collections::HashMap,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
 };
 
 use reaper_tests::{
-    Then, patience, pid, read_json, reaper_trace, require_root, run_reaper_until, scratch, shapes,
-    wait_for_file,
+    Instance, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper_until,
+    scratch, shapes, wait_for_file,
 };
 use serde_json::Value;
-
-/// One gateway instance the test started: `reaper-shapes leak-orphan` (it forks A, which
-/// calls setsid and forks B reading a pipe, then exits; the instance holds the pipe's write
-/// end until its own release file appears).
-struct Instance {
-    child: Child,
-    truth: PathBuf,
-    release: PathBuf,
-    go: PathBuf,
-}
-
-impl Instance {
-    /// Starts `program ARGS... TRUTH` with its own release file; `prepare` runs in the child
-    /// before exec. With `waits`, it makes its leak only at [`Instance::go`] (a process that
-    /// is made a gateway after it started must not escape before).
-    fn start(
-        dir: &Path,
-        name: &str,
-        program: &Path,
-        args: &[&str],
-        prepare: Option<Box<dyn FnMut() -> std::io::Result<()> + Send + Sync>>,
-        waits: bool,
-    ) -> Instance {
-        use std::os::unix::process::CommandExt;
-        let truth = dir.join(format!("{name}.json"));
-        let release = dir.join(format!("{name}.release"));
-        let go = dir.join(format!("{name}.go"));
-        if !waits {
-            std::fs::write(&go, b"").expect("go file");
-        }
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .arg(&truth)
-            .env("REAPER_SHAPES_RELEASE", &release)
-            .env("REAPER_SHAPES_GO", &go)
-            .env("REAPER_SHAPES_BIN", shapes())
-            .env(
-                "REAPER_SHAPES_HOLD_CAP_SECS",
-                patience().as_secs().to_string(),
-            )
-            .stdin(Stdio::null());
-        if let Some(prepare) = prepare {
-            // SAFETY: the closures given here only write(2) to a file.
-            unsafe { command.pre_exec(prepare) };
-        }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-        Instance {
-            child,
-            truth,
-            release,
-            go,
-        }
-    }
-
-    /// Lets an instance started with `Waits::ForGo` make its leak.
-    fn go(&self) {
-        std::fs::write(&self.go, b"").expect("go file");
-    }
-
-    fn pid(&self) -> u64 {
-        u64::from(self.child.id())
-    }
-
-    /// Lets it end (the orphan reads EOF and exits too) and waits for it.
-    fn finish(&mut self) {
-        std::fs::write(&self.release, b"").expect("release file");
-        self.child.wait().expect("wait for the instance");
-    }
-
-    /// Its orphan B, once the shape has written its truth.
-    fn orphan(&self) -> u64 {
-        wait_for_file(&self.truth, patience());
-        pid(&read_json(&self.truth)["b"])
-    }
-}
 
 /// The `orphaned` flags seen so far, as (flagged pid, lineage).
 fn orphaned(events: &[Value]) -> Vec<(u64, Vec<u64>)> {

@@ -169,7 +169,7 @@ impl CgroupDir {
 pub fn cgroups_of(all: &HashMap<u32, Stat>) -> HashMap<u32, String> {
     all.keys()
         .filter_map(|&pid| {
-            let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            let text = fs::read_to_string(crate::procfs::proc_path(pid, "cgroup")).ok()?;
             Some((pid, placement::parse_cgroup(&text)?))
         })
         .collect()

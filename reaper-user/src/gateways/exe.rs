@@ -78,7 +78,7 @@ impl Exe {
     /// script's path among its first arguments, as the kernel passes it.
     pub fn is_running_in(&self, stat: &Stat) -> bool {
         match &self.kind {
-            ExeKind::Binary(_) => fs::metadata(format!("/proc/{}/exe", stat.pid))
+            ExeKind::Binary(_) => fs::metadata(procfs::proc_path(stat.pid, "exe"))
                 .is_ok_and(|m| (m.dev(), m.ino()) == self.stat_id),
             ExeKind::Script(paths) => procfs::read_cmdline(stat.pid, 4).is_ok_and(|(argv, _)| {
                 argv.iter()

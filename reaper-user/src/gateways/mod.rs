@@ -143,7 +143,7 @@ impl Selectors {
     /// Processes running now that a selector names (not `--gateway-pid`, checked on its own),
     /// with the selector's number. One process is named once, by its first selector.
     pub fn running(&mut self, all: &HashMap<u32, Stat>) -> Vec<(usize, Stat)> {
-        let me = std::process::id();
+        let me = crate::procfs::own_pid();
         let mut found: Vec<(usize, Stat)> = Vec::new();
         let mut stats: Vec<&Stat> = all.values().collect();
         stats.sort_by_key(|s| s.pid);

@@ -9,7 +9,15 @@
 //! match then, the pidfd is that process for good, whatever later happens to the pid.
 mod pidfd;
 
-use std::{io, sync::OnceLock};
+use std::{
+    io,
+    os::unix::fs::MetadataExt,
+    path::Path,
+    sync::{
+        OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 pub use pidfd::PidFd;
 
@@ -49,27 +57,71 @@ impl Start {
     }
 }
 
-/// Refuses to run in a pid namespace below the host's (a container without the host's pid
-/// namespace). The kernel reports every pid as the host sees it, while `pidfd_open`, signals
-/// and this process's /proc name pids as its own namespace does: the same number can name
-/// another process there, so nothing could be trusted, least of all a kill.
-///
-/// The host's pid namespace is the initial one, whose inode number the kernel fixes
-/// (`PROC_PID_INIT_INO`); a namespace created later has another.
-pub fn check_host_pid_namespace() -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
-    let ns = std::fs::metadata("/proc/self/ns/pid")
+/// `PROC_PID_INIT_INO`: the inode number the kernel fixes for the initial (host's) pid
+/// namespace; a namespace created later has another.
+const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+
+/// Set when this process runs in a pid namespace of its own and reads the host's processes in
+/// the host's /proc mounted elsewhere (`--proc-root`).
+static FOREIGN_PID_NAMESPACE: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process's pid namespace is the host's: then a pid the kernel reports names the
+/// same process for `pidfd_open`, signals and this process's own /proc.
+pub fn own_pids_are_hosts() -> bool {
+    !FOREIGN_PID_NAMESPACE.load(Ordering::Relaxed)
+}
+
+/// Checks that the pids the kernel reports (the host's) can be found. In the host's pid
+/// namespace, always. In a pid namespace of its own (a container without the host's), only
+/// through the host's /proc mounted elsewhere (`proc_root`), and then without pidfds or
+/// signals, whose pids are this namespace's ([`own_pids_are_hosts`] says which).
+pub fn check_pid_namespace(proc_root: Option<&Path>) -> anyhow::Result<()> {
+    let own = std::fs::metadata("/proc/self/ns/pid")
         .map_err(|e| anyhow::anyhow!("reading /proc/self/ns/pid: {e}"))?;
-    if ns.ino() == PROC_PID_INIT_INO {
+    if own.ino() == PROC_PID_INIT_INO {
         return Ok(());
     }
-    anyhow::bail!(
-        "reaper-trace runs in a pid namespace of its own (a container without the host's pid \
-         namespace): the kernel reports the host's pids, which this namespace's pidfds, signals \
-         and /proc do not name. Run it in the host's pid namespace (`docker run --pid=host`, \
-         `podman run --pid=host`, Kubernetes `hostPID: true`)"
-    )
+    let Some(root) = proc_root else {
+        anyhow::bail!(
+            "reaper-trace runs in a pid namespace of its own (a container without the host's \
+             pid namespace): the kernel reports the host's pids, which this namespace's pidfds, \
+             signals and /proc do not name. Run it in the host's pid namespace (`docker run \
+             --pid=host`, `podman run --pid=host`, Kubernetes `hostPID: true`), or mount the \
+             host's /proc and name it with --proc-root"
+        );
+    };
+    // The namespace that /proc's processes are in, as the first of them that may be asked
+    // shows it (pid 1 may refuse: `ns` links need ptrace access; pid 2 is the kernel's
+    // kthreadd, always in the host's namespace).
+    let entries = std::fs::read_dir(root).map_err(|e| {
+        anyhow::anyhow!(
+            "--proc-root {}: {e} (mount the host's /proc there)",
+            root.display()
+        )
+    })?;
+    let pids = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .take(64);
+    let ns = pids
+        .filter_map(|pid| std::fs::metadata(root.join(format!("{pid}/ns/pid"))).ok())
+        .map(|m| m.ino())
+        .next();
+    match ns {
+        Some(PROC_PID_INIT_INO) => {
+            FOREIGN_PID_NAMESPACE.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Some(_) => anyhow::bail!(
+            "--proc-root {}: that /proc is not the host's (its processes are not in the host's \
+             pid namespace), so the pids the kernel reports cannot be found there",
+            root.display()
+        ),
+        None => anyhow::bail!(
+            "--proc-root {}: no process there shows its pid namespace (mount the host's /proc \
+             there, and keep CAP_SYS_PTRACE)",
+            root.display()
+        ),
+    }
 }
 
 /// Clock ticks per second of `/proc` start times (USER_HZ), read once.
@@ -124,6 +176,8 @@ pub enum NotOpened {
     Gone,
     /// Not allowed to open a pidfd for it.
     PermissionDenied,
+    /// No pidfd can name it: this process's pid namespace is not the host's.
+    ForeignNamespace,
 }
 
 /// A verified handle on one process: a pidfd opened first and its process checked second.
@@ -136,6 +190,9 @@ impl PidRef {
     /// Opens a pidfd for `id.pid`, then checks the start time: on success the pidfd is `id`'s
     /// process for good. Also returns the stat read for the check.
     pub fn open(id: ProcessId) -> Result<(PidRef, Stat), NotOpened> {
+        if !own_pids_are_hosts() {
+            return Err(NotOpened::ForeignNamespace);
+        }
         let pidfd = PidFd::open(id.pid).map_err(|e| match e.kind() {
             io::ErrorKind::PermissionDenied => NotOpened::PermissionDenied,
             _ => NotOpened::Gone,

@@ -1,7 +1,7 @@
 //! One look at one process: its /proc facts, each pipe's and socket's other end asked of the
 //! fd itself through a pidfd, and a UNIX socket's peer asked of the kernel (sock_diag).
 use super::{FdFact, Sample};
-use crate::identity::{PidRef, ProcessId};
+use crate::identity::{self, PidRef, ProcessId};
 use crate::procfs::facts::{self, FdKind};
 use crate::sockdiag::{SockDiag, UnixPeer};
 
@@ -16,14 +16,24 @@ impl Sampler {
     /// Samples the process `id` while its pid still names it. A socket's peer is taken from
     /// `before` (its previous sample) when the socket is the same.
     pub fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
-        let (handle, stat) = PidRef::open(id).ok()?;
-        let (pid, pidfd) = (id.pid, handle.pidfd);
+        // Without the host's pid namespace no pidfd can name it (`--proc-root`): its /proc is
+        // read between two checks of its start time instead, and the other end of a channel
+        // is left unknown (the peers found in /proc still are known).
+        let (pidfd, stat) = match identity::own_pids_are_hosts() {
+            true => PidRef::open(id)
+                .ok()
+                .map(|(h, stat)| (Some(h.pidfd), stat))?,
+            false => (None, id.still_same()?),
+        };
+        let pid = id.pid;
         let fds = facts::read_fds(pid)?
             .into_iter()
             .map(|fd| {
                 let socket = fd.kind == FdKind::Socket;
-                let other_end_open = match fd.kind {
-                    FdKind::Pipe | FdKind::Socket => pidfd.other_end_open(fd.fd, fd.end, socket),
+                let other_end_open = match (fd.kind, &pidfd) {
+                    (FdKind::Pipe | FdKind::Socket, Some(pidfd)) => {
+                        pidfd.other_end_open(fd.fd, fd.end, socket)
+                    }
                     _ => None,
                 };
                 let peer_inode = match (socket, fd.inode) {
@@ -51,6 +61,9 @@ impl Sampler {
         // channels are not marked yet: a live one may make this read needlessly, never miss.)
         if s.state == b'S' && s.has_live_peer() {
             s.blocked = facts::read_blocked(pid);
+        }
+        if pidfd.is_none() && id.still_same().is_none() {
+            return None; // the pid may have named another process for some of the reads
         }
         Some(s)
     }

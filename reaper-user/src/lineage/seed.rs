@@ -27,7 +27,7 @@ pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
     if stat.state == b'Z' {
         bail!("--gateway-pid {pid}: the process is a zombie (it has exited)");
     }
-    if pid == std::process::id() {
+    if pid == procfs::own_pid() {
         bail!("--gateway-pid {pid}: that is reaper-trace itself");
     }
     if stat.flags & procfs::PF_KTHREAD != 0 {
@@ -110,7 +110,7 @@ fn descendants_pass(map: &mut TrackedMap, known: &mut HashSet<u32>) -> Result<Ve
     for stat in all.values() {
         children.entry(stat.ppid).or_default().push(stat);
     }
-    let me = std::process::id();
+    let me = procfs::own_pid();
     let mut queue: VecDeque<u32> = known.iter().copied().collect();
     let mut found = Vec::new();
     while let Some(pid) = queue.pop_front() {

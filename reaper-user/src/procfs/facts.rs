@@ -97,7 +97,7 @@ pub fn parse_fdinfo_end(text: &str) -> Option<End> {
 
 /// The pipes, sockets and terminals a process holds (other fds are of no use to the rules).
 pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
-    let dir = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let dir = fs::read_dir(super::proc_path(pid, "fd")).ok()?;
     let mut fds = Vec::new();
     for entry in dir.flatten() {
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
@@ -110,7 +110,7 @@ pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
         if kind == FdKind::Other {
             continue;
         }
-        let end = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        let end = fs::read_to_string(super::proc_path(pid, &format!("fdinfo/{fd}")))
             .ok()
             .and_then(|t| parse_fdinfo_end(&t))
             .unwrap_or(End::Both);
@@ -180,7 +180,7 @@ pub fn parse_syscall(text: &str) -> Option<Blocked> {
 /// poll, select or epoll (a Node.js server waits in epoll on its main thread while its helper
 /// threads sleep on futexes).
 pub fn read_blocked(pid: u32) -> Option<Blocked> {
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let tasks = fs::read_dir(super::proc_path(pid, "task")).ok()?;
     let mut waiting = None;
     let mut other = None;
     for task in tasks.flatten() {
@@ -217,7 +217,7 @@ pub fn parse_io(text: &str) -> Option<[u64; 4]> {
 }
 
 pub fn read_io(pid: u32) -> Option<[u64; 4]> {
-    parse_io(&fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+    parse_io(&fs::read_to_string(super::proc_path(pid, "io")).ok()?)
 }
 
 /// Resident memory in KiB, from `/proc/PID/statm` (`size resident shared ...` in pages: far
@@ -232,7 +232,7 @@ pub fn read_rss_kib(pid: u32) -> Option<u64> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     parse_rss_kib(
-        &fs::read_to_string(format!("/proc/{pid}/statm")).ok()?,
+        &fs::read_to_string(super::proc_path(pid, "statm")).ok()?,
         page / 1024,
     )
 }

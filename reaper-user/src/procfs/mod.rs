@@ -4,7 +4,12 @@
 pub mod facts;
 pub mod placement;
 
-use std::{collections::HashMap, fs, io, path::PathBuf};
+use std::{
+    collections::HashMap,
+    fs, io,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use crate::text::{Args, Comm};
 
@@ -26,8 +31,35 @@ pub struct Stat {
 /// `PF_KTHREAD`: a kernel thread.
 pub const PF_KTHREAD: u64 = 0x0020_0000;
 
-fn proc_path(pid: u32, file: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/{file}"))
+/// Where the processes' /proc is (`--proc-root`; `/proc` by default). Set once at start.
+static ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Reads processes' /proc at `root` from now on (the host's /proc mounted in a container).
+/// Only the first call counts.
+pub fn set_root(root: &Path) {
+    let _ = ROOT.set(root.to_owned());
+}
+
+/// The /proc the processes are read in.
+pub fn root() -> &'static Path {
+    ROOT.get().map_or(Path::new("/proc"), PathBuf::as_path)
+}
+
+/// `file` of process `pid` in the processes' /proc (see [`root`]).
+pub fn proc_path(pid: u32, file: &str) -> PathBuf {
+    root().join(pid.to_string()).join(file)
+}
+
+/// This process's own pid as the processes' /proc names it (the host's pid, when that /proc
+/// is the host's and this process runs in a pid namespace of its own).
+pub fn own_pid() -> u32 {
+    static OWN: OnceLock<u32> = OnceLock::new();
+    *OWN.get_or_init(|| {
+        fs::read_link(root().join("self"))
+            .ok()
+            .and_then(|p| p.to_str()?.parse().ok())
+            .unwrap_or_else(std::process::id)
+    })
 }
 
 /// Parses the text of `/proc/PID/stat`. The comm sits between the first `(` and the *last*
@@ -76,7 +108,7 @@ pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Args, bool)> {
 
 /// Every pid in `/proc` right now (thread-group leaders only).
 pub fn all_pids() -> io::Result<Vec<u32>> {
-    Ok(fs::read_dir("/proc")?
+    Ok(fs::read_dir(root())?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect())
 }

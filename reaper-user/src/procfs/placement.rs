@@ -34,11 +34,11 @@ pub struct Container {
 
 /// Reads the placement of `pid` (what cannot be read stays empty).
 pub fn read(pid: u32) -> Placement {
-    let nspid = fs::read_to_string(format!("/proc/{pid}/status"))
+    let nspid = fs::read_to_string(super::proc_path(pid, "status"))
         .ok()
         .and_then(|t| parse_nspid(&t))
         .filter(|&inner| inner != pid);
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+    let cgroup = fs::read_to_string(super::proc_path(pid, "cgroup"))
         .ok()
         .and_then(|t| parse_cgroup(&t));
     let container = cgroup.as_deref().and_then(container_of);
