@@ -15,6 +15,7 @@ const EBPF_BIN: &str = "reaper";
 const TOOLCHAIN: &str = "nightly";
 
 fn main() {
+    commit();
     if let Err(message) = build() {
         // A panic would bury the message under a backtrace; print it as the build's error.
         eprintln!("\nerror: {message}\n");
@@ -66,6 +67,29 @@ fn build() -> Result<(), String> {
     }
     let built = target_dir.join("bpfel-unknown-none/release").join(EBPF_BIN);
     copy_if_changed(&built, &dest)
+}
+
+/// `REAPER_COMMIT` for `--version`: the git commit this is built from (`$REAPER_COMMIT` when
+/// set, as a build from a source archive sets it; `unknown` outside a checkout).
+fn commit() {
+    println!("cargo:rerun-if-env-changed=REAPER_COMMIT");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for watched in [".git/HEAD", ".git/refs", ".git/packed-refs"] {
+        println!("cargo:rerun-if-changed={}", repo.join(watched).display());
+    }
+    let commit = env::var("REAPER_COMMIT").ok().or_else(|| {
+        let out = Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .current_dir(&repo)
+            .output()
+            .ok()?;
+        let hash = String::from_utf8(out.stdout).ok()?;
+        (out.status.success() && !hash.trim().is_empty()).then(|| hash.trim().to_owned())
+    });
+    println!(
+        "cargo:rustc-env=REAPER_COMMIT={}",
+        commit.as_deref().unwrap_or("unknown")
+    );
 }
 
 fn copy_if_changed(from: &Path, to: &Path) -> Result<(), String> {

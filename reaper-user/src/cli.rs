@@ -6,6 +6,14 @@ use clap::Parser;
 use crate::capture::loader::SetsidHook;
 use crate::leaks::Reason;
 
+/// `--version`: the release and the git commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("REAPER_COMMIT"),
+    ")"
+);
+
 /// Trace every descendant of a gateway process with eBPF: an exact spawn-lineage graph,
 /// however the descendants escaped (setsid, double fork, reparenting).
 ///
@@ -16,7 +24,7 @@ use crate::leaks::Reason;
 /// `reaper-trace report AUDIT.ndjson -o report.html` turns an audit (`--json` or `--output`)
 /// into one HTML page: see `reaper-trace report --help`.
 #[derive(Debug, Parser)]
-#[command(name = "reaper-trace", version)]
+#[command(name = "reaper-trace", version = VERSION)]
 pub struct Cli {
     /// A running process to trace with all its descendants (repeatable).
     #[arg(long = "gateway-pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
@@ -128,6 +136,12 @@ pub struct Cli {
     /// leaked, 0 if neither).
     #[arg(long)]
     pub check: bool,
+
+    /// With --check: a readable line for every event, not only the findings. By default
+    /// --check shows people only the flags, kills, losses, the CHECK verdict and the summary
+    /// (a CI log stays short); the NDJSON stream (--json, --output) always has every event.
+    #[arg(long)]
+    pub verbose: bool,
 
     /// With --check: how long to wait after CMD exits for its descendants to finish.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -296,6 +310,11 @@ impl Cli {
         }
         if self.settle.is_some() && !self.check {
             return Err("--settle only applies with --check".into());
+        }
+        if self.verbose && !self.check {
+            return Err(
+                "--verbose only applies with --check (without it every event is shown)".into(),
+            );
         }
         let kill_only = [
             (self.dry_run, "--dry-run"),

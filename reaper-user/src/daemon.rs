@@ -459,6 +459,7 @@ fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
         (false, false) => Some(stdout()),
     };
     let mut out = Output::new(json, human, t0);
+    out.set_findings_only(cli.check && !cli.verbose);
     out.set_status(StatusLine::for_stderr(!cli.quiet));
     Ok(out)
 }

@@ -290,3 +290,35 @@ fn check_fails_with_a_leaked_descendant_and_passes_without() {
         (Some("gateway_failed"), Some(5))
     );
 }
+
+/// `--check` in a CI log: the readable lines are the findings and the verdict, not the
+/// command's every fork and exec (`--verbose` shows those); the NDJSON stream keeps them all.
+#[test]
+fn check_shows_people_the_verdict_not_every_event() {
+    if !require_root("check_shows_people_the_verdict_not_every_event") {
+        return;
+    }
+    let script = "sh -c true; sh -c true; sh -c true";
+    let readable = |extra: &[&str]| -> String {
+        let out = std::process::Command::new(reaper_tests::reaper_trace())
+            .arg("--check")
+            .args(extra)
+            .args(["--settle", "100ms", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let quiet = readable(&[]);
+    assert!(quiet.contains("CHECK clean"), "{quiet}");
+    assert!(quiet.contains("summary"), "{quiet}");
+    assert!(
+        !quiet.contains("] fork ") && !quiet.contains("] exec "),
+        "no lifecycle lines by default: {quiet}"
+    );
+    let verbose = readable(&["--verbose"]);
+    assert!(
+        verbose.matches("] fork ").count() >= 3 && verbose.contains("CHECK clean"),
+        "{verbose}"
+    );
+}

@@ -528,6 +528,20 @@ impl Event {
         })
     }
 
+    /// Whether the event is a finding or the verdict (what `--check` shows people by
+    /// default): a flag raised or cleared, a kill step, the check, the summary.
+    pub fn is_finding(&self) -> bool {
+        matches!(
+            self,
+            Event::Flag { .. }
+                | Event::Cleared { .. }
+                | Event::Kill { .. }
+                | Event::Check { .. }
+                | Event::Summary { .. }
+                | Event::Lost { .. }
+        )
+    }
+
     /// The lifecycle kind of this event, if it is one.
     pub fn lifecycle(&self) -> Option<Lifecycle> {
         Some(match self {

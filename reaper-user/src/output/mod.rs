@@ -33,6 +33,8 @@ pub struct Output {
     /// One NDJSON line is built here, then written at once: serialising straight into the
     /// boxed writer costs a dynamic call per token.
     line: Vec<u8>,
+    /// Readable lines only for findings (see [`Event::is_finding`]): `--check` in a CI log.
+    findings_only: bool,
 }
 
 impl Output {
@@ -50,7 +52,14 @@ impl Output {
             seq: 0,
             t0,
             line: Vec::with_capacity(1024),
+            findings_only: false,
         }
+    }
+
+    /// Readable lines for findings only (flags, kills, the verdict, the summary); the NDJSON
+    /// stream keeps every event.
+    pub fn set_findings_only(&mut self, on: bool) {
+        self.findings_only = on;
     }
 
     /// Emits one event stamped `ts`.
@@ -72,7 +81,9 @@ impl Output {
             }
         }
         self.seq += 1;
-        if let Some(w) = self.human.as_mut() {
+        if let Some(w) = self.human.as_mut()
+            && (!self.findings_only || body.is_finding())
+        {
             if let Some(s) = self.status.as_mut() {
                 s.clear();
             }

@@ -16,7 +16,7 @@ use audit::Audit;
 /// flagged and flagged-RSS, the leak table with lineage and evidence, the spawn tree at the
 /// end, and counts by executable. Nothing in it is fetched from the network.
 #[derive(Debug, Parser)]
-#[command(name = "reaper-trace report", version)]
+#[command(name = "reaper-trace report", version = crate::cli::VERSION)]
 pub struct ReportCli {
     /// The audit: one file, or a rotated set oldest first (audit.ndjson.2 audit.ndjson.1
     /// audit.ndjson); `-` reads stdin.

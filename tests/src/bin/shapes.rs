@@ -568,6 +568,10 @@ fn leak_pidns(truth: &str) -> Value {
             eprintln!("unshare(CLONE_NEWPID): {}", std::io::Error::last_os_error());
             return 1;
         }
+        // B says when it holds nothing but /dev/null: only then does A exit, breaking the
+        // chain (a look at B before that would find it holding the gateway's pipes).
+        let (mut settled_rd, mut settled_wr) = (0, 0);
+        pipe(&mut settled_rd, &mut settled_wr);
         let b = fork_then(move || {
             // SAFETY: plain syscalls in the namespace's init: stdio on /dev/null.
             unsafe {
@@ -588,11 +592,23 @@ fn leak_pidns(truth: &str) -> Value {
                 read_stdin_to_eof();
                 0
             });
-            // SAFETY: B keeps nothing but its /dev/null stdio.
-            unsafe { libc::close_range(3, u32::MAX, 0) };
+            // SAFETY: B keeps nothing but its /dev/null stdio (and, for a moment, the end it
+            // says so on).
+            unsafe {
+                libc::close_range(3, settled_wr as u32 - 1, 0);
+                libc::close_range(settled_wr as u32 + 1, u32::MAX, 0);
+                libc::write(settled_wr, b"s".as_ptr().cast(), 1);
+                libc::close(settled_wr);
+            }
             wait_for(c);
             0
         });
+        let mut byte = [0u8; 1];
+        // SAFETY: A's copy of the write end is closed so that B's death reads as EOF.
+        unsafe {
+            libc::close(settled_wr);
+            libc::read(settled_rd, byte.as_mut_ptr().cast(), 1);
+        }
         send_pid(pwr, b);
         0
     });
