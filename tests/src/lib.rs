@@ -475,6 +475,20 @@ impl Instance {
     }
 }
 
+/// Runs `reaper-trace report AUDIT -o PAGE`; returns what it said on stderr.
+pub fn render_report(audit: &std::path::Path, page: &std::path::Path) -> String {
+    let out = Command::new(reaper_trace())
+        .arg("report")
+        .arg(audit)
+        .arg("-o")
+        .arg(page)
+        .output()
+        .expect("run reaper-trace report");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 /// The evidence of fd `fd` in a flag (its `pipes` entry).
 pub fn pipe_fd(flag: &Value, fd: u64) -> &Value {
     flag["pipes"]

@@ -6,12 +6,11 @@ use std::{
     collections::HashMap,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use reaper_tests::{
-    Instance, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper_until,
-    scratch, shapes, wait_for_file,
+    Instance, Then, patience, pid, read_json, require_root, run_reaper_until, scratch, shapes,
+    wait_for_file,
 };
 use serde_json::Value;
 
@@ -187,16 +186,7 @@ fn a_gateway_program_restarted_three_times_is_followed_instance_by_instance() {
     // The report lists the four instances, each with its one flag, and marks each start on
     // the timeline's two plots.
     let page = dir.join("report.html");
-    let out = Command::new(reaper_trace())
-        .args(["report", &audit_arg, "-o"])
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    reaper_tests::render_report(&audit, &page);
     let html = std::fs::read_to_string(&page).unwrap();
     let table = html
         .split("id=\"instance-table\"")

@@ -86,13 +86,7 @@ fn the_report_of_a_real_leak_renders_in_chromium() {
     assert!(!run.all("flag").is_empty(), "the audit has a flag");
 
     let page = dir.join("report.html");
-    let out = Command::new(reaper_trace())
-        .args(["report", &audit_arg, "-o"])
-        .arg(&page)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = reaper_tests::render_report(&audit, &page);
     assert!(stderr.contains("wrote"), "{stderr}");
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(

@@ -319,16 +319,20 @@ fn restarts(a: &Audit) -> impl Iterator<Item = &super::audit::Instance> {
     a.instances.iter().filter(move |i| i.ts > ready.max(first))
 }
 
-/// Each gateway instance: when it came and went, which selector found it, what it leaked.
-fn instances(h: &mut String, a: &Audit) {
-    if a.instances_omitted > 0 {
+/// Says that a table lists only the first `listed` of its `what` (a bounded audit).
+fn omitted_note(h: &mut String, what: &str, listed: usize, omitted: u64) {
+    if omitted > 0 {
         let _ = writeln!(
             h,
-            "<p class=\"warn\">The first {} instances are listed; {} more were counted only.</p>",
-            a.instances.len(),
-            a.instances_omitted
+            "<p class=\"warn\">The first {listed} {what} are listed; {omitted} more were counted \
+             only.</p>"
         );
     }
+}
+
+/// Each gateway instance: when it came and went, which selector found it, what it leaked.
+fn instances(h: &mut String, a: &Audit) {
+    omitted_note(h, "instances", a.instances.len(), a.instances_omitted);
     h.push_str(
         "<table id=\"instance-table\" class=\"sortable\"><thead><tr><th>#</th><th>pid</th>\
          <th>selector</th><th>process</th><th>became a gateway</th><th>exited</th>\
@@ -364,14 +368,7 @@ fn leak_table(h: &mut String, a: &Audit) {
         h.push_str("<p id=\"no-leaks\">No process was flagged.</p>\n");
         return;
     }
-    if a.flags_omitted > 0 {
-        let _ = writeln!(
-            h,
-            "<p class=\"warn\">The first {} flags are listed; {} more were counted only.</p>",
-            a.flags.len(),
-            a.flags_omitted
-        );
-    }
+    omitted_note(h, "flags", a.flags.len(), a.flags_omitted);
     h.push_str(
         "<table id=\"leak-table\" class=\"sortable\"><thead><tr><th>flagged</th><th>pid</th>\
          <th>reason</th><th>process</th><th>RSS</th><th>lineage (gateway first)</th>\
