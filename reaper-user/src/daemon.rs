@@ -137,22 +137,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
             gateways.push((selector, stat));
         }
     }
-    let stats: Vec<Stat> = gateways.iter().map(|(_, s)| s.clone()).collect();
-    let seeds = seed::seed(&mut probes.tracked, &stats)?;
-    for (selector, stat) in &gateways {
-        let seeded = seeds.iter().any(|s| s.is_gateway && s.pid == stat.pid);
-        if *selector == Selectors::PID && !seeded {
-            bail!(
-                "--gateway-pid {}: the process exited during start-up",
-                stat.pid
-            );
-        }
-    }
-    tracer.add_seeds(seeds)?;
-    for (selector, stat) in &gateways {
-        if let Some(node) = tracer.graph.current(stat.pid).filter(|n| n.is_gateway) {
-            tracer.announce(node.id, *selector, boottime_now())?;
-        }
+    let gone = adopt(&gateways, &mut probes.tracked, &mut tracer)?;
+    if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
+        bail!("--gateway-pid {pid}: the process exited during start-up");
     }
     let mut child = match cli.command.is_empty() {
         true => None,
@@ -375,13 +362,33 @@ fn follow_pidfiles(
                 continue;
             }
         };
-        let seeds = seed::seed(tracked, std::slice::from_ref(&stat))?;
-        tracer.add_seeds(seeds)?;
-        if let Some(node) = tracer.graph.current(stat.pid).filter(|n| n.is_gateway) {
-            tracer.announce(node.id, selector, boottime_now())?;
-        }
+        adopt(&[(selector, stat)], tracked, tracer)?;
     }
     Ok(())
+}
+
+/// Tracks gateways found in /proc (with the selector that found each) and what they already
+/// spawned, and announces each. Returns the pids of those that exited meanwhile.
+fn adopt(
+    gateways: &[(usize, Stat)],
+    tracked: &mut TrackedMap,
+    tracer: &mut Tracer,
+) -> Result<Vec<u32>> {
+    let stats: Vec<Stat> = gateways.iter().map(|(_, s)| s.clone()).collect();
+    let seeds = seed::seed(tracked, &stats)?;
+    tracer.add_seeds(seeds)?;
+    let mut gone = Vec::new();
+    for (selector, stat) in gateways {
+        let node = tracer
+            .graph
+            .current(stat.pid)
+            .filter(|n| n.is_gateway && n.alive() && n.start.ticks() == stat.start_ticks);
+        match node {
+            Some(node) => tracer.announce(node.id, *selector, boottime_now())?,
+            None => gone.push(stat.pid),
+        }
+    }
+    Ok(gone)
 }
 
 /// The next step a kill sequence reports; never, without `--kill`.
