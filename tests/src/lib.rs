@@ -475,6 +475,22 @@ impl Instance {
     }
 }
 
+/// A program a test needs from the host (`cargo xtask test` installs it from Debian's
+/// `package`), or `None` to skip; never under CI=true, where a skip would hide a broken set-up.
+pub fn host_tool(name: &str, package: &str, test: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {name} is missing (`cargo xtask test` installs Debian's {package})");
+        }
+        eprintln!("skipped {test}: no {name} on PATH (apt-get install {package})");
+    }
+    found
+}
+
 /// Runs `reaper-trace report AUDIT -o PAGE`; returns what it said on stderr.
 pub fn render_report(audit: &std::path::Path, page: &std::path::Path) -> String {
     let out = Command::new(reaper_trace())

@@ -12,17 +12,7 @@ use reaper_tests::{Then, pid, reaper_trace, require_root, run_shape_until, scrat
 
 /// Chromium, or `None` to skip (never under CI=true: the set-up installs it).
 fn chromium(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .map(|d| d.join("chromium"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: chromium is missing (`cargo xtask test` installs Debian's chromium)");
-        }
-        eprintln!("skipped {test}: no chromium on PATH (apt-get install chromium)");
-    }
-    found
+    reaper_tests::host_tool("chromium", "chromium", test)
 }
 
 /// What the browser made of a page: the DOM after scripts ran, and every console message.

@@ -211,6 +211,10 @@ fn test(root: &Path, vm: bool) -> Result<()> {
     if !debian::ensure("node", "nodejs", "the Node host tests") {
         bail!("node is missing and `apt-get install nodejs` did not provide it");
     }
+    // The metrics pipeline's tests run a real Prometheus and promtool.
+    if !debian::ensure("promtool", "prometheus", "the Prometheus tests") {
+        bail!("promtool is missing and `apt-get install prometheus` did not provide it");
+    }
     let (mut passed, mut failed) = cargo_test(root)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);

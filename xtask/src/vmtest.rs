@@ -142,8 +142,9 @@ fn is_support_test(exe: &Path) -> bool {
 }
 
 /// Test files that need the host rather than a kernel: the report's renders a page in
-/// Chromium, which the guests do not carry (its audit comes from the host kernel's run).
-const HOST_ONLY_TESTS: &[&str] = &["report"];
+/// Chromium, the Prometheus one runs a Prometheus server, neither of which the guests carry
+/// (their audits come from the host kernel's run).
+const HOST_ONLY_TESTS: &[&str] = &["report", "prometheus"];
 
 /// Release builds of the binaries and of the kernel integration tests; returns the test
 /// executables.

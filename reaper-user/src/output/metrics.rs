@@ -226,6 +226,32 @@ pub fn encode(registry: &Registry) -> String {
     text
 }
 
+/// The same exposition in the Prometheus text format (0.0.4), for a client that does not ask
+/// for OpenMetrics (`curl`, `promtool check metrics`, older scrapers): a counter family's
+/// `HELP`/`TYPE` lines name its `_total` samples, and OpenMetrics' `UNIT` and `EOF` lines go.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|kind| {
+            let rest = line.strip_prefix(kind)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(&name)
+                .then(|| format!("{kind}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 /// What a leak scan found, for the gauges: the graph's counts and the flags holding now.
 #[derive(Clone, Debug, Default)]
 pub struct ScanState {
@@ -296,6 +322,21 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+        let classic = to_prometheus_text(&text);
+        assert!(
+            classic.contains("# TYPE reaper_events_total counter\n"),
+            "{classic}"
+        );
+        assert!(classic.contains("# HELP reaper_flags_total "), "{classic}");
+        assert!(
+            classic.contains("# TYPE reaper_flagged gauge\n"),
+            "{classic}"
+        );
+        assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
+        assert!(
+            classic.contains("reaper_events_lost_total 3\n"),
+            "the samples stay"
+        );
         assert_eq!(m.status().events, 3);
         assert_eq!(m.status().lost, 3);
     }

@@ -11,9 +11,10 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::output::metrics::encode;
+use crate::output::metrics::{encode, to_prometheus_text};
 
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Binds `addr` now (so that a bad address fails before tracing starts, and a privileged
 /// port is bound before privileges are dropped); serving starts with [`serve`].
@@ -53,7 +54,24 @@ async fn respond(
     };
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => {
-            reply(StatusCode::OK, CONTENT_TYPE, encode(&registry))
+            // OpenMetrics for a client that asks for it (Prometheus does); the classic text
+            // format otherwise.
+            let wants_openmetrics = req
+                .headers()
+                .get_all(hyper::header::ACCEPT)
+                .iter()
+                .any(|v| {
+                    v.to_str()
+                        .is_ok_and(|v| v.contains("application/openmetrics-text"))
+                });
+            match wants_openmetrics {
+                true => reply(StatusCode::OK, OPENMETRICS, encode(&registry)),
+                false => reply(
+                    StatusCode::OK,
+                    PROMETHEUS_TEXT,
+                    to_prometheus_text(&encode(&registry)),
+                ),
+            }
         }
         (_, "/metrics") => reply(
             StatusCode::METHOD_NOT_ALLOWED,

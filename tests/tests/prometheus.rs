@@ -1,0 +1,187 @@
+//! The metrics pipeline as a fleet runs it, with a real Prometheus (Debian's `prometheus` and
+//! `promtool`, installed by `cargo xtask test`): the alerting rules in `contrib/prometheus/`
+//! check and pass their unit tests (each alert fires on one series and stays silent on
+//! another); Prometheus scrapes a reaper-trace run during a real orphan leak and its query API
+//! returns the flag; `promtool check metrics` accepts a real scrape. Not part of the kernel
+//! matrix (no Prometheus in the guests).
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use reaper_tests::{Then, host_tool, patience, require_root, run_shape_until, scratch};
+use serde_json::Value;
+
+fn rules_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../contrib/prometheus")
+}
+
+#[test]
+fn the_alerting_rules_check_and_pass_their_unit_tests() {
+    let test = "the_alerting_rules_check_and_pass_their_unit_tests";
+    let Some(promtool) = host_tool("promtool", "prometheus", test) else {
+        return;
+    };
+    for args in [
+        ["check", "rules", "reaper.rules.yml"],
+        ["test", "rules", "reaper.rules.test.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(rules_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET `path` (HTTP/1.0: no chunking); the body, if the server answered 200.
+fn get(port: u16, path: &str, accept: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\n\r\n");
+    s.write_all(request.as_bytes()).ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200").then(|| body.to_owned())
+}
+
+/// A Prometheus server, stopped when dropped.
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_a_real_leak() {
+    let test = "prometheus_scrapes_a_real_leak";
+    let (Some(prometheus), Some(promtool)) = (
+        host_tool("prometheus", "prometheus", test),
+        host_tool("promtool", "prometheus", test),
+    ) else {
+        return;
+    };
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("prometheus");
+    let (metrics_port, prom_port) = (free_port(), free_port());
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: reaper\n    static_configs:\n      \
+             - targets: ['127.0.0.1:{metrics_port}']\n",
+            rules_dir().join("reaper.rules.yml").display()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let _server = Prometheus(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus"),
+    );
+    let query = "/api/v1/query?query=reaper_flagged%7Breason%3D%22orphaned%22%7D";
+    let mut seen: Option<Value> = None;
+    let mut scrape: Option<String> = None;
+    let metrics_arg = format!("127.0.0.1:{metrics_port}");
+    let (run, _) = run_shape_until(
+        &["--scan-interval", "250ms", "--metrics", &metrics_arg],
+        "leak-orphan",
+        &[],
+        ("Prometheus to see the orphaned flag", Then::Release),
+        |events| {
+            let flagged = events
+                .iter()
+                .any(|e| e["event"] == "flag" && e["reason"] == "orphaned");
+            if !flagged || seen.is_some() {
+                return flagged && seen.is_some();
+            }
+            // The leak is held until this returns: ask Prometheus until its scrape of it is in.
+            let deadline = Instant::now() + patience();
+            while Instant::now() < deadline {
+                let answer = get(prom_port, query, "application/json")
+                    .and_then(|body| serde_json::from_str::<Value>(&body).ok());
+                let value = answer.as_ref().and_then(|a| {
+                    a["data"]["result"][0]["value"][1]
+                        .as_str()
+                        .map(str::to_owned)
+                });
+                if value.as_deref() == Some("1") {
+                    seen = answer;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            scrape = get(metrics_port, "/metrics", "*/*");
+            true
+        },
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let seen = seen.unwrap_or_else(|| {
+        panic!(
+            "Prometheus never returned reaper_flagged{{reason=\"orphaned\"}} == 1; its log:\n{}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        )
+    });
+    let series = &seen["data"]["result"][0]["metric"];
+    assert_eq!(series["job"], "reaper", "{seen}");
+    assert_eq!(series["instance"], metrics_arg.as_str(), "{seen}");
+
+    let scrape = scrape.expect("a scrape while the leak held");
+    assert!(
+        scrape.contains("reaper_flagged{reason=\"orphaned\"} 1"),
+        "{scrape}"
+    );
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
