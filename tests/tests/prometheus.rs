@@ -2,7 +2,8 @@
 //! `promtool`, installed by `cargo xtask test`): the alerting rules in `contrib/prometheus/`
 //! check and pass their unit tests (each alert fires on one series and stays silent on
 //! another); Prometheus scrapes a reaper-trace run during a real orphan leak and its query API
-//! returns the flag; `promtool check metrics` accepts a real scrape. Not part of the kernel
+//! returns the flag; `promtool check metrics` accepts a real scrape; the Grafana dashboard's
+//! queries run there, over served metrics. Not part of the kernel
 //! matrix (no Prometheus in the guests).
 use std::{
     io::{Read, Write},
@@ -184,4 +185,72 @@ fn prometheus_scrapes_a_real_leak() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // The Grafana dashboard's every query is PromQL this Prometheus accepts, over metrics a
+    // real scrape has.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(rules_dir().join("reaper-dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().replace("$instance", ".*"))
+        .collect();
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    for expr in &exprs {
+        for name in metric_names(expr) {
+            // A sample, or its family (a histogram's `_bucket`); the kill steps appear with the
+            // first kill, so they count as served if the metrics table documents them.
+            let served = scrape.lines().any(|l| {
+                l.starts_with(&name)
+                    || l.strip_prefix("# TYPE ")
+                        .and_then(|t| t.split(' ').next())
+                        .is_some_and(|family| name.starts_with(family))
+            });
+            let documented = name == "reaper_kills_total"
+                && include_str!("../../docs/operations.md").contains("| `reaper_kills_total{");
+            assert!(served || documented, "{name} (in `{expr}`) is not served");
+        }
+        let answer = get(
+            prom_port,
+            &format!("/api/v1/query?query={}", encode(expr)),
+            "*/*",
+        )
+        .and_then(|body| serde_json::from_str::<Value>(&body).ok());
+        assert_eq!(
+            answer.as_ref().map(|a| a["status"].clone()),
+            Some(Value::from("success")),
+            "Prometheus refused `{expr}`: {answer:?}"
+        );
+    }
+}
+
+/// The `reaper_*` metric names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("reaper_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// A query string value, percent-encoded.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

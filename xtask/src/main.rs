@@ -215,6 +215,16 @@ fn test(root: &Path, vm: bool) -> Result<()> {
     if !debian::ensure("promtool", "prometheus", "the Prometheus tests") {
         bail!("promtool is missing and `apt-get install prometheus` did not provide it");
     }
+    // The DaemonSet is validated against the Kubernetes schemas.
+    if !ensure_pip(
+        "kubernetes-validate",
+        "kubernetes-validate",
+        "the DaemonSet test",
+    ) {
+        bail!(
+            "kubernetes-validate is missing and `pip install kubernetes-validate` did not provide it"
+        );
+    }
     let (mut passed, mut failed) = cargo_test(root)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
@@ -246,6 +256,23 @@ fn test(root: &Path, vm: bool) -> Result<()> {
         bail!("the kernel matrix did not complete: {}", broken.join("; "));
     }
     Ok(())
+}
+
+/// Installs `pkg` from PyPI unless `bin` is already there, saying so. Returns whether `bin`
+/// is there now.
+fn ensure_pip(bin: &str, pkg: &str, why: &str) -> bool {
+    if debian::have(bin) {
+        return true;
+    }
+    eprintln!("xtask: installing {pkg} from PyPI for {why} (pip install {pkg})");
+    let _ = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", pkg])
+        .status();
+    // pyenv's shims appear only after a rehash.
+    let _ = Command::new("sh")
+        .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
+        .status();
+    debian::have(bin)
 }
 
 /// Clippy on the kernel programs, which only build for the BPF target with nightly.
