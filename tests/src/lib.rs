@@ -475,6 +475,15 @@ impl Instance {
     }
 }
 
+/// A TCP port on 127.0.0.1 free right now (for `--metrics`, a Prometheus).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A program a test needs from the host (`cargo xtask test` installs it from Debian's
 /// `package`), or `None` to skip; never under CI=true, where a skip would hide a broken set-up.
 pub fn host_tool(name: &str, package: &str, test: &str) -> Option<PathBuf> {

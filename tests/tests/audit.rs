@@ -11,18 +11,10 @@ use std::{
 };
 
 use reaper_tests::{
-    Run, assert_schema_valid, patience, reaper_trace, require_root, run_reaper, scratch, shapes,
+    Run, assert_schema_valid, free_port, patience, reaper_trace, require_root, run_reaper, scratch,
+    shapes,
 };
 use serde_json::Value;
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// GET /metrics, as Prometheus would.
 fn scrape(port: u16) -> Option<String> {

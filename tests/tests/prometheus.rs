@@ -7,13 +7,13 @@
 //! matrix (no Prometheus in the guests).
 use std::{
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use reaper_tests::{Then, host_tool, patience, require_root, run_shape_until, scratch};
+use reaper_tests::{Then, free_port, host_tool, patience, require_root, run_shape_until, scratch};
 use serde_json::Value;
 
 fn rules_dir() -> PathBuf {
@@ -42,14 +42,6 @@ fn the_alerting_rules_check_and_pass_their_unit_tests() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// GET `path` (HTTP/1.0: no chunking); the body, if the server answered 200.
