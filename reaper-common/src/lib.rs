@@ -300,6 +300,9 @@ pub struct KernelOffsets {
     pub inode_sb: u64,
     pub super_block_dev: u64,
     pub kernfs_node_parent: u64,
+    /// Offset of `cgroup::root` (the hierarchy a cgroup is in).
+    pub cgroup_root: u64,
+    pub cgroup_root_hierarchy_id: u64,
     /// Offset of the syscall number in `struct pt_regs` (`orig_ax` on x86_64), for the
     /// raw `sys_exit` fallback of the setsid hook.
     pub pt_regs_syscall_nr: u64,

@@ -85,6 +85,8 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     inode_sb: 0,
     super_block_dev: 0,
     kernfs_node_parent: 0,
+    cgroup_root: 0,
+    cgroup_root_hierarchy_id: 0,
     pt_regs_syscall_nr: 0,
 };
 

@@ -94,6 +94,12 @@ impl Task {
 pub struct Cgroup(pub *const u8);
 
 impl Cgroup {
+    /// Whether it is in the v2 (default) hierarchy, whose id is 0. Ids of cgroups in v1
+    /// hierarchies (a hybrid host mounts both) are numbered apart and may equal a v2 one's.
+    pub fn on_default_hierarchy(self) -> bool {
+        let root = read_ptr(self.0, global!(OFFSETS.cgroup_root));
+        read::<i32>(root, global!(OFFSETS.cgroup_root_hierarchy_id)) == 0
+    }
     /// The cgroup id: its kernfs node's id, which is the inode number of its directory.
     pub fn id(self) -> u64 {
         let kn = read_ptr(self.0, global!(OFFSETS.cgroup_kn));

@@ -117,6 +117,9 @@ pub fn fork_into_cgroup(child: Task) {
 #[btf_tracepoint(function = "cgroup_attach_task")]
 pub fn cgroup_attach_task(ctx: BtfTracePointContext) -> u32 {
     let cgroup = Cgroup(ctx.arg::<*const u8>(0));
+    if !cgroup.on_default_hierarchy() {
+        return 0;
+    }
     // SAFETY: a plain lookup; the value is copied out at once.
     let Some(&selector) = (unsafe { GATEWAY_CGROUPS.get(cgroup.id()) }) else {
         return 0;
@@ -137,6 +140,9 @@ pub fn cgroup_attach_task(ctx: BtfTracePointContext) -> u32 {
 #[btf_tracepoint(function = "cgroup_mkdir")]
 pub fn cgroup_mkdir(ctx: BtfTracePointContext) -> u32 {
     let cgroup = Cgroup(ctx.arg::<*const u8>(0));
+    if !cgroup.on_default_hierarchy() {
+        return 0;
+    }
     // SAFETY: plain lookups; the values are copied out at once.
     let selector = match unsafe { GATEWAY_CGROUPS.get(cgroup.parent_id()) } {
         Some(&s) => s,
@@ -155,6 +161,9 @@ pub fn cgroup_mkdir(ctx: BtfTracePointContext) -> u32 {
 /// A removed cgroup leaves the selection (its id is never used again).
 #[btf_tracepoint(function = "cgroup_rmdir")]
 pub fn cgroup_rmdir(ctx: BtfTracePointContext) -> u32 {
-    let _ = GATEWAY_CGROUPS.remove(Cgroup(ctx.arg::<*const u8>(0)).id());
+    let cgroup = Cgroup(ctx.arg::<*const u8>(0));
+    if cgroup.on_default_hierarchy() {
+        let _ = GATEWAY_CGROUPS.remove(cgroup.id());
+    }
     0
 }

@@ -351,6 +351,8 @@ impl KernelBtf {
             kernfs_node_parent: self
                 .offset("kernfs_node", "parent")
                 .or_else(|_| self.offset("kernfs_node", "__parent"))?,
+            cgroup_root: self.offset("cgroup", "root")?,
+            cgroup_root_hierarchy_id: self.offset("cgroup_root", "hierarchy_id")?,
             pt_regs_syscall_nr: self.offset("pt_regs", "orig_ax")?,
         })
     }
