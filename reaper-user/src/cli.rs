@@ -143,6 +143,12 @@ pub struct Cli {
     #[arg(long)]
     pub verbose: bool,
 
+    /// With --check: also write the verdict to FILE as a JUnit XML report for a CI system's
+    /// test view: one failed test case a process left behind (named by its argv; lineage and
+    /// evidence in the failure), one passed case when nothing was.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+
     /// With --check: how long to wait after CMD exits for its descendants to finish.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub settle: Option<Duration>,
@@ -307,6 +313,9 @@ impl Cli {
         }
         if self.check && self.command.is_empty() {
             return Err("--check runs a command: give it after `--`".into());
+        }
+        if self.junit.is_some() && !self.check {
+            return Err("--junit only applies with --check".into());
         }
         if self.settle.is_some() && !self.check {
             return Err("--settle only applies with --check".into());

@@ -37,6 +37,7 @@ use crate::{
     output::{
         Output,
         events::Event,
+        junit::{self, JunitFile},
         logfile::{LogFile, Rotation},
         serve,
         status::StatusLine,
@@ -87,6 +88,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut selectors = Selectors::from_cli(&cli)?;
     selectors.check_pidfiles()?;
     let output = output_for(&cli, t0)?;
+    let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
+    let started = std::time::Instant::now();
     let metrics_listener = match cli.metrics {
         Some(addr) => Some(serve::bind(addr).await?),
         None => None,
@@ -209,6 +212,24 @@ pub async fn run(cli: Cli) -> Result<i32> {
         let (verdict, code) = tracer.check_verdict(gateway_code);
         tracer.out.event(boottime_now(), &verdict)?;
         status = code;
+        if let (
+            Some(file),
+            Event::Check {
+                verdict,
+                gateway_exit_code,
+                leaked,
+            },
+        ) = (junit, &verdict)
+        {
+            file.write(&junit::Verdict {
+                command: Args::from_list(cli.command.iter().map(|a| a.as_encoded_bytes()))
+                    .for_terminal(),
+                verdict,
+                gateway_exit_code: *gateway_exit_code,
+                leaked,
+                took: started.elapsed(),
+            })?;
+        }
     }
     let summary = tracer.summary(&probes.counters, gateway_code)?;
     tracer.out.event(boottime_now(), &summary)?;

@@ -7,6 +7,7 @@ mod bench;
 mod debian;
 mod fuzz;
 mod initramfs;
+mod pypi;
 mod report_bench;
 mod setup;
 mod soak;
@@ -216,7 +217,7 @@ fn test(root: &Path, vm: bool) -> Result<()> {
         bail!("promtool is missing and `apt-get install prometheus` did not provide it");
     }
     // The DaemonSet is validated against the Kubernetes schemas.
-    if !ensure_pip(
+    if !pypi::ensure(
         "kubernetes-validate",
         "kubernetes-validate",
         "the DaemonSet test",
@@ -225,6 +226,11 @@ fn test(root: &Path, vm: bool) -> Result<()> {
             "kubernetes-validate is missing and `pip install kubernetes-validate` did not provide it"
         );
     }
+    // `--junit` reports are validated against the JUnit schema CI systems read.
+    if !debian::ensure("xmllint", "libxml2-utils", "the JUnit report test") {
+        bail!("xmllint is missing and `apt-get install libxml2-utils` did not provide it");
+    }
+    pypi::junit_schema(root)?;
     let (mut passed, mut failed) = cargo_test(root)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
@@ -256,23 +262,6 @@ fn test(root: &Path, vm: bool) -> Result<()> {
         bail!("the kernel matrix did not complete: {}", broken.join("; "));
     }
     Ok(())
-}
-
-/// Installs `pkg` from PyPI unless `bin` is already there, saying so. Returns whether `bin`
-/// is there now.
-fn ensure_pip(bin: &str, pkg: &str, why: &str) -> bool {
-    if debian::have(bin) {
-        return true;
-    }
-    eprintln!("xtask: installing {pkg} from PyPI for {why} (pip install {pkg})");
-    let _ = Command::new("python3")
-        .args(["-m", "pip", "install", "-q", pkg])
-        .status();
-    // pyenv's shims appear only after a rehash.
-    let _ = Command::new("sh")
-        .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
-        .status();
-    debian::have(bin)
 }
 
 /// Clippy on the kernel programs, which only build for the BPF target with nightly.

@@ -167,6 +167,15 @@ impl ProcessId {
             .ok()
             .filter(|stat| self.matches(stat))
     }
+
+    /// Whether the process has exited *and let go of what it held*: the kernel announces a
+    /// process's exit before its threads close their files, so a pipe or socket it held can
+    /// still be open for a moment after. Settled once it is gone, or a zombie whose threads
+    /// have all been released (every one of them is past closing its files then).
+    pub fn exit_settled(&self) -> bool {
+        self.still_same()
+            .is_none_or(|stat| stat.state == b'Z' && stat.threads <= 1)
+    }
 }
 
 /// Why a [`PidRef`] could not be had.

@@ -192,7 +192,7 @@ struct Watch {
     io_since: u64,
     /// Since when a pipe read end has had no writers.
     eof_since: Option<u64>,
-    /// Whether the spawn chain was broken at the last look.
+    /// Whether the spawn chain was broken at the last look (by an exit that has settled).
     chain_broken: bool,
     /// Active flags and since when (on a server's outermost process only).
     flags: Vec<(Reason, u64)>,
@@ -218,6 +218,17 @@ pub struct Inspector {
     sampler: Sampler,
     /// Flags raised so far, by reason.
     raised: [u64; 5],
+}
+
+/// How long a spawner's exit may take to let go of its files before its orphans are judged
+/// anyway (a process stuck in its exit, for one).
+const EXIT_SETTLE_CAP: Duration = Duration::from_secs(10);
+
+/// Whether the exited spawner `gone` has let go of the channels it held, so that its orphans
+/// are judged on what is left: until then the other ends it held still poll open.
+fn exit_settled(gone: &Node, now: u64) -> bool {
+    let exited = gone.exited.map_or(now, |e| e.ts);
+    gone.process().exit_settled() || now.saturating_sub(exited) >= nanos(EXIT_SETTLE_CAP)
 }
 
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
@@ -263,7 +274,7 @@ impl Inspector {
         if !sampled.is_empty() {
             for server in self.servers(graph) {
                 if sampled.contains(&server[0]) {
-                    self.judge(graph, &server, now, &mut changes);
+                    self.judge(&server, now, &mut changes);
                 }
             }
         }
@@ -312,7 +323,6 @@ impl Inspector {
         let every = self.opts.sample_every();
         let mut due = HashSet::default();
         for node in graph.alive().filter(|n| !n.is_gateway) {
-            let broken = graph.exited_spawner(node.id).is_some();
             let w = self.watches.entry(node.id).or_insert_with(|| Watch {
                 pid: node.pid,
                 // First looks are spread over a sample period, so that a thousand processes
@@ -321,6 +331,9 @@ impl Inspector {
                 io_since: now,
                 ..Watch::default()
             });
+            let broken = graph
+                .exited_spawner(node.id)
+                .is_some_and(|gone| w.chain_broken || exit_settled(gone, now));
             let urgent = (broken && !w.chain_broken) || w.has(Reason::Idle) || w.has(Reason::Deaf);
             w.chain_broken = broken;
             if urgent || now >= w.next_sample {
@@ -399,13 +412,7 @@ impl Inspector {
     }
 
     /// Applies the rules to one server (`server[0]` its outermost process) as sampled now.
-    fn judge(
-        &mut self,
-        graph: &LineageGraph,
-        server: &[NodeId],
-        now: u64,
-        changes: &mut Vec<Change>,
-    ) {
+    fn judge(&mut self, server: &[NodeId], now: u64, changes: &mut Vec<Change>) {
         let top = server[0];
         // A process that became part of a server upwards is no longer judged by itself.
         for &inner in &server[1..] {
@@ -438,7 +445,7 @@ impl Inspector {
                 && samples.iter().any(|s| s.waits_for_input()),
             has_live_peer: samples.iter().any(|s| s.has_live_peer()),
             idle_held: self.watches.get(&top).is_some_and(|w| w.has(Reason::Idle)),
-            chain_broken: graph.exited_spawner(top).is_some(),
+            chain_broken: self.watches.get(&top).is_some_and(|w| w.chain_broken),
             io_since: watches.iter().map(|w| w.io_since).max().unwrap_or(now),
             eof_since: watches.iter().filter_map(|w| w.eof_since).min(),
             now,

@@ -217,7 +217,7 @@ pub fn human_rss(kib: u64) -> String {
 }
 
 /// `1234 (node bridge.cjs)`: a pid and what it runs, escaped for a terminal.
-fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
+pub(crate) fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
     let args = argv.for_terminal();
     match args.is_empty() {
         true => format!("{pid} ({})", comm.for_terminal()),
@@ -280,7 +280,7 @@ fn chain_text(chain: &[ChainMember]) -> Option<String> {
 }
 
 /// The evidence after the reason: where it runs, the server's processes, channels, RSS.
-fn evidence_text(out: &mut String, detail: &LeakDetail) {
+pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
     let place = &detail.placement;
     if let Some(ns) = place.nspid {
         out.push_str(&format!(", pid {ns} in its pid namespace"));

@@ -2,6 +2,7 @@
 pub mod events;
 pub mod evidence;
 pub mod human;
+pub mod junit;
 pub mod logfile;
 pub mod metrics;
 pub mod serve;

@@ -24,6 +24,8 @@ pub struct Stat {
     pub session: u32,
     /// The kernel's `PF_*` flags of the task.
     pub flags: u64,
+    /// Its threads that have not been released yet (a zombie leader counts itself).
+    pub threads: u32,
     /// Start time in clock ticks since boot (`USER_HZ`).
     pub start_ticks: u64,
 }
@@ -88,6 +90,7 @@ pub fn parse_stat(text: &[u8]) -> Option<Stat> {
         pgrp: field(5)?.parse().ok()?,
         session: field(6)?.parse().ok()?,
         flags: field(9)?.parse().ok()?,
+        threads: field(20)?.parse().ok()?,
         start_ticks: field(22)?.parse().ok()?,
     })
 }

@@ -1,0 +1,73 @@
+//! What the tests take from PyPI: command-line tools, and the JUnit schema from pytest's source
+//! release (pytest's own tests validate its reports against it).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::debian;
+
+/// Installs `pkg` from PyPI unless `bin` is already there, saying so. Returns whether `bin`
+/// is there now.
+pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
+    if debian::have(bin) {
+        return true;
+    }
+    eprintln!("xtask: installing {pkg} from PyPI for {why} (pip install {pkg})");
+    let _ = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", pkg])
+        .status();
+    // pyenv's shims appear only after a rehash.
+    let _ = Command::new("sh")
+        .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
+        .status();
+    debian::have(bin)
+}
+
+/// The pytest release whose source carries the schema.
+const PYTEST_SDIST: &str = "pytest==8.3.4";
+const SCHEMA_IN_SDIST: &str = "pytest-8.3.4/testing/example_scripts/junit-10.xsd";
+
+/// The Jenkins/Ant JUnit schema (`junit-10.xsd`, MIT) at `target/test-tools/`, fetched once.
+pub fn junit_schema(root: &Path) -> Result<PathBuf> {
+    let dir = root.join("target/test-tools");
+    let xsd = dir.join("junit-10.xsd");
+    if xsd.is_file() {
+        return Ok(xsd);
+    }
+    let sdists = dir.join("pypi");
+    fs::create_dir_all(&sdists)?;
+    eprintln!("xtask: fetching the JUnit schema from {PYTEST_SDIST}'s source on PyPI");
+    let fetched = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+        ])
+        .arg("-d")
+        .arg(&sdists)
+        .arg(PYTEST_SDIST)
+        .status()
+        .context("running pip download")?;
+    if !fetched.success() {
+        bail!("`pip download {PYTEST_SDIST}` failed ({fetched})");
+    }
+    let out = Command::new("tar")
+        .arg("-xzOf")
+        .arg(sdists.join("pytest-8.3.4.tar.gz"))
+        .arg(SCHEMA_IN_SDIST)
+        .output()
+        .context("running tar")?;
+    if !out.status.success() || out.stdout.is_empty() {
+        bail!("{SCHEMA_IN_SDIST} is not in the pytest source release");
+    }
+    fs::write(&xsd, out.stdout)?;
+    Ok(xsd)
+}
