@@ -475,13 +475,23 @@ impl Instance {
     }
 }
 
-/// A TCP port on 127.0.0.1 free right now (for `--metrics`, a Prometheus).
+/// A TCP port on 127.0.0.1 free right now (for `--metrics`, a Prometheus), and never one this
+/// test process handed out before: two ports asked for in a row (or by tests running side by
+/// side) must differ even though neither is bound yet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A program a test needs from the host (`cargo xtask test` installs it from Debian's

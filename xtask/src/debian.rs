@@ -43,13 +43,51 @@ pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
     have(bin)
 }
 
-/// Where fetched kernels are kept: outside the repository, across runs.
-fn kernel_cache() -> PathBuf {
+/// Where fetched kernels and Debian roots are kept: outside the repository, across runs.
+fn cache(what: &str) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("/var/cache"));
-    base.join("reaper/kernels")
+    base.join("reaper").join(what)
+}
+
+fn kernel_cache() -> PathBuf {
+    cache("kernels")
+}
+
+/// A fresh minimal Debian root of this machine's release (`mmdebstrap --variant=minbase` from
+/// Debian's archive), as a tarball: made once, cached, and linked at
+/// `target/test-tools/debian-root.tar` for the package's tests.
+pub fn test_root(root: &Path) -> Result<PathBuf> {
+    let release = fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
+        })
+        .unwrap_or_else(|| "bookworm".into());
+    let cached = cache("roots").join(format!("{release}-minbase.tar"));
+    if !cached.is_file() {
+        fs::create_dir_all(cached.parent().context("cache dir")?)?;
+        eprintln!("xtask: making a Debian {release} root with mmdebstrap (cached once)");
+        let partial = cached.with_extension("partial.tar");
+        let status = Command::new("mmdebstrap")
+            .args(["--variant=minbase", "--mode=root", "--quiet", &release])
+            .arg(&partial)
+            .arg("http://deb.debian.org/debian")
+            .status()
+            .context("running mmdebstrap")?;
+        if !status.success() {
+            bail!("mmdebstrap {release} failed ({status})");
+        }
+        fs::rename(&partial, &cached)?;
+    }
+    let link = root.join("target/test-tools/debian-root.tar");
+    fs::create_dir_all(link.parent().context("target dir")?)?;
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(&cached, &link)?;
+    Ok(link)
 }
 
 /// The Debian release whose archive carries a kernel series this machine's release does not:

@@ -5,6 +5,7 @@
 //! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
 mod bench;
 mod debian;
+mod dist;
 mod fuzz;
 mod initramfs;
 mod pypi;
@@ -27,11 +28,15 @@ usage: cargo xtask <command>
 commands:
   setup            install what the eBPF build needs (nightly rust-src, bpf-linker)
   build [--release]  build reaper-trace (eBPF object embedded)
+  dist             target/dist/: a static binary in a tarball (man pages, completions, unit,
+                   schema, README, licences), a Debian package and an OCI image archive
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
-  test [--no-vm]   fmt and clippy checks, unit tests, the kernel integration tests on this
-                   kernel, 15 s of each fuzz target and, unless --no-vm, the integration
-                   tests on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu
+  test [--no-vm] [--no-dist]
+                   fmt and clippy checks, unit tests, the kernel integration tests on this
+                   kernel, 15 s of each fuzz target; unless --no-dist, `dist` and the tests
+                   of its package, binary and image; unless --no-vm, the integration tests
+                   on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu
   fuzz [--secs N] [TARGET...]
                    the cargo-fuzz targets (decode, proc_stat, proc_files, btf, cli_values,
                    audit), N seconds each (default 60); installs cargo-fuzz if missing
@@ -69,6 +74,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             build(&root, args.iter().any(|a| a == "--release"))?;
             Ok(ExitCode::SUCCESS)
         }
+        Some("dist") => {
+            dist::run(&root)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Some("demo") => {
             setup::ensure_all()?;
             build(&root, true)?;
@@ -89,13 +98,16 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some("test") => {
-            let vm = match &args[1..] {
-                [] => true,
-                [flag] if flag == "--no-vm" => false,
-                other => bail!("unknown arguments to test: {}", other.join(" ")),
-            };
+            let (mut vm, mut dist) = (true, true);
+            for flag in &args[1..] {
+                match flag.as_str() {
+                    "--no-vm" => vm = false,
+                    "--no-dist" => dist = false,
+                    other => bail!("unknown argument to test: {other}"),
+                }
+            }
             setup::ensure_all()?;
-            test(&root, vm)?;
+            test(&root, vm, dist)?;
             Ok(ExitCode::SUCCESS)
         }
         Some("fuzz") => {
@@ -166,8 +178,14 @@ fn workspace_root() -> PathBuf {
 
 /// Runs a command in the workspace, failing with its name when it fails.
 pub fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    cargo_env(root, args, &[])
+}
+
+/// [`cargo`] with more environment variables.
+pub fn cargo_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
@@ -198,7 +216,7 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
 /// Seconds each fuzz target runs in `cargo xtask test` (longer runs: `cargo xtask fuzz`).
 const FUZZ_SECS_IN_TEST: u64 = 15;
 
-fn test(root: &Path, vm: bool) -> Result<()> {
+fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     clippy_ebpf(root)?;
@@ -231,6 +249,22 @@ fn test(root: &Path, vm: bool) -> Result<()> {
         bail!("xmllint is missing and `apt-get install libxml2-utils` did not provide it");
     }
     pypi::junit_schema(root)?;
+    if dist {
+        // The artifacts are tested as installed: the package in a fresh Debian root, the
+        // image under podman.
+        for (bin, pkg) in [
+            ("lintian", "lintian"),
+            ("podman", "podman"),
+            ("runc", "runc"),
+            ("mmdebstrap", "mmdebstrap"),
+        ] {
+            if !debian::ensure(bin, pkg, "the tests of what `cargo xtask dist` makes") {
+                bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
+            }
+        }
+        dist::run(root)?;
+        debian::test_root(root)?;
+    }
     let (mut passed, mut failed) = cargo_test(root)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
