@@ -59,6 +59,24 @@ fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
+/// Escapes the five characters markup gives meaning to (`& < > " '`), for text and attribute
+/// values alike, in HTML and XML. Run it over text already escaped for a terminal: markup has
+/// no way to show a control byte either.
+pub fn escape_markup(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Escapes bytes for a terminal: printable UTF-8 passes, a backslash doubles, control and
 /// bidi characters become `\xNN` / `\u{NNNN}`, invalid UTF-8 bytes become `\xNN`.
 pub fn escape_for_terminal(bytes: &[u8]) -> String {

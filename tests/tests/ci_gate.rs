@@ -4,9 +4,44 @@
 //! Jenkins/Ant `junit-10.xsd`, fetched from pytest's source release on PyPI by `cargo xtask
 //! test`, checked with Debian's `xmllint`) and names the leaked helper as a failed test case.
 //! Host only: the guests have no Python.
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use reaper_tests::{host_tool, reaper_trace, require_root, scratch};
+
+/// Checks a JUnit report against the schema: `xmllint` and the schema, or a skip.
+struct Validator {
+    xmllint: PathBuf,
+    xsd: PathBuf,
+}
+
+impl Validator {
+    fn new(test: &str) -> Option<Validator> {
+        Some(Validator {
+            xmllint: host_tool("xmllint", "libxml2-utils", test)?,
+            xsd: junit_schema(test)?,
+        })
+    }
+
+    /// Asserts that `report` validates; returns its text.
+    fn validate(&self, report: &Path) -> String {
+        let xml = std::fs::read_to_string(report).unwrap_or_default();
+        let out = Command::new(&self.xmllint)
+            .args(["--noout", "--schema"])
+            .arg(&self.xsd)
+            .arg(report)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{xml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        xml
+    }
+}
 
 /// Where `cargo xtask test` puts the JUnit schema.
 fn junit_schema(test: &str) -> Option<PathBuf> {
@@ -48,10 +83,7 @@ fn a_real_suites_leak_is_a_failed_junit_case_and_a_short_log() {
     if !require_root(test) {
         return;
     }
-    let (Some(xmllint), Some(xsd)) = (
-        host_tool("xmllint", "libxml2-utils", test),
-        junit_schema(test),
-    ) else {
+    let Some(validator) = Validator::new(test) else {
         return;
     };
     let dir = scratch(test);
@@ -67,7 +99,6 @@ fn a_real_suites_leak_is_a_failed_junit_case_and_a_short_log() {
         .unwrap();
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{log}");
-    let xml = std::fs::read_to_string(&report).unwrap_or_default();
     // The helper is ours to stop, whatever the assertions find.
     let _ = Command::new("pkill")
         .args(["-f", "^sleep 3600.5$"])
@@ -79,17 +110,7 @@ fn a_real_suites_leak_is_a_failed_junit_case_and_a_short_log() {
         "the verdict, not every event ({} lines):\n{log}",
         log.lines().count()
     );
-    let valid = Command::new(xmllint)
-        .args(["--noout", "--schema"])
-        .arg(&xsd)
-        .arg(&report)
-        .output()
-        .unwrap();
-    assert!(
-        valid.status.success(),
-        "{}\n{xml}",
-        String::from_utf8_lossy(&valid.stderr)
-    );
+    let xml = validator.validate(&report);
     assert_eq!(
         xml.matches("<failure ").count(),
         1,
@@ -111,10 +132,7 @@ fn a_clean_suite_is_one_passed_junit_case() {
     if !require_root(test) {
         return;
     }
-    let (Some(xmllint), Some(xsd)) = (
-        host_tool("xmllint", "libxml2-utils", test),
-        junit_schema(test),
-    ) else {
+    let Some(validator) = Validator::new(test) else {
         return;
     };
     let dir = scratch(test);
@@ -127,14 +145,7 @@ fn a_clean_suite_is_one_passed_junit_case() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let xml = std::fs::read_to_string(&report).unwrap();
-    let valid = Command::new(xmllint)
-        .args(["--noout", "--schema"])
-        .arg(&xsd)
-        .arg(&report)
-        .status()
-        .unwrap();
-    assert!(valid.success(), "{xml}");
+    let xml = validator.validate(&report);
     assert!(xml.contains(r#"tests="1" failures="0""#), "{xml}");
     assert!(!xml.contains("<failure"), "{xml}");
 }

@@ -145,18 +145,7 @@ fn tarball(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBu
     copy_tree(&docs.join("man"), &stage.join("man"))?;
     copy_tree(&docs.join("completions"), &stage.join("completions"))?;
     let tarball = out.join(format!("{name}.tar.gz"));
-    sh(Command::new("tar")
-        .args([
-            "--sort=name",
-            "--owner=0",
-            "--group=0",
-            "--numeric-owner",
-            "-czf",
-        ])
-        .arg(&tarball)
-        .arg("-C")
-        .arg(out)
-        .arg(&name))?;
+    tar(&tarball, out, &name)?;
     Ok(tarball)
 }
 
@@ -369,18 +358,7 @@ fn image(out: &Path, binary: &Path) -> Result<PathBuf> {
     sh(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
     // An OCI archive is the layout in a tar.
     let archive = out.join(format!("reaper-trace-{VERSION}-oci.tar"));
-    sh(Command::new("tar")
-        .args([
-            "--sort=name",
-            "--owner=0",
-            "--group=0",
-            "--numeric-owner",
-            "-cf",
-        ])
-        .arg(&archive)
-        .arg("-C")
-        .arg(&layout)
-        .arg("."))?;
+    tar(&archive, &layout, ".")?;
     Ok(archive)
 }
 
@@ -392,6 +370,27 @@ fn sh(cmd: &mut Command) -> Result<()> {
         bail!("{cmd:?} failed ({status})");
     }
     Ok(())
+}
+
+/// Archives `what` in `dir` as `archive` (gzipped for `.gz`), the same bytes from the same
+/// files: sorted names, owned by root.
+fn tar(archive: &Path, dir: &Path, what: &str) -> Result<()> {
+    let create = match archive.extension().is_some_and(|e| e == "gz") {
+        true => "-czf",
+        false => "-cf",
+    };
+    sh(Command::new("tar")
+        .args([
+            "--sort=name",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            create,
+        ])
+        .arg(archive)
+        .arg("-C")
+        .arg(dir)
+        .arg(what))
 }
 
 fn gzip(file: &Path) -> Result<()> {

@@ -5,7 +5,7 @@
 //! Written as the Jenkins/Ant schema (`junit-10.xsd`) that these readers share: `testsuites` >
 //! `testsuite` (with `properties` first) > `testcase` > `failure`. Every text comes from the
 //! terminal escaping (control bytes and invalid UTF-8 as `\xNN`), so nothing a process named
-//! itself can break the XML; XML's own five specials are escaped here.
+//! itself can break the XML; markup's five specials are escaped on top.
 use std::{
     fs::File,
     io::Write,
@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 
 use crate::output::events::LeakedProcess;
 use crate::output::human::{evidence_text, who};
+use crate::text::escape_markup as esc;
 
 /// The report file, created at start so that a bad path is an error before anything runs.
 pub struct JunitFile {
@@ -126,22 +127,6 @@ pub fn render(v: &Verdict, now: SystemTime) -> String {
     x
 }
 
-/// Escapes XML's specials, for text and attribute values alike.
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,7 +186,7 @@ mod tests {
     fn hostile_names_cannot_break_the_xml() {
         let xml = report("leaked", &[leaked(11, &[b"<x>&\"'", b"\x1b]0;\xff"])]);
         assert!(
-            xml.contains(r#"name="&lt;x&gt;&amp;&quot;&apos; \x1b]0;\xff""#),
+            xml.contains(r#"name="&lt;x&gt;&amp;&quot;&#39; \x1b]0;\xff""#),
             "{xml}"
         );
         assert!(!xml.chars().any(|c| c.is_control() && c != '\n'), "{xml}");

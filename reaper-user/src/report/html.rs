@@ -6,23 +6,11 @@ use std::fmt::Write as _;
 
 use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES, Point};
 use crate::output::human::{human_duration, human_rss};
-use crate::text::escape_for_terminal;
+use crate::text::{escape_for_terminal, escape_markup};
 
 /// Text from a process, safe in HTML text and attributes.
 fn esc(s: &str) -> String {
-    let shown = escape_for_terminal(s.as_bytes());
-    let mut out = String::with_capacity(shown.len());
-    for c in shown.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    escape_markup(&escape_for_terminal(s.as_bytes()))
 }
 
 fn short(s: &str) -> String {
