@@ -143,7 +143,13 @@ fn only_the_abandoned_stdio_servers_are_idle() {
                 .any(|p| p["pid"] == truth["gateway"]),
             "{stdin}"
         );
-        assert_eq!(cleared(&run, s, "idle")["because"], "exited");
+        // Released, the gateway closes its write ends and each server reads EOF and exits;
+        // a scan can land between the two.
+        let because = &cleared(&run, s, "idle")["because"];
+        assert!(
+            because == "exited" || because == "no live peer on its channels now",
+            "{because}"
+        );
     }
 }
 

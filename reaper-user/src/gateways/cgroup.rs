@@ -138,41 +138,54 @@ impl CgroupDir {
     }
 
     /// Whether `stat`'s process is a gateway of this subtree: in it, with its parent not.
-    /// `cgroups` is every process's cgroup path. A process whose parent is init may be a
-    /// unit's main process (systemd is init) or an orphan of an earlier session, reparented:
-    /// /proc cannot tell, so it is a gateway only if it is the oldest process of its cgroup (a
-    /// main process is older than what it spawned). The kernel finds later ones exactly.
-    pub fn is_entry(
-        &self,
-        stat: &Stat,
-        all: &HashMap<u32, Stat>,
-        cgroups: &HashMap<u32, String>,
-    ) -> bool {
-        let Some(own) = cgroups.get(&stat.pid).filter(|c| self.contains(c)) else {
+    /// A process whose parent is init may be a unit's main process (systemd is init) or an
+    /// orphan of an earlier session, reparented: /proc cannot tell, so it is a gateway only if
+    /// it is the oldest process of its cgroup (a main process is older than what it spawned).
+    /// The kernel finds later ones exactly.
+    pub fn is_entry(&self, stat: &Stat, cgroups: &Cgroups) -> bool {
+        let Some(own) = cgroups.of.get(&stat.pid).filter(|c| self.contains(c)) else {
             return false;
         };
-        if cgroups.get(&stat.ppid).is_some_and(|c| self.contains(c)) {
+        if cgroups.of.get(&stat.ppid).is_some_and(|c| self.contains(c)) {
             return false;
         }
-        if stat.ppid != 1 {
-            return true;
-        }
-        !all.values().any(|other| {
-            other.pid != stat.pid
-                && cgroups.get(&other.pid) == Some(own)
-                && (other.start_ticks, other.pid) < (stat.start_ticks, stat.pid)
-        })
+        stat.ppid != 1 || cgroups.oldest.get(own) == Some(&stat.pid)
     }
 }
 
-/// Every process's cgroup v2 path.
-pub fn cgroups_of(all: &HashMap<u32, Stat>) -> HashMap<u32, String> {
-    all.keys()
-        .filter_map(|&pid| {
-            let text = fs::read_to_string(crate::procfs::proc_path(pid, "cgroup")).ok()?;
-            Some((pid, placement::parse_cgroup(&text)?))
-        })
-        .collect()
+/// Every process's cgroup v2 path, and each cgroup's oldest process, read once at start.
+#[derive(Default)]
+pub struct Cgroups {
+    of: HashMap<u32, String>,
+    oldest: HashMap<String, u32>,
+}
+
+impl Cgroups {
+    pub fn read(all: &HashMap<u32, Stat>) -> Cgroups {
+        let of: HashMap<u32, String> = all
+            .keys()
+            .filter_map(|&pid| {
+                let text = fs::read_to_string(crate::procfs::proc_path(pid, "cgroup")).ok()?;
+                Some((pid, placement::parse_cgroup(&text)?))
+            })
+            .collect();
+        Cgroups::of(all, of)
+    }
+
+    fn of(all: &HashMap<u32, Stat>, of: HashMap<u32, String>) -> Cgroups {
+        let mut first: HashMap<&str, (u64, u32)> = HashMap::new();
+        for (pid, path) in &of {
+            let Some(stat) = all.get(pid) else { continue };
+            let key = (stat.start_ticks, stat.pid);
+            let slot = first.entry(path.as_str()).or_insert(key);
+            *slot = (*slot).min(key);
+        }
+        let oldest = first
+            .into_iter()
+            .map(|(path, (_, pid))| (path.to_owned(), pid))
+            .collect();
+        Cgroups { of, oldest }
+    }
 }
 
 /// `name` with systemd's default `.service` suffix when it has no unit type.
@@ -270,6 +283,45 @@ mod tests {
                 (PathBuf::from("/host/cg"), "/kubepods".to_owned()),
             ]
         );
+    }
+
+    #[test]
+    fn under_init_only_the_oldest_of_its_cgroup_is_a_gateway() {
+        let stat = |pid: u32, ppid: u32, start_ticks: u64| Stat {
+            pid,
+            comm: Default::default(),
+            state: b'S',
+            ppid,
+            pgrp: pid,
+            session: pid,
+            flags: 0,
+            threads: 1,
+            start_ticks,
+        };
+        // 10: the unit's main process; 11 its child; 12 an orphan of an earlier session, now
+        // under init; 20 a process started outside and moved in, its parent outside.
+        let procs = [
+            stat(10, 1, 100),
+            stat(11, 10, 101),
+            stat(12, 1, 102),
+            stat(20, 5, 90),
+        ];
+        let all: HashMap<u32, Stat> = procs.iter().map(|s| (s.pid, s.clone())).collect();
+        let of = [(10, "/a"), (11, "/a"), (12, "/a"), (20, "/a/b"), (5, "/")]
+            .into_iter()
+            .map(|(pid, path)| (pid, path.to_owned()))
+            .collect();
+        let cgroups = Cgroups::of(&all, of);
+        let a = CgroupDir {
+            dir: PathBuf::from("/sys/fs/cgroup/a"),
+            path: "/a".into(),
+        };
+        let entries: Vec<u32> = procs
+            .iter()
+            .filter(|s| a.is_entry(s, &cgroups))
+            .map(|s| s.pid)
+            .collect();
+        assert_eq!(entries, [10, 20]);
     }
 
     #[test]

@@ -152,8 +152,8 @@ impl Selectors {
             .iter()
             .any(|(_, s)| matches!(s, Selector::Cgroup(_)))
         {
-            true => cgroup::cgroups_of(all),
-            false => HashMap::new(),
+            true => cgroup::Cgroups::read(all),
+            false => cgroup::Cgroups::default(),
         };
         for (index, (_, s)) in self.entries.iter_mut().enumerate() {
             let mut take = |stat: &Stat| {
@@ -173,7 +173,7 @@ impl Selectors {
                     .for_each(|st| take(st)),
                 Selector::Cgroup(c) => stats
                     .iter()
-                    .filter(|st| c.is_entry(st, all, &cgroups))
+                    .filter(|st| c.is_entry(st, &cgroups))
                     .for_each(|st| take(st)),
                 Selector::Pidfile(pf) => {
                     if let Some(Ok(pid)) = pf.changed()

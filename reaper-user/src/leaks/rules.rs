@@ -70,8 +70,10 @@ pub fn zombie(node: &Node, now: u64, after: u64) -> Option<u64> {
 pub fn cleared_because(reason: Reason, o: &Observed) -> &'static str {
     match reason {
         Reason::Orphaned => "holds no pipe or socket to another process now",
-        Reason::Idle if o.io_since == o.now => "moved data",
-        Reason::Idle => "no live peer on its channels now",
+        // The peer going first: a server whose host closed its pipe reads EOF (a read call,
+        // so its counters move), but what ended the wait is the peer.
+        Reason::Idle if !o.has_live_peer => "no live peer on its channels now",
+        Reason::Idle => "moved data",
         Reason::Deaf => "its pipe has a writer again",
         Reason::Zombie | Reason::Respawning => "reaped",
     }
@@ -96,6 +98,17 @@ mod tests {
             now: 100 * SEC,
             idle_after: 10 * SEC,
         }
+    }
+
+    #[test]
+    fn idle_ends_by_its_peer_before_the_eof_read_it_causes() {
+        let mut o = waiting(false, 100 * SEC, None, false);
+        assert_eq!(
+            cleared_because(Reason::Idle, &o),
+            "no live peer on its channels now"
+        );
+        o.has_live_peer = true;
+        assert_eq!(cleared_because(Reason::Idle, &o), "moved data");
     }
 
     #[test]

@@ -2,15 +2,12 @@
 //! Names and fields change only compatibly (new optional fields, new events).
 use std::{borrow::Cow, collections::BTreeMap};
 
-use serde::{Deserialize, Serialize, ser::SerializeMap};
-
-use std::rc::Rc;
-
-use base64::{Engine as _, engine::general_purpose::STANDARD};
+use serde::{Serialize, ser::SerializeMap};
 
 use crate::capture::decode::{KernelEvent, What};
 use crate::procfs::placement::Placement;
-use crate::text::{Args, Comm, escape_for_terminal, exact_b64, lossy};
+
+pub use super::fields::{Argv, ProcBytes, ProcText};
 
 pub use super::evidence::{
     Ancestor, ChainMember, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo,
@@ -25,184 +22,6 @@ pub struct Envelope<'a> {
     pub ts: u64,
     #[serde(flatten)]
     pub body: &'a Event,
-}
-
-/// Where a [`ProcText`]'s bytes live: inline for a comm, shared with the graph otherwise.
-/// Neither copies on the event path.
-#[derive(Clone, Debug)]
-pub enum ProcBytes {
-    Comm(Comm),
-    Shared(Rc<[u8]>),
-}
-
-impl ProcBytes {
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            ProcBytes::Comm(c) => c.as_bytes(),
-            ProcBytes::Shared(b) => b,
-        }
-    }
-}
-
-impl From<Comm> for ProcBytes {
-    fn from(c: Comm) -> Self {
-        ProcBytes::Comm(c)
-    }
-}
-
-impl From<&[u8]> for ProcBytes {
-    fn from(b: &[u8]) -> Self {
-        ProcBytes::Shared(b.into())
-    }
-}
-
-impl From<Rc<[u8]>> for ProcBytes {
-    fn from(b: Rc<[u8]>) -> Self {
-        ProcBytes::Shared(b)
-    }
-}
-
-/// A process's name or path as a field `name` (lossy text) and, only when the bytes are not
-/// UTF-8, its twin `name_b64` (the exact bytes). Text is made while serialising: valid UTF-8
-/// (nearly always) is written straight from the bytes.
-#[derive(Clone, Debug)]
-pub struct ProcText {
-    name: &'static str,
-    raw: ProcBytes,
-}
-
-impl ProcText {
-    pub fn new(name: &'static str, bytes: impl Into<ProcBytes>) -> ProcText {
-        ProcText {
-            name,
-            raw: bytes.into(),
-        }
-    }
-
-    /// The exact bytes, escaped for a terminal.
-    pub fn for_terminal(&self) -> String {
-        escape_for_terminal(self.raw.as_bytes())
-    }
-
-    /// The text (invalid UTF-8 replaced), as the stream's string field shows it.
-    pub fn text(&self) -> Cow<'_, str> {
-        lossy(self.raw.as_bytes())
-    }
-}
-
-/// An empty `comm`.
-impl Default for ProcText {
-    fn default() -> Self {
-        ProcText::new("comm", Comm::default())
-    }
-}
-
-/// The bytes of a string field and its `_b64` twin, as read back from the stream: the exact
-/// bytes when the twin is there and valid, the text's otherwise.
-fn exact_bytes(text: Option<String>, b64: Option<String>) -> Vec<u8> {
-    b64.and_then(|b| STANDARD.decode(b).ok())
-        .or_else(|| text.map(String::into_bytes))
-        .unwrap_or_default()
-}
-
-/// Read back (the audit report): a `comm` and its `comm_b64` twin, flattened into the object
-/// that holds them. Only `comm` fields are read back; paths and executables are not.
-impl<'de> Deserialize<'de> for ProcText {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Comm {
-            comm: Option<String>,
-            comm_b64: Option<String>,
-        }
-        let c = Comm::deserialize(d)?;
-        let bytes: Rc<[u8]> = exact_bytes(c.comm, c.comm_b64).into();
-        Ok(ProcText::new("comm", bytes))
-    }
-}
-
-impl Serialize for ProcText {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let bytes = self.raw.as_bytes();
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry(self.name, &lossy(bytes))?;
-        if let Some(b64) = exact_b64(bytes) {
-            map.serialize_entry(&format!("{}_b64", self.name), &b64)?;
-        }
-        map.end()
-    }
-}
-
-/// An argv, lossless: `argv` (strings) and, when any argument is not UTF-8, `argv_b64` (every
-/// argument in base64). Shares the graph's bytes; text is made while serialising.
-#[derive(Clone, Debug, Default)]
-pub struct Argv(Args);
-
-impl Argv {
-    pub fn new(args: Args) -> Argv {
-        Argv(args)
-    }
-
-    /// The exact arguments, escaped for a terminal and separated by spaces.
-    pub fn for_terminal(&self) -> String {
-        self.0.for_terminal()
-    }
-
-    /// The arguments as text (invalid UTF-8 replaced), separated by spaces.
-    pub fn text(&self) -> String {
-        self.0.iter().map(lossy).collect::<Vec<_>>().join(" ")
-    }
-}
-
-/// Read back (the audit report): `argv` and its `argv_b64` twin.
-impl<'de> Deserialize<'de> for Argv {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Lists {
-            argv: Option<Vec<String>>,
-            argv_b64: Option<Vec<String>>,
-        }
-        let l = Lists::deserialize(d)?;
-        let exact = l.argv_b64.and_then(|list| {
-            list.iter()
-                .map(|a| STANDARD.decode(a).ok())
-                .collect::<Option<Vec<_>>>()
-        });
-        Ok(Argv(match exact {
-            Some(args) => Args::from_list(args),
-            None => Args::from_list(l.argv.unwrap_or_default()),
-        }))
-    }
-}
-
-/// Arguments as one JSON array of lossy strings, written without collecting them.
-struct LossyList<'a>(&'a Args);
-
-impl Serialize for LossyList<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(lossy))
-    }
-}
-
-/// Arguments as one JSON array of base64 strings.
-struct Base64List<'a>(&'a Args);
-
-impl Serialize for Base64List<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|a| STANDARD.encode(a)))
-    }
-}
-
-impl Serialize for Argv {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("argv", &LossyList(&self.0))?;
-        if self.0.iter().any(|a| std::str::from_utf8(a).is_err()) {
-            map.serialize_entry("argv_b64", &Base64List(&self.0))?;
-        }
-        map.end()
-    }
 }
 
 /// A live process in the closing summary.
@@ -602,6 +421,7 @@ pub fn signal_name(sig: i32) -> Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::Args;
 
     fn line(body: &Event) -> serde_json::Value {
         let s = serde_json::to_string(&Envelope {

@@ -1,6 +1,7 @@
 //! Where events go: NDJSON for tools, one readable line per event for people.
 pub mod events;
 pub mod evidence;
+pub mod fields;
 pub mod human;
 pub mod junit;
 pub mod logfile;

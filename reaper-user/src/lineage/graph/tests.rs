@@ -1,0 +1,307 @@
+//! The lineage graph's rules, one scenario each.
+use super::*;
+
+fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
+    KernelEvent {
+        seq,
+        ts: seq * 1000,
+        pid,
+        start,
+        what,
+    }
+}
+
+fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
+    ev(
+        0,
+        pid,
+        start,
+        What::Fork {
+            spawner,
+            ppid,
+            sid: spawner,
+            pgid: spawner,
+            uid: 0,
+            cgroup_id: 1,
+            comm: Comm::from_c(b"c"),
+            untracked: false,
+        },
+    )
+}
+
+fn gateway(g: &mut LineageGraph, pid: u32) -> NodeId {
+    g.add_seed(Seed {
+        pid,
+        start_ticks: 1,
+        ppid: 1,
+        sid: pid,
+        pgid: pid,
+        comm: Comm::from_c(b"gw"),
+        argv: Args::none(),
+        is_gateway: true,
+        uncertain: false,
+    })
+    .0
+}
+
+fn node_of(a: Applied) -> NodeId {
+    match a {
+        Applied::Node(id) | Applied::Exit { node: id, .. } => id,
+        Applied::Unknown | Applied::Duplicate => panic!("not a new node: {a:?}"),
+    }
+}
+
+#[test]
+fn escaped_grandchild_keeps_its_lineage_after_reparenting_to_init() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let child = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    g.apply(&ev(1, 200, 5_000, What::Setsid { sid: 200 }));
+    let grandchild = node_of(g.apply(&fork(300, 6_000, 200, 200)));
+    let Applied::Exit { orphans, .. } = g.apply(&ev(2, 200, 5_000, What::Exit { status: 0 }))
+    else {
+        panic!()
+    };
+    assert_eq!(orphans, vec![grandchild]);
+    assert_eq!(g.reparent(grandchild, 1), Some(200));
+    g.apply(&ev(3, 200, 5_000, What::Free));
+    assert_eq!(g.lineage(grandchild), vec![100, 200, 300]);
+    assert!(g.node(child).unwrap().escaped);
+    assert_eq!(g.node(grandchild).unwrap().ppid, 1);
+}
+
+fn matched(pid: u32, start: u64) -> KernelEvent {
+    ev(
+        0,
+        pid,
+        start,
+        What::Gateway {
+            selector: 2,
+            matched_at: reaper_common::MatchedAt::Exec,
+            ppid: 1,
+            sid: pid,
+            pgid: pid,
+            cgroup_id: 1,
+            comm: Comm::from_c(b"hermes"),
+        },
+    )
+}
+
+#[test]
+fn each_restarted_instance_is_a_root_of_its_own_lineage() {
+    let mut g = LineageGraph::new(100);
+    let first = node_of(g.apply(&matched(100, 1_000)));
+    let leak = node_of(g.apply(&fork(200, 2_000, 100, 100)));
+    g.apply(&ev(1, 100, 1_000, What::Exit { status: 0 }));
+    // The restart reuses no pid here, but would be told apart by its start if it did.
+    let second = node_of(g.apply(&matched(300, 3_000)));
+    let leak2 = node_of(g.apply(&fork(400, 4_000, 300, 300)));
+    assert_eq!(g.lineage(leak), vec![100, 200]);
+    assert_eq!(g.lineage(leak2), vec![300, 400]);
+    assert_eq!(
+        g.gateways().map(|n| n.id).collect::<Vec<_>>(),
+        vec![first, second]
+    );
+    assert!(!g.node(first).unwrap().alive());
+    // A descendant that executes the gateway program becomes a root where it is.
+    let inner = node_of(g.apply(&fork(500, 5_000, 400, 400)));
+    assert_eq!(node_of(g.apply(&matched(500, 5_000))), inner);
+    let below = node_of(g.apply(&fork(600, 6_000, 500, 500)));
+    assert_eq!(g.lineage(below), vec![500, 600]);
+    assert_eq!(g.gateways().count(), 3);
+}
+
+#[test]
+fn clone_parent_child_has_spawner_edge_but_other_real_parent() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    g.apply(&fork(200, 5_000, 100, 100));
+    let sibling = node_of(g.apply(&fork(300, 6_000, 200, 100)));
+    let n = g.node(sibling).unwrap();
+    assert_eq!((n.spawner_pid, n.ppid), (Some(200), 100));
+    assert_eq!(g.lineage(sibling), vec![100, 200, 300]);
+}
+
+#[test]
+fn reused_pid_before_the_old_free_is_two_processes() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let old = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+    // The pid is released before sched_process_free fires: a new fork can come first.
+    let new = node_of(g.apply(&fork(200, 9_000, 100, 100)));
+    assert_ne!(old, new);
+    g.apply(&ev(2, 200, 5_000, What::Free));
+    assert!(g.node(old).unwrap().reaped_at.is_some());
+    let n = g.node(new).unwrap();
+    assert!(n.alive() && n.reaped_at.is_none());
+    assert_eq!(g.current(200).unwrap().id, new);
+}
+
+#[test]
+fn seeded_process_is_upgraded_by_its_fork_event_not_duplicated() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let (seeded, new) = g.add_seed(Seed {
+        pid: 200,
+        start_ticks: 12,
+        ppid: 100,
+        sid: 100,
+        pgid: 100,
+        comm: Comm::from_c(b"w"),
+        argv: Args::none(),
+        is_gateway: false,
+        uncertain: false,
+    });
+    assert!(new);
+    // 123_456_789 ns is tick 12 at 100 ticks per second.
+    let id = node_of(g.apply(&fork(200, 123_456_789, 100, 100)));
+    assert_eq!(id, seeded);
+    assert_eq!(g.node(id).unwrap().start, Start::Exact(123_456_789));
+    assert_eq!(g.len(), 2);
+}
+
+#[test]
+fn events_for_unknown_processes_ask_for_a_resync() {
+    let mut g = LineageGraph::new(100);
+    assert_eq!(
+        g.apply(&ev(0, 7, 1, What::Exit { status: 0 })),
+        Applied::Unknown
+    );
+}
+
+#[test]
+fn pruning_is_bounded_but_keeps_ancestors_of_live_processes() {
+    let mut g = LineageGraph::new(2);
+    gateway(&mut g, 100);
+    g.apply(&fork(200, 5_000, 100, 100));
+    let leaf = node_of(g.apply(&fork(300, 6_000, 200, 200)));
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+    g.apply(&ev(2, 200, 5_000, What::Free));
+    // Many short-lived siblings come and go.
+    for i in 0..50u32 {
+        let pid = 1000 + i;
+        let start = 10_000 + u64::from(i);
+        g.apply(&fork(pid, start, 100, 100));
+        g.apply(&ev(3, pid, start, What::Exit { status: 0 }));
+        g.apply(&ev(4, pid, start, What::Free));
+    }
+    // gateway + dead spawner 200 + live leaf + at most 2 retained dead siblings.
+    assert!(g.len() <= 5, "graph holds {} nodes", g.len());
+    assert_eq!(g.lineage(leaf), vec![100, 200, 300]);
+    // Once the leaf goes too, the dead chain can be pruned.
+    g.apply(&ev(5, 300, 6_000, What::Exit { status: 0 }));
+    g.apply(&ev(6, 300, 6_000, What::Free));
+    for i in 0..5u32 {
+        let pid = 2000 + i;
+        g.apply(&fork(pid, 20_000 + u64::from(i), 100, 100));
+        g.apply(&ev(7, pid, 20_000 + u64::from(i), What::Free));
+    }
+    assert!(g.current(200).is_none() && g.current(300).is_none());
+}
+
+#[test]
+fn exit_status_and_zombie_state() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 3 << 8 }));
+    let n = g.node(id).unwrap();
+    assert!(n.zombie() && !n.alive());
+    assert_eq!(n.exited.unwrap().status, Some(0x300));
+    assert_eq!(g.zombies().count(), 1);
+    assert_counts(&g);
+}
+
+#[test]
+fn a_multithreaded_process_reported_exiting_by_several_threads_exits_once() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    let exit = |seq, ts| {
+        let mut e = ev(seq, 200, 5_000, What::Exit { status: 9 });
+        e.ts = ts;
+        e
+    };
+    assert!(matches!(g.apply(&exit(1, 6_000)), Applied::Exit { .. }));
+    assert!(matches!(g.apply(&exit(2, 6_100)), Applied::Duplicate));
+    assert!(matches!(g.apply(&exit(3, 6_200)), Applied::Duplicate));
+    assert_eq!(
+        g.node(id).unwrap().exited.unwrap().ts,
+        6_000,
+        "the first one"
+    );
+    assert_counts(&g);
+}
+
+#[test]
+fn a_free_after_a_release_learnt_from_proc_is_a_duplicate() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+    g.mark_gone(id, 9_000);
+    assert_eq!(g.node(id).unwrap().reaped_at, Some(9_000));
+    assert!(
+        !g.node(id).unwrap().uncertain,
+        "its exit was seen: nothing guessed"
+    );
+    assert!(matches!(
+        g.apply(&ev(2, 200, 5_000, What::Free)),
+        Applied::Duplicate
+    ));
+    assert_eq!(g.node(id).unwrap().reaped_at, Some(9_000));
+    assert_counts(&g);
+}
+
+/// The kept counts agree with a walk of the graph.
+fn assert_counts(g: &LineageGraph) {
+    assert_eq!(g.live_count(), g.alive().count(), "live");
+    assert_eq!(g.zombie_count(), g.zombies().count(), "zombies");
+    let walked: Vec<u32> = g
+        .nodes
+        .values()
+        .filter(|n| n.is_gateway)
+        .map(|n| n.pid)
+        .collect();
+    let kept: Vec<u32> = g.gateways().map(|n| n.pid).collect();
+    assert_eq!(walked.len(), kept.len());
+    assert!(walked.iter().all(|p| kept.contains(p)));
+}
+
+#[test]
+fn kept_counts_follow_every_state_change() {
+    let mut g = LineageGraph::new(3);
+    gateway(&mut g, 100);
+    assert_counts(&g);
+    for i in 0..20u32 {
+        let (pid, start) = (1000 + i, 10_000 + u64::from(i));
+        g.apply(&fork(pid, start, 100, 100));
+        assert_counts(&g);
+        match i % 4 {
+            // exit then free; free without exit (lost exit); exit only (zombie); gone.
+            0 => {
+                g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+                g.apply(&ev(2, pid, start, What::Free));
+            }
+            1 => {
+                g.apply(&ev(2, pid, start, What::Free));
+            }
+            2 => {
+                g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+                g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+            }
+            _ => {
+                let id = g.current(pid).unwrap().id;
+                g.mark_gone(id, 5);
+                g.mark_gone(id, 6);
+            }
+        }
+        assert_counts(&g);
+    }
+    let id = g.current(1002).unwrap().id;
+    g.set_gateway(id);
+    g.set_gateway(id);
+    assert_counts(&g);
+    assert_eq!((g.live_count(), g.zombie_count()), (1, 5));
+}
