@@ -24,11 +24,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use super::channels::{self, Holders};
 use super::peers::{Holder, PeerIndex};
 use super::rules::{self, Observed};
-use super::sampler::Sampler;
+use super::sampler::{Sample, Sampler};
 use crate::identity::ProcessId;
-use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
+use crate::procfs::facts;
 use crate::procfs::placement::{self, Placement};
-use crate::text::Comm;
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
@@ -91,58 +90,6 @@ impl InspectOptions {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// One pipe, socket or terminal fd of a sampled process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FdFact {
-    pub fd: OpenFd,
-    /// Whether the other end is open (see [`PidFd::other_end_open`]); `None`: unknown.
-    pub other_end_open: Option<bool>,
-    /// A connected UNIX socket's peer (the other end's inode).
-    pub peer_inode: Option<u64>,
-    /// Both ends are held by this process alone (see [`channels`]).
-    pub internal: bool,
-}
-
-/// What one sample of a process found.
-#[derive(Clone, Debug, Default)]
-pub struct Sample {
-    pub pid: u32,
-    /// Its name now (a process may rename itself after exec).
-    pub comm: Comm,
-    /// `/proc/PID/stat` state letter (R, S, D, T, Z...).
-    pub state: u8,
-    pub rss_kib: Option<u64>,
-    pub io: Option<[u64; 4]>,
-    pub blocked: Option<Blocked>,
-    pub fds: Vec<FdFact>,
-}
-
-impl Sample {
-    /// Holds a pipe or socket to another process (internal ones do not count).
-    pub fn holds_channel(&self) -> bool {
-        self.fds.iter().any(FdFact::is_channel)
-    }
-
-    pub fn waits_for_input(&self) -> bool {
-        self.state == b'S' && matches!(self.blocked, Some(Blocked::WaitingForInput { .. }))
-    }
-
-    /// Channels whose other end some live process still holds.
-    pub fn has_live_peer(&self) -> bool {
-        self.fds
-            .iter()
-            .any(|f| f.is_channel() && f.other_end_open == Some(true))
-    }
-
-    /// A pipe read end whose writers are all gone, or a socket whose peer closed or shut down.
-    pub fn eof_pending(&self) -> bool {
-        self.fds.iter().any(|f| {
-            let reads = f.fd.kind == FdKind::Socket || f.fd.end == End::Read;
-            f.is_channel() && reads && f.other_end_open == Some(false)
-        })
-    }
 }
 
 /// The /proc facts about a live process, and who holds the other ends of its pipes.

@@ -10,3 +10,4 @@ mod sampler;
 
 pub use inspector::*;
 pub use peers::Holder;
+pub use sampler::{FdFact, Sample};

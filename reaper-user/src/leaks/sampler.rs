@@ -1,9 +1,62 @@
-//! One look at one process: its /proc facts, each pipe's and socket's other end asked of the
-//! fd itself through a pidfd, and a UNIX socket's peer asked of the kernel (sock_diag).
-use super::{FdFact, Sample};
+//! One look at one process and what it found (a `Sample`, with an `FdFact` a pipe or socket):
+//! its /proc facts, each pipe's and socket's other end asked of the fd itself through a pidfd,
+//! and a UNIX socket's peer asked of the kernel (sock_diag).
 use crate::identity::{self, PidRef, ProcessId};
-use crate::procfs::facts::{self, FdKind};
+use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 use crate::sockdiag::{SockDiag, UnixPeer};
+use crate::text::Comm;
+
+/// One pipe, socket or terminal fd of a sampled process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdFact {
+    pub fd: OpenFd,
+    /// Whether the other end is open (see [`identity::pidfd::PidFd::other_end_open`]); `None`: unknown.
+    pub other_end_open: Option<bool>,
+    /// A connected UNIX socket's peer (the other end's inode).
+    pub peer_inode: Option<u64>,
+    /// Both ends are held by this process alone (see [`super::channels`]).
+    pub internal: bool,
+}
+
+/// What one sample of a process found.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    pub pid: u32,
+    /// Its name now (a process may rename itself after exec).
+    pub comm: Comm,
+    /// `/proc/PID/stat` state letter (R, S, D, T, Z...).
+    pub state: u8,
+    pub rss_kib: Option<u64>,
+    pub io: Option<[u64; 4]>,
+    pub blocked: Option<Blocked>,
+    pub fds: Vec<FdFact>,
+}
+
+impl Sample {
+    /// Holds a pipe or socket to another process (internal ones do not count).
+    pub fn holds_channel(&self) -> bool {
+        self.fds.iter().any(FdFact::is_channel)
+    }
+
+    pub fn waits_for_input(&self) -> bool {
+        self.state == b'S' && matches!(self.blocked, Some(Blocked::WaitingForInput { .. }))
+    }
+
+    /// Channels whose other end some live process still holds.
+    pub fn has_live_peer(&self) -> bool {
+        self.fds
+            .iter()
+            .any(|f| f.is_channel() && f.other_end_open == Some(true))
+    }
+
+    /// A pipe read end whose writers are all gone, or a socket whose peer closed or shut down.
+    pub fn eof_pending(&self) -> bool {
+        self.fds.iter().any(|f| {
+            let reads = f.fd.kind == FdKind::Socket || f.fd.end == End::Read;
+            f.is_channel() && reads && f.other_end_open == Some(false)
+        })
+    }
+}
 
 /// Reads processes' facts: /proc, their fds through a pidfd, socket peers from the kernel.
 #[derive(Default)]

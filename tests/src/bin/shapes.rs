@@ -208,9 +208,7 @@ fn setsid_double_fork(truth: &str) -> Value {
             // Wait until the parent is gone and we were reparented.
             let original = unsafe { libc::getppid() };
             let start = Instant::now();
-            while unsafe { libc::getppid() } == original
-                && start.elapsed() < Duration::from_secs(10)
-            {
+            while unsafe { libc::getppid() } == original && start.elapsed() < patience() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let ppid = unsafe { libc::getppid() };
@@ -370,12 +368,22 @@ struct Hold {
     deadline: Instant,
 }
 
+/// The most a shape waits for something that must happen (a release, its reparenting): the
+/// tests' patience (`REAPER_SHAPES_HOLD_CAP_SECS`, 300 s by default), generous for a slow guest.
+fn patience() -> Duration {
+    let secs = std::env::var("REAPER_SHAPES_HOLD_CAP_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    Duration::from_secs(secs)
+}
+
 impl Hold {
     fn new(default_linger_ms: u64) -> Hold {
         let env_u64 = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let release = std::env::var_os("REAPER_SHAPES_RELEASE").map(std::path::PathBuf::from);
         let limit = match release {
-            Some(_) => Duration::from_secs(env_u64("REAPER_SHAPES_HOLD_CAP_SECS").unwrap_or(300)),
+            Some(_) => patience(),
             None => Duration::from_millis(
                 env_u64("REAPER_SHAPES_LINGER_MS").unwrap_or(default_linger_ms),
             ),
