@@ -204,11 +204,13 @@ fn setsid_double_fork(truth: &str) -> Value {
     let a = fork_then(move || {
         // SAFETY: plain syscalls in the child.
         unsafe { libc::setsid() };
+        // A's own pid, taken before B exists: B's first getppid() may already come after A
+        // exited (a slow guest can run A to its end first), so B cannot learn it that way.
+        let session_leader = unsafe { libc::getpid() };
         let b = fork_then(move || {
-            // Wait until the parent is gone and we were reparented.
-            let original = unsafe { libc::getppid() };
+            // Wait until A is gone and we were reparented.
             let start = Instant::now();
-            while unsafe { libc::getppid() } == original && start.elapsed() < patience() {
+            while unsafe { libc::getppid() } == session_leader && start.elapsed() < patience() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let ppid = unsafe { libc::getppid() };
