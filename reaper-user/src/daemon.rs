@@ -144,7 +144,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
         bail!("--gateway-pid {pid}: the process exited during start-up");
     }
-    let mut child = match cli.command.is_empty() {
+    let child = match cli.command.is_empty() {
         true => None,
         false => {
             let child = spawn_gateway(&mut probes.tracked, &cli.command, cli.json)?;
@@ -173,26 +173,28 @@ pub async fn run(cli: Cli) -> Result<i32> {
     tracer.out.event(ready_at, &ready)?;
     tracer.out.flush()?;
 
-    // SAFETY: the RingBuf owns its map fd, open and unchanged for as long as the AsyncFd.
-    let mut ring = unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
-        .map_err(|e| anyhow!("polling the ring buffer: {e}"))?;
-    let mut gateway_status: Option<ExitStatus> = None;
-    let mut kernel = Kernel {
-        counters: &probes.counters,
-        tracked: &mut probes.tracked,
-        reader_idle: &mut probes.reader_idle,
+    let mut sources = Sources {
+        // SAFETY: the RingBuf owns its map fd, open and unchanged for as long as the AsyncFd.
+        ring: unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
+            .map_err(|e| anyhow!("polling the ring buffer: {e}"))?,
+        kernel: Kernel {
+            counters: &probes.counters,
+            tracked: &mut probes.tracked,
+            reader_idle: &mut probes.reader_idle,
+        },
+        command: GatewayCommand {
+            child,
+            status: None,
+        },
+        kill_reports,
     };
-    event_loop(
-        &cli,
-        &mut selectors,
-        &mut ring,
-        &mut tracer,
-        &mut kernel,
-        &mut child,
-        &mut gateway_status,
-        &mut kill_reports,
-    )
-    .await?;
+    event_loop(&cli, &mut selectors, &mut tracer, &mut sources).await?;
+    let Sources {
+        mut ring,
+        command,
+        mut kill_reports,
+        ..
+    } = sources;
 
     // Stop: detach, let running probes finish, take in the rest, and account for it all.
     probes.programs = None; // detaches every probe; the maps stay for the last drain
@@ -206,7 +208,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
         tracer.report_kill(r)?;
     }
-    let gateway_code = gateway_status.map(exit_code);
+    let gateway_code = command.status.map(exit_code);
     let mut status = gateway_code.unwrap_or(0);
     if cli.check {
         let (verdict, code) = tracer.check_verdict(gateway_code);
@@ -240,11 +242,41 @@ pub async fn run(cli: Cli) -> Result<i32> {
     Ok(status)
 }
 
+/// What the event loop reads besides its timers and signals.
+struct Sources<'a> {
+    ring: AsyncFd<RingBuf<MapData>>,
+    kernel: Kernel<'a>,
+    command: GatewayCommand,
+    /// The kill sequences' reports; none without `--kill`.
+    kill_reports: Option<UnboundedReceiver<KillReport>>,
+}
+
 /// The maps the event loop uses besides the ring.
 struct Kernel<'a> {
     counters: &'a KernelCounters,
     tracked: &'a mut TrackedMap,
     reader_idle: &'a mut ReaderIdle,
+}
+
+/// The command reaper-trace started as its gateway (`-- CMD`), if any, and how it ended.
+struct GatewayCommand {
+    child: Option<Child>,
+    status: Option<ExitStatus>,
+}
+
+impl GatewayCommand {
+    /// Started and not yet reaped.
+    fn running(&self) -> bool {
+        self.child.is_some() && self.status.is_none()
+    }
+
+    /// Its exit status; never, without a command.
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        match self.child.as_mut() {
+            Some(c) => c.wait().await.context("waiting for the gateway command"),
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
@@ -254,17 +286,18 @@ struct Kernel<'a> {
 /// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
 /// next record then wakes it at once), polls once more to catch a record that raced that,
 /// and sleeps. Housekeeping also polls, which bounds even that race's delay.
-#[allow(clippy::too_many_arguments)]
 async fn event_loop(
     cli: &Cli,
     selectors: &mut Selectors,
-    ring: &mut AsyncFd<RingBuf<MapData>>,
     tracer: &mut Tracer,
-    kernel: &mut Kernel<'_>,
-    child: &mut Option<Child>,
-    gateway_status: &mut Option<ExitStatus>,
-    kill_reports: &mut Option<UnboundedReceiver<KillReport>>,
+    sources: &mut Sources<'_>,
 ) -> Result<()> {
+    let Sources {
+        ring,
+        kernel,
+        command,
+        kill_reports,
+    } = sources;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
@@ -336,8 +369,8 @@ async fn event_loop(
                 scan.as_mut().reset(Instant::now() + cli.scan_interval);
             }
             Some(report) = next_report(kill_reports) => tracer.report_kill(report)?,
-            status = wait_child(child), if child.is_some() && gateway_status.is_none() => {
-                *gateway_status = Some(status?);
+            status = command.wait(), if command.running() => {
+                command.status = Some(status?);
                 // Its exit event may still be in the ring.
                 drain(ring.get_mut(), tracer)?;
                 if cli.check {
@@ -353,9 +386,12 @@ async fn event_loop(
         if flush {
             tracer.out.flush().context("writing output")?;
         }
-        let child_done = child.is_none() || gateway_status.is_some();
         let waiting_for_more = selectors.watches();
-        if child_done && !waiting_for_more && tracer.gateways_exited() && tracer.tree_finished() {
+        if !command.running()
+            && !waiting_for_more
+            && tracer.gateways_exited()
+            && tracer.tree_finished()
+        {
             break;
         }
     }
@@ -416,13 +452,6 @@ fn adopt(
 async fn next_report(reports: &mut Option<UnboundedReceiver<KillReport>>) -> Option<KillReport> {
     match reports.as_mut() {
         Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn wait_child(child: &mut Option<Child>) -> Result<ExitStatus> {
-    match child.as_mut() {
-        Some(c) => c.wait().await.context("waiting for the gateway command"),
         None => std::future::pending().await,
     }
 }
