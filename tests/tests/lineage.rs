@@ -469,7 +469,8 @@ fn a_full_tracked_map_is_a_reported_loss_never_silent() {
         "--",
         "sh",
         "-c",
-        "for i in $(seq 30); do sleep 1 & done; wait",
+        // All 30 alive at once however slow the machine: they end only once all are forked.
+        "for i in $(seq 30); do sleep 3600 & pids=\"$pids $!\"; done; kill $pids; wait",
     ]);
     let untracked: Vec<u64> = run
         .all("fork")
@@ -522,7 +523,7 @@ fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
         return;
     }
     let mut tracer = Command::new(reaper_trace())
-        .args(["--json", "--quiet", "--", "sleep", "30"])
+        .args(["--json", "--quiet", "--", "sleep", "3600"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -549,7 +550,7 @@ fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
     let alive = run.summary()["alive"].as_array().unwrap().clone();
     assert_eq!(alive.len(), 1);
     assert_eq!(pid(&alive[0]["pid"]), sleeper);
-    assert_eq!(alive[0]["argv"], serde_json::json!(["sleep", "30"]));
+    assert_eq!(alive[0]["argv"], serde_json::json!(["sleep", "3600"]));
     assert!(run.summary()["gateway_exit_code"].is_null());
     run.assert_lossless();
 }
