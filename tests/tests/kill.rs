@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use reaper_tests::{Run, Then, pid, require_root, run_shape_until};
 use reaper_user::{
+    identity,
     kill::{KillOptions, Killer, Outcome},
     leaks::Reason,
     lineage::graph::{LineageGraph, Seed},
@@ -222,11 +223,12 @@ fn a_respawning_supervisor_is_flagged_and_its_worker_killed_once() {
 
 /// Forks a child that sleeps until killed; returns its pid.
 fn sleeper() -> i32 {
-    // SAFETY: the child only sleeps, then exits.
+    // SAFETY: the child only waits for a signal (never a timer a slow machine could outlast).
     match unsafe { libc::fork() } {
         0 => unsafe {
-            libc::sleep(60);
-            libc::_exit(0)
+            loop {
+                libc::pause();
+            }
         },
         pid => pid,
     }
@@ -243,6 +245,26 @@ fn sleeper_with_pid(pid: i32) -> Option<i32> {
     }
     end(child);
     None
+}
+
+/// Our child `pid` was sent no signal: it is not reaped and none is pending. Exact at once,
+/// with no window to wait out: a kill(2) of a process queues the signal in its shared pending
+/// set (`ShdPnd`), and a fatal one stays there while the process dies, until it is reaped.
+fn assert_never_signalled(pid: i32) {
+    let mut status = 0;
+    // SAFETY: polling our own child.
+    let exited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    assert_eq!(exited, 0, "{pid} was not signalled, yet it exited");
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for line in proc_status.lines() {
+        if line.starts_with("SigPnd:") || line.starts_with("ShdPnd:") {
+            let mask = line.split_whitespace().nth(1).unwrap();
+            assert!(
+                mask.bytes().all(|b| b == b'0'),
+                "{pid} has a signal pending: {line}"
+            );
+        }
+    }
 }
 
 fn end(pid: i32) -> i32 {
@@ -295,8 +317,13 @@ fn a_recycled_pid_is_never_signalled() {
         seed(&mut graph, me, true, false);
         let victim = sleeper();
         let stale = seed(&mut graph, victim, false, false);
+        let victim_ticks = procfs::read_stat(victim as u32).unwrap().start_ticks;
         end(victim);
-        std::thread::sleep(Duration::from_millis(20)); // a start time in another tick
+        // The newcomer must start in a later clock tick (its start time is what tells it
+        // apart): wait until the clock is there.
+        while identity::boottime_to_ticks(procfs::boottime_now()) <= victim_ticks {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let Some(newcomer) = sleeper_with_pid(victim) else {
             continue;
         };
@@ -310,21 +337,26 @@ fn a_recycled_pid_is_never_signalled() {
         let decided = killer.decide(&graph, &[(stale, Reason::Orphaned, 0)], u64::MAX);
         let results: Vec<Outcome> = decided.reports.iter().map(|r| r.result).collect();
         assert_eq!(results, [Outcome::IdentityChanged], "trial {trials}");
-        std::thread::sleep(Duration::from_millis(50));
-        let mut status = 0;
-        // SAFETY: polling our own child.
-        let gone = unsafe { libc::waitpid(newcomer, &mut status, libc::WNOHANG) };
-        assert_eq!(
-            gone, 0,
-            "the process that took pid {victim} was not signalled"
-        );
+        // Refused on the spot: nothing was sent (see below for a sequence started anyway).
+        assert_never_signalled(newcomer);
 
-        // The positive control: the newcomer itself, correctly identified, is killed.
+        // The positive control: the newcomer itself, correctly identified, is killed; its
+        // sequence, run to the exit, is the only one (a report for the refused decision
+        // would be a sequence started for it).
         let real = seed(&mut graph, newcomer, false, false);
         let decided = killer.decide(&graph, &[(real, Reason::Orphaned, 0)], u64::MAX);
         assert!(decided.reports.is_empty(), "{:?}", decided.reports.len());
-        let first = runtime.block_on(async { reports.recv().await }).unwrap();
-        assert_eq!((first.signal, first.result), ("SIGTERM", Outcome::Sent));
+        let mut steps = Vec::new();
+        loop {
+            let step = runtime.block_on(async { reports.recv().await }).unwrap();
+            assert_eq!(step.node, real, "a step for the refused decision: {step:?}");
+            steps.push((step.signal, step.result));
+            if step.result == Outcome::Exited {
+                break;
+            }
+        }
+        assert_eq!(steps[0], ("SIGTERM", Outcome::Sent));
+        let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(newcomer, &mut status, 0) };
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGTERM);
@@ -351,11 +383,6 @@ fn an_uncertain_process_is_never_signalled() {
     let decided = killer.decide(&graph, &[(node, Reason::Orphaned, 0)], u64::MAX);
     let results: Vec<Outcome> = decided.reports.iter().map(|r| r.result).collect();
     assert_eq!(results, [Outcome::Uncertain]);
-    let mut status = 0;
-    // SAFETY: polling our own child.
-    assert_eq!(
-        unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) },
-        0
-    );
+    assert_never_signalled(child);
     end(child);
 }
