@@ -1,5 +1,6 @@
 //! The lineage graph's rules, one scenario each.
 use super::*;
+use crate::capture::decode::{KernelEvent, What};
 
 fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
     KernelEvent {

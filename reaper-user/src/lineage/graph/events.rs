@@ -1,0 +1,153 @@
+//! What each kernel event does to the graph: the fork fixes the lineage edge, exec names the
+//! process, exit and free end it, setsid marks its escape, a gateway record makes a root.
+use super::{Applied, ExitInfo, LineageGraph, NodeId, Start};
+use crate::capture::decode::{KernelEvent, What};
+
+impl LineageGraph {
+    /// Applies one kernel event.
+    pub fn apply(&mut self, ev: &KernelEvent) -> Applied {
+        match &ev.what {
+            What::Gateway {
+                ppid,
+                sid,
+                pgid,
+                cgroup_id,
+                comm,
+                ..
+            } => {
+                // A process already followed (a descendant that executed a selected program,
+                // or one seeded at start) becomes a root of lineage where it is.
+                if let Some(id) = self.find(ev.pid, ev.start) {
+                    self.set_gateway(id);
+                    return Applied::Node(id);
+                }
+                let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+                node.ppid = *ppid;
+                node.sid = *sid;
+                node.pgid = *pgid;
+                node.cgroup_id = Some(*cgroup_id);
+                node.comm = *comm;
+                node.is_gateway = true;
+                Applied::Node(self.insert(node))
+            }
+            What::Fork {
+                spawner,
+                ppid,
+                sid,
+                pgid,
+                uid,
+                cgroup_id,
+                comm,
+                ..
+            } => {
+                // A fork seen after seeding already found the child in /proc: same process.
+                if let Some(id) = self.find(ev.pid, ev.start) {
+                    let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
+                    let node = self.nodes.get_mut(&id).unwrap();
+                    if node.seeded && !node.is_gateway && node.spawner != spawner_node {
+                        let old = node.spawner;
+                        node.spawner = spawner_node;
+                        self.move_spawned(id, old, spawner_node);
+                    }
+                    let node = self.nodes.get_mut(&id).unwrap();
+                    node.seeded = false;
+                    node.spawner_pid = Some(*spawner);
+                    node.forked_at = Some(ev.ts);
+                    node.uid = Some(*uid);
+                    node.cgroup_id = Some(*cgroup_id);
+                    return Applied::Node(id);
+                }
+                let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+                node.spawner = self.current_id(*spawner);
+                node.spawner_pid = Some(*spawner);
+                node.ppid = *ppid;
+                node.sid = *sid;
+                node.pgid = *pgid;
+                node.uid = Some(*uid);
+                node.cgroup_id = Some(*cgroup_id);
+                node.comm = *comm;
+                node.forked_at = Some(ev.ts);
+                // Until it execs, a child runs its parent's program.
+                if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(&s)) {
+                    node.filename = parent.filename.clone();
+                    node.argv = parent.argv.clone();
+                }
+                Applied::Node(self.insert(node))
+            }
+            What::Exec {
+                comm,
+                filename,
+                argv,
+                ..
+            } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                let node = self.nodes.get_mut(&id).unwrap();
+                node.comm = *comm;
+                node.filename = Some(filename.clone());
+                node.argv = argv.clone();
+                node.execs += 1;
+                Applied::Node(id)
+            }
+            What::Exit { status } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                // The kernel can report one process's exit more than once: when the threads of
+                // a SIGKILLed process exit together, each may find the group dead by the time
+                // it reaches the tracepoint. The first report is the exit.
+                if self.nodes[&id].exited.is_some_and(|e| e.status.is_some()) {
+                    return Applied::Duplicate;
+                }
+                self.set_exited(
+                    id,
+                    ExitInfo {
+                        ts: ev.ts,
+                        status: Some(*status),
+                    },
+                );
+                let orphans = self.nodes[&id]
+                    .real_children
+                    .iter()
+                    .copied()
+                    .filter(|c| {
+                        self.nodes
+                            .get(c)
+                            .is_some_and(|n| n.alive() && n.ppid == ev.pid)
+                    })
+                    .collect();
+                Applied::Exit { node: id, orphans }
+            }
+            What::Free => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                if self.nodes[&id].reaped_at.is_some() {
+                    return Applied::Duplicate;
+                }
+                self.mark_reaped(id, ev.ts);
+                Applied::Node(id)
+            }
+            What::Setsid { sid } => {
+                let Some(id) = self.find(ev.pid, ev.start) else {
+                    return Applied::Unknown;
+                };
+                let node = self.nodes.get_mut(&id).unwrap();
+                node.sid = *sid;
+                node.pgid = *sid;
+                node.escaped = true;
+                Applied::Node(id)
+            }
+        }
+    }
+
+    fn move_spawned(&mut self, child: NodeId, from: Option<NodeId>, to: Option<NodeId>) {
+        if let Some(n) = from.and_then(|f| self.nodes.get_mut(&f)) {
+            n.spawned.remove(&child);
+        }
+        if let Some(n) = to.and_then(|t| self.nodes.get_mut(&t)) {
+            n.spawned.insert(child);
+        }
+    }
+}
