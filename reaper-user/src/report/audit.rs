@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Deserialize;
 
+use super::timeline::{Point, Timeline};
 use crate::output::events::LeakDetail;
 
 /// The fields of a line the pass needs; the rest is skipped by the parser.
@@ -94,15 +95,6 @@ pub struct LiveProc {
     pub ppid: u32,
 }
 
-/// One point of the timeline: the peaks within its time span.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Point {
-    pub ts: u64,
-    pub alive: u64,
-    pub flagged: u64,
-    pub flagged_rss_kib: u64,
-}
-
 /// Per executable: execs seen, flags raised.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExeCounts {
@@ -114,8 +106,6 @@ pub struct ExeCounts {
 pub const MAX_FLAG_ROWS: usize = 5_000;
 /// At most this many executables are counted by name (the rest as one).
 pub const MAX_EXECUTABLES: usize = 5_000;
-/// Timeline points kept; when full, neighbours merge and the span of a point doubles.
-pub const MAX_POINTS: usize = 1_500;
 /// At most this many processes alive at once are followed for the tree (a real host holds at
 /// most `pid_max` of them; an odd file could claim more).
 pub const MAX_LIVE: usize = 200_000;
@@ -161,9 +151,7 @@ pub struct Audit {
     pub kills: BTreeMap<(String, String), u64>,
     pub live: HashMap<u32, LiveProc>,
     pub executables: HashMap<String, ExeCounts>,
-    pub timeline: Vec<Point>,
-    /// The span of one timeline point, in ns.
-    pub point_span: u64,
+    pub timeline: Timeline,
     /// Flags holding now: (pid, reason) → row index or none, and RSS at flag time.
     holding: HashMap<(u32, String), (Option<usize>, u64)>,
     flagged_rss_kib: u64,
@@ -172,10 +160,7 @@ pub struct Audit {
 impl Audit {
     /// Reads an audit; unreadable lines are counted, not fatal.
     pub fn read(input: impl BufRead) -> Result<Audit> {
-        let mut audit = Audit {
-            point_span: 1_000_000_000,
-            ..Audit::default()
-        };
+        let mut audit = Audit::default();
         audit.add(input)?;
         Ok(audit)
     }
@@ -418,44 +403,7 @@ impl Audit {
             flagged: self.holding.len() as u64,
             flagged_rss_kib: self.flagged_rss_kib,
         };
-        let start = self.first_ts.unwrap_or(ts);
-        let slot = |span: u64| start + (ts.saturating_sub(start) / span) * span;
-        match self.timeline.last_mut() {
-            Some(last) if last.ts == slot(self.point_span) => {
-                last.alive = last.alive.max(now.alive);
-                last.flagged = last.flagged.max(now.flagged);
-                last.flagged_rss_kib = last.flagged_rss_kib.max(now.flagged_rss_kib);
-            }
-            _ => {
-                self.timeline.push(Point {
-                    ts: slot(self.point_span),
-                    ..now
-                });
-                if self.timeline.len() > MAX_POINTS {
-                    self.coarsen();
-                }
-            }
-        }
-    }
-
-    /// Doubles the span of a point, merging neighbours (keeping each one's peaks).
-    fn coarsen(&mut self) {
-        self.point_span *= 2;
-        let start = self.first_ts.unwrap_or(0);
-        let span = self.point_span;
-        let mut merged: Vec<Point> = Vec::with_capacity(self.timeline.len() / 2 + 1);
-        for p in self.timeline.drain(..) {
-            let ts = start + (p.ts - start) / span * span;
-            match merged.last_mut() {
-                Some(m) if m.ts == ts => {
-                    m.alive = m.alive.max(p.alive);
-                    m.flagged = m.flagged.max(p.flagged);
-                    m.flagged_rss_kib = m.flagged_rss_kib.max(p.flagged_rss_kib);
-                }
-                _ => merged.push(Point { ts, ..p }),
-            }
-        }
-        self.timeline = merged;
+        self.timeline.add(self.first_ts.unwrap_or(ts), now);
     }
 }
 
@@ -483,6 +431,7 @@ fn join_args(argv: Option<&[Cow<str>]>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::timeline::MAX_POINTS;
 
     fn line(ts: u64, body: &str) -> String {
         format!("{{\"seq\":0,\"ts\":{ts},{body}}}\n")
@@ -518,12 +467,18 @@ mod tests {
         }
         let audit = Audit::read(text.as_bytes()).unwrap();
         assert!(
-            audit.timeline.len() <= MAX_POINTS,
+            audit.timeline.points().len() <= MAX_POINTS,
             "{}",
-            audit.timeline.len()
+            audit.timeline.points().len()
         );
-        assert!(audit.timeline.len() > MAX_POINTS / 3);
-        let peak = audit.timeline.iter().map(|p| p.alive).max().unwrap();
+        assert!(audit.timeline.points().len() > MAX_POINTS / 3);
+        let peak = audit
+            .timeline
+            .points()
+            .iter()
+            .map(|p| p.alive)
+            .max()
+            .unwrap();
         assert_eq!(peak, 502, "the burst survives downsampling");
         assert_eq!(audit.live.len(), 1, "only the gateway is left");
         assert!(!audit.complete);
@@ -595,7 +550,7 @@ mod tests {
         assert_eq!(row.kill, Some(("SIGTERM".into(), "exited".into())));
         assert_eq!(audit.kills.values().sum::<u64>(), 2);
         assert_eq!(
-            audit.timeline.last().unwrap().flagged_rss_kib,
+            audit.timeline.points().last().unwrap().flagged_rss_kib,
             100,
             "peak kept"
         );

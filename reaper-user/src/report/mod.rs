@@ -2,6 +2,7 @@
 //! page for a person who was not watching.
 pub mod audit;
 pub mod html;
+pub mod timeline;
 
 use std::fs::File;
 use std::io::{BufReader, Write};
