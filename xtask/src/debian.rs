@@ -17,6 +17,14 @@ pub fn have(bin: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// [`ensure`], or an error naming what is missing.
+pub fn require(bin: &str, pkg: &str, why: &str) -> Result<()> {
+    if !ensure(bin, pkg, why) {
+        bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
+    }
+    Ok(())
+}
+
 /// Installs `pkg` from Debian unless `bin` is already there, saying so. Returns whether `bin`
 /// is there afterwards.
 pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {

@@ -40,9 +40,7 @@ pub fn dir(root: &Path) -> PathBuf {
 pub fn run(root: &Path) -> Result<Artifacts> {
     setup::ensure_all()?;
     for (bin, pkg) in [("dpkg-deb", "dpkg"), ("umoci", "umoci")] {
-        if !debian::ensure(bin, pkg, "cargo xtask dist") {
-            bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
-        }
+        debian::require(bin, pkg, "cargo xtask dist")?;
     }
     let out = dir(root);
     if out.exists() {
@@ -398,19 +396,16 @@ fn gzip(file: &Path) -> Result<()> {
 }
 
 fn install(from: &Path, to: &Path, mode: u32) -> Result<()> {
-    if let Some(dir) = to.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(mode))?;
-    Ok(())
+    let bytes = fs::read(from).with_context(|| format!("reading {}", from.display()))?;
+    write(to, bytes, mode)
 }
 
-fn write(to: &Path, text: &str, mode: u32) -> Result<()> {
+/// Writes `to` (and the directories above it) with exactly `mode`.
+fn write(to: &Path, contents: impl AsRef<[u8]>, mode: u32) -> Result<()> {
     if let Some(dir) = to.parent() {
         fs::create_dir_all(dir)?;
     }
-    fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
+    fs::write(to, contents).with_context(|| format!("writing {}", to.display()))?;
     fs::set_permissions(to, fs::Permissions::from_mode(mode))?;
     Ok(())
 }

@@ -223,17 +223,11 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
     // The report's test loads the page in a real browser.
-    if !debian::ensure("chromium", "chromium", "the report's browser test") {
-        bail!("chromium is missing and `apt-get install chromium` did not provide it");
-    }
+    debian::require("chromium", "chromium", "the report's browser test")?;
     // The Node host tests run a real Node MCP host and its servers.
-    if !debian::ensure("node", "nodejs", "the Node host tests") {
-        bail!("node is missing and `apt-get install nodejs` did not provide it");
-    }
+    debian::require("node", "nodejs", "the Node host tests")?;
     // The metrics pipeline's tests run a real Prometheus and promtool.
-    if !debian::ensure("promtool", "prometheus", "the Prometheus tests") {
-        bail!("promtool is missing and `apt-get install prometheus` did not provide it");
-    }
+    debian::require("promtool", "prometheus", "the Prometheus tests")?;
     // The DaemonSet is validated against the Kubernetes schemas.
     if !pypi::ensure(
         "kubernetes-validate",
@@ -245,9 +239,7 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
         );
     }
     // `--junit` reports are validated against the JUnit schema CI systems read.
-    if !debian::ensure("xmllint", "libxml2-utils", "the JUnit report test") {
-        bail!("xmllint is missing and `apt-get install libxml2-utils` did not provide it");
-    }
+    debian::require("xmllint", "libxml2-utils", "the JUnit report test")?;
     pypi::junit_schema(root)?;
     if dist {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
@@ -258,9 +250,7 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
             ("runc", "runc"),
             ("mmdebstrap", "mmdebstrap"),
         ] {
-            if !debian::ensure(bin, pkg, "the tests of what `cargo xtask dist` makes") {
-                bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
-            }
+            debian::require(bin, pkg, "the tests of what `cargo xtask dist` makes")?;
         }
         dist::run(root)?;
         debian::test_root(root)?;

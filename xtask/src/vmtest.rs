@@ -103,9 +103,7 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
             ("busybox", "busybox-static"),
             ("node", "nodejs"),
         ] {
-            if !debian::ensure(bin, pkg, "the kernel matrix") {
-                bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
-            }
+            debian::require(bin, pkg, "the kernel matrix")?;
         }
         std::fs::create_dir_all(initrd.parent().unwrap())?;
         let mut guest = guest_root(root, &test_exes, test_args)?;
