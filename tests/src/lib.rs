@@ -8,17 +8,22 @@ use std::{
 
 use serde_json::Value;
 
-/// True when these tests can load eBPF programs. Not root: skipped, with a line saying so,
-/// except in CI (`CI=true`), where a skip would hide a broken set-up, so it fails instead.
+/// Says that `test` is skipped, and why; in CI (`CI=true`) it fails instead, since there a
+/// skip would hide a broken set-up.
+pub fn skip(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: {why}, and CI=true forbids skipping it");
+    }
+    eprintln!("skipped {test}: {why}");
+}
+
+/// True when these tests can load eBPF programs; otherwise [`skip`].
 pub fn require_root(test: &str) -> bool {
     // SAFETY: plain syscall.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test}: the kernel tests need root, and CI=true forbids skipping them");
-    }
-    eprintln!("skipped {test}: needs root to load eBPF programs");
+    skip(test, "the kernel tests need root to load eBPF programs");
     false
 }
 
@@ -495,17 +500,15 @@ pub fn free_port() -> u16 {
 }
 
 /// A program a test needs from the host (`cargo xtask test` installs it from Debian's
-/// `package`), or `None` to skip; never under CI=true, where a skip would hide a broken set-up.
+/// `package`), or `None` to [`skip`].
 pub fn host_tool(name: &str, package: &str, test: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file());
     if found.is_none() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: {name} is missing (`cargo xtask test` installs Debian's {package})");
-        }
-        eprintln!("skipped {test}: no {name} on PATH (apt-get install {package})");
+        let why = format!("no {name} on PATH (`cargo xtask test` installs Debian's {package})");
+        skip(test, &why);
     }
     found
 }

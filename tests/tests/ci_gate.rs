@@ -9,7 +9,7 @@ use std::{
     process::Command,
 };
 
-use reaper_tests::{host_tool, reaper_trace, require_root, scratch};
+use reaper_tests::{host_tool, reaper_trace, require_root, scratch, skip};
 
 /// Checks a JUnit report against the schema: `xmllint` and the schema, or a skip.
 struct Validator {
@@ -47,16 +47,8 @@ impl Validator {
 fn junit_schema(test: &str) -> Option<PathBuf> {
     let xsd = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-tools/junit-10.xsd");
     if !xsd.is_file() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!(
-                "{test}: {} is missing (`cargo xtask test` fetches it)",
-                xsd.display()
-            );
-        }
-        eprintln!(
-            "skipped {test}: no {} (`cargo xtask test` fetches it)",
-            xsd.display()
-        );
+        let why = format!("no {} (`cargo xtask test` fetches it)", xsd.display());
+        skip(test, &why);
         return None;
     }
     Some(xsd)

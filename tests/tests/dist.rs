@@ -11,14 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use reaper_tests::{Instance, patience, pid, require_root, scratch, shapes};
+use reaper_tests::{Instance, patience, pid, require_root, scratch, shapes, skip};
 use serde_json::Value;
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The one file in `dir` whose name ends with `suffix`, or a skip (a failure in CI).
+/// The one file in `dir` whose name ends with `suffix`, or `None` to [`skip`].
 fn prepared(test: &str, dir: &Path, suffix: &str) -> Option<PathBuf> {
     let found = std::fs::read_dir(dir).ok().and_then(|entries| {
         entries
@@ -30,10 +30,7 @@ fn prepared(test: &str, dir: &Path, suffix: &str) -> Option<PathBuf> {
             "no *{suffix} in {} (`cargo xtask test` makes it)",
             dir.display()
         );
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: {why}");
-        }
-        eprintln!("skipped {test}: {why}");
+        skip(test, &why);
     }
     found
 }
