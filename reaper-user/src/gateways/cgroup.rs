@@ -169,10 +169,10 @@ impl Cgroups {
                 Some((pid, placement::parse_cgroup(&text)?))
             })
             .collect();
-        Cgroups::of(all, of)
+        Cgroups::from_paths(all, of)
     }
 
-    fn of(all: &HashMap<u32, Stat>, of: HashMap<u32, String>) -> Cgroups {
+    fn from_paths(all: &HashMap<u32, Stat>, of: HashMap<u32, String>) -> Cgroups {
         let mut first: HashMap<&str, (u64, u32)> = HashMap::new();
         for (pid, path) in &of {
             let Some(stat) = all.get(pid) else { continue };
@@ -311,7 +311,7 @@ mod tests {
             .into_iter()
             .map(|(pid, path)| (pid, path.to_owned()))
             .collect();
-        let cgroups = Cgroups::of(&all, of);
+        let cgroups = Cgroups::from_paths(&all, of);
         let a = CgroupDir {
             dir: PathBuf::from("/sys/fs/cgroup/a"),
             path: "/a".into(),
