@@ -127,6 +127,19 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
     pub idle_after: Duration,
 
+    /// Flag `orphaned` a descendant whose spawn chain broke only if it still holds a pipe or
+    /// socket to another process this long after the break: servers that exit on EOF when
+    /// their gateway crashed are never flagged.
+    #[arg(long, value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
+    pub orphan_grace: Duration,
+
+    /// Flag `accumulating` every instance but the N newest when more than N instances of one
+    /// kind (the same executable, positional arguments and option names; option values may
+    /// differ) are alive under one gateway instance. A server and its wrappers are one
+    /// instance.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_instances: u32,
+
     /// Flag `zombie` a descendant that exited and was not reaped for this long.
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_duration)]
     pub zombie_after: Duration,
@@ -158,7 +171,8 @@ pub struct Cli {
     #[arg(long)]
     pub kill: bool,
 
-    /// With --kill: the flags that lead to a kill, comma-separated: orphaned, deaf, idle.
+    /// With --kill: the flags that lead to a kill, comma-separated: orphaned, deaf, idle,
+    /// accumulating (the older instances, oldest first; never the --max-instances newest).
     #[arg(long, value_name = "LIST", default_value = "orphaned,deaf", value_parser = parse_kill_reasons)]
     pub kill_reasons: KillReasons,
 
@@ -224,7 +238,7 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
             }
             None => {
                 return Err(format!(
-                    "`{name}` is not a reason to kill (use orphaned, deaf, idle)"
+                    "`{name}` is not a reason to kill (use orphaned, deaf, idle, accumulating)"
                 ));
             }
         }

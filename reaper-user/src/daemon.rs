@@ -111,6 +111,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         scan_interval: cli.scan_interval,
         idle_after: cli.idle_after,
         zombie_after: cli.zombie_after,
+        orphan_grace: cli.orphan_grace,
+        max_instances: cli.max_instances as usize,
     };
     let mut tracer = Tracer::new(graph, output, inspect);
     if let Some(listener) = metrics_listener {
@@ -366,7 +368,7 @@ async fn event_loop(
                 tracer.scan_leaks()?;
                 tracer.decide_kills()?;
                 tracer.out.draw_status().context("writing output")?;
-                scan.as_mut().reset(Instant::now() + cli.scan_interval);
+                scan.as_mut().reset(next_scan(cli.scan_interval, tracer.inspector.next_look()));
             }
             Some(report) = next_report(kill_reports) => tracer.report_kill(report)?,
             status = command.wait(), if command.running() => {
@@ -396,6 +398,17 @@ async fn event_loop(
         }
     }
     Ok(())
+}
+
+/// When the next leak scan runs: a scan interval from now, or sooner when an orphan grace
+/// ends before (`grace_end`, boot-time ns).
+fn next_scan(interval: Duration, grace_end: Option<u64>) -> Instant {
+    let regular = Instant::now() + interval;
+    let Some(end) = grace_end else {
+        return regular;
+    };
+    let wait = Duration::from_nanos(end.saturating_sub(boottime_now()));
+    regular.min(Instant::now() + wait)
 }
 
 /// Makes the pid of each rewritten pidfile a gateway (with what it already spawned, from

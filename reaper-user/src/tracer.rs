@@ -278,6 +278,13 @@ impl Tracer {
         if let Some(event) = Event::from_kernel(ev) {
             self.out.event(ev.ts, &event)?;
         }
+        if matches!(ev.what, What::Exit { .. }) {
+            for change in self.inspector.exited(node) {
+                if let Some(event) = leaks::change_event(&self.graph, &change, ev.ts) {
+                    self.out.event(ev.ts, &event)?;
+                }
+            }
+        }
         match announce {
             Some(selector) => self.announce(node, selector, ev.ts),
             None => Ok(()),
@@ -353,7 +360,9 @@ impl Tracer {
         let Some(killer) = self.killer.as_mut() else {
             return Ok(());
         };
-        let active: Vec<_> = self.inspector.active().collect();
+        // Oldest flag first: the older instances of an accumulating kind go before newer ones.
+        let mut active: Vec<_> = self.inspector.active().collect();
+        active.sort_by_key(|&(id, _, since)| (since, id));
         let now = boottime_now();
         let decided = killer.decide(&self.graph, &active, now);
         for r in decided.reports {
@@ -390,11 +399,13 @@ impl Tracer {
     pub fn scan_leaks(&mut self) -> Result<()> {
         let began = Instant::now();
         let now = boottime_now();
-        for change in self.inspector.scan(&self.graph, now) {
-            if let Some(ev) = leaks::change_event(&self.graph, &change, now) {
-                self.out.event(now, &ev)?;
-            }
-        }
+        let found: Vec<Event> = self
+            .inspector
+            .scan(&self.graph, now)
+            .iter()
+            .filter_map(|change| leaks::change_event(&self.graph, change, now))
+            .collect();
+        self.out.events(now, &found)?;
         let flagged = leaks::flagged_now(&self.graph, &self.inspector);
         self.out.metrics.set_state(&ScanState {
             alive: self.graph.live_count(),
@@ -403,6 +414,7 @@ impl Tracer {
             graph_nodes: self.graph.len(),
             flagged: flagged.active,
             flagged_rss_kib: flagged.rss_kib,
+            kinds: self.inspector.take_census(),
             took: began.elapsed(),
         });
         Ok(())

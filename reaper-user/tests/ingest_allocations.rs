@@ -142,6 +142,8 @@ fn tracer() -> Tracer {
         scan_interval: std::time::Duration::from_secs(1),
         idle_after: std::time::Duration::from_secs(600),
         zombie_after: std::time::Duration::from_secs(60),
+        orphan_grace: std::time::Duration::from_secs(2),
+        max_instances: 8,
     };
     let mut tracer = Tracer::new(graph, out, inspect);
     tracer

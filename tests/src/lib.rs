@@ -558,3 +558,22 @@ pub fn wait_for_file(path: &std::path::Path, limit: Duration) {
 pub fn pid(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
 }
+
+/// GET /metrics from reaper-trace's `--metrics` on 127.0.0.1:`port`, as Prometheus would;
+/// None while nothing answers there.
+pub fn scrape_metrics(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    Some(text)
+}
+
+/// The value of the sample line `series` (name with labels) in a scrape.
+pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}

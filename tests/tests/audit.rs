@@ -2,7 +2,7 @@
 //! `--output` rotation loses nothing, a full disk stops nothing. Needs root (see
 //! `require_root`).
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufRead, BufReader, Read},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -11,27 +11,10 @@ use std::{
 };
 
 use reaper_tests::{
-    Run, assert_schema_valid, free_port, patience, reaper_trace, require_root, run_reaper, scratch,
-    shapes,
+    Run, assert_schema_valid, free_port, metric_sample, patience, reaper_trace, require_root,
+    run_reaper, scrape_metrics, scratch, shapes,
 };
 use serde_json::Value;
-
-/// GET /metrics, as Prometheus would.
-fn scrape(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    Some(text)
-}
-
-/// The value of the sample line `series` (name with labels) in a scrape.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
 
 /// Events of `name` in the stream so far.
 fn count(events: &[Value], name: &str) -> f64 {
@@ -87,7 +70,9 @@ fn metrics_scrape_matches_the_stream() {
         if count(&evs, "flag") == 0.0 {
             continue;
         }
-        let Some(text) = scrape(port) else { continue };
+        let Some(text) = scrape_metrics(port) else {
+            continue;
+        };
         let alive = count(&evs, "fork") - count(&evs, "exit");
         let expected = [
             ("reaper_events_total{kind=\"fork\"}", count(&evs, "fork")),
@@ -112,7 +97,7 @@ fn metrics_scrape_matches_the_stream() {
         last = text.clone();
         if expected
             .iter()
-            .all(|(series, want)| sample(&text, series) == Some(*want))
+            .all(|(series, want)| metric_sample(&text, series) == Some(*want))
         {
             break true;
         }
@@ -124,9 +109,9 @@ fn metrics_scrape_matches_the_stream() {
         patience(),
         events.lock().unwrap()
     );
-    assert!(sample(&last, "reaper_flagged_resident_bytes").unwrap() > 0.0);
-    assert!(sample(&last, "reaper_graph_nodes").unwrap() >= 3.0);
-    assert!(sample(&last, "reaper_scan_duration_seconds_count").unwrap() >= 1.0);
+    assert!(metric_sample(&last, "reaper_flagged_resident_bytes").unwrap() > 0.0);
+    assert!(metric_sample(&last, "reaper_graph_nodes").unwrap() >= 3.0);
+    assert!(metric_sample(&last, "reaper_scan_duration_seconds_count").unwrap() >= 1.0);
     let status = child.wait().unwrap();
     reader.join().unwrap();
     assert!(status.success());

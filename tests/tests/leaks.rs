@@ -1,6 +1,8 @@
 //! The leak rules against real processes: each rule positively and negatively, and the
 //! `--check` gate. Needs root (see `require_root`).
-use reaper_tests::{Run, Then, pid, pipe_fd, require_root, run_shape_until, run_shape_with};
+use reaper_tests::{
+    Run, Then, free_port, pid, pipe_fd, require_root, run_shape_until, run_shape_with,
+};
 use serde_json::{Value, json};
 
 /// Runs a leak shape that holds its leak until `n` flags of `reason` arrived, unless the test
@@ -327,4 +329,132 @@ fn check_shows_people_the_verdict_not_every_event() {
         verbose.matches("] fork ").count() >= 3 && verbose.contains("CHECK clean"),
         "{verbose}"
     );
+}
+
+/// The pids in a truth list.
+fn pids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(pid).collect()
+}
+
+#[test]
+fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
+    let test = "the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each";
+    if !require_root(test) {
+        return;
+    }
+    let port = free_port().to_string();
+    let opts = [
+        "--max-instances",
+        "3",
+        "--idle-after",
+        "2s",
+        "--scan-interval",
+        "250ms",
+        "--metrics",
+        &format!("127.0.0.1:{port}"),
+    ];
+    let pool_series = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("reaper_kind_instances{") && l.contains("stdio-server pool"))
+            .map(str::to_owned)
+    };
+    // The proof: three flags, and a count of every kind (the metrics' census) that saw the
+    // pool at its limit, so the pool's silence is a judgement, not a look not yet taken.
+    let mut pool_counted = None;
+    let (run, truth) = run_shape_until(
+        &opts,
+        "leak-accumulate",
+        &[],
+        ("3 accumulating flags and the pool counted", Then::Release),
+        |events| {
+            if flags_for(events, "accumulating") < 3 {
+                return false;
+            }
+            let port: u16 = port.parse().unwrap();
+            pool_counted = reaper_tests::scrape_metrics(port).and_then(|t| pool_series(&t));
+            pool_counted.is_some()
+        },
+    );
+    let sessions = pids(&truth["sessions"]);
+    let proven = run.until_proof();
+    for (i, s) in sessions.iter().enumerate() {
+        let want: Vec<String> = match i < 3 {
+            true => vec!["accumulating".into()],
+            false => vec![],
+        };
+        assert_eq!(run.reasons_of(*s), want, "session server {i} (pid {s})");
+    }
+    for p in pids(&truth["pool"]) {
+        assert_eq!(
+            proven.reasons_of(p),
+            Vec::<String>::new(),
+            "pool server {p}"
+        );
+    }
+    assert!(
+        pool_counted.as_deref().is_some_and(|l| l.ends_with(" 3")),
+        "the pool counted at 3: {pool_counted:?}"
+    );
+    let f = flag(&run, sessions[0], "accumulating");
+    let pattern = f["kind"]["pattern"].as_str().unwrap();
+    assert!(
+        pattern.ends_with(" stdio-server --session-key * --model m"),
+        "the session key is masked, the shared model is not: {f}"
+    );
+    assert_eq!(f["instances"], 6, "{f}");
+    assert_eq!(f["newest"].as_u64(), Some(sessions[5]), "{f}");
+    assert_eq!(f["lineage"], json!([pid(&truth["gateway"]), sessions[0]]));
+    assert!(
+        f["kind"]["exe"]
+            .as_str()
+            .unwrap()
+            .ends_with("reaper-shapes")
+    );
+    for s in &sessions[..3] {
+        assert_eq!(cleared(&run, *s, "accumulating")["because"], "exited");
+    }
+    assert_eq!(run.summary()["leaks"]["raised"]["accumulating"], 3);
+}
+
+#[test]
+fn a_crashed_agents_servers_that_exit_on_eof_are_never_orphaned() {
+    let test = "a_crashed_agents_servers_that_exit_on_eof_are_never_orphaned";
+    // The crash lands at a different phase of the scan each time.
+    for scan in ["100ms", "250ms", "1s"] {
+        let Some((run, truth)) = run_leak(
+            test,
+            &["--scan-interval", scan],
+            "leak-crash",
+            (1, "orphaned"),
+        ) else {
+            return;
+        };
+        let lingerer = pid(&truth["lingerer"]);
+        let f = flag(&run, lingerer, "orphaned");
+        assert_eq!(
+            f["lineage"],
+            json!([pid(&truth["gateway"]), pid(&truth["agent"]), lingerer])
+        );
+        for s in pids(&truth["exit_on_eof"]) {
+            assert_eq!(
+                run.reasons_of(s),
+                Vec::<String>::new(),
+                "server {s} (scan {scan})"
+            );
+            run.one("exit", s);
+        }
+        let leaks = &run.summary()["leaks"];
+        assert_eq!(leaks["raised"]["orphaned"], 1, "scan {scan}: {leaks}");
+        let cleared = run.all("cleared");
+        let exit_seq = run.one("exit", lingerer)["seq"].as_u64().unwrap();
+        let clear = cleared
+            .iter()
+            .find(|c| c["pid"].as_u64() == Some(lingerer))
+            .unwrap_or_else(|| panic!("no cleared for {lingerer}: {cleared:?}"));
+        assert_eq!(
+            clear["seq"].as_u64(),
+            Some(exit_seq + 1),
+            "cleared from the exit record itself: {clear}"
+        );
+    }
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::events::{
-    Ancestor, Argv, ChainMember, Event, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo,
-    ProcText,
+    Ancestor, Argv, ChainMember, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary,
+    Peer, PipeInfo, ProcText,
 };
 use crate::procfs::facts::{FdKind, read_rss_kib};
 
@@ -81,6 +81,9 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         placement: evidence.map(|e| e.placement.clone()).unwrap_or_default(),
         comm: ProcText::new("comm", comm),
         argv: Argv::new(node.argv.clone()),
+        kind: None,
+        instances: None,
+        newest: None,
     }
 }
 
@@ -145,12 +148,21 @@ pub fn change_event(graph: &LineageGraph, change: &Change, now: u64) -> Option<E
 fn flag_event(graph: &LineageGraph, f: &Flagged, now: u64) -> Option<Event> {
     let node = graph.node(f.node)?;
     let idle_secs = (f.reason == Reason::Idle).then(|| now.saturating_sub(f.since) as f64 / 1e9);
+    let mut detail = detail(graph, node, f.evidence.as_ref());
+    if let Some(c) = &f.crowd {
+        detail.kind = Some(KindEvidence {
+            exe: String::from_utf8_lossy(&c.exe).into_owned(),
+            pattern: c.pattern.clone(),
+        });
+        detail.instances = Some(c.instances as u64);
+        detail.newest = Some(c.newest);
+    }
     Some(Event::Flag {
         pid: f.pid,
         reason: f.reason.name(),
         since: f.since,
         idle_secs,
-        detail: Box::new(detail(graph, node, f.evidence.as_ref())),
+        detail: Box::new(detail),
     })
 }
 

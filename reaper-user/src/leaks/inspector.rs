@@ -17,62 +17,23 @@
 //! channel end with are one server ([`super::channels`]), looked at together, judged on what
 //! all of them do (a wrapper moves no data while the server under it answers requests) and
 //! flagged once, on the outermost process. A process's internal channels count for nothing.
+use std::rc::Rc;
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::accumulation::{self, Instance};
 use super::channels::{self, Holders};
-use super::peers::{Holder, PeerIndex};
+use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
+use super::kinds::Kind;
+use super::peers::PeerIndex;
 use super::rules::{self, Observed};
 use super::sampler::{Sample, Sampler};
 use crate::identity::ProcessId;
-use crate::procfs::facts;
 use crate::procfs::placement::{self, Placement};
+use crate::procfs::{self, facts};
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-
-/// Why a process is flagged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    /// A process on its spawn chain (the gateway included) exited; it holds pipes or sockets.
-    Orphaned,
-    /// Waits for input on pipes or sockets whose other end is open, and moved no data for
-    /// `--idle-after`.
-    Idle,
-    /// Holds the read end of a pipe with no writers left (EOF pending) for `--idle-after`.
-    Deaf,
-    /// Exited, and not reaped by its parent for `--zombie-after`.
-    Zombie,
-    /// Respawns what `--kill` killed (raised by the killer, not by a rule).
-    Respawning,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 5] = [
-        Reason::Orphaned,
-        Reason::Idle,
-        Reason::Deaf,
-        Reason::Zombie,
-        Reason::Respawning,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Orphaned => "orphaned",
-            Reason::Idle => "idle",
-            Reason::Deaf => "deaf",
-            Reason::Zombie => "zombie",
-            Reason::Respawning => "respawning",
-        }
-    }
-
-    /// A `--kill-reasons` name: the rules a kill may follow (zombies cannot be killed).
-    pub fn killable(name: &str) -> Option<Reason> {
-        [Reason::Orphaned, Reason::Idle, Reason::Deaf]
-            .into_iter()
-            .find(|r| r.name() == name)
-    }
-}
 
 /// The inspector's settings.
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +41,12 @@ pub struct InspectOptions {
     pub scan_interval: Duration,
     pub idle_after: Duration,
     pub zombie_after: Duration,
+    /// `--orphan-grace`: how long after its spawn chain broke a process must still hold a
+    /// channel to be flagged `orphaned` (a server that exits on EOF takes milliseconds).
+    pub orphan_grace: Duration,
+    /// `--max-instances`: how many instances of one kind may live under one gateway instance
+    /// before the older ones are flagged `accumulating`.
+    pub max_instances: usize,
 }
 
 impl InspectOptions {
@@ -92,43 +59,6 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The /proc facts about a live process, and who holds the other ends of its pipes.
-#[derive(Clone, Debug)]
-pub struct Evidence {
-    pub sample: Sample,
-    /// The holders of each pipe and socket in `sample`, by fd.
-    pub peers: Vec<(u32, Vec<Holder>)>,
-    /// The processes of its server, outermost (this one) first: its wrappers' children down to
-    /// the one doing the I/O. Just this one for a server of one process.
-    pub server: Vec<NodeId>,
-    /// Its pid namespace and cgroup.
-    pub placement: Placement,
-}
-
-/// A flag that starts holding.
-#[derive(Clone, Debug)]
-pub struct Flagged {
-    pub node: NodeId,
-    pub pid: u32,
-    pub reason: Reason,
-    /// Boot-time ns since when the condition holds.
-    pub since: u64,
-    /// The facts it was flagged on (none for a zombie: it has no fds left).
-    pub evidence: Option<Evidence>,
-}
-
-/// A flag that starts or stops holding.
-#[derive(Clone, Debug)]
-pub enum Change {
-    Flag(Box<Flagged>),
-    Cleared {
-        node: NodeId,
-        pid: u32,
-        reason: Reason,
-        because: &'static str,
-    },
-}
-
 /// What the inspector remembers of one live descendant.
 #[derive(Default)]
 struct Watch {
@@ -139,12 +69,19 @@ struct Watch {
     io_since: u64,
     /// Since when a pipe read end has had no writers.
     eof_since: Option<u64>,
-    /// Whether the spawn chain was broken at the last look (by an exit that has settled).
-    chain_broken: bool,
+    /// Since when its spawn chain is broken (the exit time of the spawner that broke it), once
+    /// that exit has settled.
+    broken_since: Option<u64>,
+    /// It was looked at once the orphan grace after the break was over.
+    grace_looked: bool,
     /// Active flags and since when (on a server's outermost process only).
     flags: Vec<(Reason, u64)>,
     /// The last sample.
     last: Option<Sample>,
+    /// Its kind, formed at the exec it is from (by the graph's exec count).
+    kind: Option<(u32, Rc<Kind>)>,
+    /// The gateway instance it descends from, once looked up (the lineage edge never moves).
+    gateway: Option<Option<NodeId>>,
 }
 
 impl Watch {
@@ -164,7 +101,13 @@ pub struct Inspector {
     holders: Holders,
     sampler: Sampler,
     /// Flags raised so far, by reason.
-    raised: [u64; 5],
+    raised: [u64; Reason::ALL.len()],
+    /// A watched process exited since instances were last counted.
+    crowd_changed: bool,
+    /// The kinds with the most instances at the last count, taken by the next metrics update.
+    census: Option<Vec<(String, u64)>>,
+    /// When the earliest orphan grace still running ends (boot-time ns).
+    next_grace_end: Option<u64>,
 }
 
 /// How long a spawner's exit may take to let go of its files before its orphans are judged
@@ -178,6 +121,9 @@ fn exit_settled(gone: &Node, now: u64) -> bool {
     gone.process().exit_settled() || now.saturating_sub(exited) >= nanos(EXIT_SETTLE_CAP)
 }
 
+/// How many kinds the metrics name; the rest are `other` (a metric's labels must stay few).
+pub const CENSUS_KINDS: usize = 20;
+
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
 
@@ -190,8 +136,44 @@ impl Inspector {
             peers: PeerIndex::default(),
             holders: Holders::default(),
             sampler: Sampler::default(),
-            raised: [0; 5],
+            raised: [0; Reason::ALL.len()],
+            crowd_changed: false,
+            census: None,
+            next_grace_end: None,
         }
+    }
+
+    /// When the inspector next needs a look before its regular scan: the end of the earliest
+    /// orphan grace still running (boot-time ns). A grace is a rule about time: the scan is
+    /// moved to its end, so a confirmed orphan is flagged then, not a scan interval later.
+    pub fn next_look(&self) -> Option<u64> {
+        self.next_grace_end
+    }
+
+    /// The kinds with the most live instances under one gateway instance, as counted since
+    /// the last call (None when nothing was counted anew): at most [`CENSUS_KINDS`] patterns,
+    /// the rest as `other`.
+    pub fn take_census(&mut self) -> Option<Vec<(String, u64)>> {
+        self.census.take()
+    }
+
+    /// The flags of a process that just exited, cleared from its exit record (not at the
+    /// next scan: a flag must not outlive the process's own `exit` event).
+    pub fn exited(&mut self, id: NodeId) -> Vec<Change> {
+        let Some(w) = self.watches.get_mut(&id) else {
+            return Vec::new();
+        };
+        let pid = w.pid;
+        self.crowd_changed = true;
+        w.flags
+            .drain(..)
+            .map(|(reason, _)| Change::Cleared {
+                node: id,
+                pid,
+                reason,
+                because: "exited",
+            })
+            .collect()
     }
 
     /// Flags raised so far, by reason.
@@ -218,12 +200,15 @@ impl Inspector {
         let mut changes = Vec::new();
         self.forget_the_dead(graph, &mut changes);
         let sampled = self.sample_due(graph, now);
-        if !sampled.is_empty() {
-            for server in self.servers(graph) {
+        let exits = std::mem::take(&mut self.crowd_changed);
+        if !sampled.is_empty() || exits {
+            let servers = self.servers(graph);
+            for server in &servers {
                 if sampled.contains(&server[0]) {
-                    self.judge(&server, now, &mut changes);
+                    self.judge(server, now, &mut changes);
                 }
             }
+            self.judge_crowds(graph, &servers, &mut changes);
         }
         self.check_zombies(graph, now, &mut changes);
         let mut evidence: Vec<&mut Evidence> = changes
@@ -245,9 +230,11 @@ impl Inspector {
     /// Clears the flags of descendants that exited.
     fn forget_the_dead(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
         let holders = &mut self.holders;
+        let crowd_changed = &mut self.crowd_changed;
         self.watches.retain(|id, w| {
             let alive = graph.node(*id).is_some_and(Node::alive);
             if !alive {
+                *crowd_changed = true;
                 for (reason, _) in &w.flags {
                     changes.push(Change::Cleared {
                         node: *id,
@@ -268,6 +255,8 @@ impl Inspector {
     /// judged on all its processes at one moment). Returns what was sampled.
     fn sample_due(&mut self, graph: &LineageGraph, now: u64) -> HashSet<NodeId> {
         let every = self.opts.sample_every();
+        let grace = nanos(self.opts.orphan_grace);
+        let mut next_grace_end = None;
         let mut due = HashSet::default();
         for node in graph.alive().filter(|n| !n.is_gateway) {
             let w = self.watches.entry(node.id).or_insert_with(|| Watch {
@@ -278,15 +267,32 @@ impl Inspector {
                 io_since: now,
                 ..Watch::default()
             });
-            let broken = graph
-                .exited_spawner(node.id)
-                .is_some_and(|gone| w.chain_broken || exit_settled(gone, now));
-            let urgent = (broken && !w.chain_broken) || w.has(Reason::Idle) || w.has(Reason::Deaf);
-            w.chain_broken = broken;
+            // The chain counts as broken once the spawner's exit has let go of its files;
+            // it is judged for `orphaned` at the first look after the grace.
+            w.broken_since = match graph.exited_spawner(node.id) {
+                None => None,
+                Some(gone) => w
+                    .broken_since
+                    .or_else(|| exit_settled(gone, now).then(|| gone.exited.map_or(now, |e| e.ts))),
+            };
+            let grace_over = w.broken_since.map(|since| since.saturating_add(grace));
+            let grace_look = match grace_over {
+                Some(end) if !w.grace_looked && now >= end => {
+                    w.grace_looked = true;
+                    true
+                }
+                Some(end) if !w.grace_looked => {
+                    next_grace_end = Some(next_grace_end.map_or(end, |t: u64| t.min(end)));
+                    false
+                }
+                _ => false,
+            };
+            let urgent = grace_look || w.has(Reason::Idle) || w.has(Reason::Deaf);
             if urgent || now >= w.next_sample {
                 due.insert(node.id);
             }
         }
+        self.next_grace_end = next_grace_end;
         if due.is_empty() {
             return due;
         }
@@ -392,7 +398,8 @@ impl Inspector {
                 && samples.iter().any(|s| s.waits_for_input()),
             has_live_peer: samples.iter().any(|s| s.has_live_peer()),
             idle_held: self.watches.get(&top).is_some_and(|w| w.has(Reason::Idle)),
-            chain_broken: self.watches.get(&top).is_some_and(|w| w.chain_broken),
+            broken_since: self.watches.get(&top).and_then(|w| w.broken_since),
+            orphan_grace: nanos(self.opts.orphan_grace),
             io_since: watches.iter().map(|w| w.io_since).max().unwrap_or(now),
             eof_since: watches.iter().filter_map(|w| w.eof_since).min(),
             now,
@@ -416,6 +423,7 @@ impl Inspector {
                             server: server.to_vec(),
                             placement: Placement::default(),
                         }),
+                        crowd: None,
                     })));
                 }
                 (None, true) => {
@@ -430,6 +438,130 @@ impl Inspector {
                 _ => {}
             }
         }
+    }
+
+    /// Applies `accumulating` (see [`accumulation`]) to every instance: a server, counted on
+    /// its outermost process.
+    fn judge_crowds(
+        &mut self,
+        graph: &LineageGraph,
+        servers: &[Vec<NodeId>],
+        changes: &mut Vec<Change>,
+    ) {
+        let max = self.opts.max_instances;
+        let instances: Vec<Instance> = servers
+            .iter()
+            .filter_map(|s| self.instance(graph, s[0]))
+            .collect();
+        let groups = accumulation::groups(instances);
+        self.census = Some(accumulation::census(&groups, CENSUS_KINDS));
+        // Each instance past the limit, and since when: since the instance `max` places
+        // younger started (from then on it was not one of the newest `max`).
+        let mut over: HashMap<NodeId, u64> = HashMap::default();
+        for g in &groups {
+            for (k, i) in g.older_than_newest(max).iter().enumerate() {
+                over.insert(i.node, g.members[k + max].start);
+            }
+        }
+        let tops: HashSet<NodeId> = servers.iter().map(|s| s[0]).collect();
+        let mut ended: Vec<(NodeId, u32)> = self
+            .watches
+            .iter()
+            .filter(|(id, w)| w.has(Reason::Accumulating) && !over.contains_key(id))
+            .map(|(id, w)| (*id, w.pid))
+            .collect();
+        ended.sort_unstable();
+        for (id, pid) in ended {
+            if let Some(w) = self.watches.get_mut(&id) {
+                w.flags.retain(|(r, _)| *r != Reason::Accumulating);
+            }
+            changes.push(Change::Cleared {
+                node: id,
+                pid,
+                reason: Reason::Accumulating,
+                because: match tops.contains(&id) {
+                    true => "no more than --max-instances of its kind alive now",
+                    false => "part of its spawner's server now",
+                },
+            });
+        }
+        let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
+        for g in &groups {
+            let older = g.older_than_newest(max);
+            if older.is_empty() {
+                continue;
+            }
+            let crowd = Crowd {
+                exe: g.kind().exe().into(),
+                pattern: g.pattern(),
+                instances: g.members.len(),
+                newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
+            };
+            for i in older {
+                let Some(w) = self.watches.get_mut(&i.node) else {
+                    continue;
+                };
+                let Some(sample) = w.last.clone().filter(|_| !w.has(Reason::Accumulating)) else {
+                    continue;
+                };
+                let since = over[&i.node];
+                w.flags.push((Reason::Accumulating, since));
+                changes.push(Change::Flag(Box::new(Flagged {
+                    node: i.node,
+                    pid: w.pid,
+                    reason: Reason::Accumulating,
+                    since,
+                    evidence: Some(Evidence {
+                        sample,
+                        peers: Vec::new(),
+                        server: server_of.get(&i.node).map_or(vec![i.node], |s| s.to_vec()),
+                        placement: Placement::default(),
+                    }),
+                    crowd: Some(crowd.clone()),
+                })));
+            }
+        }
+    }
+
+    /// `top` as an instance of its kind, once its server is known: it and its spawner were
+    /// looked at (a wrapper's child looked at before the wrapper would count as an instance of
+    /// its own kind for a moment). None for a process outside any gateway's lineage.
+    fn instance(&mut self, graph: &LineageGraph, top: NodeId) -> Option<Instance> {
+        let node = graph.node(top)?;
+        let spawner_looked = node
+            .spawner
+            .and_then(|s| self.watches.get(&s))
+            .is_none_or(|w| w.last.is_some());
+        let w = self.watches.get_mut(&top)?;
+        if w.last.is_none() || !spawner_looked {
+            return None;
+        }
+        let gateway = *w.gateway.get_or_insert_with(|| {
+            graph
+                .chain(top)
+                .first()
+                .filter(|g| g.is_gateway && g.id != top)
+                .map(|g| g.id)
+        });
+        let kind = match &w.kind {
+            Some((execs, kind)) if *execs == node.execs => kind.clone(),
+            _ => {
+                let exe = node
+                    .filename
+                    .clone()
+                    .or_else(|| procfs::read_exe(node.pid).map(Into::into))
+                    .unwrap_or_else(|| node.comm.as_bytes().into());
+                let kind = Rc::new(Kind::of(exe, &node.argv));
+                w.kind = Some((node.execs, kind.clone()));
+                kind
+            }
+        };
+        Some(Instance {
+            node: top,
+            start: node.start.boottime_ns(),
+            gateway: gateway?,
+            kind,
+        })
     }
 
     fn check_zombies(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
@@ -463,6 +595,7 @@ impl Inspector {
                 reason: Reason::Zombie,
                 since: exited,
                 evidence: None,
+                crowd: None,
             })));
         }
     }
@@ -528,6 +661,7 @@ impl Inspector {
             reason,
             since: now,
             evidence,
+            crowd: None,
         })))
     }
 

@@ -1,13 +1,17 @@
 //! Leaks: the rules that flag a descendant left behind ([`rules`]), the inspector that samples
 //! /proc on a cadence a days-long run can afford ([`inspector`]), who holds the other end of a
 //! pipe ([`peers`]), and the flags as the evidence a person or a tool acts on ([`flags`]).
+mod accumulation;
 mod channels;
+mod findings;
 pub mod flags;
 mod inspector;
+mod kinds;
 mod peers;
 mod rules;
 mod sampler;
 
+pub use findings::*;
 pub use inspector::*;
 pub use peers::Holder;
 pub use sampler::{FdFact, Sample};

@@ -18,8 +18,11 @@ pub struct Observed {
     /// It is flagged `idle` already. A look that catches it on a CPU or in another system call
     /// (a timer firing) does not clear the flag; only moving data or losing its peer does.
     pub idle_held: bool,
-    /// A process on its spawn chain (the gateway included) has exited.
-    pub chain_broken: bool,
+    /// Since when its spawn chain is broken: a process on it (the gateway included) exited,
+    /// and that exit has let go of its files.
+    pub broken_since: Option<u64>,
+    /// `--orphan-grace`, ns.
+    pub orphan_grace: u64,
     /// Boot-time ns since when no process of it moved data.
     pub io_since: u64,
     /// Boot-time ns since when a channel it reads has had no other end.
@@ -39,10 +42,13 @@ pub const LIVE: [(Reason, Rule); 3] = [
     (Reason::Deaf, deaf),
 ];
 
-/// `orphaned`: its spawn chain is broken and it still holds a channel (it can still be
-/// waiting on, or keeping open, a channel of a session that is gone).
+/// `orphaned`: its spawn chain broke at least `--orphan-grace` ago and it still holds a
+/// channel (it can still be waiting on, or keeping open, a channel of a session that is
+/// gone). One that exits within the grace (a server reading EOF when its host crashed) never
+/// holds. `Some(when the chain broke)`.
 pub fn orphaned(o: &Observed) -> Option<u64> {
-    (o.chain_broken && o.holds_channel).then_some(o.now)
+    let since = o.broken_since?;
+    (o.holds_channel && o.now.saturating_sub(since) >= o.orphan_grace).then_some(since)
 }
 
 /// `idle`: it waits for input on a channel whose other end is open, and moved no data for
@@ -76,6 +82,7 @@ pub fn cleared_because(reason: Reason, o: &Observed) -> &'static str {
         Reason::Idle => "moved data",
         Reason::Deaf => "its pipe has a writer again",
         Reason::Zombie | Reason::Respawning => "reaped",
+        Reason::Accumulating => "no more than --max-instances of its kind alive now",
     }
 }
 
@@ -92,7 +99,8 @@ mod tests {
             waits_for_input: true,
             has_live_peer: peer_open,
             idle_held: false,
-            chain_broken: broken,
+            broken_since: broken.then_some(97 * SEC),
+            orphan_grace: 2 * SEC,
             io_since,
             eof_since,
             now: 100 * SEC,
@@ -113,13 +121,27 @@ mod tests {
 
     #[test]
     fn orphaned_needs_a_broken_chain_and_a_channel() {
-        assert_eq!(orphaned(&waiting(true, 0, None, true)), Some(100 * SEC));
+        assert_eq!(orphaned(&waiting(true, 0, None, true)), Some(97 * SEC));
         assert_eq!(orphaned(&waiting(true, 0, None, false)), None);
         let only_plumbing = Observed {
             holds_channel: false,
             ..waiting(true, 0, None, true)
         };
         assert_eq!(orphaned(&only_plumbing), None);
+    }
+
+    #[test]
+    fn a_server_still_exiting_within_the_grace_is_not_orphaned() {
+        let just_broken = Observed {
+            broken_since: Some(99 * SEC),
+            ..waiting(true, 0, None, true)
+        };
+        assert_eq!(orphaned(&just_broken), None, "broken 1 s ago, grace 2 s");
+        let confirmed = Observed {
+            now: 101 * SEC,
+            ..just_broken
+        };
+        assert_eq!(orphaned(&confirmed), Some(99 * SEC), "still holding at 2 s");
     }
 
     #[test]

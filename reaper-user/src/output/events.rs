@@ -10,7 +10,7 @@ use crate::procfs::placement::Placement;
 pub use super::fields::{Argv, ProcBytes, ProcText};
 
 pub use super::evidence::{
-    Ancestor, ChainMember, ExecutableLeaks, LeakDetail, LeakSummary, Peer, PipeInfo,
+    Ancestor, ChainMember, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo,
 };
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
@@ -529,6 +529,7 @@ mod tests {
             },
             comm: odd,
             argv: Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"])),
+            ..LeakDetail::default()
         };
         let text = serde_json::to_string(&Event::Flag {
             pid: 2,

@@ -96,6 +96,24 @@ pub struct LeakDetail {
     pub comm: ProcText,
     #[serde(flatten)]
     pub argv: Argv,
+    /// For `accumulating`: the kind of which it is one instance too many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<KindEvidence>,
+    /// For `accumulating`: the instances of its kind alive under its gateway instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<u64>,
+    /// For `accumulating`: the newest instance's pid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub newest: Option<u32>,
+}
+
+/// A kind of process (`accumulating`): its executable and its instances' command line, each
+/// option value they differ in shown as `*`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct KindEvidence {
+    pub exe: String,
+    pub pattern: String,
 }
 
 /// Leaks in the closing summary.

@@ -23,6 +23,12 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// A kind of process (`accumulating`), by its instances' command-line pattern.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PatternLabel {
+    kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KillLabel {
     reason: &'static str,
@@ -42,6 +48,7 @@ pub struct Metrics {
     zombies: Gauge,
     graph_nodes: Gauge,
     flagged_rss: Gauge,
+    kind_instances: Family<PatternLabel, Gauge>,
     scan_seconds: Histogram,
 }
 
@@ -121,6 +128,13 @@ impl Metrics {
             Unit::Bytes,
             flagged_rss.clone(),
         );
+        let kind_instances = Family::<PatternLabel, Gauge>::default();
+        reg.register(
+            "kind_instances",
+            "Live instances of the kinds with the most under one gateway instance (the top \
+             kinds; `other` is the most of any other kind)",
+            kind_instances.clone(),
+        );
         let scan_seconds = Histogram::new([
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
         ]);
@@ -142,6 +156,7 @@ impl Metrics {
             zombies,
             graph_nodes,
             flagged_rss,
+            kind_instances,
             scan_seconds,
         }
     }
@@ -184,6 +199,15 @@ impl Metrics {
                 .saturating_mul(1024)
                 .min(i64::MAX as u64) as i64,
         );
+        if let Some(kinds) = &state.kinds {
+            // Kinds come and go: the family holds only those of the last count.
+            self.kind_instances.clear();
+            for (kind, n) in kinds {
+                self.kind_instances
+                    .get_or_create(&PatternLabel { kind: kind.clone() })
+                    .set(*n as i64);
+            }
+        }
         self.scan_seconds.observe(state.took.as_secs_f64());
     }
 
@@ -264,6 +288,9 @@ pub struct ScanState {
     pub flagged: BTreeMap<&'static str, u64>,
     /// Resident memory of the flagged live processes.
     pub flagged_rss_kib: u64,
+    /// Live instances of the kinds with the most, when the scan counted them anew (see
+    /// `Inspector::kinds`).
+    pub kinds: Option<Vec<(String, u64)>>,
     /// How long the scan took.
     pub took: Duration,
 }

@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 
 use crate::output::events::{Counts, Envelope, Event};
-use crate::output::human::human_line;
+use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
 use crate::output::status::StatusLine;
 
@@ -66,6 +66,30 @@ impl Output {
 
     /// Emits one event stamped `ts`.
     pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
+        self.record(ts, body)?;
+        if self.shows(body) {
+            self.write_human(ts, &human_line(ts, body))?;
+        }
+        Ok(())
+    }
+
+    /// Emits a batch of findings stamped `ts` (one leak scan's): every event in the NDJSON
+    /// stream, and the readable lines folded (see [`human_lines`]).
+    pub fn events(&mut self, ts: u64, bodies: &[Event]) -> Result<()> {
+        for body in bodies {
+            self.record(ts, body)?;
+        }
+        if self.human.is_some() {
+            let shown: Vec<&Event> = bodies.iter().filter(|b| self.shows(b)).collect();
+            for line in human_lines(ts, &shown) {
+                self.write_human(ts, &line)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts one event and writes its NDJSON line.
+    fn record(&mut self, ts: u64, body: &Event) -> Result<()> {
         self.metrics.observe(body);
         self.counts.observe(body);
         if !self.json.is_empty() {
@@ -83,16 +107,23 @@ impl Output {
             }
         }
         self.seq += 1;
-        if let Some(w) = self.human.as_mut()
-            && (!self.findings_only || body.is_finding())
-        {
-            if let Some(s) = self.status.as_mut() {
-                s.clear();
-            }
-            let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
-            writeln!(w, "[{rel:>9.3}s] {}", human_line(ts, body)).context("writing output")?;
-        }
         Ok(())
+    }
+
+    /// Whether people see a line for this event.
+    fn shows(&self, body: &Event) -> bool {
+        self.human.is_some() && (!self.findings_only || body.is_finding())
+    }
+
+    fn write_human(&mut self, ts: u64, line: &str) -> Result<()> {
+        let Some(w) = self.human.as_mut() else {
+            return Ok(());
+        };
+        if let Some(s) = self.status.as_mut() {
+            s.clear();
+        }
+        let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
+        writeln!(w, "[{rel:>9.3}s] {line}").context("writing output")
     }
 
     /// Shows the live status line (see [`StatusLine`]).

@@ -109,6 +109,15 @@ pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Args, bool)> {
     ))
 }
 
+/// The path of the program `/proc/PID/exe` names (for a process seen first in /proc, whose
+/// exec was not seen). None when it is gone or a kernel thread.
+pub fn read_exe(pid: u32) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    fs::read_link(proc_path(pid, "exe"))
+        .ok()
+        .map(|p| p.into_os_string().into_vec())
+}
+
 /// Every pid in `/proc` right now (thread-group leaders only).
 pub fn all_pids() -> io::Result<Vec<u32>> {
     Ok(fs::read_dir(root())?

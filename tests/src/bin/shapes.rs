@@ -11,6 +11,12 @@ use serde_json::{Value, json};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "stdio-server") {
+        // What the gateways of the accumulation shapes start: a stdio server with a command
+        // line of its own (`stdio-server --session-key K1 --model m`), reading until EOF.
+        read_stdin_to_eof();
+        std::process::exit(0);
+    }
     let (Some(shape), Some(truth)) = (args.get(1), args.get(2)) else {
         eprintln!("usage: reaper-shapes SHAPE TRUTH_FILE");
         std::process::exit(2);
@@ -34,6 +40,8 @@ fn main() {
         "leak-idle" => leak_idle(truth),
         "leak-agent-kill" => leak_agent_kill(truth),
         "leak-deaf" => leak_deaf(truth),
+        "leak-accumulate" => leak_accumulate(truth),
+        "leak-crash" => leak_crash(truth),
         "leak-zombies" => leak_zombies(truth),
         "leak-pidns" => leak_pidns(truth),
         "normal" => normal(),
@@ -716,6 +724,147 @@ fn leak_agent_kill(truth: &str) -> Value {
     unsafe { libc::kill(helper as i32, libc::SIGTERM) };
     std::thread::sleep(Duration::from_millis(200));
     json!({ "agent": agent, "worker": worker, "helper": helper })
+}
+
+/// Starts `reaper-shapes stdio-server ARGS...` with a fresh pipe as its stdin; returns its pid
+/// and the write end, which the caller keeps. `close` are fds the server must not inherit.
+fn start_stdio_server(args: &[&str], close: &[i32]) -> (u32, i32) {
+    let me = std::env::current_exe().unwrap();
+    let me = me.to_str().unwrap().to_owned();
+    let mut argv = vec![me.clone(), "stdio-server".to_owned()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let close = close.to_vec();
+    let pid = fork_then(move || {
+        as_stdin(rd);
+        for fd in close.iter().chain([&rd, &wr]) {
+            // SAFETY: closing the child's copies.
+            unsafe { libc::close(*fd) };
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        exec(&me, &argv)
+    });
+    // SAFETY: the gateway keeps the write end only.
+    unsafe { libc::close(rd) };
+    (pid, wr)
+}
+
+/// Accumulating, as in every leak report: the gateway starts a pool of 3 servers of one kind
+/// (`stdio-server pool`), then 6 of another that differ only in an option value
+/// (`stdio-server --session-key K<i> --model m`), and pings every one every 300 ms until
+/// released, so none is ever idle. With `--max-instances 3`, the 3 oldest session servers are
+/// one instance too many each; the pool is at its limit, never over it.
+fn leak_accumulate(truth: &str) -> Value {
+    let mut write_ends = Vec::new();
+    let mut pool = Vec::new();
+    for _ in 0..3 {
+        let (pid, wr) = start_stdio_server(&["pool"], &write_ends);
+        pool.push(pid);
+        write_ends.push(wr);
+    }
+    let mut sessions = Vec::new();
+    for i in 1..=6 {
+        let key = format!("K{i}");
+        let args = ["--session-key", key.as_str(), "--model", "m"];
+        let (pid, wr) = start_stdio_server(&args, &write_ends);
+        sessions.push(pid);
+        write_ends.push(wr);
+    }
+    let result = json!({ "pool": pool, "sessions": sessions });
+    write_truth(&format!("{truth}.ready"), &result);
+    let hold = Hold::leak();
+    while !hold.released() {
+        for fd in &write_ends {
+            // SAFETY: a short line to each server.
+            unsafe { libc::write(*fd, b"ping\n".as_ptr().cast(), 5) };
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for fd in &write_ends {
+        // SAFETY: closing our write ends: each server reads EOF and exits.
+        unsafe { libc::close(*fd) };
+    }
+    for pid in pool.iter().chain(&sessions) {
+        wait_for(*pid);
+    }
+    result
+}
+
+/// A crash: an agent starts three stdio servers and is SIGKILLed. Two servers read EOF and
+/// exit half a second later, as real ones do; the third (the lingerer) also holds a pipe to the gateway
+/// and keeps waiting on it until released. Only the lingerer is a leak.
+fn leak_crash(truth: &str) -> Value {
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    // The gateway's own pipe to the lingerer.
+    let (mut grd, mut gwr) = (0, 0);
+    pipe(&mut grd, &mut gwr);
+    let agent = fork_then(move || {
+        let mut servers = Vec::new();
+        // The agent's write ends: no server may inherit another's, or it would not read EOF.
+        let mut held = vec![prd, pwr, grd, gwr];
+        for _ in 0..2 {
+            let (mut rd, mut wr) = (0, 0);
+            pipe(&mut rd, &mut wr);
+            held.push(wr);
+            let close = held.clone();
+            servers.push(fork_then(move || {
+                as_stdin(rd);
+                for fd in close.iter().chain([&rd]) {
+                    // SAFETY: closing the child's copies.
+                    unsafe { libc::close(*fd) };
+                }
+                read_stdin_to_eof();
+                // A real server takes a moment to shut down (flush, close, interpreter
+                // teardown): long enough for a scan to catch it still holding its channel.
+                std::thread::sleep(Duration::from_millis(500));
+                0
+            }));
+            // SAFETY: the agent keeps the write end only.
+            unsafe { libc::close(rd) };
+        }
+        let (mut rd, mut wr) = (0, 0);
+        pipe(&mut rd, &mut wr);
+        held.push(wr);
+        held.retain(|fd| *fd != grd);
+        let lingerer = fork_then(move || {
+            as_stdin(rd);
+            // SAFETY: the lingerer keeps its stdin and the gateway's pipe (`grd`).
+            unsafe {
+                libc::close(rd);
+                for fd in held {
+                    libc::close(fd);
+                }
+            }
+            read_stdin_to_eof();
+            // Its agent is gone; it goes on waiting on the gateway's pipe.
+            let mut byte = 0u8;
+            // SAFETY: reads into a local byte; EOF once the gateway closes its end.
+            unsafe { libc::read(grd, (&mut byte as *mut u8).cast(), 1) };
+            0
+        });
+        for pid in servers.iter().chain([&lingerer]) {
+            send_pid(pwr, *pid);
+        }
+        // SAFETY: waits to be killed.
+        unsafe { libc::pause() };
+        0
+    });
+    // SAFETY: the gateway keeps the write end of its pipe to the lingerer only.
+    unsafe { libc::close(grd) };
+    let servers = [recv_pid(prd), recv_pid(prd)];
+    let lingerer = recv_pid(prd);
+    // SAFETY: the agent dies abruptly, as a SIGKILLed agent does.
+    unsafe { libc::kill(agent as i32, libc::SIGKILL) };
+    wait_for(agent);
+    let result = json!({ "agent": agent, "exit_on_eof": servers, "lingerer": lingerer });
+    write_truth(&format!("{truth}.ready"), &result);
+    Hold::leak().wait();
+    // SAFETY: the lingerer reads EOF on the gateway's pipe and exits.
+    unsafe { libc::close(gwr) };
+    std::thread::sleep(Duration::from_millis(200));
+    result
 }
 
 /// Deaf: a reader of a pipe whose writers all closed keeps running without reading (EOF is

@@ -1,0 +1,159 @@
+//! The `accumulating` rule: more than `--max-instances` instances of one kind (see
+//! [`super::kinds`]) alive under one gateway instance. Every instance but the newest N is
+//! flagged; the flag holds until it exits or the count falls back to N.
+//!
+//! The symptom in every leak report behind this project (28 `stdio-mcp-binary serve` under one
+//! gateway, one Node bridge per conversation turn, 128 slash workers) is a count, not a state:
+//! a leaked instance that its gateway still pings moves data, so it is never `idle`. This rule
+//! reads no I/O, only the lineage and the kinds. An instance is a server (a process with the
+//! wrappers that share its channel, see [`super::channels`]), counted once, on its outermost
+//! process.
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::kinds::Kind;
+use crate::lineage::graph::NodeId;
+
+/// One live instance, as the rule counts it.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// Its outermost process.
+    pub node: NodeId,
+    /// Boot-time ns it started: the order of "newest".
+    pub start: u64,
+    /// The gateway instance whose descendant it is.
+    pub gateway: NodeId,
+    pub kind: Rc<Kind>,
+}
+
+/// The live instances of one kind under one gateway instance, oldest first.
+#[derive(Debug)]
+pub struct Group {
+    pub gateway: NodeId,
+    pub members: Vec<Instance>,
+}
+
+impl Group {
+    /// The group's command line with the values its instances differ in masked.
+    pub fn pattern(&self) -> String {
+        Kind::pattern(self.members.iter().map(|i| &*i.kind))
+    }
+
+    pub fn kind(&self) -> &Kind {
+        &self.members[0].kind
+    }
+
+    /// The instances to flag when at most `max` may live: all but the `max` newest.
+    pub fn older_than_newest(&self, max: usize) -> &[Instance] {
+        &self.members[..self.members.len().saturating_sub(max)]
+    }
+
+    pub fn newest(&self) -> &Instance {
+        &self.members[self.members.len() - 1]
+    }
+}
+
+/// The instances grouped by gateway instance and kind, each group oldest first.
+pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
+    let mut by_kind: HashMap<(NodeId, Vec<u8>), Vec<Instance>> = HashMap::default();
+    for i in instances {
+        by_kind
+            .entry((i.gateway, i.kind.key().to_vec()))
+            .or_default()
+            .push(i);
+    }
+    let mut out: Vec<Group> = by_kind
+        .into_iter()
+        .map(|((gateway, _), mut members)| {
+            members.sort_by_key(|i| (i.start, i.node));
+            Group { gateway, members }
+        })
+        .collect();
+    // A stable order for the stream: by gateway, then by the oldest instance.
+    out.sort_by_key(|g| (g.gateway, g.members[0].start, g.members[0].node));
+    out
+}
+
+/// The `top` kinds with the most instances under one gateway instance, most first, as
+/// (pattern, instances); every other kind counts as `other`, with the most any of them has.
+/// One kind under several gateway instances shows its largest group.
+pub fn census(groups: &[Group], top: usize) -> Vec<(String, u64)> {
+    let mut by_pattern: HashMap<String, u64> = HashMap::default();
+    for g in groups {
+        let n = by_pattern.entry(g.pattern()).or_default();
+        *n = (*n).max(g.members.len() as u64);
+    }
+    let mut all: Vec<(String, u64)> = by_pattern.into_iter().collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    if all.len() > top {
+        let rest = all.split_off(top);
+        let most = rest.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        all.push(("other".to_owned(), most));
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::Args;
+
+    fn instance(node: NodeId, start: u64, gateway: NodeId, argv: &[&str]) -> Instance {
+        Instance {
+            node,
+            start,
+            gateway,
+            kind: Rc::new(Kind::of((*b"/bin/srv").into(), &Args::from_list(argv))),
+        }
+    }
+
+    #[test]
+    fn all_but_the_newest_n_of_a_kind_are_older() {
+        let mut all: Vec<Instance> = (1..=5)
+            .map(|n| instance(n, 100 - n, 1, &["srv", "--session", &n.to_string()]))
+            .collect();
+        all.push(instance(9, 1, 1, &["srv", "other"]));
+        let groups = groups(all);
+        assert_eq!(groups.len(), 2);
+        let servers = groups.iter().find(|g| g.members.len() == 5).unwrap();
+        let older: Vec<NodeId> = servers
+            .older_than_newest(3)
+            .iter()
+            .map(|i| i.node)
+            .collect();
+        assert_eq!(
+            older,
+            [5, 4],
+            "started first, flagged; the 3 newest are not"
+        );
+        assert_eq!(servers.newest().node, 1);
+        assert_eq!(servers.pattern(), "srv --session *");
+        assert!(servers.older_than_newest(5).is_empty());
+    }
+
+    #[test]
+    fn the_census_names_the_largest_kinds_and_bounds_the_rest() {
+        let mut all = Vec::new();
+        for k in 0..5u64 {
+            for n in 0..=k {
+                all.push(instance(k * 10 + n, n, 1, &["srv", &format!("k{k}")]));
+            }
+        }
+        let census = census(&groups(all), 2);
+        assert_eq!(
+            census,
+            [
+                ("srv k4".to_owned(), 5),
+                ("srv k3".to_owned(), 4),
+                ("other".to_owned(), 3),
+            ]
+        );
+    }
+
+    #[test]
+    fn instances_under_two_gateways_are_two_groups() {
+        let groups = groups([instance(1, 1, 10, &["srv"]), instance(2, 2, 11, &["srv"])]);
+        assert_eq!(groups.len(), 2);
+    }
+}
