@@ -180,7 +180,8 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
 
-    /// With --kill: how long SIGTERM has before SIGKILL.
+    /// With --kill, and for the `-- CMD` gateway when the run ends before it: how long
+    /// SIGTERM has before SIGKILL.
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_duration)]
     pub term_timeout: Duration,
 
@@ -343,7 +344,7 @@ impl Cli {
             (self.dry_run, "--dry-run"),
             (self.grace != Duration::from_secs(30), "--grace"),
             (
-                self.term_timeout != Duration::from_secs(5),
+                self.term_timeout != Duration::from_secs(5) && self.command.is_empty(),
                 "--term-timeout",
             ),
             (

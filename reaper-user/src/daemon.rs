@@ -38,6 +38,7 @@ use crate::{
         Output,
         events::Event,
         junit::{self, JunitFile},
+        lines::WholeLines,
         logfile::{LogFile, Rotation},
         serve,
         status::StatusLine,
@@ -190,13 +191,18 @@ pub async fn run(cli: Cli) -> Result<i32> {
         },
         kill_reports,
     };
-    event_loop(&cli, &mut selectors, &mut tracer, &mut sources).await?;
+    let stop = event_loop(&cli, &mut selectors, &mut tracer, &mut sources).await?;
     let Sources {
         mut ring,
-        command,
+        mut command,
         mut kill_reports,
         ..
     } = sources;
+    // Like timeout(1): a run that ends while CMD runs ends CMD too (not its descendants:
+    // what they do after their gateway is gone is what the run reports).
+    if command.running() {
+        command.end(&mut tracer.out, stop, cli.term_timeout).await?;
+    }
 
     // Stop: detach, let running probes finish, take in the rest, and account for it all.
     probes.programs = None; // detaches every probe; the maps stay for the last drain
@@ -266,10 +272,65 @@ struct GatewayCommand {
     status: Option<ExitStatus>,
 }
 
+/// Why the event loop stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// `--duration` passed.
+    Duration,
+    /// SIGINT or SIGTERM.
+    Signal(&'static str),
+    /// Every gateway exited and nothing tracked is left (or `--check`'s settle time passed).
+    Done,
+}
+
+impl Stop {
+    /// For the `stop_command` event.
+    fn because(self) -> &'static str {
+        match self {
+            Stop::Duration => "duration",
+            Stop::Signal(name) => name,
+            Stop::Done => "done",
+        }
+    }
+}
+
 impl GatewayCommand {
     /// Started and not yet reaped.
     fn running(&self) -> bool {
         self.child.is_some() && self.status.is_none()
+    }
+
+    /// Ends the command because the run stopped: SIGTERM, then SIGKILL after `term_timeout`,
+    /// each signal a `stop_command` event. Its exit is its own record in the stream; its
+    /// status does not become reaper-trace's (the run ended it).
+    async fn end(&mut self, out: &mut Output, stop: Stop, term_timeout: Duration) -> Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        // Not reaped yet (only `wait` reaps it), so the pid is still the command's own.
+        let Some(pid) = child.id() else {
+            return Ok(());
+        };
+        for (signal, number) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+            // SAFETY: a plain signal to our own unreaped child.
+            unsafe { libc::kill(pid as i32, number) };
+            let ev = Event::StopCommand {
+                pid,
+                signal,
+                because: stop.because(),
+            };
+            out.event(boottime_now(), &ev)?;
+            let wait = match number {
+                libc::SIGTERM => term_timeout,
+                _ => Duration::MAX,
+            };
+            if let Ok(status) = tokio::time::timeout(wait, child.wait()).await {
+                status.context("waiting for the gateway command")?;
+                self.child = None;
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// Its exit status; never, without a command.
@@ -282,7 +343,7 @@ impl GatewayCommand {
 }
 
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
-/// no tracked process left alive.
+/// no tracked process left alive. Returns which.
 ///
 /// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval
 /// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
@@ -293,7 +354,7 @@ async fn event_loop(
     selectors: &mut Selectors,
     tracer: &mut Tracer,
     sources: &mut Sources<'_>,
-) -> Result<()> {
+) -> Result<Stop> {
     let Sources {
         ring,
         kernel,
@@ -380,10 +441,10 @@ async fn event_loop(
                     settling = true;
                 }
             }
-            _ = &mut settle, if settling => break,
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = &mut stop_at => break,
+            _ = &mut settle, if settling => return Ok(Stop::Done),
+            _ = sigint.recv() => return Ok(Stop::Signal("SIGINT")),
+            _ = sigterm.recv() => return Ok(Stop::Signal("SIGTERM")),
+            _ = &mut stop_at => return Ok(Stop::Duration),
         }
         if flush {
             tracer.out.flush().context("writing output")?;
@@ -394,10 +455,9 @@ async fn event_loop(
             && tracer.gateways_exited()
             && tracer.tree_finished()
         {
-            break;
+            return Ok(Stop::Done);
         }
     }
-    Ok(())
 }
 
 /// When the next leak scan runs: a scan interval from now, or sooner when an orphan grace
@@ -523,10 +583,15 @@ fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
         });
         json.push(Box::new(LogFile::open(path, rotation)?) as Box<dyn Write + Send>);
     }
-    let human = match (cli.quiet, cli.json) {
-        (true, _) => None,
-        (false, true) => Some(stderr()),
-        (false, false) => Some(stdout()),
+    // `-- CMD` writes to the same stdout and stderr: readable lines then go out whole, so
+    // neither side splits the other's lines.
+    let shared = !cli.command.is_empty();
+    let human = match (cli.quiet, cli.json, shared) {
+        (true, _, _) => None,
+        (false, true, false) => Some(stderr()),
+        (false, false, false) => Some(stdout()),
+        (false, true, true) => Some(Box::new(WholeLines::new(std::io::stderr())) as Box<_>),
+        (false, false, true) => Some(Box::new(WholeLines::new(std::io::stdout())) as Box<_>),
     };
     let mut out = Output::new(json, human, t0);
     out.set_findings_only(cli.check && !cli.verbose);

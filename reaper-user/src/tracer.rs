@@ -124,11 +124,11 @@ impl Tracer {
         if !self.announced.insert(id) {
             return Ok(());
         }
-        // Its own program's arguments: from its exec or /proc; the command's, if it has not
-        // executed it yet.
+        // Its own program's arguments: from its exec or /proc; the command's as given, if it
+        // has not executed it yet.
         let argv = match (selector, node.argv.is_empty()) {
-            (Selectors::COMMAND, _) => self.command.clone(),
             (_, false) => node.argv.clone(),
+            (Selectors::COMMAND, true) => self.command.clone(),
             (_, true) => procfs::read_cmdline(node.pid, crate::capture::decode::MAX_ARGS)
                 .map(|(a, _)| a)
                 .unwrap_or_default(),
@@ -259,8 +259,10 @@ impl Tracer {
             (What::Exec { .. }, _) => announce = self.announce_at_exec.remove(&ev.pid),
             (What::Fork { untracked, .. }, _) => {
                 if self.pending_gateways.remove(&ev.pid) {
+                    // Announced at its exec, by the name and arguments it runs under (at
+                    // the fork it is still a copy of reaper-trace).
                     self.graph.set_gateway(node);
-                    announce = Some(Selectors::COMMAND);
+                    self.announce_at_exec.insert(ev.pid, Selectors::COMMAND);
                 }
                 if *untracked {
                     self.upkeep.unfollowed_child(ev.pid, node);

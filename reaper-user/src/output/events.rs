@@ -271,6 +271,15 @@ pub enum Event {
         reason: &'static str,
         because: &'static str,
     },
+    /// The run stopped while the `-- CMD` gateway ran: reaper-trace ends it as timeout(1)
+    /// does, SIGTERM then SIGKILL after `--term-timeout`; one event a signal.
+    StopCommand {
+        pid: u32,
+        /// "SIGTERM" or "SIGKILL".
+        signal: &'static str,
+        /// Why the run stopped: "duration", "SIGINT" or "SIGTERM".
+        because: &'static str,
+    },
     /// `--check`'s verdict, after the gateway command exited and the settle time passed.
     Check {
         /// "clean", "leaked" or "gateway_failed".
@@ -393,6 +402,7 @@ impl Event {
             Event::Kill { .. } => "kill",
             Event::Cleared { .. } => "cleared",
             Event::Check { .. } => "check",
+            Event::StopCommand { .. } => "stop_command",
         }
     }
 }

@@ -39,6 +39,11 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             gateway_exit_code,
             leaked,
         } => check_lines(verdict, *gateway_exit_code, leaked),
+        Event::StopCommand {
+            pid,
+            signal,
+            because,
+        } => format!("stop     the command {pid} with {signal}: the run ended ({because})"),
         Event::Snapshot {
             pid,
             ppid,

@@ -116,9 +116,23 @@ pub const MAX_KILL_KINDS: usize = 64;
 /// Longest argv kept for a live process.
 pub const MAX_ARGV_CHARS: usize = 300;
 /// The stream's event names (README: The NDJSON event stream).
-const KNOWN_EVENTS: [&str; 15] = [
-    "snapshot", "gateway", "ready", "fork", "exec", "exit", "reaped", "setsid", "reparent", "lost",
-    "summary", "flag", "cleared", "kill", "check",
+const KNOWN_EVENTS: [&str; 16] = [
+    "snapshot",
+    "gateway",
+    "ready",
+    "fork",
+    "exec",
+    "exit",
+    "reaped",
+    "setsid",
+    "reparent",
+    "lost",
+    "summary",
+    "flag",
+    "cleared",
+    "kill",
+    "check",
+    "stop_command",
 ];
 /// At most this many gateway instances are listed (the rest are counted).
 pub const MAX_INSTANCES: usize = 10_000;
