@@ -22,16 +22,15 @@ use std::time::Duration;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::accumulation::{self, Instance};
 use super::channels::{self, Holders};
-use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
+use super::findings::{Change, Evidence, Flagged, Reason};
 use super::kinds::Kind;
 use super::peers::PeerIndex;
 use super::rules::{self, Observed};
 use super::sampler::{Sample, Sampler};
 use crate::identity::ProcessId;
+use crate::procfs::facts;
 use crate::procfs::placement::{self, Placement};
-use crate::procfs::{self, facts};
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
@@ -440,130 +439,6 @@ impl Inspector {
         }
     }
 
-    /// Applies `accumulating` (see [`accumulation`]) to every instance: a server, counted on
-    /// its outermost process.
-    fn judge_crowds(
-        &mut self,
-        graph: &LineageGraph,
-        servers: &[Vec<NodeId>],
-        changes: &mut Vec<Change>,
-    ) {
-        let max = self.opts.max_instances;
-        let instances: Vec<Instance> = servers
-            .iter()
-            .filter_map(|s| self.instance(graph, s[0]))
-            .collect();
-        let groups = accumulation::groups(instances);
-        self.census = Some(accumulation::census(&groups, CENSUS_KINDS));
-        // Each instance past the limit, and since when: since the instance `max` places
-        // younger started (from then on it was not one of the newest `max`).
-        let mut over: HashMap<NodeId, u64> = HashMap::default();
-        for g in &groups {
-            for (k, i) in g.older_than_newest(max).iter().enumerate() {
-                over.insert(i.node, g.members[k + max].start);
-            }
-        }
-        let tops: HashSet<NodeId> = servers.iter().map(|s| s[0]).collect();
-        let mut ended: Vec<(NodeId, u32)> = self
-            .watches
-            .iter()
-            .filter(|(id, w)| w.has(Reason::Accumulating) && !over.contains_key(id))
-            .map(|(id, w)| (*id, w.pid))
-            .collect();
-        ended.sort_unstable();
-        for (id, pid) in ended {
-            if let Some(w) = self.watches.get_mut(&id) {
-                w.flags.retain(|(r, _)| *r != Reason::Accumulating);
-            }
-            changes.push(Change::Cleared {
-                node: id,
-                pid,
-                reason: Reason::Accumulating,
-                because: match tops.contains(&id) {
-                    true => "no more than --max-instances of its kind alive now",
-                    false => "part of its spawner's server now",
-                },
-            });
-        }
-        let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
-        for g in &groups {
-            let older = g.older_than_newest(max);
-            if older.is_empty() {
-                continue;
-            }
-            let crowd = Crowd {
-                exe: g.kind().exe().into(),
-                pattern: g.pattern(),
-                instances: g.members.len(),
-                newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
-            };
-            for i in older {
-                let Some(w) = self.watches.get_mut(&i.node) else {
-                    continue;
-                };
-                let Some(sample) = w.last.clone().filter(|_| !w.has(Reason::Accumulating)) else {
-                    continue;
-                };
-                let since = over[&i.node];
-                w.flags.push((Reason::Accumulating, since));
-                changes.push(Change::Flag(Box::new(Flagged {
-                    node: i.node,
-                    pid: w.pid,
-                    reason: Reason::Accumulating,
-                    since,
-                    evidence: Some(Evidence {
-                        sample,
-                        peers: Vec::new(),
-                        server: server_of.get(&i.node).map_or(vec![i.node], |s| s.to_vec()),
-                        placement: Placement::default(),
-                    }),
-                    crowd: Some(crowd.clone()),
-                })));
-            }
-        }
-    }
-
-    /// `top` as an instance of its kind, once its server is known: it and its spawner were
-    /// looked at (a wrapper's child looked at before the wrapper would count as an instance of
-    /// its own kind for a moment). None for a process outside any gateway's lineage.
-    fn instance(&mut self, graph: &LineageGraph, top: NodeId) -> Option<Instance> {
-        let node = graph.node(top)?;
-        let spawner_looked = node
-            .spawner
-            .and_then(|s| self.watches.get(&s))
-            .is_none_or(|w| w.last.is_some());
-        let w = self.watches.get_mut(&top)?;
-        if w.last.is_none() || !spawner_looked {
-            return None;
-        }
-        let gateway = *w.gateway.get_or_insert_with(|| {
-            graph
-                .chain(top)
-                .first()
-                .filter(|g| g.is_gateway && g.id != top)
-                .map(|g| g.id)
-        });
-        let kind = match &w.kind {
-            Some((execs, kind)) if *execs == node.execs => kind.clone(),
-            _ => {
-                let exe = node
-                    .filename
-                    .clone()
-                    .or_else(|| procfs::read_exe(node.pid).map(Into::into))
-                    .unwrap_or_else(|| node.comm.as_bytes().into());
-                let kind = Rc::new(Kind::of(exe, &node.argv));
-                w.kind = Some((node.execs, kind.clone()));
-                kind
-            }
-        };
-        Some(Instance {
-            node: top,
-            start: node.start.boottime_ns(),
-            gateway: gateway?,
-            kind,
-        })
-    }
-
     fn check_zombies(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
         let after = nanos(self.opts.zombie_after);
         self.zombies.retain(|id, (pid, _)| {
@@ -680,6 +555,8 @@ impl Inspector {
         Some(found)
     }
 }
+
+mod crowds;
 
 /// A fixed spread of `id` over `[0, period)` ns (Fibonacci hashing).
 fn first_look_delay(id: NodeId, period: u64) -> u64 {
