@@ -148,7 +148,12 @@ pub struct ForkEvent {
     pub pgid: u32,
     pub uid: u32,
     pub flags: u32,
+    /// Thread id of the thread that called fork/clone/vfork (the spawner's main thread, or
+    /// another of its threads: an event loop's, a worker's).
+    pub spawner_tid: u32,
+    pub _pad: u32,
     pub cgroup_id: u64,
+    /// The child's name, which is the spawning thread's until the child execs.
     pub comm: [u8; COMM_LEN],
 }
 

@@ -101,6 +101,8 @@ impl Records {
             pgid: GATEWAY,
             uid: 0,
             flags: 0,
+            spawner_tid: GATEWAY,
+            _pad: 0,
             cgroup_id: 1,
             comm: *b"gateway\0\0\0\0\0\0\0\0\0",
         }

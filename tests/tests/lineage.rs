@@ -10,7 +10,7 @@ use reaper_tests::{
     Run, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper, run_shape,
     run_shape_in, run_shape_until, scratch, shapes, wait_for_file,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Waits until `pid` has exited and is not yet reaped (its state letter is Z).
 fn wait_until_zombie(pid: u32) {
@@ -47,6 +47,12 @@ fn exit_codes_signals_and_exec_arguments() {
     let gw = pid(&truth["gateway"]);
     assert_eq!(run.all("ready")[0]["gateway"], serde_json::json!([gw]));
     assert_eq!(forks_by(&run, gw).len(), 3, "{:?}", run.all("fork"));
+    for fork in forks_by(&run, gw) {
+        assert!(
+            fork.get("thread").is_none(),
+            "forked by the main thread: {fork}"
+        );
+    }
 
     let exit3 = run.one("exit", pid(&truth["exits_3"]));
     assert_eq!(
@@ -103,10 +109,20 @@ fn forks_from_32_threads_belong_to_the_process() {
     assert_eq!(children.len(), 32);
     for child in children {
         let p = pid(&child["pid"]);
+        let fork = run.one("fork", p);
         assert_eq!(
-            pid(&run.one("fork", p)["spawner"]),
+            pid(&fork["spawner"]),
             gw,
             "fork from a thread is the tgid's"
+        );
+        let code = child["code"].as_u64().unwrap();
+        assert_eq!(
+            (&fork["thread"]["tid"], &fork["thread"]["comm"]),
+            (
+                &json!(tids[code as usize]),
+                &json!(format!("spawner-{code}"))
+            ),
+            "the spawning thread is named: {fork}"
         );
         assert_eq!(run.one("exit", p)["exit_code"], child["code"]);
     }

@@ -1,6 +1,8 @@
 //! `sched_process_fork`: a tracked process made a new process.
 use aya_ebpf::{
-    bindings::BPF_ANY, helpers::bpf_get_current_uid_gid, macros::btf_tracepoint,
+    bindings::BPF_ANY,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid},
+    macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
@@ -43,6 +45,9 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         // answer is exact and saves two kernel reads on the hot path.
         ev.uid = bpf_get_current_uid_gid() as u32;
         ev.flags = flags;
+        // This runs in the calling thread: the low half is its thread id.
+        ev.spawner_tid = bpf_get_current_pid_tgid() as u32;
+        ev._pad = 0;
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     });

@@ -40,6 +40,8 @@ pub enum What {
         uid: u32,
         cgroup_id: u64,
         comm: Comm,
+        /// The thread of the spawner that forked it.
+        spawner_tid: u32,
         /// The tracked map was full: this child's own children will not be followed.
         untracked: bool,
     },
@@ -109,6 +111,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 uid: ev.uid,
                 cgroup_id: ev.cgroup_id,
                 comm: Comm::from_c(&ev.comm),
+                spawner_tid: ev.spawner_tid,
                 untracked: ev.flags & FORK_UNTRACKED != 0,
             }
         }
@@ -212,6 +215,8 @@ mod tests {
             pgid: 40,
             uid: 0,
             flags: FORK_UNTRACKED,
+            spawner_tid: 41,
+            _pad: 0,
             cgroup_id: 5,
             comm,
         };
@@ -222,12 +227,13 @@ mod tests {
                 spawner,
                 ppid,
                 comm,
+                spawner_tid,
                 untracked,
                 ..
             } => {
                 assert_eq!(
-                    (spawner, ppid, comm.as_bytes(), untracked),
-                    (40, 1, &b"bash"[..], true)
+                    (spawner, ppid, comm.as_bytes(), spawner_tid, untracked),
+                    (40, 1, &b"bash"[..], 41, true)
                 )
             }
             other => panic!("{other:?}"),

@@ -6,7 +6,7 @@ use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::events::{
     Ancestor, Argv, ChainMember, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary,
-    Peer, PipeInfo, ProcText,
+    Peer, PipeInfo, ProcText, SpawningThread,
 };
 use crate::procfs::facts::{FdKind, read_rss_kib};
 
@@ -81,6 +81,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         placement: evidence.map(|e| e.placement.clone()).unwrap_or_default(),
         comm: ProcText::new("comm", comm),
         argv: Argv::new(node.argv.clone()),
+        thread: SpawningThread::of(node.spawning_thread),
         kind: None,
         instances: None,
         newest: None,

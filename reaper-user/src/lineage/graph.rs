@@ -49,6 +49,9 @@ pub struct Node {
     pub argv: Args,
     pub execs: u32,
     pub forked_at: Option<u64>,
+    /// The thread of its spawner that forked it, when not the spawner's main thread: its tid
+    /// and its name (an event loop's, a worker's).
+    pub spawning_thread: Option<(u32, Comm)>,
     pub exited: Option<ExitInfo>,
     pub reaped_at: Option<u64>,
     pub is_gateway: bool,
@@ -308,6 +311,7 @@ impl LineageGraph {
             argv: self.no_argv.clone(),
             execs: 0,
             forked_at: None,
+            spawning_thread: None,
             exited: None,
             reaped_at: None,
             is_gateway: false,

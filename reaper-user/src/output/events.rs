@@ -11,6 +11,7 @@ pub use super::fields::{Argv, ProcBytes, ProcText};
 
 pub use super::evidence::{
     Ancestor, ChainMember, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo,
+    SpawningThread,
 };
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
@@ -185,6 +186,9 @@ pub enum Event {
         cgroup_id: u64,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         untracked: bool,
+        /// The spawner's thread that forked it, when not its main thread.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        thread: Option<SpawningThread>,
     },
     Exec {
         pid: u32,
@@ -312,6 +316,7 @@ impl Event {
                 uid,
                 cgroup_id,
                 comm,
+                spawner_tid,
                 untracked,
             } => Event::Fork {
                 pid,
@@ -324,6 +329,9 @@ impl Event {
                 uid: *uid,
                 cgroup_id: *cgroup_id,
                 untracked: *untracked,
+                thread: SpawningThread::of(
+                    (spawner_tid != spawner).then_some((*spawner_tid, *comm)),
+                ),
             },
             What::Exec {
                 old_tid,

@@ -23,6 +23,27 @@ pub struct Ancestor {
     pub exited: Option<u64>,
 }
 
+/// The thread of a spawner that forked a process, when it is not the spawner's main thread
+/// (hermes starts its MCP servers from an event-loop thread, Node from its worker threads).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SpawningThread {
+    pub tid: u32,
+    /// The thread's name when it forked.
+    #[serde(flatten)]
+    pub comm: ProcText,
+}
+
+impl SpawningThread {
+    /// The spawning thread the graph keeps for a process.
+    pub fn of(thread: Option<(u32, crate::text::Comm)>) -> Option<SpawningThread> {
+        thread.map(|(tid, comm)| SpawningThread {
+            tid,
+            comm: ProcText::new("comm", comm),
+        })
+    }
+}
+
 /// One process of a flagged server (see `LeakDetail::chain`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -96,6 +117,9 @@ pub struct LeakDetail {
     pub comm: ProcText,
     #[serde(flatten)]
     pub argv: Argv,
+    /// The thread of its spawner that forked it, when not the spawner's main thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread: Option<SpawningThread>,
     /// For `accumulating`: the kind of which it is one instance too many.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<KindEvidence>,

@@ -1,7 +1,8 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::events::{
-    Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, wait_status,
+    Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText,
+    SpawningThread, wait_status,
 };
 use crate::text::escape_for_terminal;
 
@@ -89,6 +90,7 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             spawner,
             comm,
             untracked,
+            thread,
             ..
         } => {
             let parent = if ppid == spawner {
@@ -102,8 +104,9 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
                 ""
             };
             format!(
-                "fork     {pid} ({}) by {spawner}{parent}{note}",
-                comm.for_terminal()
+                "fork     {pid} ({}) by {spawner}{}{parent}{note}",
+                comm.for_terminal(),
+                thread_text(thread.as_ref())
             )
         }
         Event::Exec {
@@ -189,6 +192,13 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             }
         ),
     }
+}
+
+/// ` thread 4702 (asyncio_0)`: the spawner's thread that forked a process, if not its main one.
+fn thread_text(thread: Option<&SpawningThread>) -> String {
+    thread.map_or_else(String::new, |t| {
+        format!(" thread {} ({})", t.tid, t.comm.for_terminal())
+    })
 }
 
 /// Exit status in words, for the tree.
@@ -329,9 +339,13 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
             .find_map(|(up, a)| {
                 let exited = a.exited?;
                 Some(format!(
-                    "{} {} exited {} ago",
+                    "{} {}{} exited {} ago",
                     if up == 0 { "spawner" } else { "ancestor" },
                     who(a.pid, &a.comm, &a.argv),
+                    match up {
+                        0 => thread_text(detail.thread.as_ref()),
+                        _ => String::new(),
+                    },
                     human_duration(ts.saturating_sub(exited))
                 ))
             })

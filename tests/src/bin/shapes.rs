@@ -113,15 +113,19 @@ fn basic() -> Value {
 
 /// 32 threads, each forking a child: every child belongs to the gateway's tgid.
 fn threads() -> Value {
+    // Each thread has a name of its own (`spawner-7`), as an event loop's or a pool's has.
     let handles: Vec<_> = (0..32)
         .map(|i| {
-            std::thread::spawn(move || {
-                // SAFETY: plain syscall.
-                let tid = unsafe { libc::gettid() } as u32;
-                let child = fork_then(|| i);
-                wait_for(child);
-                (tid, child, i)
-            })
+            std::thread::Builder::new()
+                .name(format!("spawner-{i}"))
+                .spawn(move || {
+                    // SAFETY: plain syscall.
+                    let tid = unsafe { libc::gettid() } as u32;
+                    let child = fork_then(|| i);
+                    wait_for(child);
+                    (tid, child, i)
+                })
+                .expect("spawn a thread")
         })
         .collect();
     let results: Vec<(u32, u32, i32)> = handles.into_iter().map(|h| h.join().unwrap()).collect();

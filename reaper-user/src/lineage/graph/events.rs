@@ -38,8 +38,10 @@ impl LineageGraph {
                 uid,
                 cgroup_id,
                 comm,
+                spawner_tid,
                 ..
             } => {
+                let thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
                 // A fork seen after seeding already found the child in /proc: same process.
                 if let Some(id) = self.find(ev.pid, ev.start) {
                     let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
@@ -53,6 +55,7 @@ impl LineageGraph {
                     node.seeded = false;
                     node.spawner_pid = Some(*spawner);
                     node.forked_at = Some(ev.ts);
+                    node.spawning_thread = thread;
                     node.uid = Some(*uid);
                     node.cgroup_id = Some(*cgroup_id);
                     return Applied::Node(id);
@@ -67,6 +70,7 @@ impl LineageGraph {
                 node.cgroup_id = Some(*cgroup_id);
                 node.comm = *comm;
                 node.forked_at = Some(ev.ts);
+                node.spawning_thread = thread;
                 // Until it execs, a child runs its parent's program.
                 if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(&s)) {
                     node.filename = parent.filename.clone();
