@@ -458,3 +458,95 @@ fn a_crashed_agents_servers_that_exit_on_eof_are_never_orphaned() {
         );
     }
 }
+
+#[test]
+fn a_nohup_helper_left_on_a_hung_up_pty_is_orphaned_and_deaf() {
+    let Some((run, truth)) = run_leak(
+        "a_nohup_helper_left_on_a_hung_up_pty_is_orphaned_and_deaf",
+        &["--idle-after", "2s", "--scan-interval", "250ms"],
+        "leak-pty-hungup",
+        (1, "deaf"),
+    ) else {
+        return;
+    };
+    let helper = pid(&truth["helper"]);
+    assert_eq!(run.reasons_of(helper), ["orphaned", "deaf"]);
+    let f = flag(&run, helper, "orphaned");
+    assert_eq!(
+        f["lineage"],
+        json!([pid(&truth["gateway"]), pid(&truth["agent"]), helper])
+    );
+    let stdin = pipe_fd(f, 0);
+    assert_eq!(
+        (&stdin["kind"], &stdin["end"], &stdin["index"]),
+        (&json!("pty"), &json!("slave"), &truth["index"]),
+        "{stdin}"
+    );
+    assert_eq!(stdin["other_end"], "closed", "the master is gone: {stdin}");
+}
+
+#[test]
+fn a_helper_on_a_pty_whose_master_the_gateway_holds_is_orphaned_with_the_gateway_as_peer() {
+    let Some((run, truth)) = run_leak(
+        "a_helper_on_a_pty_whose_master_the_gateway_holds_is_orphaned_with_the_gateway_as_peer",
+        &["--scan-interval", "250ms"],
+        "leak-pty-held",
+        (1, "orphaned"),
+    ) else {
+        return;
+    };
+    let helper = pid(&truth["helper"]);
+    let stdin = pipe_fd(flag(&run, helper, "orphaned"), 0);
+    assert_eq!(
+        (&stdin["kind"], &stdin["end"], &stdin["other_end"]),
+        (&json!("pty"), &json!("slave"), &json!("open")),
+        "{stdin}"
+    );
+    let peers = stdin["peers"].as_array().unwrap();
+    assert!(
+        peers
+            .iter()
+            .any(|p| p["pid"] == truth["gateway"] && p["end"] == "master"),
+        "the gateway holds the master: {stdin}"
+    );
+}
+
+#[test]
+fn a_helper_holding_only_a_loopback_tcp_connection_is_orphaned_and_udp_is_no_channel() {
+    let Some((run, truth)) = run_leak(
+        "a_helper_holding_only_a_loopback_tcp_connection_is_orphaned_and_udp_is_no_channel",
+        &["--scan-interval", "250ms"],
+        "leak-tcp",
+        (1, "orphaned"),
+    ) else {
+        return;
+    };
+    let (gw, tcp, udp) = (
+        pid(&truth["gateway"]),
+        pid(&truth["tcp"]),
+        pid(&truth["udp"]),
+    );
+    let f = flag(&run, tcp, "orphaned");
+    let socket = f["pipes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["protocol"] == "tcp")
+        .unwrap_or_else(|| panic!("no tcp socket in {f}"));
+    assert_eq!(
+        socket["remote"],
+        format!("127.0.0.1:{}", truth["port"]),
+        "{socket}"
+    );
+    assert!(
+        socket["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"].as_u64() == Some(gw)),
+        "the gateway holds the other end: {socket}"
+    );
+    // Judged at the same look (both lost their agent at once): a UDP and a netlink socket
+    // tie the other helper to no process.
+    assert_eq!(run.reasons_of(udp), Vec::<String>::new());
+}

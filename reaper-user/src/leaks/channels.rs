@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap as HashMap;
 use super::FdFact;
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::facts::{End, FdKind};
+use crate::procfs::sockets::SocketKind;
 
 /// One end of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,11 +27,19 @@ pub enum EndKey {
     PipeWrite(u64),
     /// One socket of a pair (its own inode).
     Socket(u64),
+    /// A pty's master or slave side, by the pty's index.
+    PtyMaster(u32),
+    PtySlave(u32),
 }
 
 impl FdFact {
     /// The end of a channel this fd is (none for a terminal, or a FIFO opened for both).
     pub fn this_end(&self) -> Option<EndKey> {
+        match (self.fd.kind, self.fd.end, self.fd.pty) {
+            (FdKind::Pty, End::Master, Some(n)) => return Some(EndKey::PtyMaster(n)),
+            (FdKind::Pty, End::Slave, Some(n)) => return Some(EndKey::PtySlave(n)),
+            _ => {}
+        }
         let inode = self.fd.inode?;
         match (self.fd.kind, self.fd.end) {
             (FdKind::Pipe, End::Read) => Some(EndKey::PipeRead(inode)),
@@ -46,12 +55,22 @@ impl FdFact {
             EndKey::PipeRead(i) => Some(EndKey::PipeWrite(i)),
             EndKey::PipeWrite(i) => Some(EndKey::PipeRead(i)),
             EndKey::Socket(_) => self.peer_inode.map(EndKey::Socket),
+            EndKey::PtyMaster(n) => Some(EndKey::PtySlave(n)),
+            EndKey::PtySlave(n) => Some(EndKey::PtyMaster(n)),
         }
     }
 
-    /// A pipe or socket that connects this process to another one (or may: unknown counts).
+    /// A pipe, socket or pty that connects this process to another one (or may: unknown
+    /// counts).
     pub fn is_channel(&self) -> bool {
-        matches!(self.fd.kind, FdKind::Pipe | FdKind::Socket) && !self.internal
+        let connects = match self.fd.kind {
+            FdKind::Pipe | FdKind::Pty => true,
+            // A connection to another host, UDP, raw and netlink sockets are listed in the
+            // evidence but tie the process to no process here.
+            FdKind::Socket => self.socket.is_none_or(SocketKind::can_be_channel),
+            FdKind::Tty | FdKind::Other => false,
+        };
+        connects && !self.internal
     }
 }
 
@@ -158,9 +177,11 @@ mod tests {
                 kind,
                 inode: Some(inode),
                 end,
+                pty: None,
             },
             other_end_open: Some(true),
             peer_inode: peer,
+            socket: None,
             internal: false,
         }
     }

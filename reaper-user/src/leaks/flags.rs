@@ -9,6 +9,7 @@ use crate::output::events::{
     Peer, PipeInfo, ProcText, SpawningThread,
 };
 use crate::procfs::facts::{FdKind, read_rss_kib};
+use crate::procfs::sockets::SocketKind;
 
 fn state_text(state: u8) -> String {
     let name = match state {
@@ -122,6 +123,14 @@ fn pipes(e: &Evidence) -> Vec<PipeInfo> {
                 }
                 .into(),
                 peer_inode: f.peer_inode,
+                protocol: f.socket.map(|k| k.name().into()),
+                remote: match f.socket {
+                    Some(SocketKind::Tcp {
+                        remote: Some(addr), ..
+                    }) => Some(addr.to_string()),
+                    _ => None,
+                },
+                index: f.fd.pty,
                 internal: f.internal,
                 peers,
             }

@@ -486,10 +486,10 @@ impl Inspector {
         for e in evidence.iter() {
             for fact in e.sample.fds.iter().filter(|f| f.is_channel()) {
                 if fact.other_end_open == Some(true)
-                    && let Some(inode) = PeerIndex::other_inode(fact)
+                    && let Some(key) = PeerIndex::other_key(fact)
                     && self.peers.peers(fact, e.sample.pid).is_empty()
                 {
-                    unresolved.insert(inode);
+                    unresolved.insert(key);
                 }
             }
         }

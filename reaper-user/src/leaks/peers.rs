@@ -1,7 +1,8 @@
-//! Who holds the other end of a pipe or socket: an index from inodes to the processes and fds
-//! that hold them. Both ends of a pipe are one inode (the holders of the opposite end are the
-//! peers); the two ends of a UNIX socket pair are two inodes (the holders of the peer's inode,
-//! which the kernel names, are the peers).
+//! Who holds the other end of a pipe, socket or pty: an index from channels to the processes
+//! and fds that hold them. Both ends of a pipe are one inode (the holders of the opposite end
+//! are the peers); the two ends of a UNIX socket pair are two inodes (the holders of the peer's
+//! inode, which the kernel names, are the peers); a pty is one index (the holders of the
+//! master are a slave's peers, and the other way round).
 //!
 //! The tracked processes and the gateways are indexed first (they are read anyway, and nearly
 //! every peer is one of them). An inode still unresolved after that is looked up by a scan of
@@ -25,10 +26,28 @@ pub struct Holder {
     pub comm: Comm,
 }
 
-/// The holders of each inode.
+/// What the index is keyed by: a pipe's or socket's inode, or a pty's index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChannelKey {
+    Inode(u64),
+    Pty(u32),
+}
+
+impl ChannelKey {
+    /// The channel an fd is part of, if it is a pipe, socket or pty.
+    pub fn of(f: &OpenFd) -> Option<ChannelKey> {
+        match f.kind {
+            FdKind::Pipe | FdKind::Socket => f.inode.map(ChannelKey::Inode),
+            FdKind::Pty => f.pty.map(ChannelKey::Pty),
+            _ => None,
+        }
+    }
+}
+
+/// The holders of each channel.
 #[derive(Default)]
 pub struct PeerIndex {
-    holders: HashMap<u64, Vec<Holder>>,
+    holders: HashMap<ChannelKey, Vec<Holder>>,
     /// When the last scan of every process ran.
     full_at: Option<Instant>,
 }
@@ -39,14 +58,13 @@ impl PeerIndex {
         self.holders.clear();
     }
 
-    /// Adds the pipes and sockets of one process.
+    /// Adds the pipes, sockets and ptys of one process.
     pub fn add(&mut self, pid: u32, comm: Comm, fds: &[OpenFd]) {
         for f in fds {
-            let Some(inode) = f.inode else { continue };
-            if !matches!(f.kind, FdKind::Pipe | FdKind::Socket) {
+            let Some(key) = ChannelKey::of(f) else {
                 continue;
-            }
-            let list = self.holders.entry(inode).or_default();
+            };
+            let list = self.holders.entry(key).or_default();
             let holder = Holder {
                 pid,
                 fd: f.fd,
@@ -59,19 +77,19 @@ impl PeerIndex {
         }
     }
 
-    /// The inode the other end of `fact` is: the pipe's own, a socket's peer's.
-    pub fn other_inode(fact: &FdFact) -> Option<u64> {
+    /// The channel the other end of `fact` is in: the pipe's or pty's own, a socket's peer's.
+    pub fn other_key(fact: &FdFact) -> Option<ChannelKey> {
         match fact.fd.kind {
-            FdKind::Socket => fact.peer_inode,
-            _ => fact.fd.inode,
+            FdKind::Socket => fact.peer_inode.map(ChannelKey::Inode),
+            _ => ChannelKey::of(&fact.fd),
         }
     }
 
-    /// The holders of the other end of the pipe or socket `fact` of process `pid` (other
+    /// The holders of the other end of the pipe, socket or pty `fact` of process `pid` (other
     /// processes only): the writers of a read end, the readers of a write end, the holders of
-    /// a socket's peer.
+    /// a socket's peer, a pty master's slaves and a slave's master.
     pub fn peers(&self, fact: &FdFact, pid: u32) -> Vec<Holder> {
-        let Some(inode) = Self::other_inode(fact) else {
+        let Some(key) = Self::other_key(fact) else {
             return Vec::new();
         };
         let socket = fact.fd.kind == FdKind::Socket;
@@ -81,9 +99,11 @@ impl PeerIndex {
             End::Read => h.end.writes(),
             End::Write => h.end.reads(),
             End::Both => true,
+            End::Master => h.end == End::Slave,
+            End::Slave => h.end == End::Master,
         };
         self.holders
-            .get(&inode)
+            .get(&key)
             .map(|l| {
                 l.iter()
                     .filter(|h| h.pid != pid)
@@ -94,11 +114,11 @@ impl PeerIndex {
             .unwrap_or_default()
     }
 
-    /// Scans every process in /proc for `wanted` inodes, unless a scan ran less than `every`
+    /// Scans every process in /proc for `wanted` channels, unless a scan ran less than `every`
     /// ago. Returns whether it scanned. Processes already indexed (`known`) are skipped.
     pub fn full_scan(
         &mut self,
-        wanted: &HashSet<u64>,
+        wanted: &HashSet<ChannelKey>,
         known: &HashSet<u32>,
         every: Duration,
     ) -> bool {
@@ -111,17 +131,12 @@ impl PeerIndex {
                 continue;
             }
             let Some(fds) = read_fds(pid) else { continue };
-            if !fds
-                .iter()
-                .any(|f| f.inode.is_some_and(|i| wanted.contains(&i)))
-            {
+            let wanted_fd = |f: &OpenFd| ChannelKey::of(f).is_some_and(|k| wanted.contains(&k));
+            if !fds.iter().any(wanted_fd) {
                 continue;
             }
             let comm = procfs::read_stat(pid).map(|s| s.comm).unwrap_or_default();
-            let relevant: Vec<OpenFd> = fds
-                .into_iter()
-                .filter(|f| f.inode.is_some_and(|i| wanted.contains(&i)))
-                .collect();
+            let relevant: Vec<OpenFd> = fds.into_iter().filter(wanted_fd).collect();
             self.add(pid, comm, &relevant);
         }
         true
@@ -138,6 +153,7 @@ mod tests {
             kind: FdKind::Pipe,
             inode: Some(inode),
             end,
+            pty: None,
         }
     }
 
@@ -146,6 +162,7 @@ mod tests {
             fd: f,
             other_end_open: Some(true),
             peer_inode: None,
+            socket: None,
             internal: false,
         }
     }
@@ -180,6 +197,7 @@ mod tests {
             kind: FdKind::Socket,
             inode: Some(inode),
             end: End::Both,
+            pty: None,
         };
         idx.add(40, Comm::from_c(b"host"), &[sock(41, 501)]);
         let mut server = fact(sock(0, 500));
@@ -190,6 +208,24 @@ mod tests {
             .map(|h| (h.pid, h.fd))
             .collect();
         assert_eq!(host, [(40, 41)]);
+        // A pty's slave has the master's holders as peers, and the other way round.
+        let pty = |fd, end| OpenFd {
+            fd,
+            kind: FdKind::Pty,
+            inode: None,
+            end,
+            pty: Some(3),
+        };
+        idx.add(50, Comm::from_c(b"bridge"), &[pty(9, End::Master)]);
+        idx.add(60, Comm::from_c(b"worker"), &[pty(0, End::Slave)]);
+        idx.add(61, Comm::from_c(b"sibling"), &[pty(0, End::Slave)]);
+        let of = |pid, f| -> Vec<u32> { idx.peers(&fact(f), pid).iter().map(|h| h.pid).collect() };
+        assert_eq!(
+            of(60, pty(0, End::Slave)),
+            [50],
+            "not its sibling on the same slave"
+        );
+        assert_eq!(of(50, pty(9, End::Master)), [60, 61]);
     }
 
     #[test]
@@ -206,7 +242,7 @@ mod tests {
             .inode
             .unwrap();
         let mut idx = PeerIndex::default();
-        let wanted: HashSet<u64> = [inode].into_iter().collect();
+        let wanted: HashSet<ChannelKey> = [ChannelKey::Inode(inode)].into_iter().collect();
         assert!(idx.full_scan(&wanted, &HashSet::default(), Duration::from_secs(60)));
         let holders = idx.peers(&fact(fd(fds[0] as u32, inode, End::Read)), 0);
         assert!(

@@ -45,10 +45,11 @@ pub const LIVE: [(Reason, Rule); 3] = [
 /// `orphaned`: its spawn chain broke at least `--orphan-grace` ago and it still holds a
 /// channel (it can still be waiting on, or keeping open, a channel of a session that is
 /// gone). One that exits within the grace (a server reading EOF when its host crashed) never
-/// holds. `Some(when the chain broke)`.
+/// holds. `Some(now)`: it holds from the look that confirmed it (so `--kill`'s `--grace`
+/// counts from the flag, as it always did).
 pub fn orphaned(o: &Observed) -> Option<u64> {
-    let since = o.broken_since?;
-    (o.holds_channel && o.now.saturating_sub(since) >= o.orphan_grace).then_some(since)
+    let broke = o.broken_since?;
+    (o.holds_channel && o.now.saturating_sub(broke) >= o.orphan_grace).then_some(o.now)
 }
 
 /// `idle`: it waits for input on a channel whose other end is open, and moved no data for
@@ -121,7 +122,7 @@ mod tests {
 
     #[test]
     fn orphaned_needs_a_broken_chain_and_a_channel() {
-        assert_eq!(orphaned(&waiting(true, 0, None, true)), Some(97 * SEC));
+        assert_eq!(orphaned(&waiting(true, 0, None, true)), Some(100 * SEC));
         assert_eq!(orphaned(&waiting(true, 0, None, false)), None);
         let only_plumbing = Observed {
             holds_channel: false,
@@ -141,7 +142,11 @@ mod tests {
             now: 101 * SEC,
             ..just_broken
         };
-        assert_eq!(orphaned(&confirmed), Some(99 * SEC), "still holding at 2 s");
+        assert_eq!(
+            orphaned(&confirmed),
+            Some(101 * SEC),
+            "still holding at 2 s"
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! One look at one process and what it found (a `Sample`, with an `FdFact` a pipe or socket):
-//! its /proc facts, each pipe's and socket's other end asked of the fd itself through a pidfd,
-//! and a UNIX socket's peer asked of the kernel (sock_diag).
+//! One look at one process and what it found (a `Sample`, with an `FdFact` a pipe, socket or
+//! pty): its /proc facts, each channel's other end asked of the fd itself through a pidfd, a
+//! UNIX socket's peer asked of the kernel (sock_diag), and any other socket's kind (and a TCP
+//! connection's other end on this host) read from its network namespace's tables.
 use crate::identity::{self, PidRef, ProcessId};
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
+use crate::procfs::sockets::{NetTables, SocketKind};
 use crate::sockdiag::{SockDiag, UnixPeer};
 use crate::text::Comm;
 
@@ -12,8 +14,11 @@ pub struct FdFact {
     pub fd: OpenFd,
     /// Whether the other end is open (see [`identity::pidfd::PidFd::other_end_open`]); `None`: unknown.
     pub other_end_open: Option<bool>,
-    /// A connected UNIX socket's peer (the other end's inode).
+    /// A connected UNIX socket's peer, or a TCP connection's other end on this host (the other
+    /// end's inode).
     pub peer_inode: Option<u64>,
+    /// A socket's kind; `None` when it could not be told.
+    pub socket: Option<SocketKind>,
     /// Both ends are held by this process alone (see [`super::channels`]).
     pub internal: bool,
 }
@@ -49,10 +54,11 @@ impl Sample {
             .any(|f| f.is_channel() && f.other_end_open == Some(true))
     }
 
-    /// A pipe read end whose writers are all gone, or a socket whose peer closed or shut down.
+    /// A pipe read end whose writers are all gone, a socket whose peer closed or shut down, or
+    /// a pty whose other side is gone (a slave hung up, a master whose slaves all closed).
     pub fn eof_pending(&self) -> bool {
         self.fds.iter().any(|f| {
-            let reads = f.fd.kind == FdKind::Socket || f.fd.end == End::Read;
+            let reads = matches!(f.fd.kind, FdKind::Socket | FdKind::Pty) || f.fd.end == End::Read;
             f.is_channel() && reads && f.other_end_open == Some(false)
         })
     }
@@ -79,24 +85,27 @@ impl Sampler {
             false => (None, id.still_same()?),
         };
         let pid = id.pid;
+        // Read once per look, and only if a socket is not a UNIX one sock_diag knows.
+        let mut tables = None;
         let fds = facts::read_fds(pid)?
             .into_iter()
             .map(|fd| {
                 let socket = fd.kind == FdKind::Socket;
                 let other_end_open = match (fd.kind, &pidfd) {
-                    (FdKind::Pipe | FdKind::Socket, Some(pidfd)) => {
+                    (FdKind::Pipe | FdKind::Socket | FdKind::Pty, Some(pidfd)) => {
                         pidfd.other_end_open(fd.fd, fd.end, socket)
                     }
                     _ => None,
                 };
-                let peer_inode = match (socket, fd.inode) {
-                    (true, Some(inode)) => self.peer_of(inode, before),
-                    _ => None,
+                let (kind, peer_inode) = match (socket, fd.inode) {
+                    (true, Some(inode)) => self.socket_of(pid, inode, before, &mut tables),
+                    _ => (None, None),
                 };
                 FdFact {
                     fd,
                     other_end_open,
                     peer_inode,
+                    socket: kind,
                     internal: false,
                 }
             })
@@ -121,15 +130,24 @@ impl Sampler {
         Some(s)
     }
 
-    /// The peer of UNIX socket `inode` (a connected socket's peer never changes).
-    fn peer_of(&mut self, inode: u64, before: Option<&Sample>) -> Option<u64> {
+    /// The kind of socket `inode` and its other end's inode: a UNIX socket's peer from
+    /// sock_diag, any other socket from `pid`'s network namespace's tables (read into
+    /// `tables` once per look). A socket seen in `before` keeps what was found then (a
+    /// connected socket's other end never changes).
+    fn socket_of(
+        &mut self,
+        pid: u32,
+        inode: u64,
+        before: Option<&Sample>,
+        tables: &mut Option<NetTables>,
+    ) -> (Option<SocketKind>, Option<u64>) {
         let known = before.and_then(|b| {
             b.fds
                 .iter()
                 .find(|f| f.fd.inode == Some(inode) && f.fd.kind == FdKind::Socket)
         });
         if let Some(f) = known {
-            return f.peer_inode;
+            return (f.socket, f.peer_inode);
         }
         let diag = self
             .diag
@@ -140,10 +158,21 @@ impl Sampler {
                     })
                     .ok()
             })
-            .as_mut()?;
-        match diag.unix_peer(inode) {
-            Ok(UnixPeer::Connected(peer)) => Some(peer),
-            _ => None,
+            .as_mut();
+        match diag.map(|d| d.unix_peer(inode)) {
+            Some(Ok(UnixPeer::Connected(peer))) => return (Some(SocketKind::Unix), Some(peer)),
+            Some(Ok(UnixPeer::None)) => return (Some(SocketKind::Unix), None),
+            _ => {}
         }
+        // Not a UNIX socket of reaper-trace's namespace: TCP, UDP, netlink..., or a UNIX
+        // socket of another namespace (a container's), which its own tables list.
+        let kind = tables
+            .get_or_insert_with(|| NetTables::read(pid))
+            .kind(inode);
+        let peer = match kind {
+            SocketKind::Tcp { peer, .. } => peer,
+            _ => None,
+        };
+        (Some(kind), peer)
     }
 }

@@ -519,6 +519,9 @@ mod tests {
                 end: "both".into(),
                 other_end: "open".into(),
                 peer_inode: Some(8),
+                index: None,
+                protocol: None,
+                remote: None,
                 internal: false,
                 peers: vec![Peer {
                     pid: 1,

@@ -80,6 +80,17 @@ pub struct PipeInfo {
     /// A connected UNIX socket's peer: the inode of the other end (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_inode: Option<u64>,
+    /// A socket's protocol: "unix", "tcp", "udp", "raw", "netlink" or "unknown" (absent for
+    /// anything else). Only UNIX sockets, TCP connections within this host and sockets of
+    /// unknown kind count as channels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Cow<'static, str>>,
+    /// A TCP connection's remote address (`127.0.0.1:8080`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+    /// A pty's index, `N` of `/dev/pts/N` (absent for anything else).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     /// Both ends are held by this process alone (its own plumbing, e.g. libuv's signal pipe);
     /// absent when false. Such a channel never makes a rule hold.
     #[serde(skip_serializing_if = "is_false")]

@@ -253,10 +253,17 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
                 true => String::new(),
                 false => format!(" {end} end"),
             };
-            let what = match p.inode {
-                Some(i) => format!("fd {} {}:[{i}]{}", p.fd, p.kind, end(&p.end)),
-                None => format!("fd {} {}{}", p.fd, p.kind, end(&p.end)),
+            let mut what = match (p.inode, p.index) {
+                (Some(i), _) => format!("fd {} {}:[{i}]{}", p.fd, p.kind, end(&p.end)),
+                (None, Some(n)) => format!("fd {} {} {n}{}", p.fd, p.kind, end(&p.end)),
+                (None, None) => format!("fd {} {}{}", p.fd, p.kind, end(&p.end)),
             };
+            // A UNIX socket is the usual case: only other protocols are named.
+            match (p.protocol.as_deref(), &p.remote) {
+                (Some(proto), Some(remote)) => what.push_str(&format!(" {proto} to {remote}")),
+                (Some(proto), None) if proto != "unix" => what.push_str(&format!(" {proto}")),
+                _ => {}
+            }
             let holders: Vec<String> = p
                 .peers
                 .iter()
@@ -565,6 +572,9 @@ mod tests {
             end: "both".into(),
             other_end: "open".into(),
             peer_inode: Some(peer_inode),
+            index: None,
+            protocol: None,
+            remote: None,
             internal,
             peers,
         };

@@ -11,7 +11,10 @@ use std::{fs, path::PathBuf};
 pub enum FdKind {
     Pipe,
     Socket,
-    /// A terminal (`/dev/pts/N`, `/dev/ttyN`, `/dev/console`).
+    /// A pseudo-terminal: its master (`/dev/ptmx`) or a slave (`/dev/pts/N`). A channel between
+    /// the master's holders and the slave's, like a pipe.
+    Pty,
+    /// Another terminal (`/dev/ttyN`, `/dev/console`).
     Tty,
     /// Anything else: files, devices, anonymous inodes.
     Other,
@@ -22,18 +25,22 @@ impl FdKind {
         match self {
             FdKind::Pipe => "pipe",
             FdKind::Socket => "socket",
+            FdKind::Pty => "pty",
             FdKind::Tty => "tty",
             FdKind::Other => "other",
         }
     }
 }
 
-/// Which way an fd was opened (`O_ACCMODE` of its flags): for a pipe, which end it is.
+/// Which end of a channel an fd is: for a pipe, which way it was opened (`O_ACCMODE` of its
+/// flags); for a pty, its master or a slave (both read and write).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum End {
     Read,
     Write,
     Both,
+    Master,
+    Slave,
 }
 
 impl End {
@@ -42,15 +49,17 @@ impl End {
             End::Read => "read",
             End::Write => "write",
             End::Both => "both",
+            End::Master => "master",
+            End::Slave => "slave",
         }
     }
 
     pub fn reads(self) -> bool {
-        matches!(self, End::Read | End::Both)
+        !matches!(self, End::Write)
     }
 
     pub fn writes(self) -> bool {
-        matches!(self, End::Write | End::Both)
+        !matches!(self, End::Read)
     }
 }
 
@@ -62,6 +71,8 @@ pub struct OpenFd {
     /// The inode of a pipe or socket.
     pub inode: Option<u64>,
     pub end: End,
+    /// A pty's index: `N` of its slave `/dev/pts/N` (a master's from its fdinfo `tty-index`).
+    pub pty: Option<u32>,
 }
 
 /// Parses a `/proc/PID/fd/N` link target.
@@ -76,10 +87,37 @@ pub fn parse_fd_target(target: &[u8]) -> (FdKind, Option<u64>) {
     if let Some(ino) = inode(b"socket:[") {
         return (FdKind::Socket, Some(ino));
     }
-    let tty = target.starts_with(b"/dev/pts/")
-        || target.starts_with(b"/dev/tty")
-        || target == b"/dev/console";
+    if is_pty_master(target) || pts_index(target).is_some() {
+        return (FdKind::Pty, None);
+    }
+    let tty = target.starts_with(b"/dev/tty") || target == b"/dev/console";
     (if tty { FdKind::Tty } else { FdKind::Other }, None)
+}
+
+/// `/dev/ptmx` (or devpts' own `ptmx`): a pty master.
+fn is_pty_master(target: &[u8]) -> bool {
+    target == b"/dev/ptmx" || target == b"/dev/pts/ptmx"
+}
+
+/// `N` of a pty slave `/dev/pts/N`. Once its master is closed the slave's node is gone and the
+/// link reads `/dev/pts/N (deleted)`: a hung-up slave, still that pty.
+fn pts_index(target: &[u8]) -> Option<u32> {
+    let n = target.strip_prefix(b"/dev/pts/")?;
+    let n = n.strip_suffix(b" (deleted)").unwrap_or(n);
+    std::str::from_utf8(n).ok()?.parse().ok()
+}
+
+/// Which end of a pty the link `target` is, and the pty's index (a master's from its fdinfo
+/// `tty-index:` line).
+pub fn pty_end(target: &[u8], fdinfo: &str) -> Option<(End, u32)> {
+    if is_pty_master(target) {
+        let index = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("tty-index:"))
+            .and_then(|v| v.trim().parse().ok())?;
+        return Some((End::Master, index));
+    }
+    pts_index(target).map(|n| (End::Slave, n))
 }
 
 /// The access mode in a `/proc/PID/fdinfo/N` text (`flags:` is octal).
@@ -106,19 +144,28 @@ pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
         let Ok(target) = fs::read_link(entry.path()) else {
             continue; // closed meanwhile
         };
-        let (kind, inode) = parse_fd_target(target.as_os_str().as_encoded_bytes());
+        let target = target.as_os_str().as_encoded_bytes();
+        let (kind, inode) = parse_fd_target(target);
         if kind == FdKind::Other {
             continue;
         }
-        let end = fs::read_to_string(super::proc_path(pid, &format!("fdinfo/{fd}")))
-            .ok()
-            .and_then(|t| parse_fdinfo_end(&t))
-            .unwrap_or(End::Both);
+        let info =
+            fs::read_to_string(super::proc_path(pid, &format!("fdinfo/{fd}"))).unwrap_or_default();
+        let (end, pty) = match kind {
+            // A master whose index is not in its fdinfo (an old kernel) is a channel to
+            // nobody known: listed, never matched.
+            FdKind::Pty => match pty_end(target, &info) {
+                Some((end, index)) => (end, Some(index)),
+                None => (End::Master, None),
+            },
+            _ => (parse_fdinfo_end(&info).unwrap_or(End::Both), None),
+        };
         fds.push(OpenFd {
             fd,
             kind,
             inode,
             end,
+            pty,
         });
     }
     fds.sort_by_key(|f| f.fd);
@@ -248,7 +295,21 @@ mod tests {
             (FdKind::Pipe, Some(88123))
         );
         assert_eq!(parse_fd_target(b"socket:[7]"), (FdKind::Socket, Some(7)));
-        assert_eq!(parse_fd_target(b"/dev/pts/3"), (FdKind::Tty, None));
+        assert_eq!(parse_fd_target(b"/dev/pts/3"), (FdKind::Pty, None));
+        assert_eq!(parse_fd_target(b"/dev/ptmx"), (FdKind::Pty, None));
+        assert_eq!(parse_fd_target(b"/dev/tty1"), (FdKind::Tty, None));
+        assert_eq!(parse_fd_target(b"/dev/pts/x"), (FdKind::Other, None));
+        assert_eq!(pty_end(b"/dev/pts/3", ""), Some((End::Slave, 3)));
+        assert_eq!(
+            pty_end(b"/dev/pts/3 (deleted)", ""),
+            Some((End::Slave, 3)),
+            "hung up"
+        );
+        assert_eq!(
+            pty_end(b"/dev/ptmx", "pos:\t0\nflags:\t02\ntty-index:\t7\n"),
+            Some((End::Master, 7))
+        );
+        assert_eq!(pty_end(b"/dev/ptmx", "flags:\t02\n"), None);
         assert_eq!(parse_fd_target(b"/tmp/pipe:[1]"), (FdKind::Other, None));
         assert_eq!(parse_fd_target(b"pipe:[x]"), (FdKind::Other, None));
         assert_eq!(

@@ -3,6 +3,7 @@
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
 pub mod facts;
 pub mod placement;
+pub mod sockets;
 
 use std::{
     collections::HashMap,
