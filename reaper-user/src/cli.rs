@@ -55,7 +55,8 @@ pub struct Cli {
 
     /// Read processes in the host's /proc mounted at PATH (a container without the host's pid
     /// namespace: e.g. a DaemonSet mounting /proc at /host/proc). Without the host's pid
-    /// namespace, no pidfds: --kill and `-- CMD` are refused and `deaf` is not judged.
+    /// namespace, no pidfds: --kill and `-- CMD` are refused, and neither `deaf` nor `idle` is
+    /// judged (whether a channel's other end is open is asked of the fd through a pidfd).
     #[arg(long, value_name = "PATH")]
     pub proc_root: Option<PathBuf>,
 

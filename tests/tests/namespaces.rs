@@ -56,6 +56,18 @@ fn a_descendant_in_a_pid_namespace_is_reported_with_host_pids_and_its_own_name()
         orphaned["comm"], "ns-escapee",
         "the name it gave itself, not the one it was forked with: {orphaned}"
     );
+    for list in ["ancestors", "chain"] {
+        let own = orphaned[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["pid"] == c);
+        assert_eq!(
+            own.map(|e| &e["comm"]),
+            Some(&json!("ns-escapee")),
+            "one name per process in one event ({list}): {orphaned}"
+        );
+    }
     let cgroup = orphaned["cgroup"].as_str().unwrap_or_default();
     assert!(cgroup.starts_with('/'), "its cgroup v2 path: {orphaned}");
     assert!(

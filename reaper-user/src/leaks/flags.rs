@@ -26,14 +26,29 @@ fn state_text(state: u8) -> String {
     format!("{} ({name})", char::from(state))
 }
 
+/// A process's name as it is now (prctl(PR_SET_NAME), a write to /proc/PID/comm), not at its
+/// exec: the one name an event gives a process. A dead one keeps its last known name.
+fn current_name(n: &Node) -> crate::text::Comm {
+    match n.alive() {
+        true => n.process().still_same().map_or(n.comm, |stat| stat.comm),
+        false => n.comm,
+    }
+}
+
 /// The detail of `node`: its chain, and its pipes from `evidence` (none for a zombie).
 pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) -> LeakDetail {
     let chain = graph.chain(node.id);
+    // Its name now, from the look that flagged it, or from /proc.
+    let comm = evidence.map_or_else(|| current_name(node), |e| e.sample.comm);
+    let name_of = |n: &Node| match n.id == node.id {
+        true => comm,
+        false => current_name(n),
+    };
     let ancestors = chain
         .iter()
         .map(|n| Ancestor {
             pid: n.pid,
-            comm: ProcText::new("comm", n.comm),
+            comm: ProcText::new("comm", name_of(n)),
             argv: Argv::new(n.argv.clone()),
             exited: n.exited.map(|e| e.ts),
         })
@@ -41,7 +56,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
     let pipes = evidence.map(pipes).unwrap_or_default();
     let member = |n: &Node| ChainMember {
         pid: n.pid,
-        comm: ProcText::new("comm", n.comm),
+        comm: ProcText::new("comm", name_of(n)),
         argv: Argv::new(n.argv.clone()),
     };
     let server = match evidence {
@@ -57,8 +72,6 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         Some(e) => (state_text(e.sample.state), e.sample.rss_kib),
         None => (state_text(if node.zombie() { b'Z' } else { b'?' }), None),
     };
-    // Its name as it is now (prctl(PR_SET_NAME), a write to /proc/PID/comm), not at its exec.
-    let comm = evidence.map_or(node.comm, |e| e.sample.comm);
     // Out of the gateway's session, process group or cgroup: by its own setsid() or an
     // ancestor's (a session is inherited).
     let escaped = match chain.first().filter(|g| g.is_gateway && g.id != node.id) {

@@ -129,6 +129,11 @@ impl Argv {
         self.0.for_terminal()
     }
 
+    /// The exact arguments.
+    pub fn args(&self) -> &Args {
+        &self.0
+    }
+
     /// The arguments as text (invalid UTF-8 replaced), separated by spaces.
     pub fn text(&self) -> String {
         self.0.iter().map(lossy).collect::<Vec<_>>().join(" ")

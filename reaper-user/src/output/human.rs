@@ -4,6 +4,7 @@ use crate::output::events::{
     Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText,
     SpawningThread, wait_status,
 };
+use crate::output::label::command_label;
 use crate::text::escape_for_terminal;
 
 /// One line a person reads. Every string that came from a process is escaped.
@@ -231,12 +232,13 @@ pub fn human_rss(kib: u64) -> String {
     }
 }
 
-/// `1234 (node bridge.cjs)`: a pid and what it runs, escaped for a terminal.
+/// `1234 (bridge.cjs --agent=hermes)`: a pid and what it runs (see [`command_label`]),
+/// escaped for a terminal; its name when its command line is not known.
 pub(crate) fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
-    let args = argv.for_terminal();
-    match args.is_empty() {
+    let label = command_label(argv.args());
+    match label.is_empty() {
         true => format!("{pid} ({})", comm.for_terminal()),
-        false => format!("{pid} ({args})"),
+        false => format!("{pid} ({label})"),
     }
 }
 
@@ -292,11 +294,12 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
     parts.join("; ")
 }
 
-/// `server 4701 (npm exec x) > 4702 (sh -c x) > 4703 (node server.js)` for a server of more
-/// than one process.
+/// `server 4701 > 4702 (-c x) > 4703 (server.js)` for a server of more than one process: the
+/// first is the flagged process, already named at the start of the line.
 fn chain_text(chain: &[ChainMember]) -> Option<String> {
     (chain.len() > 1).then(|| {
-        let members: Vec<String> = chain.iter().map(|m| who(m.pid, &m.comm, &m.argv)).collect();
+        let mut members = vec![chain[0].pid.to_string()];
+        members.extend(chain[1..].iter().map(|m| who(m.pid, &m.comm, &m.argv)));
         format!("server {}", members.join(" > "))
     })
 }
@@ -605,10 +608,10 @@ mod tests {
         let line = flag_line(70 * SEC, 4701, "idle", 10 * SEC, &d);
         assert_eq!(
             line,
-            "LEAK idle pid 4701 (node npm exec srv): waiting for input, no I/O for 1m00s; server \
-             4701 (node npm exec srv) > 4702 (sh -c srv) > 4703 (node server.js); fd 0 \
-             socket:[900], other end held by 4700 (node) fd 21; fd 1 socket:[902], other end \
-             held by 4700 (node) fd 23; 2 fds of its own internal channels"
+            "LEAK idle pid 4701 (npm exec srv): waiting for input, no I/O for 1m00s; server 4701 \
+             > 4702 (-c srv) > 4703 (server.js); fd 0 socket:[900], other end held by 4700 \
+             (node) fd 21; fd 1 socket:[902], other end held by 4700 (node) fd 23; 2 fds of its \
+             own internal channels"
         );
     }
 
@@ -649,7 +652,7 @@ mod tests {
         let line = flag_line(202 * SEC, 4711, "orphaned", 10 * SEC, &d);
         assert_eq!(
             line,
-            "LEAK orphaned pid 4711 (node bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
+            "LEAK orphaned pid 4711 (bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
              ago, now a child of 1, escaped (another session, group or cgroup than the \
              gateway's); fd 0 pipe:[88123] read end, other end held by 4705 (sleep\\x1b) fd 5 \
              write end; RSS 312.0 MiB"

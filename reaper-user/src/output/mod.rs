@@ -4,6 +4,7 @@ pub mod evidence;
 pub mod fields;
 pub mod human;
 pub mod junit;
+pub mod label;
 pub mod lines;
 pub mod logfile;
 pub mod metrics;
