@@ -367,14 +367,42 @@ pub fn run_reaper_until_in(
     let mut events = Vec::new();
     let mut proven = false;
     let mut proven_after = 0;
-    for line in std::io::BufReader::new(child.stdout.take().unwrap()).split(b'\n') {
-        let line = line.expect("read reaper-trace's stream");
-        if let Ok(event) = serde_json::from_slice::<Value>(&line) {
-            events.push(event);
+    // Lines come from a reader thread, so that a proof resting on something besides the
+    // stream (a scrape of /metrics, say) is asked again while the stream is quiet.
+    let (lines, arriving) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).split(b'\n') {
+            if lines
+                .send(line.expect("read reaper-trace's stream"))
+                .is_err()
+            {
+                return;
+            }
         }
-        stdout.extend_from_slice(&line);
-        stdout.push(b'\n');
-        if !proven && proof(&events) {
+    });
+    let give_up = Instant::now() + patience();
+    let mut gave_up = false;
+    loop {
+        match arriving.recv_timeout(Duration::from_millis(250)) {
+            Ok(line) => {
+                if let Ok(event) = serde_json::from_slice::<Value>(&line) {
+                    events.push(event);
+                }
+                stdout.extend_from_slice(&line);
+                stdout.push(b'\n');
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if !proven && !gave_up && Instant::now() >= give_up {
+            // The cap on a proof that never comes: stop reaper-trace; the test then fails
+            // with the stream it saw.
+            gave_up = true;
+            // SAFETY: a plain signal to the child this test started.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        }
+        if !proven && !gave_up && proof(&events) {
             proven = true;
             proven_after = events.len();
             match then {

@@ -410,8 +410,14 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
             .unwrap()
             .ends_with("reaper-shapes")
     );
+    // Released, every server reads EOF and exits, in any order: a flag ends with its own exit,
+    // or first, when newer ones exit before it, with the count back within the limit.
     for s in &sessions[..3] {
-        assert_eq!(cleared(&run, *s, "accumulating")["because"], "exited");
+        let because = &cleared(&run, *s, "accumulating")["because"];
+        assert!(
+            because == "exited" || because == "no more than --max-instances of its kind alive now",
+            "{because}"
+        );
     }
     assert_eq!(run.summary()["leaks"]["raised"]["accumulating"], 3);
 }

@@ -538,15 +538,23 @@ fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
     if !require_root("sigint_stops_cleanly_with_a_summary_of_what_is_alive") {
         return;
     }
+    // The gateway leaves a child running in the background and then runs on itself.
     let mut tracer = Command::new(reaper_trace())
-        .args(["--json", "--quiet", "--", "sleep", "3600"])
+        .args([
+            "--json",
+            "--quiet",
+            "--",
+            "/bin/sh",
+            "-c",
+            "sleep 3600 & exec sleep 3601",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut stdout = std::io::BufReader::new(tracer.stdout.take().unwrap());
     let mut lines = String::new();
-    while !lines.contains("\"event\":\"exec\"") {
+    while lines.matches("\"event\":\"exec\"").count() < 3 {
         let n = std::io::BufRead::read_line(&mut stdout, &mut lines).unwrap();
         assert!(n > 0, "reaper-trace ended early: {lines}");
     }
@@ -555,18 +563,31 @@ fn sigint_stops_cleanly_with_a_summary_of_what_is_alive() {
     std::io::Read::read_to_string(&mut stdout, &mut lines).unwrap();
     let status = tracer.wait().unwrap();
     let run = Run::from_output(lines.as_bytes(), b"", status);
-    let sleeper = pid(&run.all("ready")[0]["gateway"][0]);
-    // SAFETY: ends the gateway this test started.
-    unsafe { libc::kill(sleeper as i32, libc::SIGKILL) };
+    let gateway = pid(&run.all("ready")[0]["gateway"][0]);
+    let background = run
+        .all("exec")
+        .into_iter()
+        .find(|e| e["argv"] == serde_json::json!(["sleep", "3600"]))
+        .map(|e| pid(&e["pid"]))
+        .unwrap();
+    // SAFETY: ends the background child this test's gateway left.
+    unsafe { libc::kill(background as i32, libc::SIGKILL) };
     assert_eq!(
         status.code(),
         Some(0),
         "stopped by a signal while the gateway still ran"
     );
+    // The run ended the gateway command as timeout(1) would; what it left is the summary's.
+    let stop = run.one("stop_command", gateway);
+    assert_eq!(
+        (&stop["signal"], &stop["because"]),
+        (&json!("SIGTERM"), &json!("SIGINT"))
+    );
+    assert_eq!(run.one("exit", gateway)["signal"], "SIGTERM");
     let alive = run.summary()["alive"].as_array().unwrap().clone();
-    assert_eq!(alive.len(), 1);
-    assert_eq!(pid(&alive[0]["pid"]), sleeper);
-    assert_eq!(alive[0]["argv"], serde_json::json!(["sleep", "3600"]));
+    assert_eq!(alive.len(), 1, "{alive:?}");
+    assert_eq!(pid(&alive[0]["pid"]), background);
+    assert_eq!(alive[0]["lineage"], json!([gateway, background]));
     assert!(run.summary()["gateway_exit_code"].is_null());
     run.assert_lossless();
 }

@@ -241,6 +241,8 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     // `--junit` reports are validated against the JUnit schema CI systems read.
     debian::require("xmllint", "libxml2-utils", "the JUnit report test")?;
     pypi::junit_schema(root)?;
+    // The real Hermes gateway, with stdio MCP servers written with the mcp SDK.
+    let hermes = pypi::hermes_venv(root)?;
     if dist {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
         // image under podman.
@@ -255,7 +257,7 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
         dist::run(root)?;
         debian::test_root(root)?;
     }
-    let (mut passed, mut failed) = cargo_test(root)?;
+    let (mut passed, mut failed) = cargo_test(root, &[("REAPER_HERMES_VENV", hermes.as_os_str())])?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
@@ -322,9 +324,10 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
 }
 
 /// Runs `cargo test`, passing its output through, and adds up its `test result:` lines.
-fn cargo_test(root: &Path) -> Result<(u64, u64)> {
+fn cargo_test(root: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Result<(u64, u64)> {
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["test", "--", "--test-threads=2"])
+        .envs(env.iter().copied())
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()

@@ -27,6 +27,44 @@ pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
     debian::have(bin)
 }
 
+/// The Hermes agent release the real-gateway tests drive, with the `mcp` SDK its stdio
+/// servers are written with.
+pub const HERMES: &str = "hermes-agent[mcp]==0.19.0";
+
+/// A virtual environment with [`HERMES`] installed, at `target/test-tools/hermes-venv/`, made
+/// once; returns its directory. The tests find it through `REAPER_HERMES_VENV`.
+pub fn hermes_venv(root: &Path) -> Result<PathBuf> {
+    let venv = root.join("target/test-tools/hermes-venv");
+    let python = venv.join("bin/python3");
+    let installed = Command::new(&python)
+        .args(["-c", "import gateway.run, mcp.server.fastmcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if installed {
+        return Ok(venv);
+    }
+    eprintln!(
+        "xtask: installing {HERMES} from PyPI into {} for the Hermes gateway tests",
+        venv.display()
+    );
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .context("running python3 -m venv")?;
+    if !made.success() {
+        bail!("`python3 -m venv {}` failed ({made})", venv.display());
+    }
+    let pip = Command::new(&python)
+        .args(["-m", "pip", "install", "-q", HERMES])
+        .status()
+        .context("running pip in the Hermes venv")?;
+    if !pip.success() {
+        bail!("`pip install {HERMES}` failed ({pip})");
+    }
+    Ok(venv)
+}
+
 /// The pytest release whose source carries the schema.
 const PYTEST_SDIST: &str = "pytest==8.3.4";
 const SCHEMA_IN_SDIST: &str = "pytest-8.3.4/testing/example_scripts/junit-10.xsd";

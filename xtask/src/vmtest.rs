@@ -141,8 +141,16 @@ fn is_support_test(exe: &Path) -> bool {
 
 /// Test files that need the host rather than a kernel: the report's renders a page in
 /// Chromium, the Prometheus one runs a Prometheus server, the Kubernetes one a schema
-/// validator, none of which the guests carry (their audits come from the host kernel's run).
-const HOST_ONLY_TESTS: &[&str] = &["report", "prometheus", "kubernetes", "ci_gate", "dist"];
+/// validator, the Hermes one a Python venv with the real gateway, none of which the guests
+/// carry (their audits come from the host kernel's run).
+const HOST_ONLY_TESTS: &[&str] = &[
+    "report",
+    "prometheus",
+    "kubernetes",
+    "ci_gate",
+    "dist",
+    "hermes",
+];
 
 /// Release builds of the binaries and of the kernel integration tests; returns the test
 /// executables.
