@@ -114,6 +114,68 @@ fn the_report_of_a_real_leak_renders_in_chromium() {
 }
 
 #[test]
+fn a_kind_that_accumulated_has_its_section_with_its_count_over_time() {
+    let test = "a_kind_that_accumulated_has_its_section_with_its_count_over_time";
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("report-accumulating");
+    let audit = dir.join("audit.ndjson");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    let (run, _) = run_shape_until(
+        &[
+            "--max-instances",
+            "3",
+            "--idle-after",
+            "2s",
+            "--scan-interval",
+            "250ms",
+            "--output",
+            &audit_arg,
+        ],
+        "leak-accumulate",
+        &[],
+        ("3 accumulating flags", Then::Release),
+        |events| {
+            events
+                .iter()
+                .filter(|e| e["event"] == "flag" && e["reason"] == "accumulating")
+                .count()
+                >= 3
+        },
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let page = dir.join("report.html");
+    reaper_tests::render_report(&audit, &page);
+    let loaded = load(&browser, &page, &dir.join("profile"));
+    assert!(loaded.console.is_empty(), "console: {:?}", loaded.console);
+    let dom = &loaded.dom;
+    assert!(dom.contains("data-ready=\"yes\""));
+    let section = dom
+        .split("id=\"accumulating\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no accumulating section"));
+    let section = section.split("id=\"tree\"").next().unwrap();
+    assert!(
+        section.contains("stdio-server --session-key * --model m</code> under gateway"),
+        "the kind's pattern: {section}"
+    );
+    assert!(section.contains("at most 6 alive at once"), "{section}");
+    assert!(section.contains("3 older instances flagged"), "{section}");
+    assert!(
+        section.contains("id=\"plot-kind-0\"") && section.contains("class=\"series\""),
+        "its count over time is plotted: {section}"
+    );
+    assert!(
+        !section.contains("stdio-server pool"),
+        "the pool at its limit never accumulated"
+    );
+}
+
+#[test]
 fn the_browser_check_catches_a_broken_page() {
     let test = "the_browser_check_catches_a_broken_page";
     let Some(browser) = chromium(test) else {

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Deserialize;
 
+use super::crowds::Crowds;
 use super::timeline::{Point, Timeline};
 use crate::output::events::LeakDetail;
 
@@ -166,6 +167,8 @@ pub struct Audit {
     pub live: HashMap<u32, LiveProc>,
     pub executables: HashMap<String, ExeCounts>,
     pub timeline: Timeline,
+    /// The kinds that accumulated, with their counts over time.
+    pub crowds: Crowds,
     /// Flags holding now: (pid, reason) → row index or none, and RSS at flag time.
     holding: HashMap<(u32, String), (Option<usize>, u64)>,
     flagged_rss_kib: u64,
@@ -361,6 +364,9 @@ impl Audit {
         let pid = l.pid.unwrap_or(0);
         let detail: FlagDetail = serde_json::from_slice(raw).unwrap_or_default();
         let reason = l.reason.as_deref().unwrap_or("").to_owned();
+        if reason == "accumulating" {
+            self.crowds.flag(l.ts, &detail.leak);
+        }
         let rss = detail.leak.rss_kib.unwrap_or(0);
         let exe = match self.live.get(&pid) {
             Some(p) if !p.exe.is_empty() => p.exe.clone(),

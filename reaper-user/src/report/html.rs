@@ -89,6 +89,10 @@ pub fn render(audit: &Audit, title: &str) -> String {
         audit.flags.len() as u64 + audit.flags_omitted
     );
     leak_table(&mut h, audit);
+    if !audit.crowds.kinds.is_empty() {
+        h.push_str("<h2 id=\"accumulating\">Kinds that accumulated</h2>\n");
+        plots::crowds(&mut h, audit);
+    }
     h.push_str("<h2 id=\"tree\">Alive at the end, by lineage</h2>\n");
     tree(&mut h, audit);
     h.push_str("<h2 id=\"executables\">By executable</h2>\n");

@@ -1,6 +1,7 @@
 //! `reaper-trace report AUDIT.ndjson [-o report.html]`: an audit as one self-contained HTML
 //! page for a person who was not watching.
 pub mod audit;
+pub mod crowds;
 pub mod html;
 pub mod timeline;
 

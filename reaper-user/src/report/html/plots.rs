@@ -1,5 +1,6 @@
-//! The timeline section: two stacked SVG step plots sharing the time axis (process counts,
-//! and flagged RSS), with the gateway instances that started later marked across both.
+//! The report's SVG step plots: the timeline section (process counts and flagged RSS, sharing
+//! the time axis, with the gateway instances that started later marked across both) and each
+//! accumulated kind's live instances over time.
 use std::fmt::Write as _;
 
 use super::{at, esc, restarts};
@@ -42,6 +43,59 @@ pub(super) fn timeline(h: &mut String, a: &Audit) {
         "#7b3fb5",
     )];
     plot(h, a, pts, &rss, "MiB", "plot-rss");
+}
+
+/// One plot per kind that accumulated: its live instances at each raise, held to the end.
+pub(super) fn crowds(h: &mut String, a: &Audit) {
+    h.push_str(
+        "<p>More instances of one kind (same executable, positional arguments and option \
+         names) alive under one gateway instance than <code>--max-instances</code>: the older \
+         ones are flagged <code>accumulating</code>.</p>\n",
+    );
+    for (i, c) in a.crowds.kinds.values().enumerate() {
+        let _ = writeln!(
+            h,
+            "<h3 class=\"kind\"><code>{}</code> under gateway {}</h3>\n<p>{} &middot; at most \
+             {} alive at once &middot; {} older instances flagged</p>",
+            esc(&c.pattern),
+            c.gateway,
+            esc(&c.exe),
+            c.peak,
+            c.flagged
+        );
+        let mut pts: Vec<Point> = c
+            .counts
+            .iter()
+            .map(|&(ts, alive)| Point {
+                ts,
+                alive,
+                ..Point::default()
+            })
+            .collect();
+        // The last count holds until the audit ends.
+        if let Some(&last) = pts.last().filter(|p| p.ts < a.last_ts) {
+            pts.push(Point {
+                ts: a.last_ts,
+                ..last
+            });
+        }
+        let values = pts.iter().map(|p| p.alive as f64).collect();
+        plot(
+            h,
+            a,
+            &pts,
+            &[(values, "#c77c02")],
+            "instances",
+            &format!("plot-kind-{i}"),
+        );
+    }
+    if a.crowds.omitted > 0 {
+        let _ = writeln!(
+            h,
+            "<p>{} flags of further kinds not shown.</p>",
+            a.crowds.omitted
+        );
+    }
 }
 
 fn plot(
