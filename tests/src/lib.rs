@@ -325,8 +325,59 @@ pub fn run_reaper_until_in(
     env: &[(&str, &str)],
     release: &std::path::Path,
     (what, then): (&str, Then),
+    proof: impl FnMut(&[Value]) -> bool,
+    setup: impl FnOnce(&mut Command),
+) -> Run {
+    run_until(
+        args,
+        env,
+        release,
+        (what, then),
+        proof,
+        setup,
+        Asked::OnEachEvent,
+    )
+}
+
+/// [`run_reaper_until`] for a proof that rests on more than the stream (a scrape of
+/// `/metrics`, a count of scans): it is asked again every 250 ms while the stream is quiet,
+/// not only when an event arrives.
+pub fn run_reaper_until_polled(
+    args: &[&str],
+    env: &[(&str, &str)],
+    release: &std::path::Path,
+    (what, then): (&str, Then),
+    proof: impl FnMut(&[Value]) -> bool,
+) -> Run {
+    run_until(
+        args,
+        env,
+        release,
+        (what, then),
+        proof,
+        |_| {},
+        Asked::AlsoWhileQuiet,
+    )
+}
+
+/// When a proof is asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// After each event (a proof over the stream alone; one that acts on the newest event
+    /// must see each event once).
+    OnEachEvent,
+    /// After each event, and every 250 ms while the stream is quiet.
+    AlsoWhileQuiet,
+}
+
+fn run_until(
+    args: &[&str],
+    env: &[(&str, &str)],
+    release: &std::path::Path,
+    (what, then): (&str, Then),
     mut proof: impl FnMut(&[Value]) -> bool,
     setup: impl FnOnce(&mut Command),
+    asked: Asked,
 ) -> Run {
     use std::io::{BufRead, Read};
     use std::os::unix::process::CommandExt;
@@ -384,17 +435,18 @@ pub fn run_reaper_until_in(
     let give_up = Instant::now() + patience();
     let mut gave_up = false;
     loop {
-        match arriving.recv_timeout(Duration::from_millis(250)) {
+        let arrived = match arriving.recv_timeout(Duration::from_millis(250)) {
             Ok(line) => {
                 if let Ok(event) = serde_json::from_slice::<Value>(&line) {
                     events.push(event);
                 }
                 stdout.extend_from_slice(&line);
                 stdout.push(b'\n');
+                true
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
+        };
         if !proven && !gave_up && Instant::now() >= give_up {
             // The cap on a proof that never comes: stop reaper-trace; the test then fails
             // with the stream it saw.
@@ -402,7 +454,8 @@ pub fn run_reaper_until_in(
             // SAFETY: a plain signal to the child this test started.
             unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         }
-        if !proven && !gave_up && proof(&events) {
+        let ask = arrived || asked == Asked::AlsoWhileQuiet;
+        if !proven && !gave_up && ask && proof(&events) {
             proven = true;
             proven_after = events.len();
             match then {

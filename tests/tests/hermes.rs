@@ -9,8 +9,8 @@ use std::{
 };
 
 use reaper_tests::{
-    Run, Then, free_port, metric_sample, pid, require_root, run_reaper_until, scrape_metrics,
-    scratch, skip,
+    Run, Then, free_port, metric_sample, pid, require_root, run_reaper_until_polled,
+    scrape_metrics, scratch, skip,
 };
 use serde_json::Value;
 
@@ -93,7 +93,7 @@ fn a_healthy_gateway_whose_servers_are_pinged_raises_no_flag() {
     // The proof: both servers started, then a whole --idle-after (8 s) of scans (32 at
     // 250 ms) with both servers watched: every rule had its look.
     let mut watched_from = None;
-    let run = run_reaper_until(
+    let run = run_reaper_until_polled(
         &[
             "--idle-after",
             "8s",
@@ -169,7 +169,7 @@ fn a_sigkilled_gateway_leaves_only_the_server_helper_that_lingers_orphaned() {
     let hermes = venv.join("bin/hermes");
     let mut killed = None;
     let mut helper = None;
-    let run = run_reaper_until(
+    let run = run_reaper_until_polled(
         &[
             "--scan-interval",
             "250ms",
@@ -259,7 +259,7 @@ fn a_replace_restart_is_a_second_instance_with_its_own_servers() {
     let mut first = None;
     let mut second = None;
     let servers_of = |events: &[Value]| execs_of(events, "tiny_mcp_server.py", "alpha");
-    let run = run_reaper_until(
+    let run = run_reaper_until_polled(
         &[
             "--gateway-exe",
             hermes.to_str().unwrap(),
