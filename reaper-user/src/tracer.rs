@@ -70,6 +70,8 @@ pub struct Tracer {
     pub inspector: Inspector,
     /// `--kill`, when given.
     pub killer: Option<Killer>,
+    /// The flagged processes' memory, for the gauge.
+    flagged_rss: leaks::RssCache,
 }
 
 impl Tracer {
@@ -91,6 +93,7 @@ impl Tracer {
             started: boottime_now(),
             inspector: Inspector::new(inspect),
             killer: None,
+            flagged_rss: leaks::RssCache::default(),
         }
     }
 
@@ -408,7 +411,7 @@ impl Tracer {
             .filter_map(|change| leaks::change_event(&self.graph, change, now))
             .collect();
         self.out.events(now, &found)?;
-        let flagged = leaks::flagged_now(&self.graph, &self.inspector);
+        let flagged = leaks::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
         self.out.metrics.set_state(&ScanState {
             alive: self.graph.live_count(),
             gateways: self.gateways_alive(),

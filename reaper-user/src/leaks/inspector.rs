@@ -210,14 +210,24 @@ impl Inspector {
             self.judge_crowds(graph, &servers, &mut changes);
         }
         self.check_zombies(graph, now, &mut changes);
-        let mut evidence: Vec<&mut Evidence> = changes
+        // Who holds the other ends is looked up for the flags whose evidence is a channel; an
+        // `accumulating` flag's evidence is its kind and count (a thousand instances of a kind
+        // must not send a thousand processes' fds to be read every scan they trickle in).
+        let (mut with_peers, mut without): (Vec<&mut Flagged>, Vec<&mut Flagged>) = changes
             .iter_mut()
             .filter_map(|c| match c {
-                Change::Flag(f) => f.evidence.as_mut(),
+                Change::Flag(f) if f.evidence.is_some() => Some(&mut **f),
                 _ => None,
             })
+            .partition(|f| f.reason != Reason::Accumulating);
+        let mut evidence: Vec<&mut Evidence> = with_peers
+            .iter_mut()
+            .filter_map(|f| f.evidence.as_mut())
             .collect();
         self.add_peers(graph, &mut evidence);
+        for e in without.iter_mut().filter_map(|f| f.evidence.as_mut()) {
+            add_process_facts(e);
+        }
         for c in &changes {
             if let Change::Flag(f) = c {
                 self.raised[f.reason as usize] += 1;
@@ -497,8 +507,7 @@ impl Inspector {
         self.peers.full_scan(&unresolved, &known, FULL_SCAN_EVERY);
         for e in evidence.iter_mut() {
             let pid = e.sample.pid;
-            e.sample.rss_kib = facts::read_rss_kib(pid);
-            e.placement = placement::read(pid);
+            add_process_facts(e);
             e.peers = e
                 .sample
                 .fds
@@ -557,6 +566,12 @@ impl Inspector {
 }
 
 mod crowds;
+
+/// What evidence reads of the process itself when it is flagged: its RSS and placement.
+fn add_process_facts(e: &mut Evidence) {
+    e.sample.rss_kib = facts::read_rss_kib(e.sample.pid);
+    e.placement = placement::read(e.sample.pid);
+}
 
 /// A fixed spread of `id` over `[0, period)` ns (Fibonacci hashing).
 fn first_look_delay(id: NodeId, period: u64) -> u64 {

@@ -80,9 +80,9 @@ pub struct PipeInfo {
     /// A connected UNIX socket's peer: the inode of the other end (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_inode: Option<u64>,
-    /// A socket's protocol: "unix", "tcp", "udp", "raw", "netlink" or "unknown" (absent for
-    /// anything else). Only UNIX sockets, TCP connections within this host and sockets of
-    /// unknown kind count as channels.
+    /// A socket's protocol: "unix", "tcp", "udp", "raw", "netlink" or "unknown" (in none of its
+    /// network namespace's tables); absent for anything else. Only UNIX sockets and TCP
+    /// connections within this host count as channels.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Cow<'static, str>>,
     /// A TCP connection's remote address (`127.0.0.1:8080`).

@@ -24,7 +24,8 @@ pub enum SocketKind {
     Udp,
     Raw,
     Netlink,
-    /// In none of the tables (packet, vsock, a namespace whose tables were unreadable).
+    /// In none of the tables: a packet, vsock or alg socket, a netlink socket never bound.
+    /// (A UNIX socket of any namespace is in its namespace's `unix` table.)
     Unknown,
 }
 
@@ -42,13 +43,14 @@ impl SocketKind {
     }
 
     /// Whether it can tie a process to another one on this host, as the leak rules count
-    /// channels: a UNIX socket, a TCP connection within this host, or a socket of unknown kind
-    /// (not to be missed). A connection to another host, UDP, raw and netlink never do.
+    /// channels: a UNIX socket or a TCP connection within this host. A connection to another
+    /// host, UDP, raw, netlink and sockets of no table never do. (A socket whose kind could
+    /// not be read at all is not a `SocketKind`: the sampler counts it, not to miss one.)
     pub fn can_be_channel(self) -> bool {
         match self {
-            SocketKind::Unix | SocketKind::Unknown => true,
+            SocketKind::Unix => true,
             SocketKind::Tcp { peer, .. } => peer.is_some(),
-            SocketKind::Udp | SocketKind::Raw | SocketKind::Netlink => false,
+            SocketKind::Udp | SocketKind::Raw | SocketKind::Netlink | SocketKind::Unknown => false,
         }
     }
 }

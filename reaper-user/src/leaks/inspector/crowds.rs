@@ -74,7 +74,10 @@ impl Inspector {
                 let Some(w) = self.watches.get_mut(&i.node) else {
                     continue;
                 };
-                let Some(sample) = w.last.clone().filter(|_| !w.has(Reason::Accumulating)) else {
+                if w.has(Reason::Accumulating) {
+                    continue;
+                }
+                let Some(sample) = w.last.clone() else {
                     continue;
                 };
                 let since = over[&i.node];
