@@ -391,6 +391,15 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
             "pool server {p}"
         );
     }
+    // A pool that replaces each worker as the next starts is over its limit only while the
+    // replaced one exits: never flagged.
+    for p in pids(&truth["rolling"]) {
+        assert_eq!(
+            run.reasons_of(p),
+            Vec::<String>::new(),
+            "rolling worker {p}"
+        );
+    }
     assert!(
         pool_counted.as_deref().is_some_and(|l| l.ends_with(" 3")),
         "the pool counted at 3: {pool_counted:?}"

@@ -81,6 +81,8 @@ struct Watch {
     kind: Option<(u32, Rc<Kind>)>,
     /// The gateway instance it descends from, once looked up (the lineage edge never moves).
     gateway: Option<Option<NodeId>>,
+    /// Since when it has been one instance too many of its kind (at the looks since).
+    over_since: Option<u64>,
 }
 
 impl Watch {
@@ -107,6 +109,9 @@ pub struct Inspector {
     census: Option<Vec<(String, u64)>>,
     /// When the earliest orphan grace still running ends (boot-time ns).
     next_grace_end: Option<u64>,
+    /// When the earliest instance one too many has been so for [`CROWD_GRACE`]: instances
+    /// are counted again then.
+    crowd_due: Option<u64>,
 }
 
 /// How long a spawner's exit may take to let go of its files before its orphans are judged
@@ -119,6 +124,11 @@ fn exit_settled(gone: &Node, now: u64) -> bool {
     let exited = gone.exited.map_or(now, |e| e.ts);
     gone.process().exit_settled() || now.saturating_sub(exited) >= nanos(EXIT_SETTLE_CAP)
 }
+
+/// How long an instance must stay one too many of its kind, at the looks that count it, before
+/// it is flagged `accumulating`: a pool that replaces each worker as the next one starts is
+/// over its limit only for the moment the old worker takes to exit.
+pub const CROWD_GRACE: Duration = Duration::from_secs(2);
 
 /// How many kinds the metrics name; the rest are `other` (a metric's labels must stay few).
 pub const CENSUS_KINDS: usize = 20;
@@ -139,6 +149,7 @@ impl Inspector {
             crowd_changed: false,
             census: None,
             next_grace_end: None,
+            crowd_due: None,
         }
     }
 
@@ -146,7 +157,10 @@ impl Inspector {
     /// orphan grace still running (boot-time ns). A grace is a rule about time: the scan is
     /// moved to its end, so a confirmed orphan is flagged then, not a scan interval later.
     pub fn next_look(&self) -> Option<u64> {
-        self.next_grace_end
+        match (self.next_grace_end, self.crowd_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The kinds with the most live instances under one gateway instance, as counted since
@@ -200,14 +214,15 @@ impl Inspector {
         self.forget_the_dead(graph, &mut changes);
         let sampled = self.sample_due(graph, now);
         let exits = std::mem::take(&mut self.crowd_changed);
-        if !sampled.is_empty() || exits {
+        let crowd_due = self.crowd_due.is_some_and(|t| now >= t);
+        if !sampled.is_empty() || exits || crowd_due {
             let servers = self.servers(graph);
             for server in &servers {
                 if sampled.contains(&server[0]) {
                     self.judge(server, now, &mut changes);
                 }
             }
-            self.judge_crowds(graph, &servers, &mut changes);
+            self.judge_crowds(graph, &servers, now, &mut changes);
         }
         self.check_zombies(graph, now, &mut changes);
         // Who holds the other ends is looked up for the flags whose evidence is a channel; an

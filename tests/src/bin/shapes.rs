@@ -758,10 +758,13 @@ fn start_stdio_server(args: &[&str], close: &[i32]) -> (u32, i32) {
 }
 
 /// Accumulating, as in every leak report: the gateway starts a pool of 3 servers of one kind
-/// (`stdio-server pool`), then 6 of another that differ only in an option value
-/// (`stdio-server --session-key K<i> --model m`), and pings every one every 300 ms until
+/// (`stdio-server pool`); a rolling pool of 3 (`stdio-server rolling`) whose every worker it
+/// replaces, 6 times, by starting the next and then closing the oldest's stdin (it exits on
+/// EOF); then 6 servers of a third kind that differ only in an option value
+/// (`stdio-server --session-key K<i> --model m`). It pings every live one every 300 ms until
 /// released, so none is ever idle. With `--max-instances 3`, the 3 oldest session servers are
-/// one instance too many each; the pool is at its limit, never over it.
+/// one instance too many each; the pool is at its limit, never over it; the rolling pool is
+/// over it only while a replaced worker exits.
 fn leak_accumulate(truth: &str) -> Value {
     let mut write_ends = Vec::new();
     let mut pool = Vec::new();
@@ -770,6 +773,26 @@ fn leak_accumulate(truth: &str) -> Value {
         pool.push(pid);
         write_ends.push(wr);
     }
+    let mut rolling = std::collections::VecDeque::new();
+    let mut rolled = Vec::new();
+    for n in 0..9 {
+        // No worker may hold another's stdin, or that one would never read EOF.
+        let held: Vec<i32> = write_ends
+            .iter()
+            .copied()
+            .chain(rolling.iter().map(|(_, wr)| *wr))
+            .collect();
+        let (pid, wr) = start_stdio_server(&["rolling"], &held);
+        rolling.push_back((pid, wr));
+        rolled.push(pid);
+        if n >= 3 {
+            let (old, old_wr) = rolling.pop_front().unwrap();
+            // SAFETY: closing the oldest worker's stdin: it reads EOF and exits.
+            unsafe { libc::close(old_wr) };
+            wait_for(old);
+        }
+    }
+    write_ends.extend(rolling.iter().map(|(_, wr)| *wr));
     let mut sessions = Vec::new();
     for i in 1..=6 {
         let key = format!("K{i}");
@@ -778,7 +801,7 @@ fn leak_accumulate(truth: &str) -> Value {
         sessions.push(pid);
         write_ends.push(wr);
     }
-    let result = json!({ "pool": pool, "sessions": sessions });
+    let result = json!({ "pool": pool, "rolling": rolled, "sessions": sessions });
     write_truth(&format!("{truth}.ready"), &result);
     let hold = Hold::leak();
     while !hold.released() {
@@ -792,7 +815,11 @@ fn leak_accumulate(truth: &str) -> Value {
         // SAFETY: closing our write ends: each server reads EOF and exits.
         unsafe { libc::close(*fd) };
     }
-    for pid in pool.iter().chain(&sessions) {
+    for pid in pool
+        .iter()
+        .chain(&sessions)
+        .chain(rolling.iter().map(|(p, _)| p))
+    {
         wait_for(*pid);
     }
     result

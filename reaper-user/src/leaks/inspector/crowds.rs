@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::{CENSUS_KINDS, Inspector};
+use super::{CENSUS_KINDS, CROWD_GRACE, Inspector};
 use crate::leaks::accumulation::{self, Instance};
 use crate::leaks::findings::{Change, Crowd, Evidence, Flagged, Reason};
 use crate::leaks::kinds::Kind;
@@ -19,9 +19,11 @@ impl Inspector {
         &mut self,
         graph: &LineageGraph,
         servers: &[Vec<NodeId>],
+        now: u64,
         changes: &mut Vec<Change>,
     ) {
         let max = self.opts.max_instances;
+        let grace = u64::try_from(CROWD_GRACE.as_nanos()).unwrap_or(u64::MAX);
         let instances: Vec<Instance> = servers
             .iter()
             .filter_map(|s| self.instance(graph, s[0]))
@@ -34,6 +36,20 @@ impl Inspector {
         for g in &groups {
             for (k, i) in g.older_than_newest(max).iter().enumerate() {
                 over.insert(i.node, g.members[k + max].start);
+            }
+        }
+        // Each stays one too many for the grace before it is flagged (counted again then).
+        self.crowd_due = None;
+        for (id, w) in self.watches.iter_mut() {
+            match over.contains_key(id) {
+                true => {
+                    let since = *w.over_since.get_or_insert(now);
+                    if !w.has(Reason::Accumulating) && now < since.saturating_add(grace) {
+                        let due = since.saturating_add(grace);
+                        self.crowd_due = Some(self.crowd_due.map_or(due, |t| t.min(due)));
+                    }
+                }
+                false => w.over_since = None,
             }
         }
         let tops: HashSet<NodeId> = servers.iter().map(|s| s[0]).collect();
@@ -74,7 +90,10 @@ impl Inspector {
                 let Some(w) = self.watches.get_mut(&i.node) else {
                     continue;
                 };
-                if w.has(Reason::Accumulating) {
+                let confirmed = w
+                    .over_since
+                    .is_some_and(|since| now >= since.saturating_add(grace));
+                if w.has(Reason::Accumulating) || !confirmed {
                     continue;
                 }
                 let Some(sample) = w.last.clone() else {
