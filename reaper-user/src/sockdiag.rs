@@ -17,7 +17,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 use std::os::{fd::AsFd, unix::net::UnixStream};
 
 /// The inode of an open file (for a socket, the number /proc shows as `socket:[N]`).
-fn fstat_inode(fd: impl AsFd) -> io::Result<u64> {
+pub(crate) fn fstat_inode(fd: impl AsFd) -> io::Result<u64> {
     Ok(nix::sys::stat::fstat(fd.as_fd())?.st_ino)
 }
 

@@ -185,16 +185,7 @@ fn parse_addr(text: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
-
-    fn inode_of(fd: i32) -> u64 {
-        let link = fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
-        let text = link.to_str().unwrap();
-        text.trim_start_matches("socket:[")
-            .trim_end_matches(']')
-            .parse()
-            .unwrap()
-    }
+    use crate::sockdiag::fstat_inode;
 
     #[test]
     fn addresses_read_as_the_kernel_prints_them() {
@@ -217,7 +208,7 @@ mod tests {
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let t = NetTables::read(std::process::id());
-        let (ci, si) = (inode_of(client.as_raw_fd()), inode_of(server.as_raw_fd()));
+        let (ci, si) = (fstat_inode(&client).unwrap(), fstat_inode(&server).unwrap());
         match t.kind(ci) {
             SocketKind::Tcp { peer, remote, .. } => {
                 assert_eq!(peer, Some(si));
@@ -226,7 +217,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(t.kind(ci).can_be_channel());
-        let l = t.kind(inode_of(listener.as_raw_fd()));
+        let l = t.kind(fstat_inode(&listener).unwrap());
         assert!(
             matches!(
                 l,
@@ -238,9 +229,9 @@ mod tests {
             ),
             "{l:?}"
         );
-        assert_eq!(t.kind(inode_of(udp.as_raw_fd())), SocketKind::Udp);
+        assert_eq!(t.kind(fstat_inode(&udp).unwrap()), SocketKind::Udp);
         assert!(!SocketKind::Udp.can_be_channel());
-        assert_eq!(t.kind(inode_of(a.as_raw_fd())), SocketKind::Unix);
+        assert_eq!(t.kind(fstat_inode(&a).unwrap()), SocketKind::Unix);
         assert_eq!(t.kind(1), SocketKind::Unknown);
     }
 }
