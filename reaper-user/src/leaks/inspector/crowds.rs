@@ -141,10 +141,12 @@ impl Inspector {
         let kind = match &w.kind {
             Some((execs, kind)) if *execs == node.execs => kind.clone(),
             _ => {
-                let exe = node
-                    .filename
-                    .clone()
-                    .or_else(|| procfs::read_exe(node.pid).map(Into::into))
+                // The program it runs as /proc names it (links resolved), for every instance
+                // alike: one exec'd as /usr/bin/python3 and one found running at start are
+                // the same python3.11. The exec's path if /proc cannot say.
+                let exe = procfs::read_exe(node.pid)
+                    .map(Into::into)
+                    .or_else(|| node.filename.clone())
                     .unwrap_or_else(|| node.comm.as_bytes().into());
                 let kind = Rc::new(Kind::of(exe, &node.argv));
                 w.kind = Some((node.execs, kind.clone()));
