@@ -394,4 +394,41 @@ mod tests {
         let parent = unsafe { libc::getppid() } as u32;
         assert!(p.contains(&parent));
     }
+
+    #[test]
+    fn a_flagged_descendant_that_is_reaper_trace_itself_is_refused_not_signalled() {
+        use crate::lineage::graph::Seed;
+        use crate::text::{Args, Comm};
+        let seed = |pid, ppid, is_gateway| Seed {
+            pid,
+            start_ticks: 1,
+            ppid,
+            sid: pid,
+            pgid: pid,
+            comm: Comm::from_c(b"x"),
+            argv: Args::from_list(["x"]),
+            is_gateway,
+            uncertain: false,
+        };
+        // A lineage in which this very process is a flagged descendant (as reaper-trace can be
+        // when a gateway starts it): protected, so refused before any pidfd is opened.
+        let me = std::process::id();
+        let mut graph = LineageGraph::new(16);
+        graph.add_seed(seed(4_000_000, 1, true));
+        let (flagged, _) = graph.add_seed(seed(me, 4_000_000, false));
+        let (mut killer, _reports) = Killer::new(KillOptions {
+            reasons: vec![Reason::Orphaned],
+            grace: Duration::ZERO,
+            term_timeout: Duration::from_secs(5),
+            dry_run: false,
+        });
+        let decided = killer.decide(&graph, &[(flagged, Reason::Orphaned, 0)], u64::MAX / 2);
+        let outcomes: Vec<(u32, &str)> = decided
+            .reports
+            .iter()
+            .map(|r| (r.pid, r.result.name()))
+            .collect();
+        assert_eq!(outcomes, [(me, "not_in_lineage")]);
+        assert!(decided.respawning.is_empty());
+    }
 }
