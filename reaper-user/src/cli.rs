@@ -163,7 +163,8 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
 
-    /// With --check: how long to wait after CMD exits for its descendants to finish.
+    /// With --check: how long to wait after CMD exits for its descendants to finish
+    /// (default 2s).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub settle: Option<Duration>,
 

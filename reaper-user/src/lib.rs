@@ -8,6 +8,7 @@
 //! each on its own timer; [`report`] reads an audit afterwards.
 pub mod capture;
 pub mod cli;
+pub mod closing;
 pub mod daemon;
 pub mod exit_status;
 pub mod gateways;
@@ -20,5 +21,5 @@ pub mod privileges;
 pub mod procfs;
 pub mod report;
 pub mod sockdiag;
+pub mod stream;
 pub mod text;
-pub mod tracer;

@@ -14,11 +14,11 @@ use reaper_common::{
     EXEC_FIXED_LEN, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, FreeEvent,
 };
 use reaper_user::{
+    daemon::pipeline::Pipeline,
     leaks::InspectOptions,
     lineage::graph::{LineageGraph, Seed},
     output::Output,
     text::{Args, Comm},
-    tracer::Tracer,
 };
 
 /// Counts the allocations of this thread while `COUNTING` is set (tests run on threads of
@@ -136,8 +136,8 @@ impl Records {
     }
 }
 
-/// A tracer on a seeded gateway, writing NDJSON into a sink.
-fn tracer() -> Tracer {
+/// A run's pipeline on a seeded gateway, writing NDJSON into a sink.
+fn tracer() -> Pipeline {
     let graph = LineageGraph::new(10_000);
     let out = Output::new(vec![Box::new(std::io::sink())], None, 0);
     let inspect = InspectOptions {
@@ -147,7 +147,7 @@ fn tracer() -> Tracer {
         orphan_grace: std::time::Duration::from_secs(2),
         max_instances: 8,
     };
-    let mut tracer = Tracer::new(graph, out, inspect);
+    let mut tracer = Pipeline::new(graph, out, inspect, None, Vec::new());
     tracer
         .add_seeds(vec![Seed {
             pid: GATEWAY,
@@ -164,11 +164,11 @@ fn tracer() -> Tracer {
     tracer
 }
 
-/// Runs `n` processes through the tracer, pids reused as on a host with `pid_max` 32768,
+/// Runs `n` processes through the pipeline, pids reused as on a host with `pid_max` 32768,
 /// each in its own batch (a wake-up that took in one process).
 /// With `exec`, each process also execs (the record is built in that buffer).
 fn run(
-    tracer: &mut Tracer,
+    tracer: &mut Pipeline,
     records: &mut Records,
     first: u64,
     n: u64,
@@ -197,7 +197,7 @@ fn fork_exit_and_free_allocate_nothing_in_steady_state() {
     run(&mut tracer, &mut records, 0, 10_000, None);
     let n = allocations(|| run(&mut tracer, &mut records, 10_000, 10_000, None));
     assert_eq!(n, 0, "allocations for 10,000 traced fork+exit processes");
-    assert_eq!(tracer.undecodable, 0);
+    assert_eq!(tracer.undecodable(), 0);
 }
 
 #[test]
@@ -210,5 +210,5 @@ fn an_exec_allocates_only_what_the_graph_keeps_of_it() {
     let n = allocations(|| run(&mut tracer, &mut records, 10_000, 10_000, Some(&mut record)));
     // The argv and the filename the lineage keeps: two blocks an exec, nothing else.
     assert_eq!(n, 2 * 10_000, "allocations for 10,000 fork+exec processes");
-    assert_eq!(tracer.undecodable, 0);
+    assert_eq!(tracer.undecodable(), 0);
 }

@@ -301,6 +301,22 @@ fn bad_metrics_and_output_places_are_clear_errors() {
     );
 }
 
+/// Waits until the run serving metrics on `port` has counted `n` leak scans (each one a
+/// chance to draw the status line), for at most the tests' patience.
+fn wait_for_scans(port: u16, n: u32) {
+    let deadline = Instant::now() + patience();
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = scrape_metrics(port)
+            .and_then(|t| metric_sample(&t, "reaper_scan_duration_seconds_count"));
+        if last.is_some_and(|count| count >= f64::from(n)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the run never counted {n} scans (last count: {last:?})");
+}
+
 /// On a terminal the status line is drawn in place; with --quiet, or off a terminal, never.
 #[test]
 fn the_status_line_shows_on_a_terminal_only() {
@@ -308,8 +324,11 @@ fn the_status_line_shows_on_a_terminal_only() {
         return;
     }
     // The gateway (a shell reading a line) lives until its stdin closes: on a terminal, until
-    // the status line was drawn; with --quiet, until the run had time for a few scans.
+    // the status line was drawn; with --quiet, until the run's metrics count three scans (a
+    // status line would have been drawn at each).
     let on_tty = |extra: &[&str]| -> String {
+        let port = free_port();
+        let metrics = format!("127.0.0.1:{port}");
         let (mut master, mut slave) = (0, 0);
         // SAFETY: openpty fills two fds we own from here on.
         let rc = unsafe {
@@ -331,7 +350,7 @@ fn the_status_line_shows_on_a_terminal_only() {
             )
         };
         let mut child = Command::new(reaper_trace())
-            .args(["--json", "--scan-interval", "100ms"])
+            .args(["--json", "--scan-interval", "100ms", "--metrics", &metrics])
             .args(extra)
             .args(["--", "sh", "-c", "read line || true"])
             .stdin(Stdio::piped())
@@ -356,11 +375,12 @@ fn the_status_line_shows_on_a_terminal_only() {
             }
             String::from_utf8_lossy(&text).into_owned()
         });
-        let wait = match extra.contains(&"--quiet") {
-            true => Duration::from_millis(600),
-            false => patience(),
-        };
-        let _ = seen_rx.recv_timeout(wait);
+        match extra.contains(&"--quiet") {
+            true => wait_for_scans(port, 3),
+            false => {
+                let _ = seen_rx.recv_timeout(patience());
+            }
+        }
         drop(child.stdin.take());
         assert!(child.wait().unwrap().success());
         reader.join().unwrap()
@@ -376,11 +396,20 @@ fn the_status_line_shows_on_a_terminal_only() {
     );
     let quiet = on_tty(&["--quiet"]);
     assert!(!quiet.contains("tracked ·"), "{quiet:?}");
-    // Off a terminal (a pipe), no status line either.
-    let out = Command::new(reaper_trace())
-        .args(["--json", "--scan-interval", "100ms", "--", "sleep", "0.6"])
-        .output()
+    // Off a terminal (a pipe), no status line either, over as many scans.
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut child = Command::new(reaper_trace())
+        .args(["--json", "--scan-interval", "100ms", "--metrics", &metrics])
+        .args(["--", "sh", "-c", "read line || true"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    wait_for_scans(port, 3);
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(

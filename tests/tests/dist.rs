@@ -14,38 +14,32 @@ use std::{
 use reaper_tests::{Instance, patience, pid, require_root, scratch, shapes, skip};
 use serde_json::Value;
 
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The one file in `dir` whose name ends with `suffix`, or `None` to [`skip`].
-fn prepared(test: &str, dir: &Path, suffix: &str) -> Option<PathBuf> {
-    let found = std::fs::read_dir(dir).ok().and_then(|entries| {
-        entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.to_string_lossy().ends_with(suffix))
-    });
-    if found.is_none() {
-        let why = format!(
-            "no *{suffix} in {} (`cargo xtask test` makes it)",
-            dir.display()
-        );
-        skip(test, &why);
+/// The file this run of `cargo xtask test` made, named by `variable` (never whatever lies in
+/// target/dist from an earlier build), or `None` to [`skip`].
+fn made_by_this_run(test: &str, variable: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(variable).map(PathBuf::from);
+    match path {
+        Some(p) if p.is_file() => Some(p),
+        Some(p) => {
+            skip(
+                test,
+                &format!("{variable} names {}, which is not a file", p.display()),
+            );
+            None
+        }
+        None => {
+            skip(
+                test,
+                &format!("no {variable}: `cargo xtask test` builds it and says where"),
+            );
+            None
+        }
     }
-    found
-}
-
-fn artifact(test: &str, suffix: &str) -> Option<PathBuf> {
-    prepared(test, &workspace().join("target/dist"), suffix)
 }
 
 /// A fresh Debian root (minbase, Debian's own archive) unpacked for this test.
 fn debian_root(test: &str, dir: &Path) -> Option<PathBuf> {
-    let tar = prepared(
-        test,
-        &workspace().join("target/test-tools"),
-        "debian-root.tar",
-    )?;
+    let tar = made_by_this_run(test, "REAPER_DEBIAN_ROOT")?;
     let root = dir.join("root");
     std::fs::create_dir_all(&root).unwrap();
     ok(Command::new("tar")
@@ -80,133 +74,6 @@ fn chroot(root: &Path, args: &[&str]) -> Output {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .output()
         .unwrap()
-}
-
-#[test]
-fn the_package_installs_into_a_fresh_debian_root_and_lintian_finds_no_error() {
-    let test = "the_package_installs_into_a_fresh_debian_root_and_lintian_finds_no_error";
-    if !require_root(test) {
-        return;
-    }
-    let Some(deb) = artifact(test, "_amd64.deb") else {
-        return;
-    };
-    let lintian = Command::new("lintian")
-        .args(["--fail-on", "error", "--tag-display-limit", "0"])
-        .arg(&deb)
-        .output()
-        .unwrap();
-    assert!(lintian.status.success(), "lintian: {}", said(&lintian));
-    let dir = scratch(test);
-    let Some(root) = debian_root(test, &dir) else {
-        return;
-    };
-    std::fs::copy(&deb, root.join("tmp/reaper-trace.deb")).unwrap();
-    let install = chroot(&root, &["dpkg", "-i", "/tmp/reaper-trace.deb"]);
-    assert!(install.status.success(), "dpkg -i: {}", said(&install));
-    let version = chroot(&root, &["reaper-trace", "--version"]);
-    let version = String::from_utf8_lossy(&version.stdout);
-    assert!(
-        version.starts_with(&format!(
-            "reaper-trace {} (commit ",
-            env!("CARGO_PKG_VERSION")
-        )),
-        "{version}"
-    );
-    let listed = String::from_utf8_lossy(&chroot(&root, &["dpkg", "-L", "reaper-trace"]).stdout)
-        .into_owned();
-    for file in [
-        "/usr/bin/reaper-trace",
-        "/usr/share/man/man1/reaper-trace.1.gz",
-        "/usr/share/man/man1/reaper-trace-report.1.gz",
-        "/usr/share/bash-completion/completions/reaper-trace",
-        "/usr/share/zsh/vendor-completions/_reaper-trace",
-        "/usr/share/fish/vendor_completions.d/reaper-trace.fish",
-        "/lib/systemd/system/reaper-trace.service",
-        "/etc/default/reaper-trace",
-        "/usr/share/doc/reaper-trace/copyright",
-    ] {
-        assert!(listed.lines().any(|l| l == file), "{file} in {listed}");
-        let inside = root.join(file.trim_start_matches('/'));
-        assert!(inside.is_file(), "{} installed", inside.display());
-    }
-    // The page is the CLI's own, and the unit runs the packaged binary with its defaults.
-    let page = ok(Command::new("zcat").arg(root.join("usr/share/man/man1/reaper-trace.1.gz")));
-    assert!(
-        page.contains("\\-\\-gateway\\-exe") && page.contains("\\-\\-junit"),
-        "{page}"
-    );
-    let unit =
-        std::fs::read_to_string(root.join("lib/systemd/system/reaper-trace.service")).unwrap();
-    assert!(
-        unit.contains("ExecStart=/usr/bin/reaper-trace $GATEWAY_SELECTORS"),
-        "{unit}"
-    );
-    let conffiles =
-        ok(Command::new("cat").arg(root.join("var/lib/dpkg/info/reaper-trace.conffiles")));
-    assert_eq!(conffiles.trim(), "/etc/default/reaper-trace");
-    // The bash completion knows the options.
-    let completion =
-        std::fs::read_to_string(root.join("usr/share/bash-completion/completions/reaper-trace"))
-            .unwrap();
-    assert!(completion.contains("--gateway-pidfile"), "{completion}");
-}
-
-#[test]
-fn the_static_binary_traces_a_leak_from_a_root_with_no_toolchain() {
-    let test = "the_static_binary_traces_a_leak_from_a_root_with_no_toolchain";
-    if !require_root(test) {
-        return;
-    }
-    let Some(tarball) = artifact(test, "-x86_64-linux.tar.gz") else {
-        return;
-    };
-    let dir = scratch(test);
-    let Some(root) = debian_root(test, &dir) else {
-        return;
-    };
-    let opt = root.join("opt");
-    ok(Command::new("tar")
-        .args(["-xzf"])
-        .arg(&tarball)
-        .args(["--strip-components=1", "-C"])
-        .arg(&opt));
-    assert!(!root.join("usr/bin/cargo").exists() && !root.join("usr/bin/rustc").exists());
-    // The host's /proc, /sys and /dev seen from the root, in a mount namespace of its own so
-    // that nothing outlives the test.
-    let leak = "setsid sleep 3600.7 </dev/null >/dev/null 2>&1 &";
-    let script = format!(
-        "mount --rbind /proc {r}/proc && mount --rbind /sys {r}/sys && \
-         mount --rbind /dev {r}/dev && \
-         exec chroot {r} /usr/bin/env -i PATH=/usr/bin:/bin \
-         /opt/reaper-trace --check --json --settle 200ms -- sh -c '{leak}'",
-        r = root.display()
-    );
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let _ = Command::new("pkill")
-        .args(["-f", "^sleep 3600.7$"])
-        .status();
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "exit 3 (leaked): {}",
-        said(&out)
-    );
-    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let check = events
-        .iter()
-        .find(|e| e["event"] == "check")
-        .unwrap_or_else(|| panic!("no check event: {}", said(&out)));
-    let leaked = check["leaked"].as_array().unwrap();
-    assert_eq!(leaked.len(), 1, "{check}");
-    assert_eq!(leaked[0]["argv"][0], "sleep", "{check}");
 }
 
 /// Reads the NDJSON file at `path` until `proof` holds over its events (or the patience
@@ -264,77 +131,6 @@ fn podman_like_the_daemonset(name: &str, logs: &Path, image: &Path, args: &[&str
     cmd
 }
 
-#[test]
-fn the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host() {
-    let test = "the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host";
-    if !require_root(test) {
-        return;
-    }
-    let Some(image) = artifact(test, "-oci.tar") else {
-        return;
-    };
-    let dir = scratch(test);
-    let logs = dir.join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let program = dir.join("bin/hermes");
-    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
-    std::fs::copy(shapes(), &program).unwrap();
-    let selected = format!("/host{}", program.display());
-    let name = format!("reaper-dist-test-{}", std::process::id());
-    ok(&mut podman_like_the_daemonset(
-        &name,
-        &logs,
-        &image,
-        &[
-            "--gateway-exe",
-            &selected,
-            "--quiet",
-            "--scan-interval",
-            "250ms",
-            "--output",
-            "/var/log/reaper/audit.ndjson",
-        ],
-    ));
-    let container = Container(name);
-    let audit = logs.join("audit.ndjson");
-    if std::panic::catch_unwind(|| {
-        wait_in(&audit, "ready", |ev| {
-            ev.iter().any(|e| e["event"] == "ready")
-        })
-    })
-    .is_err()
-    {
-        panic!(
-            "reaper-trace in the container never got ready: {}",
-            container.stop()
-        );
-    }
-    let mut instance = Instance::start(&dir, "hermes", &program, &["leak-orphan"], None, false);
-    let gateway = instance.pid();
-    let flagged = |e: &Value| {
-        e["event"] == "flag"
-            && e["reason"] == "orphaned"
-            && e["lineage"][0].as_u64() == Some(gateway)
-    };
-    let seen = std::panic::catch_unwind(|| {
-        wait_in(&audit, "the orphan's flag", |ev| ev.iter().any(flagged))
-    });
-    instance.finish();
-    let said = container.stop();
-    let events = seen.unwrap_or_else(|_| panic!("no flag; the container said: {said}"));
-    let flag = events.iter().find(|e| flagged(e)).unwrap();
-    assert_eq!(pid(&flag["pid"]), instance.orphan(), "{flag}");
-    let announced = events
-        .iter()
-        .find(|e| e["event"] == "gateway" && pid(&e["pid"]) == gateway)
-        .unwrap_or_else(|| panic!("no gateway event for {gateway}: {events:?}"));
-    assert_eq!(
-        announced["selector"],
-        format!("exe:{selected}"),
-        "{announced}"
-    );
-}
-
 /// A container this test started: stopped and removed however the test ends.
 struct Container(String);
 
@@ -355,5 +151,211 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = Command::new("podman").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+/// In a module of their own, so that `cargo xtask test --no-dist` leaves them out by name
+/// (`--skip installed_artifacts::`) rather than letting them skip.
+mod installed_artifacts {
+    use super::*;
+
+    #[test]
+    fn the_package_installs_into_a_fresh_debian_root_and_lintian_finds_no_error() {
+        let test = "the_package_installs_into_a_fresh_debian_root_and_lintian_finds_no_error";
+        if !require_root(test) {
+            return;
+        }
+        let Some(deb) = made_by_this_run(test, "REAPER_DIST_DEB") else {
+            return;
+        };
+        let lintian = Command::new("lintian")
+            .args(["--fail-on", "error", "--tag-display-limit", "0"])
+            .arg(&deb)
+            .output()
+            .unwrap();
+        assert!(lintian.status.success(), "lintian: {}", said(&lintian));
+        let dir = scratch(test);
+        let Some(root) = debian_root(test, &dir) else {
+            return;
+        };
+        std::fs::copy(&deb, root.join("tmp/reaper-trace.deb")).unwrap();
+        let install = chroot(&root, &["dpkg", "-i", "/tmp/reaper-trace.deb"]);
+        assert!(install.status.success(), "dpkg -i: {}", said(&install));
+        let version = chroot(&root, &["reaper-trace", "--version"]);
+        let version = String::from_utf8_lossy(&version.stdout);
+        assert!(
+            version.starts_with(&format!(
+                "reaper-trace {} (commit ",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{version}"
+        );
+        let listed =
+            String::from_utf8_lossy(&chroot(&root, &["dpkg", "-L", "reaper-trace"]).stdout)
+                .into_owned();
+        for file in [
+            "/usr/bin/reaper-trace",
+            "/usr/share/man/man1/reaper-trace.1.gz",
+            "/usr/share/man/man1/reaper-trace-report.1.gz",
+            "/usr/share/bash-completion/completions/reaper-trace",
+            "/usr/share/zsh/vendor-completions/_reaper-trace",
+            "/usr/share/fish/vendor_completions.d/reaper-trace.fish",
+            "/lib/systemd/system/reaper-trace.service",
+            "/etc/default/reaper-trace",
+            "/usr/share/doc/reaper-trace/copyright",
+        ] {
+            assert!(listed.lines().any(|l| l == file), "{file} in {listed}");
+            let inside = root.join(file.trim_start_matches('/'));
+            assert!(inside.is_file(), "{} installed", inside.display());
+        }
+        // The page is the CLI's own, and the unit runs the packaged binary with its defaults.
+        let page = ok(Command::new("zcat").arg(root.join("usr/share/man/man1/reaper-trace.1.gz")));
+        assert!(
+            page.contains("\\-\\-gateway\\-exe") && page.contains("\\-\\-junit"),
+            "{page}"
+        );
+        let unit =
+            std::fs::read_to_string(root.join("lib/systemd/system/reaper-trace.service")).unwrap();
+        assert!(
+            unit.contains("ExecStart=/usr/bin/reaper-trace $GATEWAY_SELECTORS"),
+            "{unit}"
+        );
+        let conffiles =
+            ok(Command::new("cat").arg(root.join("var/lib/dpkg/info/reaper-trace.conffiles")));
+        assert_eq!(conffiles.trim(), "/etc/default/reaper-trace");
+        // The bash completion knows the options.
+        let completion = std::fs::read_to_string(
+            root.join("usr/share/bash-completion/completions/reaper-trace"),
+        )
+        .unwrap();
+        assert!(completion.contains("--gateway-pidfile"), "{completion}");
+    }
+
+    #[test]
+    fn the_static_binary_traces_a_leak_from_a_root_with_no_toolchain() {
+        let test = "the_static_binary_traces_a_leak_from_a_root_with_no_toolchain";
+        if !require_root(test) {
+            return;
+        }
+        let Some(tarball) = made_by_this_run(test, "REAPER_DIST_TARBALL") else {
+            return;
+        };
+        let dir = scratch(test);
+        let Some(root) = debian_root(test, &dir) else {
+            return;
+        };
+        let opt = root.join("opt");
+        ok(Command::new("tar")
+            .args(["-xzf"])
+            .arg(&tarball)
+            .args(["--strip-components=1", "-C"])
+            .arg(&opt));
+        assert!(!root.join("usr/bin/cargo").exists() && !root.join("usr/bin/rustc").exists());
+        // The host's /proc, /sys and /dev seen from the root, in a mount namespace of its own so
+        // that nothing outlives the test.
+        let leak = "setsid sleep 3600.7 </dev/null >/dev/null 2>&1 &";
+        let script = format!(
+            "mount --rbind /proc {r}/proc && mount --rbind /sys {r}/sys && \
+             mount --rbind /dev {r}/dev && \
+             exec chroot {r} /usr/bin/env -i PATH=/usr/bin:/bin \
+             /opt/reaper-trace --check --json --settle 200ms -- sh -c '{leak}'",
+            r = root.display()
+        );
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new("pkill")
+            .args(["-f", "^sleep 3600.7$"])
+            .status();
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "exit 3 (leaked): {}",
+            said(&out)
+        );
+        let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let check = events
+            .iter()
+            .find(|e| e["event"] == "check")
+            .unwrap_or_else(|| panic!("no check event: {}", said(&out)));
+        let leaked = check["leaked"].as_array().unwrap();
+        assert_eq!(leaked.len(), 1, "{check}");
+        assert_eq!(leaked[0]["argv"][0], "sleep", "{check}");
+    }
+
+    #[test]
+    fn the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host() {
+        let test = "the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host";
+        if !require_root(test) {
+            return;
+        }
+        let Some(image) = made_by_this_run(test, "REAPER_DIST_IMAGE") else {
+            return;
+        };
+        let dir = scratch(test);
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let program = dir.join("bin/hermes");
+        std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+        std::fs::copy(shapes(), &program).unwrap();
+        let selected = format!("/host{}", program.display());
+        let name = format!("reaper-dist-test-{}", std::process::id());
+        ok(&mut podman_like_the_daemonset(
+            &name,
+            &logs,
+            &image,
+            &[
+                "--gateway-exe",
+                &selected,
+                "--quiet",
+                "--scan-interval",
+                "250ms",
+                "--output",
+                "/var/log/reaper/audit.ndjson",
+            ],
+        ));
+        let container = Container(name);
+        let audit = logs.join("audit.ndjson");
+        if std::panic::catch_unwind(|| {
+            wait_in(&audit, "ready", |ev| {
+                ev.iter().any(|e| e["event"] == "ready")
+            })
+        })
+        .is_err()
+        {
+            panic!(
+                "reaper-trace in the container never got ready: {}",
+                container.stop()
+            );
+        }
+        let mut instance = Instance::start(&dir, "hermes", &program, &["leak-orphan"], None, false);
+        let gateway = instance.pid();
+        let flagged = |e: &Value| {
+            e["event"] == "flag"
+                && e["reason"] == "orphaned"
+                && e["lineage"][0].as_u64() == Some(gateway)
+        };
+        let seen = std::panic::catch_unwind(|| {
+            wait_in(&audit, "the orphan's flag", |ev| ev.iter().any(flagged))
+        });
+        instance.finish();
+        let said = container.stop();
+        let events = seen.unwrap_or_else(|_| panic!("no flag; the container said: {said}"));
+        let flag = events.iter().find(|e| flagged(e)).unwrap();
+        assert_eq!(pid(&flag["pid"]), instance.orphan(), "{flag}");
+        let announced = events
+            .iter()
+            .find(|e| e["event"] == "gateway" && pid(&e["pid"]) == gateway)
+            .unwrap_or_else(|| panic!("no gateway event for {gateway}: {events:?}"));
+        assert_eq!(
+            announced["selector"],
+            format!("exe:{selected}"),
+            "{announced}"
+        );
     }
 }

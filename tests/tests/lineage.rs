@@ -7,8 +7,8 @@ use std::{
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reaper_tests::{
-    Run, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper, run_shape,
-    run_shape_in, run_shape_until, scratch, shapes, wait_for_file,
+    Run, Then, patience, pid, read_json, reaper_trace, require_root, run_reaper, run_reaper_until,
+    run_shape, run_shape_until, scratch, shapes, wait_for_file,
 };
 use serde_json::{Value, json};
 
@@ -175,8 +175,35 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
     if !require_root("setsid_double_fork_grandchild_stays_in_the_lineage") {
         return;
     }
+    // The grandchild is held until the stream shows the gateway's exit: that it outlives its
+    // gateway rests on that proof, not on a clock.
     let dir = scratch("setsid-double-fork");
-    let (run, truth) = run_shape_in(&dir, &[], "setsid-double-fork", &[], &[]);
+    let truth_path = dir.join("truth.json");
+    let shapes = shapes();
+    let args = [
+        "--",
+        shapes.to_str().unwrap(),
+        "setsid-double-fork",
+        truth_path.to_str().unwrap(),
+    ];
+    let run = run_reaper_until(
+        &args,
+        &[],
+        &dir.join("release"),
+        ("the gateway's exit event", Then::Release),
+        |events| {
+            let gateway = events
+                .iter()
+                .find(|e| e["event"] == "ready")
+                .map(|e| e["gateway"][0].clone());
+            gateway.is_some_and(|gw| {
+                events
+                    .iter()
+                    .any(|e| e["event"] == "exit" && e["pid"] == gw)
+            })
+        },
+    );
+    let truth = read_json(&truth_path);
     let gw = pid(&truth["gateway"]);
     let leader = pid(&truth["session_leader"]);
     let grandchild = pid(&truth["grandchild"]);
@@ -246,8 +273,12 @@ fn gateway_exit_leaves_a_descendant_alive_with_its_lineage() {
         ]
     );
     assert_eq!(
-        left["escaped"], false,
+        left["called_setsid"], false,
         "the grandchild itself did not call setsid"
+    );
+    assert_eq!(
+        left["escaped"], true,
+        "out of the gateway's session, by its spawner's setsid (schema 2: as in a flag)"
     );
     assert_eq!(run.summary()["gateway_exit_code"], 0);
     run.assert_lossless();

@@ -150,6 +150,7 @@ const HOST_ONLY_TESTS: &[&str] = &[
     "ci_gate",
     "dist",
     "hermes",
+    "service_unit",
 ];
 
 /// Release builds of the binaries and of the kernel integration tests; returns the test

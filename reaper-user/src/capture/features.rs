@@ -36,9 +36,7 @@ pub struct KernelFeatures {
 impl KernelFeatures {
     pub fn probe() -> KernelFeatures {
         KernelFeatures {
-            release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_else(|_| "unknown".into()),
+            release: crate::procfs::kernel_release(),
             ring_buffer: is_map_supported(MapType::RingBuf).ok(),
             btf_tracing: is_program_supported(ProgramType::Tracing).ok(),
             pidfd: pidfd_open_works(),

@@ -148,11 +148,11 @@ fn release_free_heap() {
 /// Explains a load or attach failure in terms of what to do about it.
 fn failure_hint(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    if features::too_old(release.trim()) {
+    let release = crate::procfs::kernel_release();
+    if features::too_old(&release) {
         format!(
             "\nthis kernel ({}) is older than 5.12 and its BPF verifier refuses the probes: {}",
-            release.trim(),
+            release,
             features::NEEDS_NEWER
         )
     } else if text.contains("BPF_ATOMIC") || text.contains("unknown opcode") {

@@ -1,10 +1,12 @@
 //! From the kernel to typed records: what the running kernel offers ([`features`], [`btf`],
 //! [`tracefs`]), the probes loaded and attached with this kernel's offsets ([`loader`]), and
-//! each ring-buffer record decoded into a [`decode::KernelEvent`], read on the pace of a
-//! [`poll_clock::PollClock`] while records stream.
+//! each ring-buffer record decoded into a [`decode::KernelEvent`] and accounted for
+//! ([`reader`]: delivery and latency), read on the pace of a [`poll_clock::PollClock`] while
+//! records stream.
 pub mod btf;
 pub mod decode;
 pub mod features;
 pub mod loader;
 pub mod poll_clock;
+pub mod reader;
 pub mod tracefs;

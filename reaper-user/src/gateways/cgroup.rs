@@ -32,7 +32,7 @@ impl CgroupDir {
     /// made in must.
     pub fn resolve(dir: &Path) -> Result<CgroupDir> {
         let what = || format!("--gateway-cgroup {}", dir.display());
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").with_context(what)?;
+        let mountinfo = crate::procfs::own_mountinfo().with_context(what)?;
         let mounts = cgroup2_mounts(&mountinfo);
         if mounts.is_empty() {
             bail!("{}: no cgroup v2 hierarchy is mounted here", what());
@@ -91,14 +91,14 @@ impl CgroupDir {
                 // Not running now: where systemd will make it.
                 path = format!("{}/{unit}", slice_path(&show("Slice")?));
             }
-            let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+            let mountinfo = crate::procfs::own_mountinfo()?;
             let (mount_point, _) = cgroup2_mounts(&mountinfo)
                 .into_iter()
                 .next()
                 .ok_or_else(|| anyhow!("--gateway-unit {unit}: no cgroup v2 hierarchy"))?;
             return Self::resolve(&mount_point.join(path.trim_start_matches('/')));
         }
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+        let mountinfo = crate::procfs::own_mountinfo()?;
         for (mount_point, _) in cgroup2_mounts(&mountinfo) {
             if let Some(dir) = find_dir(&mount_point, &unit, 4) {
                 return Self::resolve(&dir);

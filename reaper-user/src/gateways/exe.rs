@@ -128,7 +128,7 @@ fn kernel_inode(path: &Path) -> Result<ExeKey> {
         Some(ino) => ino,
         None => file.metadata()?.ino(), // kernels before 5.14 do not show it
     };
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    let mountinfo = crate::procfs::own_mountinfo()?;
     let (major, minor) = superblock_dev(&mountinfo, mnt_id)
         .with_context(|| format!("mount {mnt_id} is not in /proc/self/mountinfo"))?;
     Ok(ExeKey {

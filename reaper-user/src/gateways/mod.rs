@@ -4,6 +4,7 @@
 //!
 //! A selector's number is its index here; the kernel's maps carry it, the `gateway` event
 //! names it by its label (`"exe:/usr/local/bin/hermes"`, `"pid"`, `"unit:hermes.service"`).
+pub mod announce;
 pub mod cgroup;
 pub mod exe;
 pub mod pidfile;

@@ -26,6 +26,8 @@ use crate::identity::{NotOpened, PidFd, PidRef};
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
+use crate::stream::Stamped;
+use crate::stream::events::{Event, ProcText};
 use crate::text::{Args, Comm};
 
 /// `--kill` settings.
@@ -87,6 +89,21 @@ pub struct KillReport {
     /// Boot-time ns of the step: when the signal was sent, the exit seen, or the refusal
     /// decided (the event's `ts`, whenever the stream gets to write it).
     pub at: u64,
+}
+
+impl KillReport {
+    /// The step as the stream's `kill` event.
+    pub fn event(&self) -> Stamped {
+        let ev = Event::Kill {
+            pid: self.pid,
+            comm: ProcText::new("comm", self.comm),
+            reason: self.reason.name(),
+            signal: self.signal,
+            result: self.result.name(),
+            secs: self.secs,
+        };
+        Stamped::new(self.at, ev)
+    }
 }
 
 /// A process cleared for signalling: its pidfd is verified to be the graph's process.

@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 
 use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::output::events::{
+use crate::procfs::facts::{FdKind, read_rss_kib};
+use crate::procfs::sockets::SocketKind;
+use crate::stream::events::{
     Ancestor, Argv, ChainMember, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary,
     Peer, PipeInfo, ProcText, SpawningThread,
 };
-use crate::procfs::facts::{FdKind, read_rss_kib};
-use crate::procfs::sockets::SocketKind;
 
 fn state_text(state: u8) -> String {
     let name = match state {
@@ -28,7 +28,7 @@ fn state_text(state: u8) -> String {
 
 /// A process's name as it is now (prctl(PR_SET_NAME), a write to /proc/PID/comm), not at its
 /// exec: the one name an event gives a process. A dead one keeps its last known name.
-fn current_name(n: &Node) -> crate::text::Comm {
+pub fn current_name(n: &Node) -> crate::text::Comm {
     match n.alive() {
         true => n.process().still_same().map_or(n.comm, |stat| stat.comm),
         false => n.comm,
@@ -72,17 +72,6 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         Some(e) => (state_text(e.sample.state), e.sample.rss_kib),
         None => (state_text(if node.zombie() { b'Z' } else { b'?' }), None),
     };
-    // Out of the gateway's session, process group or cgroup: by its own setsid() or an
-    // ancestor's (a session is inherited).
-    let escaped = match chain.first().filter(|g| g.is_gateway && g.id != node.id) {
-        Some(g) => {
-            node.escaped
-                || node.sid != g.sid
-                || node.pgid != g.pgid
-                || matches!((g.cgroup_id, node.cgroup_id), (Some(a), Some(b)) if a != b)
-        }
-        None => node.escaped,
-    };
     LeakDetail {
         lineage: chain.iter().map(|n| n.pid).collect(),
         ancestors,
@@ -91,7 +80,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         state,
         rss_kib,
         ppid: node.ppid,
-        escaped,
+        escaped: graph.escaped(node.id),
         placement: evidence.map(|e| e.placement.clone()).unwrap_or_default(),
         comm: ProcText::new("comm", comm),
         argv: Argv::new(node.argv.clone()),

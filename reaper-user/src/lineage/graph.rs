@@ -58,7 +58,7 @@ pub struct Node {
     /// Found in /proc at start-up or at a resync, not seen forking.
     pub seeded: bool,
     /// Called setsid() since it was first seen.
-    pub escaped: bool,
+    pub called_setsid: bool,
     /// Part of the graph after an event loss, until re-verified from /proc.
     pub uncertain: bool,
     /// Processes whose real parent this is (kept for reparent checks at exit).
@@ -210,6 +210,25 @@ impl LineageGraph {
         self.chain(id).iter().map(|n| n.pid).collect()
     }
 
+    /// Whether `id` left its gateway's session, process group or cgroup: by its own setsid()
+    /// or an ancestor's (a session is inherited), a setpgid(), or a move to another cgroup.
+    /// Without a gateway on its chain, whether it called setsid().
+    pub fn escaped(&self, id: NodeId) -> bool {
+        let chain = self.chain(id);
+        let Some(node) = chain.last() else {
+            return false;
+        };
+        match chain.first().filter(|g| g.is_gateway && g.id != node.id) {
+            Some(g) => {
+                node.called_setsid
+                    || node.sid != g.sid
+                    || node.pgid != g.pgid
+                    || matches!((g.cgroup_id, node.cgroup_id), (Some(a), Some(b)) if a != b)
+            }
+            None => node.called_setsid,
+        }
+    }
+
     /// The spawn chain of `id`, from its gateway (or the oldest known spawner) down to `id`.
     pub fn chain(&self, id: NodeId) -> Vec<&Node> {
         let mut chain = Vec::new();
@@ -316,7 +335,7 @@ impl LineageGraph {
             reaped_at: None,
             is_gateway: false,
             seeded: false,
-            escaped: false,
+            called_setsid: false,
             uncertain: false,
             real_children: HashSet::default(),
             spawned: HashSet::default(),

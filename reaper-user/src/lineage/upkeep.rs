@@ -2,24 +2,24 @@
 //! process read back once the kernel reparented them, processes the kernel does not follow
 //! (forked while its tracked map was full) watched in /proc, zombies whose kernel free lags
 //! recorded from /proc, and, after a loss, the graph repaired from /proc and the kernel's
-//! tracked map. Each step is reported in the stream as what it learnt (`reparent`, `exit`,
-//! `reaped` with `from_proc`, `snapshot`, `lost`).
+//! tracked map. Each step returns what it learnt as events (`reparent`, `exit`, `reaped` with
+//! `from_proc`, `snapshot`, `lost`) for output to write.
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
-use super::graph::{LineageGraph, NodeId, Seed};
+use super::graph::{Applied, LineageGraph, NodeId, Seed};
 use super::seed::{TrackedMap, seed_of};
 
+use crate::capture::decode::{KernelEvent, What};
 use crate::capture::loader::LossCounts;
-use crate::output::{
-    Output,
+use crate::procfs::{self, boottime_now, placement};
+use crate::stream::{
+    Stamped,
     events::{Argv, Event, ProcText},
 };
-use crate::procfs::{self, boottime_now, placement};
 
 /// How long to wait for the kernel to reparent the children of an exited process.
 const REPARENT_PATIENCE: Duration = Duration::from_secs(2);
@@ -51,19 +51,41 @@ pub struct Upkeep {
 }
 
 impl Upkeep {
-    /// A child forked while the tracked map was full: the kernel will not follow it.
-    pub fn unfollowed_child(&mut self, pid: u32, node: NodeId) {
-        self.untracked_children.push(pid);
-        self.unfollowed.insert(node);
-    }
-
-    /// An event named a process the graph does not know (only after a loss): re-read it.
-    pub fn resync_later(&mut self, pid: u32) {
-        self.resync_pids.insert(pid);
+    /// What kernel event `ev`, applied to `graph` as `applied`, leaves to check later. Returns
+    /// the node it is about, or none when there is nothing to report: a duplicate, or a
+    /// process the graph does not know (re-read from /proc at the next check, unless the
+    /// event is its free: gone, nothing to repair).
+    pub fn on_record(
+        &mut self,
+        graph: &mut LineageGraph,
+        ev: &KernelEvent,
+        applied: Applied,
+    ) -> Option<NodeId> {
+        match (applied, &ev.what) {
+            (Applied::Duplicate, _) | (Applied::Unknown, What::Free) => None,
+            (Applied::Unknown, _) => {
+                self.resync_pids.insert(ev.pid);
+                None
+            }
+            (Applied::Node(id), What::Fork { untracked, .. }) => {
+                if *untracked {
+                    // Forked while the tracked map was full: the kernel will not follow it.
+                    self.untracked_children.push(ev.pid);
+                    self.unfollowed.insert(id);
+                    graph.mark_uncertain(id);
+                }
+                Some(id)
+            }
+            (Applied::Exit { node, orphans }, _) => {
+                self.orphaned(graph, orphans);
+                Some(node)
+            }
+            (Applied::Node(id), _) => Some(id),
+        }
     }
 
     /// The live children of an exited process, whose new parents are to be read back.
-    pub fn orphaned(&mut self, graph: &LineageGraph, orphans: Vec<NodeId>) {
+    fn orphaned(&mut self, graph: &LineageGraph, orphans: Vec<NodeId>) {
         let since = Instant::now();
         for orphan in orphans {
             if let Some(n) = graph.node(orphan) {
@@ -84,14 +106,9 @@ impl Upkeep {
     ///
     /// `min_age`: how long ago the exit must be ([`FREE_LAG`] while tracing; zero once the
     /// probes are detached, since no free can come any more).
-    pub fn check_released(
-        &mut self,
-        graph: &mut LineageGraph,
-        out: &mut Output,
-        min_age: Duration,
-    ) -> Result<()> {
+    pub fn check_released(&mut self, graph: &mut LineageGraph, min_age: Duration) -> Vec<Stamped> {
         if graph.zombie_count() == 0 {
-            return Ok(()); // the common case: no walk of the graph
+            return Vec::new(); // the common case: no walk of the graph
         }
         let now = boottime_now();
         let lagging: Vec<NodeId> = graph
@@ -104,16 +121,18 @@ impl Upkeep {
             .filter(|n| n.process().still_same().is_none())
             .map(|n| n.id)
             .collect();
+        let mut found = Vec::new();
         for id in lagging {
-            report_gone(graph, out, id)?;
+            report_gone(graph, id, &mut found);
         }
-        Ok(())
+        found
     }
 
     /// Reads the new parents of children whose parent exited. The kernel reparents them a
     /// little after the exit event, so a child still showing its old parent is retried.
-    pub fn check_reparents(&mut self, graph: &mut LineageGraph, out: &mut Output) -> Result<()> {
+    pub fn check_reparents(&mut self, graph: &mut LineageGraph) -> Vec<Stamped> {
         let pending = std::mem::take(&mut self.pending_reparents);
+        let mut found = Vec::new();
         for p in pending {
             let Some(node) = graph.node(p.node) else {
                 continue;
@@ -136,15 +155,16 @@ impl Upkeep {
                 old_ppid: p.old_ppid,
                 new_ppid: stat.ppid,
             };
-            out.event(boottime_now(), &ev)?;
+            found.push(Stamped::new(boottime_now(), ev));
         }
-        Ok(())
+        found
     }
 
     /// Looks in /proc for the processes the kernel does not follow; reports those that are
     /// gone as exited and reaped (status unknown).
-    pub fn check_unfollowed(&mut self, graph: &mut LineageGraph, out: &mut Output) -> Result<()> {
+    pub fn check_unfollowed(&mut self, graph: &mut LineageGraph) -> Vec<Stamped> {
         let watched: Vec<NodeId> = self.unfollowed.iter().copied().collect();
+        let mut found = Vec::new();
         for id in watched {
             let Some(node) = graph.node(id) else {
                 self.unfollowed.remove(&id);
@@ -152,10 +172,10 @@ impl Upkeep {
             };
             if node.process().still_same().is_none() {
                 self.unfollowed.remove(&id);
-                report_gone(graph, out, id)?;
+                report_gone(graph, id, &mut found);
             }
         }
-        Ok(())
+        found
     }
 
     pub fn has_pending_reparents(&self) -> bool {
@@ -171,14 +191,13 @@ impl Upkeep {
     pub fn check_losses(
         &mut self,
         graph: &mut LineageGraph,
-        out: &mut Output,
         now: LossCounts,
         tracked: &TrackedMap,
-    ) -> Result<()> {
+    ) -> Vec<Stamped> {
         let new_drops = now.dropped() - self.reported_losses.dropped();
         let new_full = now.tracked_full - self.reported_losses.tracked_full;
         if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() {
-            return Ok(());
+            return Vec::new();
         }
         let mut kinds = BTreeMap::new();
         for kind in EventKind::ALL {
@@ -192,8 +211,9 @@ impl Upkeep {
             kinds.insert("tracked_full", new_full);
         }
         self.reported_losses = now;
+        let mut found = Vec::new();
         let mut affected = if new_drops > 0 || !self.resync_pids.is_empty() {
-            self.resync(graph, out, tracked)?
+            self.resync(graph, tracked, &mut found)
         } else {
             Vec::new()
         };
@@ -201,26 +221,27 @@ impl Upkeep {
         affected.sort_unstable();
         affected.dedup();
         if new_drops == 0 && new_full == 0 {
-            return Ok(()); // a late event for a process already repaired: nothing was lost
+            return found; // a late event for a process already repaired: nothing was lost
         }
         let ev = Event::Lost {
             count: new_drops + new_full,
             kinds,
             affected,
         };
-        out.event(boottime_now(), &ev)
+        found.push(Stamped::new(boottime_now(), ev));
+        found
     }
 
     /// Re-reads from /proc every process the kernel tracks or the graph thinks alive, and
     /// fixes the graph: processes it missed are added (as `snapshot`s, marked uncertain: their
     /// lineage edge is only their parent at that moment), processes that are gone are marked
-    /// exited and reaped. Returns the pids it touched.
+    /// exited and reaped, each added to `found`. Returns the pids it touched.
     fn resync(
         &mut self,
         graph: &mut LineageGraph,
-        out: &mut Output,
         tracked: &TrackedMap,
-    ) -> Result<Vec<u32>> {
+        found: &mut Vec<Stamped>,
+    ) -> Vec<u32> {
         let mut affected = Vec::new();
         let kernel_pids: Vec<u32> = tracked.keys().filter_map(|k| k.ok()).collect();
         let mut seeds = Vec::new();
@@ -245,7 +266,7 @@ impl Upkeep {
             let pid = seed.pid;
             let (id, new) = graph.add_seed(seed);
             if new {
-                emit_snapshot(graph, out, id)?;
+                found.extend(snapshot(graph, id));
             }
             affected.push(pid);
         }
@@ -256,18 +277,18 @@ impl Upkeep {
             .map(|n| (n.id, n.pid))
             .collect();
         for (id, pid) in stale {
-            report_gone(graph, out, id)?;
+            report_gone(graph, id, found);
             affected.push(pid);
         }
-        Ok(affected)
+        affected
     }
 }
 
 /// Marks a process that vanished from /proc unseen as reaped (and, if it was thought alive,
-/// exited, status unknown), and says so.
-pub fn report_gone(graph: &mut LineageGraph, out: &mut Output, id: NodeId) -> Result<()> {
+/// exited, status unknown); adds the events that say so to `found`.
+fn report_gone(graph: &mut LineageGraph, id: NodeId, found: &mut Vec<Stamped>) {
     let Some((pid, was_alive)) = graph.node(id).map(|n| (n.pid, n.alive())) else {
-        return Ok(());
+        return;
     };
     let now = boottime_now();
     graph.mark_gone(id, now);
@@ -278,20 +299,18 @@ pub fn report_gone(graph: &mut LineageGraph, out: &mut Output, id: NodeId) -> Re
             signal: None,
             core: false,
         };
-        out.event(now, &exit)?;
+        found.push(Stamped::new(now, exit));
     }
     let reaped = Event::Reaped {
         pid,
         from_proc: true,
     };
-    out.event(now, &reaped)
+    found.push(Stamped::new(now, reaped));
 }
 
-/// Reports a process newly added to the graph from /proc as a `snapshot`.
-pub fn emit_snapshot(graph: &LineageGraph, out: &mut Output, id: NodeId) -> Result<()> {
-    let Some(n) = graph.node(id) else {
-        return Ok(());
-    };
+/// A process newly added to the graph from /proc, as a `snapshot` event.
+pub fn snapshot(graph: &LineageGraph, id: NodeId) -> Option<Stamped> {
+    let n = graph.node(id)?;
     let ev = Event::Snapshot {
         pid: n.pid,
         ppid: n.ppid,
@@ -302,5 +321,5 @@ pub fn emit_snapshot(graph: &LineageGraph, out: &mut Output, id: NodeId) -> Resu
         pgid: n.pgid,
         placement: placement::read(n.pid),
     };
-    out.event(boottime_now(), &ev)
+    Some(Stamped::new(boottime_now(), ev))
 }

@@ -1,10 +1,10 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
-use crate::output::events::{
+use crate::output::label::command_label;
+use crate::stream::events::{
     Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText,
     SpawningThread, wait_status,
 };
-use crate::output::label::command_label;
 use crate::text::escape_for_terminal;
 
 mod fold;
@@ -77,6 +77,7 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             tracked,
             setsid_hook,
             kernel,
+            ..
         } => {
             let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
             let gws = match gws.is_empty() {
@@ -414,7 +415,7 @@ pub fn check_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::events::{Ancestor, Peer};
+    use crate::stream::events::{Ancestor, Peer};
     use crate::text::{Args, Comm};
 
     #[test]

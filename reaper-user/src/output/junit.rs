@@ -15,8 +15,8 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::output::events::LeakedProcess;
 use crate::output::human::{evidence_text, who};
+use crate::stream::events::LeakedProcess;
 use crate::text::escape_markup as esc;
 
 /// The report file, created at start so that a bad path is an error before anything runs.
@@ -130,8 +130,8 @@ pub fn render(v: &Verdict, now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::events::{Argv, ProcText};
-    use crate::output::evidence::LeakDetail;
+    use crate::stream::events::{Argv, ProcText};
+    use crate::stream::evidence::LeakDetail;
     use crate::text::{Args, Comm};
 
     fn leaked(pid: u32, argv: &[&[u8]]) -> LeakedProcess {

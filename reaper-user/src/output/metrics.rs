@@ -11,7 +11,7 @@ use prometheus_client::metrics::{
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::leaks::Reason;
-use crate::output::events::{Event, Lifecycle};
+use crate::stream::events::{Event, Lifecycle};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {

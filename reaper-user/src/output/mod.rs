@@ -1,7 +1,4 @@
 //! Where events go: NDJSON for tools, one readable line per event for people.
-pub mod events;
-pub mod evidence;
-pub mod fields;
 pub mod human;
 pub mod junit;
 pub mod label;
@@ -16,10 +13,10 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 
-use crate::output::events::{Counts, Envelope, Event};
 use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
 use crate::output::status::StatusLine;
+use crate::stream::events::{Counts, Envelope, Event};
 
 /// Writes the event stream. NDJSON goes to each of `json` (stdout with `--json`, the file of
 /// `--output`); readable lines go to `human` (stdout by default, stderr with `--json`). Every

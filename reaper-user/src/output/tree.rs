@@ -108,7 +108,7 @@ fn describe(n: &Node) -> String {
         }
         (None, _) => {
             let _ = write!(s, " [alive, parent {}", n.ppid);
-            if n.escaped {
+            if n.called_setsid {
                 s.push_str(", called setsid");
             }
             if n.uncertain {

@@ -1,4 +1,5 @@
-//! Reads of `/proc`: only what seeding and resynchronisation need, off the event path.
+//! Reads of `/proc`: only what seeding and resynchronisation need, off the event path, and
+//! reaper-trace's own view (its mounts, the kernel release).
 //!
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
 pub mod facts;
@@ -51,6 +52,19 @@ pub fn root() -> &'static Path {
 /// `file` of process `pid` in the processes' /proc (see [`root`]).
 pub fn proc_path(pid: u32, file: &str) -> PathBuf {
     root().join(pid.to_string()).join(file)
+}
+
+/// reaper-trace's own mount table (`/proc/self/mountinfo`: its mount namespace's, whatever
+/// `--proc-root` says), for the cgroup v2 mounts and an executable's superblock.
+pub fn own_mountinfo() -> io::Result<String> {
+    fs::read_to_string("/proc/self/mountinfo")
+}
+
+/// The running kernel's release (`6.12.48+deb13-amd64`), or `unknown`.
+pub fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// This process's own pid as the processes' /proc names it (the host's pid, when that /proc

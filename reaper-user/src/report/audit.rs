@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::crowds::Crowds;
 use super::timeline::{Point, Timeline};
-use crate::output::events::LeakDetail;
+use crate::stream::events::LeakDetail;
 
 /// The fields of a line the pass needs; the rest is skipped by the parser.
 #[derive(Deserialize)]

@@ -3,7 +3,7 @@
 //! the count of live instances over time (each flag carries the count when it was raised).
 use std::collections::BTreeMap;
 
-use crate::output::events::LeakDetail;
+use crate::stream::events::LeakDetail;
 
 /// At most this many kinds are followed (the rest are counted).
 pub const MAX_KINDS: usize = 200;
@@ -69,7 +69,7 @@ impl Crowds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::evidence::KindEvidence;
+    use crate::stream::evidence::KindEvidence;
 
     fn flag(pattern: &str, instances: u64) -> LeakDetail {
         LeakDetail {

@@ -140,7 +140,7 @@ impl LineageGraph {
                 let node = self.nodes.get_mut(&id).unwrap();
                 node.sid = *sid;
                 node.pgid = *sid;
-                node.escaped = true;
+                node.called_setsid = true;
                 Applied::Node(id)
             }
         }

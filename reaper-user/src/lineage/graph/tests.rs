@@ -68,7 +68,7 @@ fn escaped_grandchild_keeps_its_lineage_after_reparenting_to_init() {
     assert_eq!(g.reparent(grandchild, 1), Some(200));
     g.apply(&ev(3, 200, 5_000, What::Free));
     assert_eq!(g.lineage(grandchild), vec![100, 200, 300]);
-    assert!(g.node(child).unwrap().escaped);
+    assert!(g.node(child).unwrap().called_setsid);
     assert_eq!(g.node(grandchild).unwrap().ppid, 1);
 }
 

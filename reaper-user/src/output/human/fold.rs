@@ -2,7 +2,7 @@
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
 use super::{human_line, human_rss};
-use crate::output::events::Event;
+use crate::stream::events::Event;
 use crate::text::escape_for_terminal;
 
 /// The readable lines of a batch of findings (one scan's): the `accumulating` flags of one
@@ -96,7 +96,7 @@ fn folded_line(run: &[&Event]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::events::{Ancestor, Argv, LeakDetail, ProcText};
+    use crate::stream::events::{Ancestor, Argv, LeakDetail, ProcText};
     use crate::text::{Args, Comm};
 
     fn detail(gateway: u32) -> LeakDetail {
@@ -116,7 +116,7 @@ mod tests {
     fn the_older_instances_of_one_kind_fold_into_one_line() {
         let flag = |pid: u32, rss: u64| {
             let mut d = detail(11745);
-            d.kind = Some(crate::output::evidence::KindEvidence {
+            d.kind = Some(crate::stream::evidence::KindEvidence {
                 exe: "/usr/bin/stdio-mcp-binary".into(),
                 pattern: "stdio-mcp-binary serve".into(),
             });

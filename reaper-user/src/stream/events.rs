@@ -40,7 +40,10 @@ pub struct AliveProcess {
     #[serde(flatten)]
     pub argv: Argv,
     pub ppid: u32,
+    /// Out of its gateway's session, process group or cgroup (as in a flag's evidence).
     pub escaped: bool,
+    /// It called setsid() itself (schema 2; `escaped` meant this in schema 1).
+    pub called_setsid: bool,
     pub uncertain: bool,
 }
 
@@ -134,6 +137,11 @@ pub struct Latency {
     pub max: u64,
 }
 
+/// The version of the stream's schema (`schema/events.schema.json`), named by `ready`. It
+/// goes up when a field's meaning changes (docs/events.md lists each version's changes);
+/// added events and fields keep it.
+pub const SCHEMA_VERSION: u32 = 2;
+
 /// Every event of the stream.
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
@@ -166,6 +174,8 @@ pub enum Event {
         argv: Argv,
     },
     Ready {
+        /// The stream's schema version ([`SCHEMA_VERSION`]).
+        schema: u32,
         gateway: Vec<u32>,
         tracked: usize,
         /// How setsid() is observed: "tracepoint", "raw_syscalls" or "none".

@@ -1,0 +1,190 @@
+//! The event loop: the ring read on the pace of the poll clock while records stream, the
+//! upkeep on the housekeeping tick, the leak rules and `--kill` on the scan's timer, until a
+//! stop condition.
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, RingBuf};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+    sync::mpsc::UnboundedReceiver,
+    time::{Instant, sleep_until},
+};
+
+use super::command::{GatewayCommand, Stop};
+use super::follow_pidfiles;
+use super::pipeline::Pipeline;
+use crate::capture::loader::{KernelCounters, ReaderIdle};
+use crate::capture::poll_clock::PollClock;
+use crate::cli::Cli;
+use crate::gateways::Selectors;
+use crate::kill::KillReport;
+use crate::lineage::seed::TrackedMap;
+use crate::lineage::upkeep::FREE_LAG;
+use crate::procfs::boottime_now;
+
+/// How often losses are checked and pending reparents re-read when nothing else happens.
+const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// How soon a child whose parent exited is looked at again.
+const REPARENT_RETRY: Duration = Duration::from_millis(5);
+
+/// What the event loop reads besides its timers and signals.
+pub(super) struct Sources<'a> {
+    pub(super) ring: AsyncFd<RingBuf<MapData>>,
+    pub(super) kernel: Kernel<'a>,
+    pub(super) command: GatewayCommand,
+    /// The kill sequences' reports; none without `--kill`.
+    pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
+}
+
+/// The maps the event loop uses besides the ring.
+pub(super) struct Kernel<'a> {
+    pub(super) counters: &'a KernelCounters,
+    pub(super) tracked: &'a mut TrackedMap,
+    pub(super) reader_idle: &'a mut ReaderIdle,
+}
+
+/// Streams events until a stop condition: the duration, a signal, or every gateway gone with
+/// no tracked process left alive. Returns which.
+///
+/// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval
+/// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
+/// next record then wakes it at once), polls once more to catch a record that raced that,
+/// and sleeps. Housekeeping also polls, which bounds even that race's delay.
+pub(super) async fn event_loop(
+    cli: &Cli,
+    selectors: &mut Selectors,
+    run: &mut Pipeline,
+    sources: &mut Sources<'_>,
+) -> Result<Stop> {
+    let Sources {
+        ring,
+        kernel,
+        command,
+        kill_reports,
+    } = sources;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    // `--wakeup-interval 0`: every record wakes the reader (the kernel is told not to batch),
+    // so there is nothing to poll for.
+    let batching = !cli.wakeup_interval.is_zero();
+    let mut poll = PollClock::new(cli.wakeup_interval.max(Duration::from_micros(100)))
+        .context("creating the reader's poll clock (timerfd)")?;
+    kernel.reader_idle.going_idle()?;
+    // The timers live across iterations and are moved only when their time changes: a fresh
+    // timer per wake-up is a timer-wheel insertion and removal each, on the hottest loop.
+    let stop_at = sleep_until(cli.duration.map(|d| Instant::now() + d).unwrap_or(far));
+    let house = sleep_until(Instant::now() + HOUSEKEEPING);
+    let scan = sleep_until(Instant::now() + cli.scan_interval);
+    // --check: when the gateway command's settle time is up.
+    let settle = sleep_until(far);
+    tokio::pin!(stop_at, house, scan, settle);
+    let mut settling = false;
+    let mut reparent_retry = false;
+    loop {
+        // A child whose parent exited is looked at again soon, not at the next tick.
+        if run.has_pending_reparents() && !reparent_retry {
+            let soon = Instant::now() + REPARENT_RETRY;
+            if soon < house.deadline() {
+                house.as_mut().reset(soon);
+                reparent_retry = true;
+            }
+        }
+        // Written lines go out at once, except while records stream: then they leave in
+        // full buffers and at each housekeeping tick, and all of them when the stream pauses
+        // (a write per wake-up was a fifth of the reader's CPU in a fork storm).
+        let mut flush = true;
+        tokio::select! {
+            ready = ring.readable_mut() => {
+                // Clear first, then drain: a record arriving meanwhile re-arms readiness.
+                ready.context("waiting on the ring buffer")?.clear_ready();
+                drain(ring.get_mut(), run)?;
+                if batching {
+                    poll.start().context("starting the poll clock")?;
+                }
+                flush = !batching;
+            }
+            tick = poll.tick(), if poll.ticking() => {
+                tick.context("waiting on the poll clock")?;
+                let mut n = drain(ring.get_mut(), run)?;
+                if n == 0 {
+                    kernel.reader_idle.going_idle()?;
+                    n = drain(ring.get_mut(), run)?;
+                }
+                if n == 0 {
+                    poll.stop().context("stopping the poll clock")?;
+                }
+                flush = n == 0;
+            }
+            _ = &mut house => {
+                let losses = kernel.counters.losses()?;
+                drain(ring.get_mut(), run)?;
+                run.keep_exact(losses, kernel.tracked)?;
+                follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
+                house.as_mut().reset(Instant::now() + HOUSEKEEPING);
+                reparent_retry = false;
+            }
+            _ = &mut scan => {
+                drain(ring.get_mut(), run)?;
+                run.release_lagging(FREE_LAG)?;
+                run.scan_leaks()?;
+                run.decide_kills()?;
+                run.output().draw_status().context("writing output")?;
+                scan.as_mut().reset(next_scan(cli.scan_interval, run.next_look()));
+            }
+            Some(report) = next_report(kill_reports) => run.report_kill(report)?,
+            status = command.wait(), if command.running() => {
+                command.status = Some(status?);
+                // Its exit event may still be in the ring.
+                drain(ring.get_mut(), run)?;
+                if cli.check {
+                    settle.as_mut().reset(Instant::now() + cli.settle_time());
+                    settling = true;
+                }
+            }
+            _ = &mut settle, if settling => return Ok(Stop::Done),
+            _ = sigint.recv() => return Ok(Stop::Signal("SIGINT")),
+            _ = sigterm.recv() => return Ok(Stop::Signal("SIGTERM")),
+            _ = &mut stop_at => return Ok(Stop::Duration),
+        }
+        if flush {
+            run.output().flush().context("writing output")?;
+        }
+        let waiting_for_more = selectors.watches();
+        if !command.running() && !waiting_for_more && run.finished() {
+            return Ok(Stop::Done);
+        }
+    }
+}
+
+/// When the next leak scan runs: a scan interval from now, or sooner when an orphan grace
+/// ends before (`grace_end`, boot-time ns).
+fn next_scan(interval: Duration, grace_end: Option<u64>) -> Instant {
+    let regular = Instant::now() + interval;
+    let Some(end) = grace_end else {
+        return regular;
+    };
+    let wait = Duration::from_nanos(end.saturating_sub(boottime_now()));
+    regular.min(Instant::now() + wait)
+}
+
+/// The next step a kill sequence reports; never, without `--kill`.
+async fn next_report(reports: &mut Option<UnboundedReceiver<KillReport>>) -> Option<KillReport> {
+    match reports.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads every record now in the ring. Returns how many.
+pub(super) fn drain(ring: &mut RingBuf<MapData>, run: &mut Pipeline) -> Result<usize> {
+    let mut n = 0;
+    while let Some(item) = ring.next() {
+        run.record(&item)?;
+        n += 1;
+    }
+    run.end_batch();
+    Ok(n)
+}

@@ -1,0 +1,314 @@
+//! One tracing run: load and attach, seed, start the gateway command, stream events until a
+//! stop condition, then detach, drain and summarise. The parts and the path a record takes
+//! through them are [`pipeline`]'s; the loop that drives them on their timers is
+//! [`event_loop`]'s; the `-- CMD` gateway is [`command`]'s.
+mod command;
+mod event_loop;
+pub mod pipeline;
+
+use std::{
+    io::{BufWriter, Write},
+    time::Duration,
+};
+
+use anyhow::{Result, anyhow, bail};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::{
+    capture::loader::{LoadOptions, Probes},
+    cli::Cli,
+    gateways::Selectors,
+    identity,
+    kill::{KillOptions, Killer},
+    leaks::InspectOptions,
+    lineage::{
+        graph::LineageGraph,
+        seed::{self, TrackedMap},
+    },
+    output::{
+        Output,
+        junit::{self, JunitFile},
+        lines::WholeLines,
+        logfile::{LogFile, Rotation},
+        serve,
+        status::StatusLine,
+    },
+    privileges,
+    procfs::{self, Stat, boottime_now},
+    stream::{
+        Stamped,
+        events::{Event, SCHEMA_VERSION},
+    },
+    text::Args,
+};
+use command::{GatewayCommand, exit_code, spawn_gateway};
+use event_loop::{Kernel, Sources, drain, event_loop};
+use pipeline::Pipeline;
+
+/// Time for probes still running on another CPU to finish after detaching.
+const DETACH_SETTLE: Duration = Duration::from_millis(20);
+
+/// Runs reaper-trace; returns the process exit status.
+pub async fn run(cli: Cli) -> Result<i32> {
+    let t0 = boottime_now();
+    if let Some(root) = &cli.proc_root {
+        if !root.join("self/stat").exists() {
+            bail!("--proc-root {}: not a mounted /proc", root.display());
+        }
+        procfs::set_root(root);
+    }
+    identity::check_pid_namespace(cli.proc_root.as_deref())?;
+    if !identity::own_pids_are_hosts() {
+        // The kernel's pids are the host's; a pidfd or a signal would take them as this
+        // namespace's.
+        if cli.kill {
+            bail!("--kill needs the host's pid namespace: signals name pids in reaper-trace's own");
+        }
+        if !cli.command.is_empty() {
+            bail!(
+                "`-- CMD` needs the host's pid namespace (CMD's pid is this namespace's): \
+                 select the gateway instead (--gateway-exe, --gateway-pid with its host pid)"
+            );
+        }
+    }
+    // Check the gateways before touching the kernel: a typo should cost nothing.
+    let pid_gateways = cli
+        .gateway_pid
+        .iter()
+        .map(|&pid| seed::check_gateway(pid, cli.allow_init))
+        .collect::<Result<Vec<_>>>()?;
+    let mut selectors = Selectors::from_cli(&cli)?;
+    selectors.check_pidfiles()?;
+    let output = output_for(&cli, t0)?;
+    let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
+    let started = std::time::Instant::now();
+    let metrics_listener = match cli.metrics {
+        Some(addr) => Some(serve::bind(addr).await?),
+        None => None,
+    };
+
+    let mut probes = Probes::load(&LoadOptions {
+        max_tracked: cli.max_tracked,
+        ring_bytes: cli.ring_size,
+        batch_wakeups: !cli.wakeup_interval.is_zero(),
+        setsid_hook: cli.setsid_hook.wanted(),
+        selectors: selectors.needs(),
+    })?;
+    for note in &probes.notes {
+        eprintln!("reaper-trace: {note}");
+    }
+
+    let graph = LineageGraph::new(cli.retain_dead);
+    let inspect = InspectOptions {
+        scan_interval: cli.scan_interval,
+        idle_after: cli.idle_after,
+        zombie_after: cli.zombie_after,
+        orphan_grace: cli.orphan_grace,
+        max_instances: cli.max_instances as usize,
+    };
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(serve::serve(listener, output.metrics.registry()));
+    }
+    let (killer, kill_reports) = match cli.kill {
+        true => {
+            let (killer, reports) = Killer::new(KillOptions {
+                reasons: cli.kill_reasons.0.clone(),
+                grace: cli.grace,
+                term_timeout: cli.term_timeout,
+                dry_run: cli.dry_run,
+            });
+            (Some(killer), Some(reports))
+        }
+        false => (None, None),
+    };
+    let mut run = Pipeline::new(graph, output, inspect, killer, selectors.labels());
+
+    // The kernel looks for new gateways from here on; then /proc for those already running.
+    selectors.arm(&mut probes.selector_maps)?;
+    let mut gateways: Vec<(usize, Stat)> = pid_gateways
+        .into_iter()
+        .map(|stat| (Selectors::PID, stat))
+        .collect();
+    for (selector, stat) in selectors.running(&procfs::snapshot_all()?) {
+        if !gateways.iter().any(|(_, g)| g.pid == stat.pid) {
+            gateways.push((selector, stat));
+        }
+    }
+    let gone = adopt(&gateways, &mut probes.tracked, &mut run)?;
+    if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
+        bail!("--gateway-pid {pid}: the process exited during start-up");
+    }
+    let child = match cli.command.is_empty() {
+        true => None,
+        false => {
+            let child = spawn_gateway(&mut probes.tracked, &cli.command, cli.json)?;
+            run.expect_gateway(
+                child
+                    .id()
+                    .ok_or_else(|| anyhow!("the gateway exited at once"))?,
+                Args::from_list(cli.command.iter().map(|a| a.as_encoded_bytes())),
+            );
+            Some(child)
+        }
+    };
+    // Attached and the gateway started: from here on, only what /proc inspection (and --kill)
+    // needs. A failure leaves the run correct but less hardened: say so, go on.
+    if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(cli.kill)) {
+        eprintln!("reaper-trace: warning: {e:#}; keeping full privileges");
+    }
+    let ready = Event::Ready {
+        schema: SCHEMA_VERSION,
+        gateway: run.gateway_pids(),
+        tracked: probes.tracked.keys().count(),
+        setsid_hook: probes.setsid_hook.name(),
+        kernel: probes.features.release.clone(),
+    };
+    let ready_at = boottime_now();
+    run.output().set_t0(ready_at);
+    run.write([Stamped::new(ready_at, ready)])?;
+    run.output().flush()?;
+
+    let mut sources = Sources {
+        // SAFETY: the RingBuf owns its map fd, open and unchanged for as long as the AsyncFd.
+        ring: unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
+            .map_err(|e| anyhow!("polling the ring buffer: {e}"))?,
+        kernel: Kernel {
+            counters: &probes.counters,
+            tracked: &mut probes.tracked,
+            reader_idle: &mut probes.reader_idle,
+        },
+        command: GatewayCommand {
+            child,
+            status: None,
+        },
+        kill_reports,
+    };
+    let stop = event_loop(&cli, &mut selectors, &mut run, &mut sources).await?;
+    let Sources {
+        mut ring,
+        mut command,
+        mut kill_reports,
+        ..
+    } = sources;
+    // Like timeout(1): a run that ends while CMD runs ends CMD too (not its descendants:
+    // what they do after their gateway is gone is what the run reports).
+    if command.running() {
+        command.end(&mut run, stop, cli.term_timeout).await?;
+    }
+
+    // Stop: detach, let running probes finish, take in the rest, and account for it all.
+    probes.programs = None; // detaches every probe; the maps stay for the last drain
+    tokio::time::sleep(DETACH_SETTLE).await;
+    let losses = probes.counters.losses()?;
+    drain(ring.get_mut(), &mut run)?;
+    run.keep_exact(losses, &probes.tracked)?;
+    run.release_lagging(Duration::ZERO)?;
+    // Flags of processes that ended since the last scan are cleared in the stream too.
+    run.scan_leaks()?;
+    while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        run.report_kill(r)?;
+    }
+    let gateway_code = command.status.map(exit_code);
+    let mut status = gateway_code.unwrap_or(0);
+    if cli.check {
+        let (verdict, code) = run.check_verdict(gateway_code)?;
+        status = code;
+        if let (
+            Some(file),
+            Event::Check {
+                verdict,
+                gateway_exit_code,
+                leaked,
+            },
+        ) = (junit, &verdict)
+        {
+            file.write(&junit::Verdict {
+                command: Args::from_list(cli.command.iter().map(|a| a.as_encoded_bytes()))
+                    .for_terminal(),
+                verdict,
+                gateway_exit_code: *gateway_exit_code,
+                leaked,
+                took: started.elapsed(),
+            })?;
+        }
+    }
+    run.close(&probes.counters, gateway_code)?;
+    Ok(status)
+}
+
+/// Makes the pid of each rewritten pidfile a gateway (with what it already spawned, from
+/// /proc). A pidfile that names no live process, or holds no pid, is reported and waited on.
+pub(super) fn follow_pidfiles(
+    selectors: &mut Selectors,
+    run: &mut Pipeline,
+    tracked: &mut TrackedMap,
+    allow_init: bool,
+) -> Result<()> {
+    for (selector, change) in selectors.pidfile_changes() {
+        let label = selectors.label(selector).to_owned();
+        let stat = change.and_then(|pid| {
+            seed::check_gateway(pid, allow_init)
+                .map_err(|e| anyhow!("{}", e.to_string().replace("--gateway-pid", "pid")))
+        });
+        let stat = match stat {
+            Ok(stat) => stat,
+            Err(e) => {
+                eprintln!("reaper-trace: {label}: {e:#}; waiting for it to change");
+                continue;
+            }
+        };
+        adopt(&[(selector, stat)], tracked, run)?;
+    }
+    Ok(())
+}
+
+/// Tracks gateways found in /proc (with the selector that found each) and what they already
+/// spawned, and announces each. Returns the pids of those that exited meanwhile.
+fn adopt(
+    gateways: &[(usize, Stat)],
+    tracked: &mut TrackedMap,
+    run: &mut Pipeline,
+) -> Result<Vec<u32>> {
+    let stats: Vec<Stat> = gateways.iter().map(|(_, s)| s.clone()).collect();
+    let seeds = seed::seed(tracked, &stats)?;
+    run.add_seeds(seeds)?;
+    let mut gone = Vec::new();
+    for (selector, stat) in gateways {
+        if !run.announce_found(stat.pid, stat.start_ticks, *selector)? {
+            gone.push(stat.pid);
+        }
+    }
+    Ok(gone)
+}
+
+fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
+    let stdout =
+        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stdout())) as Box<dyn Write + Send>;
+    let stderr =
+        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stderr())) as Box<dyn Write + Send>;
+    let mut json = Vec::new();
+    if cli.json {
+        json.push(stdout());
+    }
+    if let Some(path) = &cli.output {
+        let rotation = cli.rotate_size.map(|size| Rotation {
+            size,
+            keep: cli.rotate_keep,
+        });
+        json.push(Box::new(LogFile::open(path, rotation)?) as Box<dyn Write + Send>);
+    }
+    // `-- CMD` writes to the same stdout and stderr: readable lines then go out whole, so
+    // neither side splits the other's lines.
+    let shared = !cli.command.is_empty();
+    let human = match (cli.quiet, cli.json, shared) {
+        (true, _, _) => None,
+        (false, true, false) => Some(stderr()),
+        (false, false, false) => Some(stdout()),
+        (false, true, true) => Some(Box::new(WholeLines::new(std::io::stderr())) as Box<_>),
+        (false, false, true) => Some(Box::new(WholeLines::new(std::io::stdout())) as Box<_>),
+    };
+    let mut out = Output::new(json, human, t0);
+    out.set_findings_only(cli.check && !cli.verbose);
+    out.set_status(StatusLine::for_stderr(!cli.quiet));
+    Ok(out)
+}

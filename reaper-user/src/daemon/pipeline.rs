@@ -1,0 +1,313 @@
+//! The run's parts and the one path a record takes through them:
+//!
+//! ```text
+//! capture (decode, account) → lineage (graph, upkeep) → gateways (announce)
+//!                                                     → leaks (flags, on the scan's timer)
+//!                                                     → kill (decisions on flags)
+//!                           → output (the only writer)
+//! ```
+//!
+//! Each step returns what it found; only [`Output`] writes. The daemon drives the steps, each
+//! on its own timer, through the methods here and never reaches into a part.
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::capture::decode::What;
+use crate::capture::loader::{KernelCounters, LossCounts};
+use crate::capture::reader::Reader;
+use crate::closing::{Closing, RunFigures};
+use crate::gateways::announce::Announcer;
+use crate::kill::{KillReport, Killer};
+use crate::leaks::{InspectOptions, Inspector, Reason, flags};
+use crate::lineage::graph::{LineageGraph, Seed};
+use crate::lineage::seed::TrackedMap;
+use crate::lineage::upkeep::{self, Upkeep};
+use crate::output::Output;
+use crate::output::metrics::ScanState;
+use crate::procfs::boottime_now;
+use crate::stream::Stamped;
+use crate::stream::events::Event;
+use crate::text::Args;
+
+/// How long the run waits, once nothing is alive, for the last zombies to be reaped.
+const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
+
+/// Every part of a tracing run.
+pub struct Pipeline {
+    reader: Reader,
+    graph: LineageGraph,
+    upkeep: Upkeep,
+    gateways: Announcer,
+    inspector: Inspector,
+    /// `--kill`, when given.
+    killer: Option<Killer>,
+    out: Output,
+    /// The flagged processes' memory, for the gauge.
+    flagged_rss: flags::RssCache,
+    /// When the last exit record arrived.
+    last_exit: Instant,
+    /// Boot-time ns the run started at.
+    started: u64,
+}
+
+impl Pipeline {
+    /// `selector_labels`: the selectors' names, by number, for the `gateway` events.
+    pub fn new(
+        graph: LineageGraph,
+        out: Output,
+        inspect: InspectOptions,
+        killer: Option<Killer>,
+        selector_labels: Vec<String>,
+    ) -> Pipeline {
+        Pipeline {
+            reader: Reader::default(),
+            graph,
+            upkeep: Upkeep::default(),
+            gateways: Announcer::new(selector_labels),
+            inspector: Inspector::new(inspect),
+            killer,
+            out,
+            flagged_rss: flags::RssCache::default(),
+            last_exit: Instant::now(),
+            started: boottime_now(),
+        }
+    }
+
+    /// The one writer, for what only it does (the status line, the closing tree, flushes).
+    pub fn output(&mut self) -> &mut Output {
+        &mut self.out
+    }
+
+    /// Writes events found outside the record path (the ready event, the command's end).
+    pub fn write(&mut self, found: impl IntoIterator<Item = Stamped>) -> Result<()> {
+        for s in found {
+            self.out.event(s.ts, &s.event)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one ring-buffer record.
+    pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some(ev) = self.reader.take(bytes) else {
+            return Ok(());
+        };
+        let applied = self.graph.apply(&ev);
+        let Some(node) = self.upkeep.on_record(&mut self.graph, &ev, applied) else {
+            return Ok(());
+        };
+        let gateway = self.gateways.on_record(&mut self.graph, &ev, node);
+        if let Some(event) = Event::from_kernel(&ev) {
+            self.out.event(ev.ts, &event)?;
+        }
+        if matches!(ev.what, What::Exit { .. }) {
+            self.last_exit = Instant::now();
+            let cleared = self.inspector.exited(node);
+            let found = cleared
+                .iter()
+                .filter_map(|c| flags::change_event(&self.graph, c, ev.ts));
+            for event in found {
+                self.out.event(ev.ts, &event)?;
+            }
+        }
+        self.write(gateway)
+    }
+
+    /// Records that did not decode (see [`Reader::undecodable`]).
+    pub fn undecodable(&self) -> u64 {
+        self.reader.undecodable()
+    }
+
+    /// Ends a batch of records (see [`Reader::end_batch`]).
+    pub fn end_batch(&mut self) {
+        self.reader.end_batch();
+    }
+
+    /// Adds processes found in /proc and reports each as a `snapshot`.
+    pub fn add_seeds(&mut self, seeds: Vec<Seed>) -> Result<()> {
+        for seed in seeds {
+            let (id, new) = self.graph.add_seed(seed);
+            if new {
+                let found = upkeep::snapshot(&self.graph, id);
+                self.write(found)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Announces the gateway `pid` found in /proc by selector number `selector`, if it is
+    /// still the process of start time `start_ticks`. Returns whether it was.
+    pub fn announce_found(&mut self, pid: u32, start_ticks: u64, selector: usize) -> Result<bool> {
+        let node = self
+            .graph
+            .current(pid)
+            .filter(|n| n.is_gateway && n.alive() && n.start.ticks() == start_ticks)
+            .map(|n| n.id);
+        let Some(id) = node else {
+            return Ok(false);
+        };
+        let found = self
+            .gateways
+            .announce(&self.graph, id, selector, boottime_now());
+        self.write(found)?;
+        Ok(true)
+    }
+
+    /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
+    pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
+        self.gateways.expect(pid, argv);
+    }
+
+    /// The gateway pids (for `ready`).
+    pub fn gateway_pids(&self) -> Vec<u32> {
+        self.gateways.pids(&self.graph)
+    }
+
+    /// Every gateway has exited and nothing tracked is alive; no zombie is left unless it has
+    /// waited longer than a parent takes to reap (an unreaped zombie must not keep the run
+    /// going forever). A zombie already gone from /proc was reaped:
+    /// [`Pipeline::release_lagging`] records it shortly.
+    pub fn finished(&self) -> bool {
+        if !self.gateways.all_exited(&self.graph) || self.graph.live_count() > 0 {
+            return false;
+        }
+        if self.graph.zombie_count() == 0 {
+            return true;
+        }
+        let release_pending = self
+            .graph
+            .zombies()
+            .any(|n| n.process().still_same().is_none());
+        !release_pending && self.last_exit.elapsed() >= ZOMBIE_SETTLE
+    }
+
+    /// Children of an exited process wait to be read back (see [`Upkeep`]).
+    pub fn has_pending_reparents(&self) -> bool {
+        self.upkeep.has_pending_reparents()
+    }
+
+    /// The graph's upkeep (see [`crate::lineage::upkeep`]): reparents read back, unfollowed
+    /// processes looked for, and a loss repaired. `losses` must be read before the last drain.
+    pub fn keep_exact(&mut self, losses: LossCounts, tracked: &TrackedMap) -> Result<()> {
+        let reparents = self.upkeep.check_reparents(&mut self.graph);
+        let unfollowed = self.upkeep.check_unfollowed(&mut self.graph);
+        let repaired = self.upkeep.check_losses(&mut self.graph, losses, tracked);
+        self.write(reparents.into_iter().chain(unfollowed).chain(repaired))
+    }
+
+    /// Zombies gone from /proc whose kernel free lags, recorded as reaped (see
+    /// [`Upkeep::check_released`]).
+    pub fn release_lagging(&mut self, min_age: Duration) -> Result<()> {
+        let found = self.upkeep.check_released(&mut self.graph, min_age);
+        self.write(found)
+    }
+
+    /// One round of the leak rules: writes the flags that started or stopped holding, and
+    /// sets the gauges from what the scan saw.
+    pub fn scan_leaks(&mut self) -> Result<()> {
+        let began = Instant::now();
+        let now = boottime_now();
+        let found: Vec<Event> = self
+            .inspector
+            .scan(&self.graph, now)
+            .iter()
+            .filter_map(|change| flags::change_event(&self.graph, change, now))
+            .collect();
+        self.out.events(now, &found)?;
+        let flagged = flags::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
+        self.out.metrics.set_state(&ScanState {
+            alive: self.graph.live_count(),
+            gateways: self.graph.gateways().filter(|n| n.alive()).count(),
+            zombies: self.graph.zombie_count(),
+            graph_nodes: self.graph.len(),
+            flagged: flagged.active,
+            flagged_rss_kib: flagged.rss_kib,
+            kinds: self.inspector.take_census(),
+            took: began.elapsed(),
+        });
+        Ok(())
+    }
+
+    /// When the rules next need a look sooner than the scan interval (an orphan grace ends),
+    /// boot-time ns.
+    pub fn next_look(&self) -> Option<u64> {
+        self.inspector.next_look()
+    }
+
+    /// `--kill`: starts a sequence for each flag held past the grace time, and flags the
+    /// spawners found respawning what was killed.
+    pub fn decide_kills(&mut self) -> Result<()> {
+        let Some(killer) = self.killer.as_mut() else {
+            return Ok(());
+        };
+        // Oldest flag first: the older instances of an accumulating kind go before newer ones.
+        let mut active: Vec<_> = self.inspector.active().collect();
+        active.sort_by_key(|&(id, _, since)| (since, id));
+        let now = boottime_now();
+        let decided = killer.decide(&self.graph, &active, now);
+        for r in decided.reports {
+            self.report_kill(r)?;
+        }
+        for spawner in decided.respawning {
+            let raised = self
+                .inspector
+                .raise(&self.graph, spawner, Reason::Respawning, now);
+            if let Some(ev) = raised.and_then(|c| flags::change_event(&self.graph, &c, now)) {
+                self.out.event(now, &ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one step of a kill sequence.
+    pub fn report_kill(&mut self, r: KillReport) -> Result<()> {
+        if let Some(k) = self.killer.as_mut() {
+            k.note(&self.graph, &r);
+        }
+        self.write([r.event()])
+    }
+
+    /// `--check`'s verdict (see [`Closing::check_verdict`]), written; returns the event and
+    /// the exit status it stands for.
+    pub fn check_verdict(&mut self, gateway_exit_code: Option<i32>) -> Result<(Event, i32)> {
+        let mut closing = Closing {
+            graph: &self.graph,
+            inspector: &mut self.inspector,
+        };
+        let (verdict, code) = closing.check_verdict(gateway_exit_code);
+        self.out.event(boottime_now(), &verdict)?;
+        Ok((verdict, code))
+    }
+
+    /// Writes the closing summary, then the tree of what is left alive for people.
+    pub fn close(
+        &mut self,
+        counters: &KernelCounters,
+        gateway_exit_code: Option<i32>,
+    ) -> Result<()> {
+        let figures = RunFigures {
+            counts: self.out.counts.clone(),
+            delivery: self.reader.delivery(counters)?,
+            latency: self.reader.latency(),
+            kills: self
+                .killer
+                .as_ref()
+                .map(|k| k.counts().clone())
+                .unwrap_or_default(),
+            started: self.started,
+            gateway_exit_code,
+        };
+        let closing = Closing {
+            graph: &self.graph,
+            inspector: &mut self.inspector,
+        };
+        let summary = closing.summary(figures);
+        self.out.event(boottime_now(), &summary)?;
+        self.out.end_status();
+        let active = flags::active_by_node(&self.inspector);
+        let tree = crate::output::tree::render_alive_tree(&self.graph, &active);
+        self.out.human_block(&tree)?;
+        self.out.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! The `gateway` event: each gateway instance announced once, by the selector that found it,
+//! under the name and arguments it runs with. A gateway matched at its exec (an executable
+//! selector) and the `-- CMD` gateway (at its fork still a copy of reaper-trace) are
+//! announced after their exec event, by their new program.
+use reaper_common::MatchedAt;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use super::Selectors;
+use crate::capture::decode::{KernelEvent, MAX_ARGS, What};
+use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::procfs;
+use crate::stream::Stamped;
+use crate::stream::events::{Argv, Event, ProcText};
+use crate::text::Args;
+
+/// Which gateways were announced, and which are still to be.
+#[derive(Default)]
+pub struct Announcer {
+    /// The selectors' labels, by number.
+    labels: Vec<String>,
+    /// Pids that are gateways once their fork event arrives (the `-- CMD` gateway).
+    pending: HashSet<u32>,
+    /// The `-- CMD` gateway's command line.
+    command: Args,
+    /// Gateways the stream has announced.
+    announced: HashSet<NodeId>,
+    /// Gateways matched at exec, announced after their exec event (with the new argv).
+    at_exec: HashMap<u32, usize>,
+}
+
+impl Announcer {
+    /// `labels`: the selectors' names (see [`Selectors::label`]), by number.
+    pub fn new(labels: Vec<String>) -> Announcer {
+        Announcer {
+            labels,
+            ..Announcer::default()
+        }
+    }
+
+    /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
+    pub fn expect(&mut self, pid: u32, argv: Args) {
+        self.pending.insert(pid);
+        self.command = argv;
+    }
+
+    /// What kernel event `ev`, applied to `graph` as node `node`, means for the gateways: the
+    /// `gateway` event it brings (to be written after `ev`'s own), if any.
+    pub fn on_record(
+        &mut self,
+        graph: &mut LineageGraph,
+        ev: &KernelEvent,
+        node: NodeId,
+    ) -> Option<Stamped> {
+        let selector = match &ev.what {
+            What::Gateway {
+                selector,
+                matched_at: MatchedAt::Exec,
+                ..
+            } => {
+                self.at_exec.insert(ev.pid, *selector as usize);
+                None
+            }
+            What::Gateway { selector, .. } => Some(*selector as usize),
+            What::Exec { .. } => self.at_exec.remove(&ev.pid),
+            What::Fork { .. } if self.pending.remove(&ev.pid) => {
+                graph.set_gateway(node);
+                self.at_exec.insert(ev.pid, Selectors::COMMAND);
+                None
+            }
+            _ => None,
+        }?;
+        self.announce(graph, node, selector, ev.ts)
+    }
+
+    /// The `gateway` event for node `id`, found by selector number `selector`, once.
+    pub fn announce(
+        &mut self,
+        graph: &LineageGraph,
+        id: NodeId,
+        selector: usize,
+        ts: u64,
+    ) -> Option<Stamped> {
+        let node = graph.node(id)?;
+        if !self.announced.insert(id) {
+            return None;
+        }
+        // Its own program's arguments: from its exec or /proc; the command's as given, if it
+        // has not executed it yet.
+        let argv = match (selector, node.argv.is_empty()) {
+            (_, false) => node.argv.clone(),
+            (Selectors::COMMAND, true) => self.command.clone(),
+            (_, true) => procfs::read_cmdline(node.pid, MAX_ARGS)
+                .map(|(a, _)| a)
+                .unwrap_or_default(),
+        };
+        let ev = Event::Gateway {
+            pid: node.pid,
+            start: node.start.boottime_ns(),
+            selector: self
+                .labels
+                .get(selector)
+                .map_or("unknown", String::as_str)
+                .to_owned(),
+            comm: ProcText::new("comm", node.comm),
+            argv: Argv::new(argv),
+        };
+        Some(Stamped::new(ts, ev))
+    }
+
+    /// The gateway pids known so far, with the one not forked yet (for `ready`).
+    pub fn pids(&self, graph: &LineageGraph) -> Vec<u32> {
+        let mut pids: Vec<u32> = graph.gateways().map(|n| n.pid).collect();
+        pids.extend(self.pending.iter().copied());
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Every gateway has exited (or none is known yet to be alive).
+    pub fn all_exited(&self, graph: &LineageGraph) -> bool {
+        self.pending.is_empty() && graph.gateways().all(|n| !n.alive())
+    }
+}

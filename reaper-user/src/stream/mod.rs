@@ -1,0 +1,21 @@
+//! What the stream says: the wire types of every event, with their evidence and the fields
+//! that name a process. Every step builds these and returns them; only [`crate::output`]
+//! writes them (NDJSON, readable lines, metrics), and [`crate::report`] reads them back.
+pub mod events;
+pub mod evidence;
+pub mod fields;
+
+use events::Event;
+
+/// An event and the boot-time ns it stands for: what a step returns for output to write.
+#[derive(Debug)]
+pub struct Stamped {
+    pub ts: u64,
+    pub event: Event,
+}
+
+impl Stamped {
+    pub fn new(ts: u64, event: Event) -> Stamped {
+        Stamped { ts, event }
+    }
+}
