@@ -8,9 +8,7 @@ use crate::exit_status;
 use crate::leaks::{Inspector, flags};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::placement;
-use crate::stream::events::{
-    AliveProcess, Argv, Counts, Delivery, Event, Latency, LeakedProcess, ProcText,
-};
+use crate::stream::events::{AliveProcess, Counts, Delivery, Event, Latency, LeakedProcess};
 
 /// The parts a closing event is read from.
 pub struct Closing<'a> {
@@ -38,18 +36,16 @@ impl Closing<'_> {
         let mut alive: Vec<AliveProcess> = graph
             .alive()
             .map(|n| AliveProcess {
-                pid: n.pid,
+                process: flags::label(n, flags::current_name(n)),
                 lineage: graph.lineage(n.id),
                 placement: placement::read(n.pid),
-                comm: ProcText::new("comm", flags::current_name(n)),
-                argv: Argv::new(n.argv.clone()),
                 ppid: n.ppid,
                 escaped: graph.escaped(n.id),
                 called_setsid: n.called_setsid,
                 uncertain: n.uncertain,
             })
             .collect();
-        alive.sort_by_key(|a| a.pid);
+        alive.sort_by_key(|a| a.process.pid);
         let mut zombies: Vec<u32> = graph.zombies().map(|n| n.pid).collect();
         zombies.sort_unstable();
         Event::Summary {

@@ -27,11 +27,13 @@ pub struct BenchOptions {
     pub only: Vec<String>,
     /// Minutes of churn for the soak section.
     pub soak_mins: u64,
+    /// `--before REV`: this build's reader against REV's, side by side (bench_before.rs).
+    pub before: Option<String>,
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 8] = [
-    "overhead", "reader", "hooks", "memory", "idle", "latency", "report", "soak",
+const SECTIONS: [&str; 9] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "report", "before", "soak",
 ];
 
 impl BenchOptions {
@@ -43,6 +45,7 @@ impl BenchOptions {
             sleepers: 10_000,
             only: Vec::new(),
             soak_mins: 30,
+            before: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -65,7 +68,11 @@ impl BenchOptions {
                         sleepers: 2000,
                         only: std::mem::take(&mut o.only),
                         soak_mins: o.soak_mins,
+                        before: o.before.take(),
                     };
+                }
+                "--before" => {
+                    o.before = Some(it.next().context("--before takes a git revision")?.clone())
                 }
                 "--only" => {
                     let list = it.next().context("--only takes a list like memory,idle")?;
@@ -80,7 +87,7 @@ impl BenchOptions {
                     }
                 }
                 other => bail!(
-                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --soak-mins N --quick --only LIST)"
+                    "bench: unknown option {other} (--procs N --reps N --idle-secs N --sleepers N --soak-mins N --quick --only LIST --before REV)"
                 ),
             }
         }
@@ -88,35 +95,38 @@ impl BenchOptions {
     }
 }
 
-struct Bins {
-    reaper: PathBuf,
-    shapes: PathBuf,
-    scratch: PathBuf,
+#[derive(Clone)]
+pub struct Bins {
+    pub reaper: PathBuf,
+    pub shapes: PathBuf,
+    pub scratch: PathBuf,
 }
 
 /// What one measured loop produced.
 #[derive(Clone, Debug, Default)]
-struct LoopRun {
+pub struct LoopRun {
     /// The loop's own duration (the slowest loop when two run at once).
-    secs: f64,
+    pub secs: f64,
     /// Processes created.
-    created: usize,
+    pub created: usize,
     /// With reaper-trace tracking them: forks, execs, exits reported for them, and the
     /// summary's delivery and latency.
-    forks: usize,
-    execs: usize,
-    exits: usize,
-    lost_events: usize,
-    dropped: u64,
-    consistent: bool,
-    latency_p50: u64,
-    latency_p99: u64,
+    pub forks: usize,
+    pub execs: usize,
+    pub exits: usize,
+    pub lost_events: usize,
+    pub dropped: u64,
+    pub consistent: bool,
+    pub latency_p50: u64,
+    pub latency_p99: u64,
     /// reaper-trace's own CPU time (user + system) for the run, start-up included.
-    reader_cpu: f64,
+    pub reader_cpu: f64,
+    /// The loops' own CPU time and their children's, in seconds.
+    pub loop_cpu: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Loop {
+pub enum Loop {
     ForkExit,
     ForkExec,
 }
@@ -128,7 +138,7 @@ impl Loop {
             Loop::ForkExec => "storm-exec",
         }
     }
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Loop::ForkExit => "fork+exit",
             Loop::ForkExec => "fork+exec",
@@ -138,7 +148,7 @@ impl Loop {
 
 /// Who watches the loop.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Watcher {
+pub enum Watcher {
     Nobody,
     /// reaper-trace traces an unrelated gateway.
     ReaperUntracked,
@@ -150,7 +160,7 @@ enum Watcher {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Peer {
+pub enum Peer {
     Bpftrace,
     Forkstat,
     Perf,
@@ -214,6 +224,11 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("report") {
         crate::report_bench::run(&bins.reaper, &bins.scratch)?;
+    }
+    match (&opts.before, wanted("before")) {
+        (Some(rev), true) => crate::bench_before::run(root, opts, rev)?,
+        (None, true) if !opts.only.is_empty() => bail!("--only before needs --before REV"),
+        _ => {}
     }
     // Half an hour at least: only when asked for by name.
     if opts.only.iter().any(|s| s == "soak") {
@@ -290,7 +305,7 @@ fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
@@ -375,7 +390,7 @@ fn compare(
     Ok(rows)
 }
 
-fn ms(ns: u64) -> String {
+pub fn ms(ns: u64) -> String {
     format!("{:.2} ms", ns as f64 / 1e6)
 }
 
@@ -408,12 +423,23 @@ fn loop_script(bins: &Bins, lp: Loop, n: usize, loops: usize, tag: &str) -> (Str
     (format!("{} & wait", cmds.join(" & ")), truths)
 }
 
-/// The slowest loop's duration, the pids the loops created, and how many processes that was
-/// (more than the pids when pids were reused during the run).
-fn read_truths(truths: &[PathBuf]) -> Result<(f64, HashSet<u64>, usize)> {
+/// What the loops recorded themselves.
+struct Truths {
+    /// The slowest loop's duration.
+    secs: f64,
+    /// The pids the loops created.
+    pids: HashSet<u64>,
+    /// How many processes that was (more than the pids when pids were reused).
+    created: usize,
+    /// Their CPU time and their children's, in seconds.
+    cpu: f64,
+}
+
+fn read_truths(truths: &[PathBuf]) -> Result<Truths> {
     let mut secs: f64 = 0.0;
     let mut pids = HashSet::new();
     let mut created = 0;
+    let mut cpu = 0.0;
     for t in truths {
         let text = fs::read_to_string(t).with_context(|| format!("{}", t.display()))?;
         let v: Value = serde_json::from_str(&text)?;
@@ -421,12 +447,18 @@ fn read_truths(truths: &[PathBuf]) -> Result<(f64, HashSet<u64>, usize)> {
         let children = v["children"].as_array().cloned().unwrap_or_default();
         created += children.len();
         pids.extend(children.iter().filter_map(Value::as_u64));
+        cpu += v["cpu_us"].as_u64().unwrap_or(0) as f64 / 1e6;
         let _ = fs::remove_file(t);
     }
-    Ok((secs, pids, created))
+    Ok(Truths {
+        secs,
+        pids,
+        created,
+        cpu,
+    })
 }
 
-fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<LoopRun> {
+pub fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<LoopRun> {
     let (script, truths) = loop_script(bins, lp, n, loops, "loop");
     match w {
         Watcher::Nobody => {
@@ -452,10 +484,11 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
             if !status.success() {
                 bail!("reaper-trace failed: {status}");
             }
-            let (secs, pids, created) = read_truths(&truths)?;
-            let mut run = completeness(&out, &pids)?;
-            run.secs = secs;
-            run.created = created;
+            let t = read_truths(&truths)?;
+            let mut run = completeness(&out, &t.pids)?;
+            run.secs = t.secs;
+            run.created = t.created;
+            run.loop_cpu = t.cpu;
             return Ok(run);
         }
         Watcher::Peer(p) => {
@@ -464,10 +497,11 @@ fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Result<
             peer.stop()?;
         }
     }
-    let (secs, _, created) = read_truths(&truths)?;
+    let t = read_truths(&truths)?;
     Ok(LoopRun {
-        secs,
-        created,
+        secs: t.secs,
+        created: t.created,
+        loop_cpu: t.cpu,
         ..Default::default()
     })
 }
@@ -800,6 +834,20 @@ fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 
 /// Latency of a lone fork on a quiet system.
 fn lone_latency(bins: &Bins) -> Result<()> {
+    let l = quiet_latency(bins)?;
+    println!("\n## Latency on a quiet system\n");
+    println!(
+        "kernel event → applied to the graph, {} events of lone forks: p50 {}, p99 {}, max {}",
+        l["count"],
+        ms(l["p50"].as_u64().unwrap_or(0)),
+        ms(l["p99"].as_u64().unwrap_or(0)),
+        ms(l["max"].as_u64().unwrap_or(0))
+    );
+    Ok(())
+}
+
+/// The summary's `latency_ns` of a run whose records come one by one, half a second apart.
+pub fn quiet_latency(bins: &Bins) -> Result<Value> {
     let out = bins.scratch.join("lone.ndjson");
     Command::new(&bins.reaper)
         .args([
@@ -817,14 +865,5 @@ fn lone_latency(bins: &Bins) -> Result<()> {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["event"] == "summary")
         .context("no summary")?;
-    let l = &summary["latency_ns"];
-    println!("\n## Latency on a quiet system\n");
-    println!(
-        "kernel event → applied to the graph, {} events of lone forks: p50 {}, p99 {}, max {}",
-        l["count"],
-        ms(l["p50"].as_u64().unwrap_or(0)),
-        ms(l["p99"].as_u64().unwrap_or(0)),
-        ms(l["max"].as_u64().unwrap_or(0))
-    );
-    Ok(())
+    Ok(summary["latency_ns"].clone())
 }

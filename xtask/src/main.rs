@@ -4,6 +4,7 @@
 //! first): the nightly toolchain's `rust-src`, and `bpf-linker` built against the nightly
 //! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
 mod bench;
+mod bench_before;
 mod debian;
 mod dist;
 mod fuzz;
@@ -45,10 +46,13 @@ commands:
                    6.1, 6.12: its newest amd64 image, fetched and cached), `host`, or a
                    bzImage path; default: 5.10 6.1 6.12 host. Prints a table of results.
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
+        [--before REV]
                    overhead, completeness, reader CPU per traced process, hook cost,
                    memory, idle CPU, latency and the report on a million-line audit, side
                    by side with no tracer and with perf, forkstat and bpftrace (sections
-                   for --only: overhead, reader, hooks, memory, idle, latency, report)
+                   for --only: overhead, reader, hooks, memory, idle, latency, report,
+                   before); with --before, this build's reader CPU, cost of tracking and
+                   latency against git revision REV's, built from a worktree
   bench --only soak [--soak-mins N]
                    N minutes (default 30) of process churn: reaper-trace's RSS, fds and
                    graph size over time

@@ -48,8 +48,9 @@ pub(super) struct Kernel<'a> {
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
 /// no tracked process left alive. Returns which.
 ///
-/// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval
-/// and no record wakes it. When a poll finds nothing, it tells the kernel it goes idle (the
+/// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval,
+/// widening to 16 ms while polls keep finding records (see [`PollClock`]), and no record wakes
+/// it. When a poll finds nothing, it tells the kernel it goes idle (the
 /// next record then wakes it at once), polls once more to catch a record that raced that,
 /// and sleeps. Housekeeping also polls, which bounds even that race's delay.
 pub(super) async fn event_loop(
@@ -113,8 +114,9 @@ pub(super) async fn event_loop(
                     kernel.reader_idle.going_idle()?;
                     n = drain(ring.get_mut(), run)?;
                 }
-                if n == 0 {
-                    poll.stop().context("stopping the poll clock")?;
+                match n {
+                    0 => poll.stop().context("stopping the poll clock")?,
+                    _ => poll.widen().context("widening the poll clock")?,
                 }
                 flush = n == 0;
             }

@@ -7,8 +7,8 @@ use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::facts::{FdKind, read_rss_kib};
 use crate::procfs::sockets::SocketKind;
 use crate::stream::events::{
-    Ancestor, Argv, ChainMember, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary,
-    Peer, PipeInfo, ProcText, SpawningThread,
+    Ancestor, Argv, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo,
+    ProcText, ProcessLabel, SpawningThread,
 };
 
 fn state_text(state: u8) -> String {
@@ -35,6 +35,15 @@ pub fn current_name(n: &Node) -> crate::text::Comm {
     }
 }
 
+/// How an event names `n`, by the name `comm`.
+pub fn label(n: &Node, comm: crate::text::Comm) -> ProcessLabel {
+    ProcessLabel {
+        pid: n.pid,
+        comm: ProcText::new("comm", comm),
+        argv: Argv::new(n.argv.clone()),
+    }
+}
+
 /// The detail of `node`: its chain, and its pipes from `evidence` (none for a zombie).
 pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) -> LeakDetail {
     let chain = graph.chain(node.id);
@@ -47,18 +56,12 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
     let ancestors = chain
         .iter()
         .map(|n| Ancestor {
-            pid: n.pid,
-            comm: ProcText::new("comm", name_of(n)),
-            argv: Argv::new(n.argv.clone()),
+            process: label(n, name_of(n)),
             exited: n.exited.map(|e| e.ts),
         })
         .collect();
     let pipes = evidence.map(pipes).unwrap_or_default();
-    let member = |n: &Node| ChainMember {
-        pid: n.pid,
-        comm: ProcText::new("comm", name_of(n)),
-        argv: Argv::new(n.argv.clone()),
-    };
+    let member = |n: &Node| label(n, name_of(n));
     let server = match evidence {
         Some(e) => e
             .server

@@ -2,7 +2,7 @@
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::label::command_label;
 use crate::stream::events::{
-    Argv, ChainMember, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText,
+    Argv, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, ProcessLabel,
     SpawningThread, wait_status,
 };
 use crate::text::escape_for_terminal;
@@ -300,7 +300,7 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
 
 /// `server 4701 > 4702 (-c x) > 4703 (server.js)` for a server of more than one process: the
 /// first is the flagged process, already named at the start of the line.
-fn chain_text(chain: &[ChainMember]) -> Option<String> {
+fn chain_text(chain: &[ProcessLabel]) -> Option<String> {
     (chain.len() > 1).then(|| {
         let mut members = vec![chain[0].pid.to_string()];
         members.extend(chain[1..].iter().map(|m| who(m.pid, &m.comm, &m.argv)));
@@ -355,7 +355,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
                 Some(format!(
                     "{} {}{} exited {} ago",
                     if up == 0 { "spawner" } else { "ancestor" },
-                    who(a.pid, &a.comm, &a.argv),
+                    who(a.process.pid, &a.process.comm, &a.process.argv),
                     match up {
                         0 => thread_text(detail.thread.as_ref()),
                         _ => String::new(),
@@ -435,16 +435,14 @@ mod tests {
 
     fn ancestor(pid: u32, argv: &[&str], exited: Option<u64>) -> Ancestor {
         Ancestor {
-            pid,
-            comm: ProcText::new("comm", Comm::from_c(b"x")),
-            argv: Argv::new(Args::from_list(argv)),
+            process: member(pid, argv),
             exited,
         }
     }
 
     fn detail(ancestors: Vec<Ancestor>, ppid: u32, escaped: bool) -> LeakDetail {
         LeakDetail {
-            lineage: ancestors.iter().map(|a| a.pid).collect(),
+            lineage: ancestors.iter().map(|a| a.process.pid).collect(),
             pipes: vec![PipeInfo {
                 fd: 0,
                 kind: "pipe".into(),
@@ -474,8 +472,8 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
-    fn member(pid: u32, argv: &[&str]) -> ChainMember {
-        ChainMember {
+    fn member(pid: u32, argv: &[&str]) -> ProcessLabel {
+        ProcessLabel {
             pid,
             comm: ProcText::new("comm", Comm::from_c(b"x")),
             argv: Argv::new(Args::from_list(argv)),

@@ -107,7 +107,7 @@ pub fn render(v: &Verdict, now: SystemTime) -> String {
         let spawners: Vec<String> = d
             .ancestors
             .iter()
-            .map(|a| who(a.pid, &a.comm, &a.argv))
+            .map(|a| who(a.process.pid, &a.process.comm, &a.process.argv))
             .collect();
         if !spawners.is_empty() {
             body += &format!("\nspawned by {}", spawners.join(" > "));

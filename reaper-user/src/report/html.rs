@@ -253,8 +253,8 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         let _ = write!(
             lineage,
             "{} ({}) <i>{}</i><br>",
-            anc.pid,
-            esc(&anc.comm.text()),
+            anc.process.pid,
+            esc(&anc.process.comm.text()),
             esc(&state)
         );
     }

@@ -10,7 +10,7 @@ use crate::procfs::placement::Placement;
 pub use super::fields::{Argv, ProcBytes, ProcText};
 
 pub use super::evidence::{
-    Ancestor, ChainMember, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo,
+    Ancestor, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo, ProcessLabel,
     SpawningThread,
 };
 
@@ -28,17 +28,14 @@ pub struct Envelope<'a> {
 /// A live process in the closing summary.
 #[derive(Clone, Debug, Serialize)]
 pub struct AliveProcess {
-    pub pid: u32,
+    /// Its pid, its name at the end and its command line.
+    #[serde(flatten)]
+    pub process: ProcessLabel,
     /// Pids from the gateway to this process along spawner edges.
     pub lineage: Vec<u32>,
     /// Its pid namespace and cgroup, read at the end.
     #[serde(flatten)]
     pub placement: Placement,
-    /// Its name at the end.
-    #[serde(flatten)]
-    pub comm: ProcText,
-    #[serde(flatten)]
-    pub argv: Argv,
     pub ppid: u32,
     /// Out of its gateway's session, process group or cgroup (as in a flag's evidence).
     pub escaped: bool,
@@ -517,9 +514,11 @@ mod tests {
         let detail = LeakDetail {
             lineage: vec![1, 2],
             ancestors: vec![Ancestor {
-                pid: 1,
-                comm: ProcText::new("comm", &b"gw"[..]),
-                argv: Argv::new(Args::from_list(["gw"])),
+                process: ProcessLabel {
+                    pid: 1,
+                    comm: ProcText::new("comm", &b"gw"[..]),
+                    argv: Argv::new(Args::from_list(["gw"])),
+                },
                 exited: Some(5),
             }],
             pipes: vec![PipeInfo {
@@ -540,7 +539,7 @@ mod tests {
                     comm: ProcText::new("comm", &b"gw"[..]),
                 }],
             }],
-            chain: vec![ChainMember {
+            chain: vec![ProcessLabel {
                 pid: 2,
                 comm: ProcText::new("comm", &b"w"[..]),
                 argv: Argv::new(Args::from_list(["w"])),

@@ -10,15 +10,25 @@ use crate::procfs::placement::Placement;
 // The evidence types are read back by the audit report too: every field has a default, so an
 // odd line loses only what it lacks.
 
-/// One process on a flagged process's spawn chain.
+/// How an event names a process: its pid, its name and its command line (`{pid, comm,
+/// argv}`, with the `*_b64` twins when the bytes are not UTF-8). One type wherever an event
+/// lists processes: a flag's `ancestors` and `chain`, the summary's `alive`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
-pub struct Ancestor {
+pub struct ProcessLabel {
     pub pid: u32,
     #[serde(flatten)]
     pub comm: ProcText,
     #[serde(flatten)]
     pub argv: Argv,
+}
+
+/// One process on a flagged process's spawn chain.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ancestor {
+    #[serde(flatten)]
+    pub process: ProcessLabel,
     /// Boot-time ns of its exit; null while alive.
     pub exited: Option<u64>,
 }
@@ -42,17 +52,6 @@ impl SpawningThread {
             comm: ProcText::new("comm", comm),
         })
     }
-}
-
-/// One process of a flagged server (see `LeakDetail::chain`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ChainMember {
-    pub pid: u32,
-    #[serde(flatten)]
-    pub comm: ProcText,
-    #[serde(flatten)]
-    pub argv: Argv,
 }
 
 /// A holder of a pipe's or socket's other end.
@@ -111,7 +110,7 @@ pub struct LeakDetail {
     /// The processes of the flagged server, outermost (the flagged one) first: a process and
     /// the ones it started that share its channel (`npm exec` > `sh -c` > `node server.js`).
     /// Just the flagged process when it is a server by itself.
-    pub chain: Vec<ChainMember>,
+    pub chain: Vec<ProcessLabel>,
     pub pipes: Vec<PipeInfo>,
     /// `/proc/PID/stat` state, e.g. "S (sleeping)"; "Z (zombie)" for a zombie.
     pub state: String,

@@ -96,16 +96,18 @@ fn folded_line(run: &[&Event]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::events::{Ancestor, Argv, LeakDetail, ProcText};
+    use crate::stream::events::{Ancestor, Argv, LeakDetail, ProcText, ProcessLabel};
     use crate::text::{Args, Comm};
 
     fn detail(gateway: u32) -> LeakDetail {
         LeakDetail {
             lineage: vec![gateway],
             ancestors: vec![Ancestor {
-                pid: gateway,
-                comm: ProcText::new("comm", Comm::from_c(b"x")),
-                argv: Argv::new(Args::from_list(["gw"])),
+                process: ProcessLabel {
+                    pid: gateway,
+                    comm: ProcText::new("comm", Comm::from_c(b"x")),
+                    argv: Argv::new(Args::from_list(["gw"])),
+                },
                 exited: None,
             }],
             ..LeakDetail::default()
