@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::crowds::Crowds;
 use super::timeline::{Point, Timeline};
-use crate::stream::events::LeakDetail;
+use crate::stream::events::{KINDS, LeakDetail};
 
 /// The fields of a line the pass needs; the rest is skipped by the parser.
 #[derive(Deserialize)]
@@ -116,25 +116,6 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_KILL_KINDS: usize = 64;
 /// Longest argv kept for a live process.
 pub const MAX_ARGV_CHARS: usize = 300;
-/// The stream's event names (README: The NDJSON event stream).
-const KNOWN_EVENTS: [&str; 16] = [
-    "snapshot",
-    "gateway",
-    "ready",
-    "fork",
-    "exec",
-    "exit",
-    "reaped",
-    "setsid",
-    "reparent",
-    "lost",
-    "summary",
-    "flag",
-    "cleared",
-    "kill",
-    "check",
-    "stop_command",
-];
 /// At most this many gateway instances are listed (the rest are counted).
 pub const MAX_INSTANCES: usize = 10_000;
 /// Label of the executables past [`MAX_EXECUTABLES`].
@@ -211,7 +192,7 @@ impl Audit {
         self.first_ts.get_or_insert(l.ts);
         self.last_ts = self.last_ts.max(l.ts);
         // Counted by name only for the stream's own events: an odd file cannot grow this.
-        let name = match KNOWN_EVENTS.contains(&&*l.event) {
+        let name = match KINDS.iter().any(|k| k.name == l.event) {
             true => &*l.event,
             false => "(unknown)",
         };
@@ -515,7 +496,7 @@ mod tests {
             .map(|v| v.as_str().unwrap())
             .collect();
         names.sort_unstable();
-        let mut known = KNOWN_EVENTS.to_vec();
+        let mut known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
         known.sort_unstable();
         assert_eq!(names, known);
     }

@@ -2,12 +2,17 @@
 //! Names and fields change only compatibly (new optional fields, new events).
 use std::{borrow::Cow, collections::BTreeMap};
 
-use serde::{Serialize, ser::SerializeMap};
+use serde::Serialize;
 
 use crate::capture::decode::{KernelEvent, What};
 use crate::procfs::placement::Placement;
 
 pub use super::fields::{Argv, ProcBytes, ProcText};
+use super::kinds::{
+    CHECK, CLEARED, EXEC, EXIT, FLAG, FORK, GATEWAY, KILL, LOST, READY, REAPED, REPARENT, SETSID,
+    SNAPSHOT, STOP_COMMAND, SUMMARY,
+};
+pub use super::kinds::{Counts, KINDS, Kind, Lifecycle};
 
 pub use super::evidence::{
     Ancestor, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo, ProcessLabel,
@@ -42,71 +47,6 @@ pub struct AliveProcess {
     /// It called setsid() itself (schema 2; `escaped` meant this in schema 1).
     pub called_setsid: bool,
     pub uncertain: bool,
-}
-
-/// The lifecycle events: counted by kind in the summary's `counts` and in the metrics'
-/// `reaper_events_total{kind}`, both from [`Event::lifecycle`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lifecycle {
-    Fork,
-    Exec,
-    Exit,
-    Reaped,
-    Setsid,
-    Reparent,
-    Snapshot,
-}
-
-impl Lifecycle {
-    pub const ALL: [Lifecycle; 7] = [
-        Lifecycle::Fork,
-        Lifecycle::Exec,
-        Lifecycle::Exit,
-        Lifecycle::Reaped,
-        Lifecycle::Setsid,
-        Lifecycle::Reparent,
-        Lifecycle::Snapshot,
-    ];
-
-    /// The event's name, which is also its key in `counts` and its metric label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Lifecycle::Fork => "fork",
-            Lifecycle::Exec => "exec",
-            Lifecycle::Exit => "exit",
-            Lifecycle::Reaped => "reaped",
-            Lifecycle::Setsid => "setsid",
-            Lifecycle::Reparent => "reparent",
-            Lifecycle::Snapshot => "snapshot",
-        }
-    }
-}
-
-/// Counts in the closing summary: one per [`Lifecycle`] kind, an object keyed by its name.
-#[derive(Clone, Debug, Default)]
-pub struct Counts([u64; Lifecycle::ALL.len()]);
-
-impl Counts {
-    /// Counts one event of the stream, if it is a lifecycle event.
-    pub fn observe(&mut self, ev: &Event) {
-        if let Some(kind) = ev.lifecycle() {
-            self.0[kind as usize] += 1;
-        }
-    }
-
-    pub fn get(&self, kind: Lifecycle) -> u64 {
-        self.0[kind as usize]
-    }
-}
-
-impl Serialize for Counts {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(Lifecycle::ALL.len()))?;
-        for kind in Lifecycle::ALL {
-            map.serialize_entry(kind.name(), &self.get(kind))?;
-        }
-        map.end()
-    }
 }
 
 /// How the event stream checked out against the kernel's own counters.
@@ -371,54 +311,43 @@ impl Event {
         })
     }
 
-    /// Whether the event is a finding or the verdict (what `--check` shows people by
-    /// default): a flag raised or cleared, a kill step, the check, the summary.
-    pub fn is_finding(&self) -> bool {
-        matches!(
-            self,
-            Event::Flag { .. }
-                | Event::Cleared { .. }
-                | Event::Kill { .. }
-                | Event::Check { .. }
-                | Event::Summary { .. }
-                | Event::Lost { .. }
-        )
-    }
-
-    /// The lifecycle kind of this event, if it is one.
-    pub fn lifecycle(&self) -> Option<Lifecycle> {
-        Some(match self {
-            Event::Fork { .. } => Lifecycle::Fork,
-            Event::Exec { .. } => Lifecycle::Exec,
-            Event::Exit { .. } => Lifecycle::Exit,
-            Event::Reaped { .. } => Lifecycle::Reaped,
-            Event::Setsid { .. } => Lifecycle::Setsid,
-            Event::Reparent { .. } => Lifecycle::Reparent,
-            Event::Snapshot { .. } => Lifecycle::Snapshot,
-            _ => return None,
-        })
+    /// What this kind of event is (see [`KINDS`]): one place for its name, whether it is a
+    /// lifecycle event and whether it is a finding.
+    pub fn kind(&self) -> &'static Kind {
+        match self {
+            Event::Snapshot { .. } => &SNAPSHOT,
+            Event::Gateway { .. } => &GATEWAY,
+            Event::Ready { .. } => &READY,
+            Event::Fork { .. } => &FORK,
+            Event::Exec { .. } => &EXEC,
+            Event::Exit { .. } => &EXIT,
+            Event::Reaped { .. } => &REAPED,
+            Event::Setsid { .. } => &SETSID,
+            Event::Reparent { .. } => &REPARENT,
+            Event::Lost { .. } => &LOST,
+            Event::Summary { .. } => &SUMMARY,
+            Event::Flag { .. } => &FLAG,
+            Event::Kill { .. } => &KILL,
+            Event::Cleared { .. } => &CLEARED,
+            Event::Check { .. } => &CHECK,
+            Event::StopCommand { .. } => &STOP_COMMAND,
+        }
     }
 
     /// The `event` name on the wire.
     pub fn name(&self) -> &'static str {
-        match self {
-            Event::Snapshot { .. } => "snapshot",
-            Event::Gateway { .. } => "gateway",
-            Event::Ready { .. } => "ready",
-            Event::Fork { .. } => "fork",
-            Event::Exec { .. } => "exec",
-            Event::Exit { .. } => "exit",
-            Event::Reaped { .. } => "reaped",
-            Event::Setsid { .. } => "setsid",
-            Event::Reparent { .. } => "reparent",
-            Event::Lost { .. } => "lost",
-            Event::Summary { .. } => "summary",
-            Event::Flag { .. } => "flag",
-            Event::Kill { .. } => "kill",
-            Event::Cleared { .. } => "cleared",
-            Event::Check { .. } => "check",
-            Event::StopCommand { .. } => "stop_command",
-        }
+        self.kind().name
+    }
+
+    /// Whether the event is a finding or the verdict (what `--check` shows people by
+    /// default).
+    pub fn is_finding(&self) -> bool {
+        self.kind().finding
+    }
+
+    /// The lifecycle kind of this event, if it is one.
+    pub fn lifecycle(&self) -> Option<Lifecycle> {
+        self.kind().lifecycle
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod events;
 pub mod evidence;
 pub mod fields;
+pub mod kinds;
 
 use events::Event;
 

@@ -1,0 +1,151 @@
+//! The kinds of event the stream carries, in one table: each kind's wire name, whether it is a
+//! lifecycle event (counted in `summary.counts` and `reaper_events_total{kind}`) and whether it
+//! is a finding. A new kind of event is a variant of [`super::events::Event`], a row here and
+//! its readable line in `output/human.rs`.
+use serde::{Serialize, ser::SerializeMap};
+
+use super::events::Event;
+
+/// The lifecycle events: counted by kind in the summary's `counts` and in the metrics'
+/// `reaper_events_total{kind}`, both from [`Event::lifecycle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Fork,
+    Exec,
+    Exit,
+    Reaped,
+    Setsid,
+    Reparent,
+    Snapshot,
+}
+
+impl Lifecycle {
+    pub const ALL: [Lifecycle; 7] = [
+        Lifecycle::Fork,
+        Lifecycle::Exec,
+        Lifecycle::Exit,
+        Lifecycle::Reaped,
+        Lifecycle::Setsid,
+        Lifecycle::Reparent,
+        Lifecycle::Snapshot,
+    ];
+
+    /// The event's name (from [`KINDS`]), which is also its key in `counts` and its metric
+    /// label.
+    pub fn name(self) -> &'static str {
+        KINDS
+            .iter()
+            .find(|k| k.lifecycle == Some(self))
+            .map_or("unknown", |k| k.name)
+    }
+}
+
+/// Counts in the closing summary: one per [`Lifecycle`] kind, an object keyed by its name.
+#[derive(Clone, Debug, Default)]
+pub struct Counts([u64; Lifecycle::ALL.len()]);
+
+impl Counts {
+    /// Counts one event of the stream, if it is a lifecycle event.
+    pub fn observe(&mut self, ev: &Event) {
+        if let Some(kind) = ev.lifecycle() {
+            self.0[kind as usize] += 1;
+        }
+    }
+
+    pub fn get(&self, kind: Lifecycle) -> u64 {
+        self.0[kind as usize]
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(Lifecycle::ALL.len()))?;
+        for kind in Lifecycle::ALL {
+            map.serialize_entry(kind.name(), &self.get(kind))?;
+        }
+        map.end()
+    }
+}
+
+/// What the stream says about one kind of event, wherever it is asked: its wire name (the
+/// `event` field, the report's list of known events), its lifecycle kind (counted in
+/// `summary.counts` and `reaper_events_total{kind}`), and whether it is a finding (a
+/// readable line under `--check`). Its readable line is [`crate::output::human`]'s.
+#[derive(Debug)]
+pub struct Kind {
+    pub name: &'static str,
+    pub lifecycle: Option<Lifecycle>,
+    pub finding: bool,
+}
+
+const fn lifecycle(name: &'static str, kind: Lifecycle) -> Kind {
+    Kind {
+        name,
+        lifecycle: Some(kind),
+        finding: false,
+    }
+}
+
+const fn other(name: &'static str, finding: bool) -> Kind {
+    Kind {
+        name,
+        lifecycle: None,
+        finding,
+    }
+}
+
+pub(super) const SNAPSHOT: Kind = lifecycle("snapshot", Lifecycle::Snapshot);
+pub(super) const GATEWAY: Kind = other("gateway", false);
+pub(super) const READY: Kind = other("ready", false);
+pub(super) const FORK: Kind = lifecycle("fork", Lifecycle::Fork);
+pub(super) const EXEC: Kind = lifecycle("exec", Lifecycle::Exec);
+pub(super) const EXIT: Kind = lifecycle("exit", Lifecycle::Exit);
+pub(super) const REAPED: Kind = lifecycle("reaped", Lifecycle::Reaped);
+pub(super) const SETSID: Kind = lifecycle("setsid", Lifecycle::Setsid);
+pub(super) const REPARENT: Kind = lifecycle("reparent", Lifecycle::Reparent);
+/// A loss, a flag raised or cleared, a kill step, the verdict and the summary are findings.
+pub(super) const LOST: Kind = other("lost", true);
+pub(super) const SUMMARY: Kind = other("summary", true);
+pub(super) const FLAG: Kind = other("flag", true);
+pub(super) const KILL: Kind = other("kill", true);
+pub(super) const CLEARED: Kind = other("cleared", true);
+pub(super) const CHECK: Kind = other("check", true);
+pub(super) const STOP_COMMAND: Kind = other("stop_command", false);
+
+/// Every kind of event the stream carries.
+pub const KINDS: [&Kind; 16] = [
+    &SNAPSHOT,
+    &GATEWAY,
+    &READY,
+    &FORK,
+    &EXEC,
+    &EXIT,
+    &REAPED,
+    &SETSID,
+    &REPARENT,
+    &LOST,
+    &SUMMARY,
+    &FLAG,
+    &KILL,
+    &CLEARED,
+    &CHECK,
+    &STOP_COMMAND,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name_and_every_lifecycle_kind_one_row() {
+        let mut names: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), KINDS.len(), "a name used twice");
+        for kind in Lifecycle::ALL {
+            let rows = KINDS.iter().filter(|k| k.lifecycle == Some(kind)).count();
+            assert_eq!(rows, 1, "{kind:?}");
+            assert_ne!(kind.name(), "unknown");
+        }
+    }
+}
