@@ -175,8 +175,9 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
     if !require_root("setsid_double_fork_grandchild_stays_in_the_lineage") {
         return;
     }
-    // The grandchild is held until the stream shows the gateway's exit: that it outlives its
-    // gateway rests on that proof, not on a clock.
+    // The grandchild is held until the stream shows the gateway's exit and the grandchild's
+    // reparenting (the only one in this shape, read from /proc while it lives): that it
+    // outlives its gateway rests on that proof, not on a clock.
     let dir = scratch("setsid-double-fork");
     let truth_path = dir.join("truth.json");
     let shapes = shapes();
@@ -190,17 +191,19 @@ fn setsid_double_fork_grandchild_stays_in_the_lineage() {
         &args,
         &[],
         &dir.join("release"),
-        ("the gateway's exit event", Then::Release),
+        ("the gateway's exit and a reparent event", Then::Release),
         |events| {
             let gateway = events
                 .iter()
                 .find(|e| e["event"] == "ready")
                 .map(|e| e["gateway"][0].clone());
-            gateway.is_some_and(|gw| {
-                events
-                    .iter()
-                    .any(|e| e["event"] == "exit" && e["pid"] == gw)
-            })
+            let reparented = events.iter().any(|e| e["event"] == "reparent");
+            reparented
+                && gateway.is_some_and(|gw| {
+                    events
+                        .iter()
+                        .any(|e| e["event"] == "exit" && e["pid"] == gw)
+                })
         },
     );
     let truth = read_json(&truth_path);

@@ -15,8 +15,9 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 pub use crate::identity::Start;
 use crate::identity::{ProcessId, boottime_to_ticks};
 use crate::text::{Args, Comm};
+use slab::Nodes;
 
-/// Internal handle of a node; never reused.
+/// Internal handle of a node; never reused, and ordered by creation (see [`slab`]).
 pub type NodeId = u64;
 
 /// How a process ended.
@@ -114,15 +115,16 @@ pub struct Seed {
 
 /// The graph. See the module documentation.
 pub struct LineageGraph {
-    nodes: HashMap<NodeId, Node>,
-    /// The newest node of each pid.
+    nodes: Nodes,
+    /// The newest node of each pid. (A table indexed by pid would take 32 MiB on a host whose
+    /// pid_max is 4194304, as systemd sets it.)
     current: HashMap<u32, NodeId>,
-    /// Nodes with an exact start time, for events about a pid that was reused meanwhile.
+    /// Nodes with an exact start time that are no longer their pid's newest: for the events
+    /// (a late free) about a process whose pid was reused meanwhile.
     by_identity: HashMap<(u32, u64), NodeId>,
     /// Reaped nodes, oldest first, waiting to be pruned.
     retired: VecDeque<NodeId>,
     retain_dead: usize,
-    next_id: NodeId,
     /// Counts kept as nodes change state, so "is anything left?" never walks the graph.
     live: usize,
     zombies: usize,
@@ -137,12 +139,11 @@ impl LineageGraph {
     /// reporting.
     pub fn new(retain_dead: usize) -> Self {
         LineageGraph {
-            nodes: HashMap::default(),
+            nodes: Nodes::default(),
             current: HashMap::default(),
             by_identity: HashMap::default(),
             retired: VecDeque::new(),
             retain_dead,
-            next_id: 1,
             live: 0,
             zombies: 0,
             gateways: Vec::new(),
@@ -151,7 +152,7 @@ impl LineageGraph {
     }
 
     pub fn node(&self, id: NodeId) -> Option<&Node> {
-        self.nodes.get(&id)
+        self.nodes.get(id)
     }
 
     pub fn len(&self) -> usize {
@@ -164,7 +165,7 @@ impl LineageGraph {
 
     /// The newest process with this pid.
     pub fn current(&self, pid: u32) -> Option<&Node> {
-        self.current.get(&pid).and_then(|id| self.nodes.get(id))
+        self.current_id(pid).and_then(|id| self.nodes.get(id))
     }
 
     /// Live processes (not exited), in no particular order.
@@ -178,7 +179,7 @@ impl LineageGraph {
     }
 
     pub fn gateways(&self) -> impl Iterator<Item = &Node> {
-        self.gateways.iter().filter_map(|id| self.nodes.get(id))
+        self.gateways.iter().filter_map(|&id| self.nodes.get(id))
     }
 
     /// How many processes are alive (not exited).
@@ -193,13 +194,13 @@ impl LineageGraph {
 
     /// Retained children of `id` along lineage edges.
     pub fn spawned_by(&self, id: NodeId) -> Vec<&Node> {
-        let Some(node) = self.nodes.get(&id) else {
+        let Some(node) = self.nodes.get(id) else {
             return Vec::new();
         };
         let mut kids: Vec<&Node> = node
             .spawned
             .iter()
-            .filter_map(|k| self.nodes.get(k))
+            .filter_map(|&k| self.nodes.get(k))
             .collect();
         kids.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
         kids
@@ -232,13 +233,13 @@ impl LineageGraph {
     /// The spawn chain of `id`, from its gateway (or the oldest known spawner) down to `id`.
     pub fn chain(&self, id: NodeId) -> Vec<&Node> {
         let mut chain = Vec::new();
-        let mut at = self.nodes.get(&id);
+        let mut at = self.nodes.get(id);
         while let Some(node) = at {
             chain.push(node);
             if node.is_gateway || chain.len() > self.nodes.len() {
                 break;
             }
-            at = node.spawner.and_then(|s| self.nodes.get(&s));
+            at = node.spawner.and_then(|s| self.nodes.get(s));
         }
         chain.reverse();
         chain
@@ -247,13 +248,13 @@ impl LineageGraph {
     /// The nearest process above `id` on its spawn chain (its gateway included) that has
     /// exited: the end of the session that spawned it.
     pub fn exited_spawner(&self, id: NodeId) -> Option<&Node> {
-        let mut at = self.nodes.get(&id)?;
+        let mut at = self.nodes.get(id)?;
         // Bounded like `chain`: a malformed cycle must not hang the inspector.
         for _ in 0..self.nodes.len() {
             if at.is_gateway {
                 return None;
             }
-            at = self.nodes.get(&at.spawner?)?;
+            at = self.nodes.get(at.spawner?)?;
             if at.exited.is_some() {
                 return Some(at);
             }
@@ -264,39 +265,37 @@ impl LineageGraph {
     /// The node an event about (pid, start) refers to; a tick-precision node is upgraded to
     /// the exact start time on first match.
     fn find(&mut self, pid: u32, start: u64) -> Option<NodeId> {
-        if let Some(&id) = self.by_identity.get(&(pid, start)) {
-            return Some(id);
+        if let Some(id) = self.current_id(pid) {
+            let node = self.nodes.get_mut(id)?;
+            match node.start {
+                Start::Exact(ns) if ns == start => return Some(id),
+                Start::Ticks(t) if t == boottime_to_ticks(start) => {
+                    node.start = Start::Exact(start);
+                    return Some(id);
+                }
+                _ => {}
+            }
         }
-        let id = *self.current.get(&pid)?;
-        let node = self.nodes.get_mut(&id)?;
-        if let Start::Ticks(t) = node.start
-            && t == boottime_to_ticks(start)
-        {
-            node.start = Start::Exact(start);
-            self.by_identity.insert((pid, start), id);
-            return Some(id);
-        }
-        None
+        self.by_identity.get(&(pid, start)).copied()
     }
 
     fn insert(&mut self, node: Node) -> NodeId {
         let id = node.id;
-        if let Start::Exact(ns) = node.start {
-            self.by_identity.insert((node.pid, ns), id);
+        // The pid's previous node, if any, is found by its identity from now on.
+        if let Some(old) = self.current_id(node.pid)
+            && let Some(Start::Exact(ns)) = self.nodes.get(old).map(|n| n.start)
+        {
+            self.by_identity.insert((node.pid, ns), old);
         }
         if let Some(parent) = self.current_id(node.ppid) {
-            self.nodes
-                .get_mut(&parent)
-                .unwrap()
-                .real_children
-                .insert(id);
+            self.nodes.get_mut(parent).unwrap().real_children.insert(id);
         }
         if let Some(s) = node.spawner {
-            self.nodes.get_mut(&s).unwrap().spawned.insert(id);
+            self.nodes.get_mut(s).unwrap().spawned.insert(id);
         }
         self.current.insert(node.pid, id);
         let gateway = node.is_gateway;
-        self.nodes.insert(id, node);
+        self.nodes.insert(node);
         self.live += 1;
         if gateway {
             self.gateways.push(id);
@@ -308,12 +307,22 @@ impl LineageGraph {
         self.current
             .get(&pid)
             .copied()
-            .filter(|id| self.nodes.contains_key(id))
+            .filter(|&id| self.nodes.contains(id))
     }
 
+    /// A node for `pid` with nothing known yet, carrying the id it will be inserted under.
     fn blank(&mut self, pid: u32, start: Start) -> Node {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.nodes.next_id();
+        self.blank_with(id, pid, start)
+    }
+
+    /// A blank node with id `id`, for the slab's own tests.
+    #[cfg(test)]
+    pub(super) fn blank_for_test(&mut self, id: NodeId, pid: u32) -> Node {
+        self.blank_with(id, pid, Start::Ticks(1))
+    }
+
+    fn blank_with(&self, id: NodeId, pid: u32, start: Start) -> Node {
         Node {
             id,
             pid,
@@ -346,7 +355,7 @@ impl LineageGraph {
     /// moment, the best fact /proc has. Returns the node and whether it is new.
     pub fn add_seed(&mut self, seed: Seed) -> (NodeId, bool) {
         if let Some(id) = self.current_id(seed.pid) {
-            let node = self.nodes.get_mut(&id).unwrap();
+            let node = self.nodes.get_mut(id).unwrap();
             let same = match node.start {
                 Start::Exact(ns) => boottime_to_ticks(ns) == seed.start_ticks,
                 Start::Ticks(t) => t == seed.start_ticks,
@@ -379,7 +388,7 @@ impl LineageGraph {
 
     /// Marks a node as a gateway (a root of lineage).
     pub fn set_gateway(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.get_mut(&id)
+        if let Some(n) = self.nodes.get_mut(id)
             && !n.is_gateway
         {
             n.is_gateway = true;
@@ -392,14 +401,10 @@ impl LineageGraph {
     pub fn reparent(&mut self, id: NodeId, new_ppid: u32) -> Option<u32> {
         let old = self
             .nodes
-            .get_mut(&id)
+            .get_mut(id)
             .map(|n| std::mem::replace(&mut n.ppid, new_ppid))?;
         if let Some(parent) = self.current_id(new_ppid) {
-            self.nodes
-                .get_mut(&parent)
-                .unwrap()
-                .real_children
-                .insert(id);
+            self.nodes.get_mut(parent).unwrap().real_children.insert(id);
         }
         Some(old)
     }
@@ -407,14 +412,14 @@ impl LineageGraph {
     /// Marks a node whose facts are incomplete (the kernel does not follow it, or it was
     /// re-read from /proc after a loss).
     pub fn mark_uncertain(&mut self, id: NodeId) {
-        if let Some(n) = self.nodes.get_mut(&id) {
+        if let Some(n) = self.nodes.get_mut(id) {
             n.uncertain = true;
         }
     }
 
     /// Records an exit learnt from /proc (the process is gone and its exit event was lost).
     pub fn mark_gone(&mut self, id: NodeId, ts: u64) {
-        if let Some(n) = self.nodes.get_mut(&id)
+        if let Some(n) = self.nodes.get_mut(id)
             && n.exited.is_none()
         {
             n.uncertain = true;
@@ -425,7 +430,7 @@ impl LineageGraph {
 
     /// Records an exit, keeping the live and zombie counts.
     fn set_exited(&mut self, id: NodeId, info: ExitInfo) {
-        let Some(node) = self.nodes.get_mut(&id) else {
+        let Some(node) = self.nodes.get_mut(id) else {
             return;
         };
         if node.exited.is_none() && node.reaped_at.is_none() {
@@ -436,7 +441,7 @@ impl LineageGraph {
     }
 
     fn mark_reaped(&mut self, id: NodeId, ts: u64) {
-        let Some(node) = self.nodes.get(&id) else {
+        let Some(node) = self.nodes.get(id) else {
             return;
         };
         if node.reaped_at.is_some() {
@@ -446,7 +451,7 @@ impl LineageGraph {
             self.set_exited(id, ExitInfo { ts, status: None });
         }
         self.zombies -= 1;
-        self.nodes.get_mut(&id).unwrap().reaped_at = Some(ts);
+        self.nodes.get_mut(id).unwrap().reaped_at = Some(ts);
         self.retired.push_back(id);
         self.prune();
     }
@@ -458,20 +463,24 @@ impl LineageGraph {
             let Some(id) = self.retired.pop_front() else {
                 break;
             };
-            let Some(node) = self.nodes.get(&id) else {
+            let Some(node) = self.nodes.get(id) else {
                 continue;
             };
             if !node.spawned.is_empty() || node.is_gateway {
                 continue;
             }
-            let node = self.nodes.remove(&id).unwrap();
-            if self.current.get(&node.pid) == Some(&id) {
-                self.current.remove(&node.pid);
+            let node = self.nodes.remove(id).unwrap();
+            match self.current.get(&node.pid) {
+                Some(&newest) if newest == id => {
+                    self.current.remove(&node.pid);
+                }
+                _ => {
+                    if let Start::Exact(ns) = node.start {
+                        self.by_identity.remove(&(node.pid, ns));
+                    }
+                }
             }
-            if let Start::Exact(ns) = node.start {
-                self.by_identity.remove(&(node.pid, ns));
-            }
-            if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(&s)) {
+            if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(s)) {
                 parent.spawned.remove(&id);
                 if parent.spawned.is_empty() && parent.reaped_at.is_some() {
                     self.retired.push_back(parent.id);
@@ -479,7 +488,7 @@ impl LineageGraph {
             }
             if let Some(parent) = self.current_id(node.ppid) {
                 self.nodes
-                    .get_mut(&parent)
+                    .get_mut(parent)
                     .unwrap()
                     .real_children
                     .remove(&id);
@@ -489,5 +498,6 @@ impl LineageGraph {
 }
 
 mod events;
+pub mod slab;
 #[cfg(test)]
 mod tests;

@@ -45,13 +45,13 @@ impl LineageGraph {
                 // A fork seen after seeding already found the child in /proc: same process.
                 if let Some(id) = self.find(ev.pid, ev.start) {
                     let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
-                    let node = self.nodes.get_mut(&id).unwrap();
+                    let node = self.nodes.get_mut(id).unwrap();
                     if node.seeded && !node.is_gateway && node.spawner != spawner_node {
                         let old = node.spawner;
                         node.spawner = spawner_node;
                         self.move_spawned(id, old, spawner_node);
                     }
-                    let node = self.nodes.get_mut(&id).unwrap();
+                    let node = self.nodes.get_mut(id).unwrap();
                     node.seeded = false;
                     node.spawner_pid = Some(*spawner);
                     node.forked_at = Some(ev.ts);
@@ -72,7 +72,7 @@ impl LineageGraph {
                 node.forked_at = Some(ev.ts);
                 node.spawning_thread = thread;
                 // Until it execs, a child runs its parent's program.
-                if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(&s)) {
+                if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
                     node.filename = parent.filename.clone();
                     node.argv = parent.argv.clone();
                 }
@@ -87,7 +87,7 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
-                let node = self.nodes.get_mut(&id).unwrap();
+                let node = self.nodes.get_mut(id).unwrap();
                 node.comm = *comm;
                 node.filename = Some(filename.clone());
                 node.argv = argv.clone();
@@ -101,7 +101,13 @@ impl LineageGraph {
                 // The kernel can report one process's exit more than once: when the threads of
                 // a SIGKILLed process exit together, each may find the group dead by the time
                 // it reaches the tracepoint. The first report is the exit.
-                if self.nodes[&id].exited.is_some_and(|e| e.status.is_some()) {
+                if self
+                    .nodes
+                    .get(id)
+                    .unwrap()
+                    .exited
+                    .is_some_and(|e| e.status.is_some())
+                {
                     return Applied::Duplicate;
                 }
                 self.set_exited(
@@ -111,13 +117,16 @@ impl LineageGraph {
                         status: Some(*status),
                     },
                 );
-                let orphans = self.nodes[&id]
+                let orphans = self
+                    .nodes
+                    .get(id)
+                    .unwrap()
                     .real_children
                     .iter()
                     .copied()
                     .filter(|c| {
                         self.nodes
-                            .get(c)
+                            .get(*c)
                             .is_some_and(|n| n.alive() && n.ppid == ev.pid)
                     })
                     .collect();
@@ -127,7 +136,7 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
-                if self.nodes[&id].reaped_at.is_some() {
+                if self.nodes.get(id).unwrap().reaped_at.is_some() {
                     return Applied::Duplicate;
                 }
                 self.mark_reaped(id, ev.ts);
@@ -137,7 +146,7 @@ impl LineageGraph {
                 let Some(id) = self.find(ev.pid, ev.start) else {
                     return Applied::Unknown;
                 };
-                let node = self.nodes.get_mut(&id).unwrap();
+                let node = self.nodes.get_mut(id).unwrap();
                 node.sid = *sid;
                 node.pgid = *sid;
                 node.called_setsid = true;
@@ -147,10 +156,10 @@ impl LineageGraph {
     }
 
     fn move_spawned(&mut self, child: NodeId, from: Option<NodeId>, to: Option<NodeId>) {
-        if let Some(n) = from.and_then(|f| self.nodes.get_mut(&f)) {
+        if let Some(n) = from.and_then(|f| self.nodes.get_mut(f)) {
             n.spawned.remove(&child);
         }
-        if let Some(n) = to.and_then(|t| self.nodes.get_mut(&t)) {
+        if let Some(n) = to.and_then(|t| self.nodes.get_mut(t)) {
             n.spawned.insert(child);
         }
     }
