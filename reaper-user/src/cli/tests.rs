@@ -1,0 +1,124 @@
+//! Unit tests of `cli.rs`.
+use super::*;
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+    assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+    assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    assert!(
+        parse_duration("ten")
+            .unwrap_err()
+            .contains("not a duration")
+    );
+    assert!(parse_duration("").is_err());
+    assert!(parse_duration("-5s").is_err());
+}
+
+#[test]
+fn ring_sizes() {
+    assert_eq!(parse_ring_size("16MiB"), Ok(16 << 20));
+    assert_eq!(parse_ring_size("8M"), Ok(8 << 20));
+    assert_eq!(parse_ring_size("4096"), Ok(4096));
+    assert!(
+        parse_ring_size("3MiB")
+            .unwrap_err()
+            .contains("power of two")
+    );
+    assert!(parse_ring_size("1KiB").is_err());
+    assert!(
+        parse_ring_size("16XB")
+            .unwrap_err()
+            .contains("unknown unit")
+    );
+    assert!(parse_ring_size("99999999999999GiB").is_err());
+}
+
+#[test]
+fn sizes_and_addresses() {
+    assert_eq!(parse_rotate_size("100MiB"), Ok(100 << 20));
+    assert!(parse_rotate_size("1k").unwrap_err().contains("4KiB"));
+    assert!(parse_size("lots").unwrap_err().contains("not a size"));
+    assert_eq!(
+        parse_listen_addr("127.0.0.1:9464"),
+        Ok("127.0.0.1:9464".parse().unwrap())
+    );
+    assert_eq!(
+        parse_listen_addr("[::1]:80"),
+        Ok("[::1]:80".parse().unwrap())
+    );
+    assert_eq!(
+        parse_listen_addr("localhost:9464"),
+        Ok("127.0.0.1:9464".parse().unwrap())
+    );
+    assert!(
+        parse_listen_addr("9464")
+            .unwrap_err()
+            .contains("127.0.0.1:9464")
+    );
+    assert!(
+        parse_listen_addr("localhost:http")
+            .unwrap_err()
+            .contains("port")
+    );
+    assert!(parse_listen_addr("127.0.0.1:99999").is_err());
+    let bad = |args: &[&str]| Cli::try_parse_from(args).unwrap().validate().unwrap_err();
+    assert!(bad(&["reaper-trace", "--rotate-size", "1MiB", "--", "true"]).contains("--output"));
+    assert!(
+        bad(&[
+            "reaper-trace",
+            "--output",
+            "f",
+            "--rotate-keep",
+            "3",
+            "--",
+            "true"
+        ])
+        .contains("--rotate-size")
+    );
+}
+
+#[test]
+fn command_line_shapes() {
+    let cli = Cli::try_parse_from(["reaper-trace", "--json", "--", "sh", "-c", "true"]).unwrap();
+    assert_eq!(cli.command, vec!["sh", "-c", "true"]);
+    assert!(cli.validate().is_ok());
+    let cli =
+        Cli::try_parse_from(["reaper-trace", "--gateway-pid", "1", "--gateway-pid", "7"]).unwrap();
+    assert_eq!(cli.gateway_pid, vec![1, 7]);
+    assert!(
+        Cli::try_parse_from(["reaper-trace"])
+            .unwrap()
+            .validate()
+            .is_err()
+    );
+    assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "0"]).is_err());
+    assert!(Cli::try_parse_from(["reaper-trace", "--gateway-pid", "x"]).is_err());
+    assert!(Cli::try_parse_from(["reaper-trace", "--duration", "soon", "--", "true"]).is_err());
+    let bad = |args: &[&str]| {
+        let cli = Cli::try_parse_from(args).unwrap();
+        cli.validate().unwrap_err()
+    };
+    assert!(bad(&["reaper-trace", "--check", "--gateway-pid", "1"]).contains("--check"));
+    assert!(bad(&["reaper-trace", "--settle", "1s", "--", "true"]).contains("--settle"));
+    assert!(bad(&["reaper-trace", "--scan-interval", "1ms", "--", "true"]).contains("100ms"));
+    let cli = Cli::try_parse_from(["reaper-trace", "--check", "--", "true"]).unwrap();
+    assert!(cli.validate().is_ok());
+    assert_eq!(cli.settle_time(), Duration::from_secs(2));
+    assert!(bad(&["reaper-trace", "--dry-run", "--", "true"]).contains("--kill"));
+    let cli = Cli::try_parse_from(["reaper-trace", "--kill", "--", "true"]).unwrap();
+    assert_eq!(cli.kill_reasons.0, [Reason::Orphaned, Reason::Deaf]);
+    assert!(cli.validate().is_ok());
+    let err = Cli::try_parse_from(["reaper-trace", "--kill", "--kill-reasons", "zombie"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot be killed"), "{err}");
+    assert!(
+        parse_kill_reasons("idle,bogus")
+            .unwrap_err()
+            .contains("bogus")
+    );
+    assert_eq!(parse_kill_reasons("idle").unwrap().0, [Reason::Idle]);
+}

@@ -1,0 +1,181 @@
+//! Unit tests of `human.rs`.
+use super::*;
+use crate::stream::events::{Ancestor, Peer};
+use crate::text::{Args, Comm};
+
+#[test]
+fn human_lines_escape_the_exact_bytes() {
+    let line = human_line(
+        0,
+        &Event::Exec {
+            pid: 7,
+            filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
+            argv: Argv::new(Args::from_list([&b"a\nb"[..], &b"\xfe"[..]])),
+            truncated: false,
+            tid: 7,
+        },
+    );
+    assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
+}
+
+fn ancestor(pid: u32, argv: &[&str], exited: Option<u64>) -> Ancestor {
+    Ancestor {
+        process: member(pid, argv),
+        exited,
+    }
+}
+
+fn detail(ancestors: Vec<Ancestor>, ppid: u32, escaped: bool) -> LeakDetail {
+    LeakDetail {
+        lineage: ancestors.iter().map(|a| a.process.pid).collect(),
+        pipes: vec![PipeInfo {
+            fd: 0,
+            kind: "pipe".into(),
+            inode: Some(88123),
+            end: "read".into(),
+            other_end: "open".into(),
+            peers: vec![Peer {
+                pid: 4705,
+                fd: 5,
+                end: "write".into(),
+                comm: ProcText::new("comm", Comm::from_c(b"sleep\x1b")),
+            }],
+            ..PipeInfo::default()
+        }],
+        chain: Vec::new(),
+        ancestors,
+        state: "S (sleeping)".into(),
+        rss_kib: Some(312 * 1024),
+        ppid,
+        escaped,
+        placement: Default::default(),
+        comm: ProcText::new("comm", Comm::from_c(b"node")),
+        argv: Argv::new(Args::from_list([&b"node"[..], &b"bridge.cjs"[..]])),
+        ..LeakDetail::default()
+    }
+}
+
+const SEC: u64 = 1_000_000_000;
+
+fn member(pid: u32, argv: &[&str]) -> ProcessLabel {
+    ProcessLabel {
+        pid,
+        comm: ProcText::new("comm", Comm::from_c(b"x")),
+        argv: Argv::new(Args::from_list(argv)),
+    }
+}
+
+#[test]
+fn a_node_servers_line_names_the_host_socket_shows_the_chain_and_counts_the_plumbing() {
+    let socket = |fd, inode, peer_inode, internal, peers: Vec<Peer>| PipeInfo {
+        fd,
+        kind: "socket".into(),
+        inode: Some(inode),
+        end: "both".into(),
+        other_end: "open".into(),
+        peer_inode: Some(peer_inode),
+        index: None,
+        protocol: None,
+        remote: None,
+        internal,
+        peers,
+    };
+    let host = |fd| Peer {
+        pid: 4700,
+        fd,
+        end: "both".into(),
+        comm: ProcText::new("comm", Comm::from_c(b"node")),
+    };
+    let mut d = detail(
+        vec![ancestor(4700, &["node", "host.js"], None)],
+        4700,
+        false,
+    );
+    d.pipes = vec![
+        socket(0, 900, 901, false, vec![host(21)]),
+        socket(1, 902, 903, false, vec![host(23)]),
+        socket(6, 904, 905, true, Vec::new()),
+        socket(7, 905, 904, true, Vec::new()),
+    ];
+    d.chain = vec![
+        member(4701, &["node", "npm", "exec", "srv"]),
+        member(4702, &["sh", "-c", "srv"]),
+        member(4703, &["node", "server.js"]),
+    ];
+    d.argv = Argv::new(Args::from_list(["node", "npm", "exec", "srv"]));
+    d.rss_kib = None;
+    let line = flag_line(70 * SEC, 4701, "idle", 10 * SEC, &d);
+    assert_eq!(
+        line,
+        "LEAK idle pid 4701 (npm exec srv): waiting for input, no I/O for 1m00s; server 4701 \
+         > 4702 (-c srv) > 4703 (server.js); fd 0 socket:[900], other end held by 4700 \
+         (node) fd 21; fd 1 socket:[902], other end held by 4700 (node) fd 23; 2 fds of its \
+         own internal channels"
+    );
+}
+
+#[test]
+fn a_flag_in_a_container_says_where_it_runs() {
+    let mut d = detail(vec![ancestor(4700, &["gw"], Some(0))], 1, true);
+    d.pipes.clear();
+    d.rss_kib = None;
+    d.placement = crate::procfs::placement::Placement {
+        nspid: Some(2),
+        cgroup: Some("/kubepods/besteffort/podX/0123456789abcdef".into()),
+        container: Some(crate::procfs::placement::Container {
+            runtime: "containerd".into(),
+            id: "0123456789abcdef0123".into(),
+            pod_uid: Some("6f1c1a52-1111-4c2e-9a5b-0123456789ab".into()),
+        }),
+    };
+    let line = flag_line(SEC, 4711, "deaf", 0, &d);
+    assert!(
+        line.ends_with(
+            ", pid 2 in its pid namespace, in containerd container 0123456789ab of pod \
+             6f1c1a52-1111-4c2e-9a5b-0123456789ab"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {
+    let d = detail(
+        vec![
+            ancestor(4700, &["hermes", "--tui"], Some(10 * SEC)),
+            ancestor(4711, &["node", "bridge.cjs"], None),
+        ],
+        1,
+        true,
+    );
+    let line = flag_line(202 * SEC, 4711, "orphaned", 10 * SEC, &d);
+    assert_eq!(
+        line,
+        "LEAK orphaned pid 4711 (bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
+         ago, now a child of 1, escaped (another session, group or cgroup than the \
+         gateway's); fd 0 pipe:[88123] read end, other end held by 4705 (sleep\\x1b) fd 5 \
+         write end; RSS 312.0 MiB"
+    );
+}
+
+#[test]
+fn an_exited_grandparent_is_an_ancestor_and_zombies_say_how_long() {
+    let d = detail(
+        vec![
+            ancestor(1, &["gw"], Some(SEC)),
+            ancestor(2, &["sh"], None),
+            ancestor(3, &["sleep"], None),
+        ],
+        2,
+        false,
+    );
+    let line = flag_line(5 * SEC, 3, "orphaned", SEC, &d);
+    assert!(line.contains(": ancestor 1 (gw) exited 4s ago;"), "{line}");
+    assert!(!line.contains("now a child"), "{line}");
+    let line = flag_line(65 * SEC, 3, "zombie", 4 * SEC, &d);
+    assert!(
+        line.contains("exited 1m01s ago, not reaped by its parent 2"),
+        "{line}"
+    );
+    assert_eq!(human_duration(7300 * SEC), "2h01m");
+}

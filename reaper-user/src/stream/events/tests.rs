@@ -1,0 +1,143 @@
+//! Unit tests of `events.rs`.
+use super::*;
+use crate::text::Args;
+
+fn line(body: &Event) -> serde_json::Value {
+    let s = serde_json::to_string(&Envelope {
+        event: body.name(),
+        seq: 3,
+        ts: 9,
+        body,
+    })
+    .unwrap();
+    assert!(!s.contains('\n'));
+    serde_json::from_str(&s).unwrap()
+}
+
+#[test]
+fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
+    let v = line(&Event::Exec {
+        pid: 5,
+        filename: ProcText::new("filename", &b"/bin/\xffx"[..]),
+        argv: Argv::new(Args::from_list([&b"a\nb"[..]])),
+        truncated: false,
+        tid: 5,
+    });
+    assert_eq!(v["event"], "exec");
+    assert_eq!(v["seq"], 3);
+    assert_eq!(v["argv"][0], "a\nb");
+    assert!(v.get("argv_b64").is_none());
+    assert_eq!(v["filename_b64"], "L2Jpbi//eA==");
+    assert!(v.get("filename").is_some_and(|f| f == "/bin/\u{fffd}x"));
+
+    let v = line(&Event::Exec {
+        pid: 5,
+        filename: ProcText::new("filename", &b"/bin/x"[..]),
+        argv: Argv::new(Args::from_list([&b"a"[..], &b"\xff"[..]])),
+        truncated: false,
+        tid: 5,
+    });
+    assert_eq!(v["argv"], serde_json::json!(["a", "\u{fffd}"]));
+    assert_eq!(v["argv_b64"], serde_json::json!(["YQ==", "/w=="]));
+    assert!(v.get("filename_b64").is_none());
+}
+
+#[test]
+fn wait_status_decoding() {
+    assert_eq!(wait_status(3 << 8), (Some(3), None, false));
+    assert_eq!(wait_status(9), (None, Some("SIGKILL".into()), false));
+    assert_eq!(wait_status(0x80 | 11), (None, Some("SIGSEGV".into()), true));
+    assert_eq!(signal_name(41), "SIG41");
+}
+
+#[test]
+fn exit_nulls_are_explicit() {
+    let v = line(&Event::Exit {
+        pid: 1,
+        exit_code: None,
+        signal: Some("SIGTERM".into()),
+        core: false,
+    });
+    assert!(v["exit_code"].is_null());
+    assert_eq!(v["signal"], "SIGTERM");
+}
+
+#[test]
+fn the_evidence_reads_back_exactly_as_written() {
+    let odd = ProcText::new("comm", &b"w\xffrk"[..]);
+    let detail = LeakDetail {
+        lineage: vec![1, 2],
+        ancestors: vec![Ancestor {
+            process: ProcessLabel {
+                pid: 1,
+                comm: ProcText::new("comm", &b"gw"[..]),
+                argv: Argv::new(Args::from_list(["gw"])),
+            },
+            exited: Some(5),
+        }],
+        pipes: vec![PipeInfo {
+            fd: 0,
+            kind: "socket".into(),
+            inode: Some(7),
+            end: "both".into(),
+            other_end: "open".into(),
+            peer_inode: Some(8),
+            index: None,
+            protocol: None,
+            remote: None,
+            internal: false,
+            peers: vec![Peer {
+                pid: 1,
+                fd: 9,
+                end: "both".into(),
+                comm: ProcText::new("comm", &b"gw"[..]),
+            }],
+        }],
+        chain: vec![ProcessLabel {
+            pid: 2,
+            comm: ProcText::new("comm", &b"w"[..]),
+            argv: Argv::new(Args::from_list(["w"])),
+        }],
+        state: "S (sleeping)".into(),
+        rss_kib: Some(100),
+        ppid: 1,
+        escaped: true,
+        placement: Placement {
+            nspid: Some(2),
+            cgroup: Some("/machine.slice/libpod-x.scope".into()),
+            container: Some(crate::procfs::placement::Container {
+                runtime: "podman".into(),
+                id: "x".into(),
+                pod_uid: None,
+            }),
+        },
+        comm: odd,
+        argv: Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"])),
+        ..LeakDetail::default()
+    };
+    let text = serde_json::to_string(&Event::Flag {
+        pid: 2,
+        reason: "orphaned",
+        since: 1,
+        idle_secs: None,
+        detail: Box::new(detail.clone()),
+    })
+    .unwrap();
+    let back: LeakDetail = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        serde_json::to_string(&back).unwrap(),
+        serde_json::to_string(&detail).unwrap()
+    );
+    assert_eq!(back.comm.text(), "w\u{fffd}rk");
+    assert_eq!(
+        back.comm.for_terminal(),
+        "w\\xffrk",
+        "the exact bytes came back"
+    );
+    // A line missing most fields still reads, with defaults.
+    let sparse: LeakDetail = serde_json::from_str(r#"{"comm":"x","lineage":[3]}"#).unwrap();
+    assert_eq!(
+        (sparse.lineage, sparse.comm.text().into_owned()),
+        (vec![3], "x".into())
+    );
+}
