@@ -103,9 +103,11 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_ring_size)]
     pub ring_size: u32,
 
-    /// Longest time an event may wait in the ring before the reader is woken. Batching wake-ups
-    /// is what keeps tracing cheap under a fork storm; 0 wakes the reader for every event.
-    #[arg(long, value_name = "DUR", default_value = "2ms", value_parser = parse_duration)]
+    /// While events stream, how often the reader takes them in at first; it widens to 16ms
+    /// while they keep coming. The first event after a quiet spell wakes it at once. Batching
+    /// wake-ups is what keeps tracing cheap under a fork storm; 0 wakes the reader for every
+    /// event.
+    #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 
     /// How setsid() is observed: `auto` uses the syscalls/sys_exit_setsid tracepoint (mounting

@@ -8,7 +8,9 @@ use crate::exit_status;
 use crate::leaks::{Inspector, flags};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::placement;
-use crate::stream::events::{AliveProcess, Counts, Delivery, Event, Latency, LeakedProcess};
+use crate::stream::events::{
+    AliveProcess, Counts, Delivery, Event, Latency, LeakedProcess, Summary,
+};
 
 /// The parts a closing event is read from.
 pub struct Closing<'a> {
@@ -48,7 +50,7 @@ impl Closing<'_> {
         alive.sort_by_key(|a| a.process.pid);
         let mut zombies: Vec<u32> = graph.zombies().map(|n| n.pid).collect();
         zombies.sort_unstable();
-        Event::Summary {
+        Event::Summary(Box::new(Summary {
             counts: figures.counts,
             delivery: figures.delivery,
             alive,
@@ -57,9 +59,9 @@ impl Closing<'_> {
             duration_ns: crate::procfs::boottime_now().saturating_sub(figures.started),
             latency_ns: figures.latency,
             cpu_ns: own_cpu_ns(),
-            leaks: Box::new(flags::summary(graph, self.inspector)),
+            leaks: flags::summary(graph, self.inspector),
             kills: figures.kills,
-        }
+        }))
     }
 
     /// `--check`'s verdict: every descendant still alive and every zombie, with evidence.

@@ -3,7 +3,7 @@
 use crate::output::label::command_label;
 use crate::stream::events::{
     Argv, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, ProcessLabel,
-    SpawningThread, wait_status,
+    SpawningThread, Summary, wait_status,
 };
 use crate::text::escape_for_terminal;
 
@@ -174,28 +174,31 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
                 }
             )
         }
-        Event::Summary {
-            counts,
-            delivery,
-            alive,
-            zombies,
-            ..
-        } => format!(
-            "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
-            counts.get(Lifecycle::Fork),
-            counts.get(Lifecycle::Exec),
-            counts.get(Lifecycle::Exit),
-            alive.len(),
-            zombies.len(),
-            delivery.received,
-            delivery.kernel_events,
-            delivery.dropped.values().sum::<u64>(),
-            if delivery.consistent {
-                ""
-            } else {
-                " (INCONSISTENT)"
-            }
-        ),
+        Event::Summary(summary) => {
+            let Summary {
+                counts,
+                delivery,
+                alive,
+                zombies,
+                ..
+            } = &**summary;
+            format!(
+                "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
+                counts.get(Lifecycle::Fork),
+                counts.get(Lifecycle::Exec),
+                counts.get(Lifecycle::Exit),
+                alive.len(),
+                zombies.len(),
+                delivery.received,
+                delivery.kernel_events,
+                delivery.dropped.values().sum::<u64>(),
+                if delivery.consistent {
+                    ""
+                } else {
+                    " (INCONSISTENT)"
+                }
+            )
+        }
     }
 }
 

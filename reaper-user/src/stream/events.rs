@@ -49,6 +49,23 @@ pub struct AliveProcess {
     pub uncertain: bool,
 }
 
+/// The closing summary's fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub counts: Counts,
+    pub delivery: Delivery,
+    pub alive: Vec<AliveProcess>,
+    pub zombies: Vec<u32>,
+    pub gateway_exit_code: Option<i32>,
+    pub duration_ns: u64,
+    pub latency_ns: Latency,
+    /// CPU time reaper-trace itself used (user + system), start-up included.
+    pub cpu_ns: u64,
+    pub leaks: LeakSummary,
+    /// `--kill`'s steps by reason, then by result.
+    pub kills: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+}
+
 /// How the event stream checked out against the kernel's own counters.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Delivery {
@@ -175,20 +192,9 @@ pub enum Event {
         /// Processes re-read from /proc because of the loss (marked uncertain until then).
         affected: Vec<u32>,
     },
-    Summary {
-        counts: Counts,
-        delivery: Delivery,
-        alive: Vec<AliveProcess>,
-        zombies: Vec<u32>,
-        gateway_exit_code: Option<i32>,
-        duration_ns: u64,
-        latency_ns: Latency,
-        /// CPU time reaper-trace itself used (user + system), start-up included.
-        cpu_ns: u64,
-        leaks: Box<LeakSummary>,
-        /// `--kill`'s steps by reason, then by result.
-        kills: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
-    },
+    /// Boxed: the biggest event by far, written once, would otherwise make every event as
+    /// big (each record's event is built and moved on the hottest path).
+    Summary(Box<Summary>),
     /// A leak flag starts holding.
     Flag {
         pid: u32,
@@ -325,7 +331,7 @@ impl Event {
             Event::Setsid { .. } => &SETSID,
             Event::Reparent { .. } => &REPARENT,
             Event::Lost { .. } => &LOST,
-            Event::Summary { .. } => &SUMMARY,
+            Event::Summary(_) => &SUMMARY,
             Event::Flag { .. } => &FLAG,
             Event::Kill { .. } => &KILL,
             Event::Cleared { .. } => &CLEARED,

@@ -9,14 +9,19 @@ pub mod kinds;
 use events::Event;
 
 /// An event and the boot-time ns it stands for: what a step returns for output to write.
+/// Boxed: steps return these rarely (an upkeep finding, a gateway found), but an empty
+/// `Option<Stamped>` moves on every record.
 #[derive(Debug)]
 pub struct Stamped {
     pub ts: u64,
-    pub event: Event,
+    pub event: Box<Event>,
 }
 
 impl Stamped {
     pub fn new(ts: u64, event: Event) -> Stamped {
-        Stamped { ts, event }
+        Stamped {
+            ts,
+            event: Box::new(event),
+        }
     }
 }
