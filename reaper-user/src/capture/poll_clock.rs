@@ -7,7 +7,8 @@
 //! and two extra syscalls. A periodic timerfd is armed once when streaming starts and disarmed
 //! once when it stops; in between, each tick is one `epoll_wait` and one 8-byte read.
 //!
-//! The period widens while records keep coming: each tick that found records doubles it, up to
+//! The period widens while records keep coming: each tick that found a stream's worth of
+//! records (the event loop decides) doubles it, up to
 //! [`WIDEST`] (or the base period, if that is wider), and it snaps back to the base period when
 //! the stream pauses. A storm is then read in batches several times larger, at a latency still
 //! inside its budget (25 ms at p99 while records stream), and a lone record after a quiet spell

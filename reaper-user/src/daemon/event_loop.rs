@@ -26,6 +26,9 @@ use crate::procfs::boottime_now;
 
 /// How often losses are checked and pending reparents re-read when nothing else happens.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// Records one tick must find for the poll clock to widen: a fork storm brings dozens a
+/// millisecond, one process's fork, exec and exit a handful (which keep the quiet budget).
+const STREAM_BATCH: usize = 32;
 /// How soon a child whose parent exited is looked at again.
 const REPARENT_RETRY: Duration = Duration::from_millis(5);
 
@@ -116,7 +119,9 @@ pub(super) async fn event_loop(
                 }
                 match n {
                     0 => poll.stop().context("stopping the poll clock")?,
-                    _ => poll.widen().context("widening the poll clock")?,
+                    // A stream, not a few records of one process's life: read less often.
+                    n if n >= STREAM_BATCH => poll.widen().context("widening the poll clock")?,
+                    _ => {}
                 }
                 flush = n == 0;
             }

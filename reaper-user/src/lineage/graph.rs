@@ -64,9 +64,11 @@ pub struct Node {
     pub uncertain: bool,
     /// Processes whose real parent this is (kept for reparent checks at exit).
     real_children: HashSet<NodeId>,
-    /// Retained nodes whose spawner this is. Sets: a gateway may have thousands of children
-    /// coming and going.
-    spawned: HashSet<NodeId>,
+    /// How many retained nodes this one spawned: a node with any is kept (lineage must
+    /// resolve). A count, not a set: a gateway's thousands of children would cost a hash
+    /// insert and remove each, on the hottest path, for lists only the closing tree and a
+    /// kill need (see [`LineageGraph::spawned_by`]).
+    spawned: u32,
 }
 
 impl Node {
@@ -192,15 +194,19 @@ impl LineageGraph {
         self.zombies
     }
 
-    /// Retained children of `id` along lineage edges.
+    /// Retained children of `id` along lineage edges, oldest first. One pass over the graph:
+    /// for a kill's few processes, not for a walk of the whole tree.
     pub fn spawned_by(&self, id: NodeId) -> Vec<&Node> {
         let Some(node) = self.nodes.get(id) else {
             return Vec::new();
         };
-        let mut kids: Vec<&Node> = node
-            .spawned
-            .iter()
-            .filter_map(|&k| self.nodes.get(k))
+        if node.spawned == 0 {
+            return Vec::new();
+        }
+        let mut kids: Vec<&Node> = self
+            .nodes
+            .values()
+            .filter(|n| n.spawner == Some(id))
             .collect();
         kids.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
         kids
@@ -291,7 +297,7 @@ impl LineageGraph {
             self.nodes.get_mut(parent).unwrap().real_children.insert(id);
         }
         if let Some(s) = node.spawner {
-            self.nodes.get_mut(s).unwrap().spawned.insert(id);
+            self.nodes.get_mut(s).unwrap().spawned += 1;
         }
         self.current.insert(node.pid, id);
         let gateway = node.is_gateway;
@@ -347,7 +353,7 @@ impl LineageGraph {
             called_setsid: false,
             uncertain: false,
             real_children: HashSet::default(),
-            spawned: HashSet::default(),
+            spawned: 0,
         }
     }
 
@@ -466,7 +472,7 @@ impl LineageGraph {
             let Some(node) = self.nodes.get(id) else {
                 continue;
             };
-            if !node.spawned.is_empty() || node.is_gateway {
+            if node.spawned > 0 || node.is_gateway {
                 continue;
             }
             let node = self.nodes.remove(id).unwrap();
@@ -481,8 +487,8 @@ impl LineageGraph {
                 }
             }
             if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(s)) {
-                parent.spawned.remove(&id);
-                if parent.spawned.is_empty() && parent.reaped_at.is_some() {
+                parent.spawned = parent.spawned.saturating_sub(1);
+                if parent.spawned == 0 && parent.reaped_at.is_some() {
                     self.retired.push_back(parent.id);
                 }
             }

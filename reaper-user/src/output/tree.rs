@@ -1,5 +1,5 @@
 //! The closing picture for people: what is still alive, under whom it was spawned.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::leaks::Reason;
@@ -29,7 +29,17 @@ pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reas
         .filter(|n| n.spawner.is_none_or(|s| !keep.contains(&s)))
         .collect();
     roots.sort_by_key(|n| (!n.is_gateway, n.id));
-    let tree = Tree { graph, flags, keep };
+    // Who spawned whom among the nodes drawn, in one pass.
+    let mut kids: HashMap<NodeId, Vec<&Node>> = HashMap::new();
+    for n in keep.iter().filter_map(|&id| graph.node(id)) {
+        if let Some(s) = n.spawner.filter(|s| keep.contains(s)) {
+            kids.entry(s).or_default().push(n);
+        }
+    }
+    for list in kids.values_mut() {
+        list.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
+    }
+    let tree = Tree { flags, kids };
     let mut out = String::from("still alive, by lineage (spawner edges):\n");
     for root in roots {
         tree.render(root, "", Branch::Root, &mut out);
@@ -37,11 +47,10 @@ pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reas
     out
 }
 
-/// What is drawn: the graph, the nodes kept, and the flags to mark them with.
+/// What is drawn: the nodes kept, by spawner, and the flags to mark them with.
 struct Tree<'a> {
-    graph: &'a LineageGraph,
     flags: &'a BTreeMap<NodeId, Vec<Reason>>,
-    keep: HashSet<NodeId>,
+    kids: HashMap<NodeId, Vec<&'a Node>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -64,12 +73,7 @@ impl Tree<'_> {
             let _ = write!(line, " LEAK: {}", names.join(", "));
         }
         let _ = writeln!(out, "{prefix}{glyph}{line}");
-        let kids: Vec<&Node> = self
-            .graph
-            .spawned_by(node.id)
-            .into_iter()
-            .filter(|k| self.keep.contains(&k.id))
-            .collect();
+        let kids: &[&Node] = self.kids.get(&node.id).map_or(&[], Vec::as_slice);
         let child_prefix = match branch {
             Branch::Root => prefix.to_owned(),
             Branch::Middle => format!("{prefix}│  "),

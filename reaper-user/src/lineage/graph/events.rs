@@ -49,7 +49,7 @@ impl LineageGraph {
                     if node.seeded && !node.is_gateway && node.spawner != spawner_node {
                         let old = node.spawner;
                         node.spawner = spawner_node;
-                        self.move_spawned(id, old, spawner_node);
+                        self.move_spawned(old, spawner_node);
                     }
                     let node = self.nodes.get_mut(id).unwrap();
                     node.seeded = false;
@@ -155,12 +155,16 @@ impl LineageGraph {
         }
     }
 
-    fn move_spawned(&mut self, child: NodeId, from: Option<NodeId>, to: Option<NodeId>) {
+    /// A node's spawner changed from `from` to `to`: the spawned counts follow.
+    fn move_spawned(&mut self, from: Option<NodeId>, to: Option<NodeId>) {
+        if from == to {
+            return;
+        }
         if let Some(n) = from.and_then(|f| self.nodes.get_mut(f)) {
-            n.spawned.remove(&child);
+            n.spawned = n.spawned.saturating_sub(1);
         }
         if let Some(n) = to.and_then(|t| self.nodes.get_mut(t)) {
-            n.spawned.insert(child);
+            n.spawned += 1;
         }
     }
 }
