@@ -123,6 +123,9 @@ pub struct LoopRun {
     pub reader_cpu: f64,
     /// The loops' own CPU time and their children's, in seconds.
     pub loop_cpu: f64,
+    /// With reaper-trace tracking them: its CPU time from just before the loops started to
+    /// just after they ended and it took in their last records (start-up and stop left out).
+    pub storm_cpu: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -263,9 +266,8 @@ fn overhead(bins: &Bins, opts: &BenchOptions, peers: &[Peer]) -> Result<()> {
     Ok(())
 }
 
-/// The reader's CPU per traced process: its CPU over a tracked loop of N processes minus over a
-/// loop of one (start-up, BTF, seeding and the stop are the same in both), divided by N - 1.
-/// The two runs alternate, `reps` times.
+/// The reader's CPU per traced process: its CPU around a tracked loop of N processes (start-up,
+/// BTF, seeding and the stop left out; see `measure_tracked`), divided by N, `reps` times.
 fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let mut rows = Vec::new();
     for (lp, target_us) in [(Loop::ForkExit, 3.0), (Loop::ForkExec, 4.0)] {
@@ -277,10 +279,8 @@ fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
                 rep + 1,
                 opts.reps
             );
-            let many = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
-            let one = measure(bins, lp, 1, 1, Watcher::ReaperTracked)?;
-            let n = many.created.saturating_sub(one.created).max(1) as f64;
-            per_proc.push((many.reader_cpu - one.reader_cpu) / n * 1e6);
+            let run = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
+            per_proc.push(run.storm_cpu / run.created.max(1) as f64 * 1e6);
         }
         let (min, max) = (
             per_proc.iter().cloned().fold(f64::MAX, f64::min),
@@ -294,7 +294,7 @@ fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         ));
     }
     println!(
-        "\n## Reader CPU per traced process (tracked loop of {} minus a loop of one)\n",
+        "\n## Reader CPU per traced process (around a tracked loop of {})\n",
         opts.procs
     );
     println!("| loop | median | min | max | target | |");
@@ -469,7 +469,8 @@ pub fn measure(bins: &Bins, lp: Loop, n: usize, loops: usize, w: Watcher) -> Res
             sh(&script)?;
             bystander.stop()?;
         }
-        Watcher::ReaperTracked | Watcher::ReaperStalled => {
+        Watcher::ReaperTracked => return measure_tracked(bins, &script, &truths),
+        Watcher::ReaperStalled => {
             let script = if w == Watcher::ReaperStalled {
                 // The gateway's parent is reaper-trace: stop it for a second mid-storm.
                 format!("( sleep 0.3; kill -STOP $PPID; sleep 1; kill -CONT $PPID ) & {script}")
@@ -512,6 +513,73 @@ fn sh(script: &str) -> Result<()> {
         bail!("`{script}` failed: {status}");
     }
     Ok(())
+}
+
+/// A tracked run whose reaper-trace CPU is read around the loops alone: the gateway waits for
+/// a go file before the loops and for a done file after them, and reaper-trace's run time
+/// (`/proc/PID/schedstat`, ns) is read after `ready`, then once the loops wrote their truth and
+/// the stream went quiet.
+fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> Result<LoopRun> {
+    let (go, done) = (bins.scratch.join("go"), bins.scratch.join("done"));
+    let _ = fs::remove_file(&go);
+    let _ = fs::remove_file(&done);
+    let wait_for = |f: &Path| format!("while [ ! -e {} ]; do sleep 0.01; done", f.display());
+    let held = format!("{}; {script}; {}", wait_for(&go), wait_for(&done));
+    let out = bins.scratch.join("tracked.ndjson");
+    let mut tracer = Command::new(&bins.reaper)
+        .args(["--json", "--quiet", "--", "sh", "-c", &held])
+        .stdout(fs::File::create(&out)?)
+        .spawn()?;
+    let pid = tracer.id();
+    let patience = Instant::now() + Duration::from_secs(120);
+    let ready = || fs::read_to_string(&out).is_ok_and(|t| t.contains("\"event\":\"ready\""));
+    while !ready() {
+        if Instant::now() > patience || tracer.try_wait()?.is_some() {
+            bail!("reaper-trace never became ready");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let before = run_time_ns(pid)?;
+    fs::write(&go, "")?;
+    while !truths.iter().all(|t| t.exists()) {
+        if Instant::now() > patience + Duration::from_secs(600) {
+            bail!("the loops never ended");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    // The last records are taken in within a poll period or two (16 ms at most while they
+    // stream): wait until the stream stops growing.
+    let mut size = 0;
+    loop {
+        thread::sleep(Duration::from_millis(100));
+        let now = fs::metadata(&out)?.len();
+        if now == size {
+            break;
+        }
+        size = now;
+    }
+    let after = run_time_ns(pid)?;
+    fs::write(&done, "")?;
+    let status = tracer.wait()?;
+    if !status.success() {
+        bail!("reaper-trace failed: {status}");
+    }
+    let t = read_truths(truths)?;
+    let mut run = completeness(&out, &t.pids)?;
+    run.secs = t.secs;
+    run.created = t.created;
+    run.loop_cpu = t.cpu;
+    run.storm_cpu = after.saturating_sub(before) as f64 / 1e9;
+    Ok(run)
+}
+
+/// A process's time on a CPU so far, in ns (the first field of `/proc/PID/schedstat`).
+fn run_time_ns(pid: u32) -> Result<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/schedstat"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .context("reading /proc/PID/schedstat")
 }
 
 /// What reaper-trace reported about the processes `pids`.

@@ -3,8 +3,9 @@
 //! directory, kept between runs); the workload (`reaper-shapes`) is this build's for both.
 //!
 //! Each round runs, in an order that alternates between rounds: the loop alone, then each
-//! build tracking a loop of N and a loop of one. From those:
-//! - the reader's CPU per traced process: (CPU over N - CPU over one) / (N - 1);
+//! build tracking the loop. reaper-trace's CPU is read around the loop alone (start-up and
+//! stop left out; see `measure_tracked`). From those:
+//! - the reader's CPU per traced process: that CPU over the processes the loop made;
 //! - the CPU cost of tracking: (the loop's and its children's CPU + reaper-trace's) / the
 //!   loop's CPU alone, which is steadier here than wall-clock time;
 //! - the latency p99 while records stream (the worst run), losses and the delivery check;
@@ -38,15 +39,14 @@ struct Build {
 }
 
 impl Build {
-    fn add(&mut self, many: &LoopRun, one: &LoopRun, alone: &LoopRun) {
-        let n = many.created.saturating_sub(one.created).max(1) as f64;
-        self.reader_us
-            .push((many.reader_cpu - one.reader_cpu) / n * 1e6);
+    fn add(&mut self, run: &LoopRun, alone: &LoopRun) {
+        let n = run.created.max(1) as f64;
+        self.reader_us.push(run.storm_cpu / n * 1e6);
         self.cost
-            .push((many.loop_cpu + many.reader_cpu) / alone.loop_cpu.max(1e-9));
-        self.p99 = self.p99.max(many.latency_p99);
-        self.lost += many.dropped + many.lost_events as u64;
-        self.consistent &= many.consistent;
+            .push((run.loop_cpu + run.storm_cpu) / alone.loop_cpu.max(1e-9));
+        self.p99 = self.p99.max(run.latency_p99);
+        self.lost += run.dropped + run.lost_events as u64;
+        self.consistent &= run.consistent;
     }
 }
 
@@ -95,9 +95,8 @@ pub fn run(root: &Path, opts: &BenchOptions, rev: &str) -> Result<()> {
             let order: [usize; 2] = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {
                 let bins = if i == 0 { &before } else { &now };
-                let many = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
-                let one = measure(bins, lp, 1, 1, Watcher::ReaperTracked)?;
-                builds[i].add(&many, &one, &alone);
+                let run = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
+                builds[i].add(&run, &alone);
             }
         }
         let mut medians = [0.0; 2];
