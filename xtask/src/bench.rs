@@ -515,15 +515,20 @@ fn sh(script: &str) -> Result<()> {
     Ok(())
 }
 
-/// A tracked run whose reaper-trace CPU is read around the loops alone: the gateway waits for
-/// a go file before the loops and for a done file after them, and reaper-trace's run time
-/// (`/proc/PID/schedstat`, ns) is read after `ready`, then once the loops wrote their truth and
-/// the stream went quiet.
+/// A tracked run whose reaper-trace CPU is read around the loops alone: the gateway waits on a
+/// FIFO before the loops and on another after them (a blocked `read`, which forks nothing the
+/// run would trace), and reaper-trace's run time (`/proc/PID/schedstat`, ns) is read after
+/// `ready`, then once the loops wrote their truth and the stream went quiet.
 fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> Result<LoopRun> {
     let (go, done) = (bins.scratch.join("go"), bins.scratch.join("done"));
-    let _ = fs::remove_file(&go);
-    let _ = fs::remove_file(&done);
-    let wait_for = |f: &Path| format!("while [ ! -e {} ]; do sleep 0.01; done", f.display());
+    for fifo in [&go, &done] {
+        let _ = fs::remove_file(fifo);
+        let made = Command::new("mkfifo").arg(fifo).status()?;
+        if !made.success() {
+            bail!("mkfifo {} failed ({made})", fifo.display());
+        }
+    }
+    let wait_for = |f: &Path| format!("read _ < {}", f.display());
     let held = format!("{}; {script}; {}", wait_for(&go), wait_for(&done));
     let out = bins.scratch.join("tracked.ndjson");
     let mut tracer = Command::new(&bins.reaper)
@@ -540,7 +545,8 @@ fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> Result<Loop
         thread::sleep(Duration::from_millis(10));
     }
     let before = run_time_ns(pid)?;
-    fs::write(&go, "")?;
+    // Opening a FIFO to write waits for its reader: the gateway, already waiting.
+    fs::write(&go, "\n")?;
     while !truths.iter().all(|t| t.exists()) {
         if Instant::now() > patience + Duration::from_secs(600) {
             bail!("the loops never ended");
@@ -559,7 +565,7 @@ fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> Result<Loop
         size = now;
     }
     let after = run_time_ns(pid)?;
-    fs::write(&done, "")?;
+    fs::write(&done, "\n")?;
     let status = tracer.wait()?;
     if !status.success() {
         bail!("reaper-trace failed: {status}");
