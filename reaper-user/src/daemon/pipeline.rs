@@ -79,7 +79,8 @@ impl Pipeline {
         &mut self.out
     }
 
-    /// Writes events found outside the record path (the ready event, the command's end).
+    /// Writes the events a step returned (a gateway found, the upkeep's findings, the ready
+    /// event, the command's end).
     pub fn write(&mut self, found: impl IntoIterator<Item = Stamped>) -> Result<()> {
         for s in found {
             self.out.event(s.ts, &s.event)?;
