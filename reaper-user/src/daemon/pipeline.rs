@@ -45,8 +45,8 @@ pub struct Pipeline {
     out: Output,
     /// The flagged processes' memory, for the gauge.
     flagged_rss: flags::RssCache,
-    /// When the last exit record arrived.
-    last_exit: Instant,
+    /// Boot-time ns of the last exit record (its kernel time: no clock read per exit).
+    last_exit: u64,
     /// Boot-time ns the run started at.
     started: u64,
 }
@@ -69,7 +69,7 @@ impl Pipeline {
             killer,
             out,
             flagged_rss: flags::RssCache::default(),
-            last_exit: Instant::now(),
+            last_exit: boottime_now(),
             started: boottime_now(),
         }
     }
@@ -102,7 +102,7 @@ impl Pipeline {
             self.out.event(ev.ts, &event)?;
         }
         if matches!(ev.what, What::Exit { .. }) {
-            self.last_exit = Instant::now();
+            self.last_exit = ev.ts;
             let cleared = self.inspector.exited(node);
             let found = cleared
                 .iter()
@@ -179,7 +179,8 @@ impl Pipeline {
             .graph
             .zombies()
             .any(|n| n.process().still_same().is_none());
-        !release_pending && self.last_exit.elapsed() >= ZOMBIE_SETTLE
+        let since_exit = boottime_now().saturating_sub(self.last_exit);
+        !release_pending && since_exit >= ZOMBIE_SETTLE.as_nanos() as u64
     }
 
     /// Children of an exited process wait to be read back (see [`Upkeep`]).
