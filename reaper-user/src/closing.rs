@@ -9,7 +9,7 @@ use crate::leaks::{Inspector, flags};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::placement;
 use crate::stream::events::{
-    AliveProcess, Counts, Delivery, Event, Latency, LeakedProcess, Summary,
+    AliveProcess, Check, Counts, Delivery, Event, Latency, LeakedProcess, Summary,
 };
 
 /// The parts a closing event is read from.
@@ -60,7 +60,14 @@ impl Closing<'_> {
             latency_ns: figures.latency,
             cpu_ns: own_cpu_ns(),
             leaks: flags::summary(graph, self.inspector),
-            kills: figures.kills,
+            kills: figures
+                .kills
+                .into_iter()
+                .map(|(reason, results)| {
+                    let results = results.into_iter().map(|(r, n)| (r.into(), n));
+                    (reason.into(), results.collect())
+                })
+                .collect(),
         }))
     }
 
@@ -99,11 +106,11 @@ impl Closing<'_> {
             (true, Some(0)) => ("clean", 0),
             (true, _) => ("gateway_failed", exit_status::GATEWAY_FAILED),
         };
-        let ev = Event::Check {
-            verdict,
+        let ev = Event::Check(Check {
+            verdict: verdict.into(),
             gateway_exit_code,
             leaked,
-        };
+        });
         (ev, code)
     }
 }

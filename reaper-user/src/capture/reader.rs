@@ -70,7 +70,7 @@ impl Reader {
         let losses = counters.losses()?;
         let mut dropped = BTreeMap::new();
         for kind in EventKind::ALL {
-            dropped.insert(kind.name(), losses.kinds[kind.loss_slot() as usize]);
+            dropped.insert(kind.name().into(), losses.kinds[kind.loss_slot() as usize]);
         }
         Ok(Delivery {
             kernel_events,

@@ -14,7 +14,10 @@ use tokio::process::{Child, Command};
 use super::pipeline::Pipeline;
 use crate::lineage::seed::TrackedMap;
 use crate::procfs::{self, boottime_now};
-use crate::stream::{Stamped, events::Event};
+use crate::stream::{
+    Stamped,
+    events::{Event, StopCommand},
+};
 
 /// The command reaper-trace started as its gateway (`-- CMD`), if any, and how it ended.
 pub(super) struct GatewayCommand {
@@ -69,11 +72,11 @@ impl GatewayCommand {
         for (signal, number) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
             // SAFETY: a plain signal to our own unreaped child.
             unsafe { libc::kill(pid as i32, number) };
-            let ev = Event::StopCommand {
+            let ev = Event::StopCommand(StopCommand {
                 pid,
-                signal,
-                because: stop.because(),
-            };
+                signal: signal.into(),
+                because: stop.because().into(),
+            });
             run.write([Stamped::new(boottime_now(), ev)])?;
             let wait = match number {
                 libc::SIGTERM => term_timeout,

@@ -37,7 +37,7 @@ use crate::{
     procfs::{self, Stat, boottime_now},
     stream::{
         Stamped,
-        events::{Event, SCHEMA_VERSION},
+        events::{Check, Event, Ready, SCHEMA_VERSION},
     },
     text::Args,
 };
@@ -156,13 +156,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
     if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(cli.kill)) {
         eprintln!("reaper-trace: warning: {e:#}; keeping full privileges");
     }
-    let ready = Event::Ready {
+    let ready = Event::Ready(Ready {
         schema: SCHEMA_VERSION,
         gateway: run.gateway_pids(),
         tracked: probes.tracked.keys().count(),
-        setsid_hook: probes.setsid_hook.name(),
+        setsid_hook: probes.setsid_hook.name().into(),
         kernel: probes.features.release.clone(),
-    };
+    });
     let ready_at = boottime_now();
     run.output().set_t0(ready_at);
     run.write([Stamped::new(ready_at, ready)])?;
@@ -215,11 +215,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         status = code;
         if let (
             Some(file),
-            Event::Check {
+            Event::Check(Check {
                 verdict,
                 gateway_exit_code,
                 leaked,
-            },
+            }),
         ) = (junit, &verdict)
         {
             file.write(&junit::Verdict {

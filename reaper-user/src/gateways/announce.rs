@@ -10,7 +10,7 @@ use crate::capture::decode::{KernelEvent, MAX_ARGS, What};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs;
 use crate::stream::Stamped;
-use crate::stream::events::{Argv, Event, ProcText};
+use crate::stream::events::{Argv, Event, Gateway, ProcText};
 use crate::text::Args;
 
 /// Which gateways were announced, and which are still to be.
@@ -93,7 +93,7 @@ impl Announcer {
                 .map(|(a, _)| a)
                 .unwrap_or_default(),
         };
-        let ev = Event::Gateway {
+        let ev = Event::Gateway(Gateway {
             pid: node.pid,
             start: node.start.boottime_ns(),
             selector: self
@@ -103,7 +103,7 @@ impl Announcer {
                 .to_owned(),
             comm: ProcText::new("comm", node.comm),
             argv: Argv::new(argv),
-        };
+        });
         Some(Stamped::new(ts, ev))
     }
 

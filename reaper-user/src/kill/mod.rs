@@ -27,7 +27,7 @@ use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
 use crate::stream::Stamped;
-use crate::stream::events::{Event, ProcText};
+use crate::stream::events::{Event, Kill, ProcText};
 use crate::text::{Args, Comm};
 
 /// `--kill` settings.
@@ -94,14 +94,14 @@ pub struct KillReport {
 impl KillReport {
     /// The step as the stream's `kill` event.
     pub fn event(&self) -> Stamped {
-        let ev = Event::Kill {
+        let ev = Event::Kill(Kill {
             pid: self.pid,
             comm: ProcText::new("comm", self.comm),
-            reason: self.reason.name(),
-            signal: self.signal,
-            result: self.result.name(),
+            reason: self.reason.name().into(),
+            signal: self.signal.into(),
+            result: self.result.name().into(),
             secs: self.secs,
-        };
+        });
         Stamped::new(self.at, ev)
     }
 }

@@ -7,8 +7,8 @@ use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::facts::{FdKind, read_rss_kib};
 use crate::procfs::sockets::SocketKind;
 use crate::stream::events::{
-    Ancestor, Argv, Event, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo,
-    ProcText, ProcessLabel, SpawningThread,
+    Ancestor, Argv, Cleared, Event, ExecutableLeaks, Flag, KindEvidence, LeakDetail, LeakSummary,
+    Peer, PipeInfo, ProcText, ProcessLabel, SpawningThread,
 };
 
 fn state_text(state: u8) -> String {
@@ -152,11 +152,11 @@ pub fn change_event(graph: &LineageGraph, change: &Change, now: u64) -> Option<E
             reason,
             because,
             ..
-        } => Event::Cleared {
+        } => Event::Cleared(Cleared {
             pid: *pid,
-            reason: reason.name(),
-            because,
-        },
+            reason: reason.name().into(),
+            because: (*because).into(),
+        }),
     })
 }
 
@@ -172,13 +172,13 @@ fn flag_event(graph: &LineageGraph, f: &Flagged, now: u64) -> Option<Event> {
         detail.instances = Some(c.instances as u64);
         detail.newest = Some(c.newest);
     }
-    Some(Event::Flag {
+    Some(Event::Flag(Flag {
         pid: f.pid,
-        reason: f.reason.name(),
+        reason: f.reason.name().into(),
         since: f.since,
         idle_secs,
         detail: Box::new(detail),
-    })
+    }))
 }
 
 /// The flags holding now, by node.
@@ -270,10 +270,10 @@ pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
         entry.1 = entry.1.saturating_add(*rss);
     }
     let mut out = LeakSummary {
-        active: now.active,
+        active: now.active.into_iter().map(|(r, n)| (r.into(), n)).collect(),
         raised: Reason::ALL
             .iter()
-            .map(|r| (r.name(), inspector.raised(*r)))
+            .map(|r| (r.name().into(), inspector.raised(*r)))
             .collect(),
         rss_kib: now.rss_kib,
         by_executable: Vec::new(),

@@ -18,7 +18,7 @@ use crate::capture::loader::LossCounts;
 use crate::procfs::{self, boottime_now, placement};
 use crate::stream::{
     Stamped,
-    events::{Argv, Event, ProcText},
+    events::{Argv, Event, Exit, Lost, ProcText, Reaped, Reparent, Snapshot},
 };
 
 /// How long to wait for the kernel to reparent the children of an exited process.
@@ -150,11 +150,11 @@ impl Upkeep {
                 continue;
             }
             graph.reparent(p.node, stat.ppid);
-            let ev = Event::Reparent {
+            let ev = Event::Reparent(Reparent {
                 pid: p.pid,
                 old_ppid: p.old_ppid,
                 new_ppid: stat.ppid,
-            };
+            });
             found.push(Stamped::new(boottime_now(), ev));
         }
         found
@@ -204,11 +204,11 @@ impl Upkeep {
             let i = kind.loss_slot() as usize;
             let n = now.kinds[i] - self.reported_losses.kinds[i];
             if n > 0 {
-                kinds.insert(kind.name(), n);
+                kinds.insert(kind.name().into(), n);
             }
         }
         if new_full > 0 {
-            kinds.insert("tracked_full", new_full);
+            kinds.insert("tracked_full".into(), new_full);
         }
         self.reported_losses = now;
         let mut found = Vec::new();
@@ -223,11 +223,11 @@ impl Upkeep {
         if new_drops == 0 && new_full == 0 {
             return found; // a late event for a process already repaired: nothing was lost
         }
-        let ev = Event::Lost {
+        let ev = Event::Lost(Lost {
             count: new_drops + new_full,
             kinds,
             affected,
-        };
+        });
         found.push(Stamped::new(boottime_now(), ev));
         found
     }
@@ -293,25 +293,25 @@ fn report_gone(graph: &mut LineageGraph, id: NodeId, found: &mut Vec<Stamped>) {
     let now = boottime_now();
     graph.mark_gone(id, now);
     if was_alive {
-        let exit = Event::Exit {
+        let exit = Event::Exit(Exit {
             pid,
             exit_code: None,
             signal: None,
             core: false,
-        };
+        });
         found.push(Stamped::new(now, exit));
     }
-    let reaped = Event::Reaped {
+    let reaped = Event::Reaped(Reaped {
         pid,
         from_proc: true,
-    };
+    });
     found.push(Stamped::new(now, reaped));
 }
 
 /// A process newly added to the graph from /proc, as a `snapshot` event.
 pub fn snapshot(graph: &LineageGraph, id: NodeId) -> Option<Stamped> {
     let n = graph.node(id)?;
-    let ev = Event::Snapshot {
+    let ev = Event::Snapshot(Snapshot {
         pid: n.pid,
         ppid: n.ppid,
         spawner: n.spawner_pid,
@@ -320,6 +320,6 @@ pub fn snapshot(graph: &LineageGraph, id: NodeId) -> Option<Stamped> {
         sid: n.sid,
         pgid: n.pgid,
         placement: placement::read(n.pid),
-    };
+    });
     Some(Stamped::new(boottime_now(), ev))
 }

@@ -2,8 +2,9 @@
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::label::command_label;
 use crate::stream::events::{
-    Argv, Event, LeakDetail, LeakedProcess, Lifecycle, PipeInfo, ProcText, ProcessLabel,
-    SpawningThread, Summary, wait_status,
+    Argv, Check, Cleared, Event, Exec, Exit, Flag, Fork, Gateway, Kill, LeakDetail, LeakedProcess,
+    Lifecycle, Lost, PipeInfo, ProcText, ProcessLabel, Ready, Reaped, Reparent, Setsid, Snapshot,
+    SpawningThread, StopCommand, Summary, wait_status,
 };
 use crate::text::escape_for_terminal;
 
@@ -13,72 +14,72 @@ pub use fold::human_lines;
 /// One line a person reads. Every string that came from a process is escaped.
 pub fn human_line(ts: u64, ev: &Event) -> String {
     match ev {
-        Event::Flag {
+        Event::Flag(Flag {
             pid,
             reason,
             since,
             detail,
             ..
-        } => flag_line(ts, *pid, reason, *since, detail),
-        Event::Cleared {
+        }) => flag_line(ts, *pid, reason, *since, detail),
+        Event::Cleared(Cleared {
             pid,
             reason,
             because,
-        } => format!("cleared  {reason} pid {pid}: {because}"),
-        Event::Kill {
+        }) => format!("cleared  {reason} pid {pid}: {because}"),
+        Event::Kill(Kill {
             pid,
             comm,
             reason,
             signal,
             result,
             secs,
-        } => {
+        }) => {
             let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
             match secs {
                 Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
                 None => format!("{who}: {signal} {result}"),
             }
         }
-        Event::Check {
+        Event::Check(Check {
             verdict,
             gateway_exit_code,
             leaked,
-        } => check_lines(verdict, *gateway_exit_code, leaked),
-        Event::StopCommand {
+        }) => check_lines(verdict, *gateway_exit_code, leaked),
+        Event::StopCommand(StopCommand {
             pid,
             signal,
             because,
-        } => format!("stop     the command {pid} with {signal}: the run ended ({because})"),
-        Event::Snapshot {
+        }) => format!("stop     the command {pid} with {signal}: the run ended ({because})"),
+        Event::Snapshot(Snapshot {
             pid,
             ppid,
             comm,
             argv,
             ..
-        } => format!(
+        }) => format!(
             "found    {pid} ({}) parent {ppid}: {}",
             comm.for_terminal(),
             argv.for_terminal()
         ),
-        Event::Gateway {
+        Event::Gateway(Gateway {
             pid,
             selector,
             comm,
             argv,
             ..
-        } => format!(
+        }) => format!(
             "gateway  {pid} ({}) by {}: {}",
             comm.for_terminal(),
             escape_for_terminal(selector.as_bytes()),
             argv.for_terminal()
         ),
-        Event::Ready {
+        Event::Ready(Ready {
             gateway,
             tracked,
             setsid_hook,
             kernel,
             ..
-        } => {
+        }) => {
             let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
             let gws = match gws.is_empty() {
                 true => "no gateway yet (waiting for the selectors)".to_owned(),
@@ -89,7 +90,7 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
                  {setsid_hook}; kernel {kernel})"
             )
         }
-        Event::Fork {
+        Event::Fork(Fork {
             pid,
             ppid,
             spawner,
@@ -97,7 +98,7 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             untracked,
             thread,
             ..
-        } => {
+        }) => {
             let parent = if ppid == spawner {
                 String::new()
             } else {
@@ -114,24 +115,24 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
                 thread_text(thread.as_ref())
             )
         }
-        Event::Exec {
+        Event::Exec(Exec {
             pid,
             filename,
             argv,
             truncated,
             ..
-        } => format!(
+        }) => format!(
             "exec     {pid} {}: {}{}",
             filename.for_terminal(),
             argv.for_terminal(),
             if *truncated { " [truncated]" } else { "" }
         ),
-        Event::Exit {
+        Event::Exit(Exit {
             pid,
             exit_code,
             signal,
             core,
-        } => match (exit_code, signal) {
+        }) => match (exit_code, signal) {
             (Some(code), _) => format!("exit     {pid} code {code}"),
             (None, Some(sig)) => {
                 format!(
@@ -141,27 +142,27 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
             }
             (None, None) => format!("exit     {pid}"),
         },
-        Event::Reaped {
+        Event::Reaped(Reaped {
             pid,
             from_proc: false,
-        } => format!("reaped   {pid}"),
-        Event::Reaped {
+        }) => format!("reaped   {pid}"),
+        Event::Reaped(Reaped {
             pid,
             from_proc: true,
-        } => format!("reaped   {pid} (gone from /proc)"),
-        Event::Setsid { pid, sid } => format!("setsid   {pid} now leads session {sid}"),
-        Event::Reparent {
+        }) => format!("reaped   {pid} (gone from /proc)"),
+        Event::Setsid(Setsid { pid, sid }) => format!("setsid   {pid} now leads session {sid}"),
+        Event::Reparent(Reparent {
             pid,
             old_ppid,
             new_ppid,
-        } => {
+        }) => {
             format!("reparent {pid} parent {old_ppid} exited; new parent {new_ppid}")
         }
-        Event::Lost {
+        Event::Lost(Lost {
             count,
             kinds,
             affected,
-        } => {
+        }) => {
             let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let pids: Vec<String> = affected.iter().map(u32::to_string).collect();
             format!(

@@ -11,7 +11,7 @@ use prometheus_client::metrics::{
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::leaks::Reason;
-use crate::stream::events::{Event, Lifecycle};
+use crate::stream::events::{Event, Flag, Kill, Lifecycle, Lost, Name};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -20,7 +20,7 @@ struct KindLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
-    reason: &'static str,
+    reason: Name,
 }
 
 /// A kind of process (`accumulating`), by its instances' command-line pattern.
@@ -31,8 +31,8 @@ struct PatternLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KillLabel {
-    reason: &'static str,
-    result: &'static str,
+    reason: Name,
+    result: Name,
 }
 
 /// Every metric, as handles onto the registry's atomics: updating one is an atomic add.
@@ -93,7 +93,9 @@ impl Metrics {
         );
         for r in Reason::ALL {
             // Every reason shows, at 0 until it happens: a missing series is not a zero.
-            let label = ReasonLabel { reason: r.name() };
+            let label = ReasonLabel {
+                reason: r.name().into(),
+            };
             let _ = flags.get_or_create(&label);
             let _ = flagged.get_or_create(&label);
         }
@@ -167,16 +169,21 @@ impl Metrics {
             self.events[kind as usize].inc();
         }
         match ev {
-            Event::Lost { count, .. } => {
+            Event::Lost(Lost { count, .. }) => {
                 self.lost.inc_by(*count);
             }
-            Event::Flag { reason, .. } => {
-                self.flags.get_or_create(&ReasonLabel { reason }).inc();
+            Event::Flag(Flag { reason, .. }) => {
+                let label = ReasonLabel {
+                    reason: reason.clone(),
+                };
+                self.flags.get_or_create(&label).inc();
             }
-            Event::Kill { reason, result, .. } => {
-                self.kills
-                    .get_or_create(&KillLabel { reason, result })
-                    .inc();
+            Event::Kill(Kill { reason, result, .. }) => {
+                let label = KillLabel {
+                    reason: reason.clone(),
+                    result: result.clone(),
+                };
+                self.kills.get_or_create(&label).inc();
             }
             _ => {}
         }
@@ -190,7 +197,9 @@ impl Metrics {
         self.graph_nodes.set(state.graph_nodes as i64);
         for (reason, n) in &state.flagged {
             self.flagged
-                .get_or_create(&ReasonLabel { reason })
+                .get_or_create(&ReasonLabel {
+                    reason: (*reason).into(),
+                })
                 .set(*n as i64);
         }
         self.flagged_rss.set(
@@ -225,7 +234,9 @@ impl Metrics {
         Reason::ALL
             .iter()
             .map(|r| {
-                let label = ReasonLabel { reason: r.name() };
+                let label = ReasonLabel {
+                    reason: r.name().into(),
+                };
                 self.flagged.get_or_create(&label).get().max(0) as u64
             })
             .sum()
@@ -307,25 +318,26 @@ pub struct StatusCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::events::{Reaped, Setsid};
     use std::collections::BTreeMap;
 
     #[test]
     fn counters_follow_the_stream() {
         let m = Metrics::new();
-        m.observe(&Event::Reaped {
+        m.observe(&Event::Reaped(Reaped {
             pid: 7,
             from_proc: false,
-        });
-        m.observe(&Event::Reaped {
+        }));
+        m.observe(&Event::Reaped(Reaped {
             pid: 8,
             from_proc: true,
-        });
-        m.observe(&Event::Setsid { pid: 8, sid: 8 });
-        m.observe(&Event::Lost {
+        }));
+        m.observe(&Event::Setsid(Setsid { pid: 8, sid: 8 }));
+        m.observe(&Event::Lost(Lost {
             count: 3,
             kinds: BTreeMap::new(),
             affected: vec![],
-        });
+        }));
         let text = m.encode();
         assert!(
             text.contains("reaper_events_total{kind=\"reaped\"} 2\n"),

@@ -11,49 +11,19 @@ use serde::Deserialize;
 
 use super::crowds::Crowds;
 use super::timeline::{Point, Timeline};
-use crate::stream::events::{KINDS, LeakDetail};
+use crate::stream::events::{
+    Argv, Cleared, Event, Exec, Flag, Fork, Gateway, KINDS, Kill, Lost, ProcText, Ready, Reparent,
+    Snapshot,
+};
 
-/// The fields of a line the pass needs; the rest is skipped by the parser.
+/// What every line starts with: its kind and when. The body is read as the stream's own type
+/// of that kind ([`Event::read`]).
 #[derive(Deserialize)]
-struct Line<'a> {
+struct Head<'a> {
     #[serde(borrow)]
     event: Cow<'a, str>,
+    #[serde(default)]
     ts: u64,
-    pid: Option<u32>,
-    spawner: Option<u32>,
-    ppid: Option<u32>,
-    new_ppid: Option<u32>,
-    #[serde(borrow)]
-    comm: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    filename: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    argv: Option<Vec<Cow<'a, str>>>,
-    #[serde(borrow)]
-    reason: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    because: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    result: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    signal: Option<Cow<'a, str>>,
-    count: Option<u64>,
-    gateway: Option<Vec<u32>>,
-    #[serde(borrow)]
-    kernel: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    selector: Option<Cow<'a, str>>,
-    lineage: Option<Vec<u32>>,
-}
-
-/// What a `flag` line carries besides the common fields: the stream's own evidence type.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct FlagDetail {
-    pub since: u64,
-    pub idle_secs: Option<f64>,
-    #[serde(flatten)]
-    pub leak: LeakDetail,
 }
 
 /// One flag, as the leak table shows it.
@@ -62,7 +32,8 @@ pub struct FlagRow {
     pub pid: u32,
     pub reason: String,
     pub ts: u64,
-    pub detail: FlagDetail,
+    /// The flag as the stream carried it.
+    pub flag: Flag,
     /// When it stopped holding, and why.
     pub cleared: Option<(u64, String)>,
     /// The last `--kill` step for it: signal and result.
@@ -178,31 +149,49 @@ impl Audit {
             if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match serde_json::from_slice::<Line>(&buf) {
-                Ok(line) => self.apply(&line, &buf),
-                Err(_) => {
-                    self.unreadable += 1;
-                    self.first_unreadable.get_or_insert(self.lines);
+            let Ok(head) = serde_json::from_slice::<Head>(&buf) else {
+                self.unreadable();
+                continue;
+            };
+            match Event::read(&head.event, &buf) {
+                Some(Ok(event)) => {
+                    self.count(&head);
+                    self.apply(head.ts, event);
+                }
+                Some(Err(_)) => self.unreadable(),
+                None => {
+                    self.count(&head);
+                    self.sample(head.ts);
                 }
             }
         }
     }
 
-    fn apply(&mut self, l: &Line, raw: &[u8]) {
-        self.first_ts.get_or_insert(l.ts);
-        self.last_ts = self.last_ts.max(l.ts);
+    /// Counts a line that is not an event of the stream's schema.
+    fn unreadable(&mut self) {
+        self.unreadable += 1;
+        self.first_unreadable.get_or_insert(self.lines);
+    }
+
+    /// Counts a line by its kind, and its time.
+    fn count(&mut self, head: &Head) {
+        self.first_ts.get_or_insert(head.ts);
+        self.last_ts = self.last_ts.max(head.ts);
         // Counted by name only for the stream's own events: an odd file cannot grow this.
-        let name = match KINDS.iter().any(|k| k.name == l.event) {
-            true => &*l.event,
+        let name = match KINDS.iter().any(|k| k.name == head.event) {
+            true => &*head.event,
             false => "(unknown)",
         };
         *self.events.entry(name.to_owned()).or_default() += 1;
-        let pid = l.pid.unwrap_or(0);
-        match &*l.event {
-            "ready" => {
-                self.gateways = l.gateway.clone().unwrap_or_default();
-                self.kernel = l.kernel.as_ref().map(|k| k.to_string());
-                for &g in &self.gateways {
+    }
+
+    fn apply(&mut self, ts: u64, event: Event) {
+        match event {
+            Event::Ready(Ready {
+                gateway, kernel, ..
+            }) => {
+                self.kernel = Some(kernel);
+                for &g in &gateway {
                     self.live.entry(g).or_insert_with(|| LiveProc {
                         lineage: vec![g],
                         exe: String::new(),
@@ -211,126 +200,154 @@ impl Audit {
                         ppid: 0,
                     });
                 }
+                self.gateways = gateway;
             }
-            "gateway" => {
-                // A root of lineage: what it spawns is listed under it.
-                if self.live.len() < MAX_LIVE || self.live.contains_key(&pid) {
-                    self.live.insert(
-                        pid,
-                        LiveProc {
-                            lineage: vec![pid],
-                            exe: String::new(),
-                            comm: l.comm.as_deref().unwrap_or("").to_owned(),
-                            argv: join_args(l.argv.as_deref()),
-                            ppid: l.ppid.unwrap_or(0),
-                        },
-                    );
-                }
-                match self.instances.len() < MAX_INSTANCES {
-                    true => self.instances.push(Instance {
-                        pid,
-                        ts: l.ts,
-                        selector: l.selector.as_deref().unwrap_or("").to_owned(),
-                        comm: l.comm.as_deref().unwrap_or("").to_owned(),
-                        argv: join_args(l.argv.as_deref()),
-                        exited: None,
-                        flags: 0,
-                    }),
-                    false => self.instances_omitted += 1,
-                }
-            }
-            "snapshot" | "fork" => {
-                let parent = l.spawner.or(l.ppid).unwrap_or(0);
-                let (mut lineage, exe) = match self.live.get(&parent) {
-                    Some(p) => (p.lineage.clone(), p.exe.clone()),
-                    None => (Vec::new(), String::new()),
-                };
-                if lineage.len() >= MAX_DEPTH {
-                    lineage.drain(..lineage.len() + 1 - MAX_DEPTH);
-                }
-                lineage.push(pid);
-                if self.live.len() >= MAX_LIVE && !self.live.contains_key(&pid) {
-                    self.live_omitted += 1;
-                    return self.sample(l.ts);
-                }
-                self.live.insert(
-                    pid,
-                    LiveProc {
-                        lineage,
-                        exe,
-                        comm: l.comm.as_deref().unwrap_or("").to_owned(),
-                        argv: join_args(l.argv.as_deref()),
-                        ppid: l.ppid.unwrap_or(0),
-                    },
-                );
-            }
-            "exec" => {
-                let exe = l.filename.as_deref().unwrap_or("?");
-                self.exe(exe).execs += 1;
-                if let Some(p) = self.live.get_mut(&pid) {
-                    p.argv = join_args(l.argv.as_deref());
-                    p.exe = exe.to_owned();
-                    // What the kernel names it after an exec: the file's base name, 15 bytes.
-                    let base = exe.rsplit('/').next().unwrap_or(exe);
-                    p.comm = base
-                        .chars()
-                        .scan(0, |n, c| {
-                            *n += c.len_utf8();
-                            (*n <= 15).then_some(c)
-                        })
-                        .collect();
-                }
-            }
-            "exit" => {
-                self.live.remove(&pid);
-                if let Some(i) = self.instance_of(pid, l.ts) {
-                    self.instances[i].exited.get_or_insert(l.ts);
+            Event::Gateway(g) => self.gateway(ts, g),
+            Event::Snapshot(Snapshot {
+                pid,
+                ppid,
+                spawner,
+                comm,
+                argv,
+                ..
+            }) => self.spawned(ts, pid, spawner.unwrap_or(ppid), ppid, &comm, Some(&argv)),
+            Event::Fork(Fork {
+                pid,
+                ppid,
+                spawner,
+                comm,
+                ..
+            }) => self.spawned(ts, pid, spawner, ppid, &comm, None),
+            Event::Exec(exec) => self.exec(exec),
+            Event::Exit(exit) => {
+                self.live.remove(&exit.pid);
+                if let Some(i) = self.instance_of(exit.pid, ts) {
+                    self.instances[i].exited.get_or_insert(ts);
                 }
             }
             // The tree shows each process under its lineage, with its real parent now.
-            "reparent" => {
-                if let (Some(p), Some(new_ppid)) = (self.live.get_mut(&pid), l.new_ppid) {
+            Event::Reparent(Reparent { pid, new_ppid, .. }) => {
+                if let Some(p) = self.live.get_mut(&pid) {
                     p.ppid = new_ppid;
                 }
             }
-            "lost" => self.lost += l.count.unwrap_or(0),
-            "flag" => self.flag(l, raw),
-            "cleared" => {
-                let key = (pid, l.reason.as_deref().unwrap_or("").to_owned());
-                if let Some((row, rss)) = self.holding.remove(&key) {
+            Event::Lost(Lost { count, .. }) => self.lost += count,
+            Event::Flag(flag) => self.flag(ts, flag),
+            Event::Cleared(Cleared {
+                pid,
+                reason,
+                because,
+            }) => {
+                if let Some((row, rss)) = self.holding.remove(&(pid, reason.into_owned())) {
                     self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(rss);
                     if let Some(row) = row.and_then(|i| self.flags.get_mut(i)) {
-                        row.cleared = Some((l.ts, l.because.as_deref().unwrap_or("").into()));
+                        row.cleared = Some((ts, because.into_owned()));
                     }
                 }
             }
-            "kill" => {
-                let key = (
-                    l.reason.as_deref().unwrap_or("").to_owned(),
-                    l.result.as_deref().unwrap_or("").to_owned(),
-                );
-                let key = match self.kills.len() < MAX_KILL_KINDS || self.kills.contains_key(&key) {
-                    true => key,
-                    false => ("(other)".to_owned(), String::new()),
-                };
-                *self.kills.entry(key).or_default() += 1;
-                let reason = l.reason.as_deref().unwrap_or("");
-                if let Some(row) = self
-                    .flags
-                    .iter_mut()
-                    .rev()
-                    .find(|r| r.pid == pid && r.reason == reason)
-                {
-                    row.kill = Some((
-                        l.signal.as_deref().unwrap_or("").into(),
-                        l.result.as_deref().unwrap_or("").into(),
-                    ));
-                }
-            }
-            "summary" => self.complete = true,
+            Event::Kill(kill) => self.kill(kill),
+            Event::Summary(_) => self.complete = true,
             _ => {}
         }
-        self.sample(l.ts);
+        self.sample(ts);
+    }
+
+    /// A gateway instance: a root of lineage, what it spawns is listed under it.
+    fn gateway(&mut self, ts: u64, g: Gateway) {
+        let (comm, argv) = (g.comm.text().into_owned(), join_args(&g.argv));
+        if self.live.len() < MAX_LIVE || self.live.contains_key(&g.pid) {
+            let live = LiveProc {
+                lineage: vec![g.pid],
+                exe: String::new(),
+                comm: comm.clone(),
+                argv: argv.clone(),
+                ppid: 0,
+            };
+            self.live.insert(g.pid, live);
+        }
+        match self.instances.len() < MAX_INSTANCES {
+            true => self.instances.push(Instance {
+                pid: g.pid,
+                ts,
+                selector: g.selector,
+                comm,
+                argv,
+                exited: None,
+                flags: 0,
+            }),
+            false => self.instances_omitted += 1,
+        }
+    }
+
+    /// A process found or forked: listed under its spawner's lineage.
+    fn spawned(
+        &mut self,
+        ts: u64,
+        pid: u32,
+        spawner: u32,
+        ppid: u32,
+        comm: &ProcText,
+        argv: Option<&Argv>,
+    ) {
+        let (mut lineage, exe) = match self.live.get(&spawner) {
+            Some(p) => (p.lineage.clone(), p.exe.clone()),
+            None => (Vec::new(), String::new()),
+        };
+        if lineage.len() >= MAX_DEPTH {
+            lineage.drain(..lineage.len() + 1 - MAX_DEPTH);
+        }
+        lineage.push(pid);
+        if self.live.len() >= MAX_LIVE && !self.live.contains_key(&pid) {
+            self.live_omitted += 1;
+            return self.sample(ts);
+        }
+        let live = LiveProc {
+            lineage,
+            exe,
+            comm: comm.text().into_owned(),
+            argv: argv.map(join_args).unwrap_or_default(),
+            ppid,
+        };
+        self.live.insert(pid, live);
+    }
+
+    fn exec(&mut self, exec: Exec) {
+        let exe = exec.filename.text();
+        let exe = match exe.is_empty() {
+            true => "?",
+            false => &*exe,
+        };
+        self.exe(exe).execs += 1;
+        if let Some(p) = self.live.get_mut(&exec.pid) {
+            p.argv = join_args(&exec.argv);
+            p.exe = exe.to_owned();
+            // What the kernel names it after an exec: the file's base name, 15 bytes.
+            let base = exe.rsplit('/').next().unwrap_or(exe);
+            p.comm = base
+                .chars()
+                .scan(0, |n, c| {
+                    *n += c.len_utf8();
+                    (*n <= 15).then_some(c)
+                })
+                .collect();
+        }
+    }
+
+    fn kill(&mut self, kill: Kill) {
+        let key = (kill.reason.to_string(), kill.result.to_string());
+        let key = match self.kills.len() < MAX_KILL_KINDS || self.kills.contains_key(&key) {
+            true => key,
+            false => ("(other)".to_owned(), String::new()),
+        };
+        *self.kills.entry(key).or_default() += 1;
+        if let Some(row) = self
+            .flags
+            .iter_mut()
+            .rev()
+            .find(|r| r.pid == kill.pid && r.reason == kill.reason)
+        {
+            row.kill = Some((kill.signal.into_owned(), kill.result.into_owned()));
+        }
     }
 
     /// The latest instance with pid `pid` that became a gateway by `ts` (a pid can be reused
@@ -341,21 +358,19 @@ impl Audit {
             .rposition(|i| i.pid == pid && i.ts <= ts)
     }
 
-    fn flag(&mut self, l: &Line, raw: &[u8]) {
-        let pid = l.pid.unwrap_or(0);
-        let detail: FlagDetail = serde_json::from_slice(raw).unwrap_or_default();
-        let reason = l.reason.as_deref().unwrap_or("").to_owned();
+    fn flag(&mut self, ts: u64, flag: Flag) {
+        let (pid, reason) = (flag.pid, flag.reason.to_string());
         if reason == "accumulating" {
-            self.crowds.flag(l.ts, &detail.leak);
+            self.crowds.flag(ts, &flag.detail);
         }
-        let rss = detail.leak.rss_kib.unwrap_or(0);
+        let rss = flag.detail.rss_kib.unwrap_or(0);
         let exe = match self.live.get(&pid) {
             Some(p) if !p.exe.is_empty() => p.exe.clone(),
-            _ => detail.leak.comm.text().into_owned(),
+            _ => flag.detail.comm.text().into_owned(),
         };
         self.exe(&exe).flags += 1;
-        let root = l.lineage.as_ref().and_then(|l| l.first().copied());
-        let instance = root.and_then(|root| self.instance_of(root, l.ts));
+        let root = flag.detail.lineage.first().copied();
+        let instance = root.and_then(|root| self.instance_of(root, ts));
         if let Some(i) = instance {
             self.instances[i].flags += 1;
         }
@@ -364,8 +379,8 @@ impl Audit {
                 self.flags.push(FlagRow {
                     pid,
                     reason: reason.clone(),
-                    ts: l.ts,
-                    detail,
+                    ts,
+                    flag,
                     cleared: None,
                     kill: None,
                     instance,
@@ -409,13 +424,13 @@ impl Audit {
 }
 
 /// The arguments joined by spaces, at most [`MAX_ARGV_CHARS`] characters (a page shows no more).
-fn join_args(argv: Option<&[Cow<str>]>) -> String {
+fn join_args(argv: &Argv) -> String {
     let mut out = String::new();
-    for (i, a) in argv.unwrap_or_default().iter().enumerate() {
+    for (i, a) in argv.args().iter().enumerate() {
         if i > 0 {
             out.push(' ');
         }
-        out.push_str(a);
+        out.push_str(&String::from_utf8_lossy(a));
         if out.len() > MAX_ARGV_CHARS {
             let cut = (0..=MAX_ARGV_CHARS)
                 .rev()

@@ -233,7 +233,7 @@ fn leak_table(h: &mut String, a: &Audit) {
 }
 
 fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
-    let d = &f.detail.leak;
+    let d = &f.flag.detail;
     let process = format!(
         "<b>{}</b><br><code>{}</code>{}",
         esc(&d.comm.text()),
@@ -259,7 +259,7 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         );
     }
     let mut evidence = format!("state {}, parent {}", esc(&d.state), d.ppid);
-    if let Some(idle) = f.detail.idle_secs {
+    if let Some(idle) = f.flag.idle_secs {
         let _ = write!(
             evidence,
             ", idle {}",

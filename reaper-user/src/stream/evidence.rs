@@ -151,21 +151,21 @@ pub struct KindEvidence {
 }
 
 /// Leaks in the closing summary.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LeakSummary {
     /// Flags holding at the end, by reason.
-    pub active: BTreeMap<&'static str, u64>,
+    pub active: BTreeMap<Cow<'static, str>, u64>,
     /// Flags raised during the run, by reason.
-    pub raised: BTreeMap<&'static str, u64>,
+    pub raised: BTreeMap<Cow<'static, str>, u64>,
     /// Resident memory of the flagged live processes (each counted once).
     pub rss_kib: u64,
     /// The flagged processes grouped by executable.
     pub by_executable: Vec<ExecutableLeaks>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExecutableLeaks {
-    #[serde(flatten)]
+    #[serde(flatten, deserialize_with = "ProcText::read_executable")]
     pub executable: ProcText,
     pub pids: Vec<u32>,
     pub rss_kib: u64,

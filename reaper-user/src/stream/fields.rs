@@ -86,18 +86,36 @@ fn exact_bytes(text: Option<String>, b64: Option<String>) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Read back (the audit report): a `comm` and its `comm_b64` twin, flattened into the object
-/// that holds them. Only `comm` fields are read back; paths and executables are not.
+/// Reads back a [`ProcText`] named `$name` (and its `$name_b64` twin), flattened into the
+/// object that holds it.
+macro_rules! read_named {
+    ($fn_name:ident, $name:literal, $b64:literal) => {
+        pub fn $fn_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ProcText, D::Error> {
+            #[derive(Deserialize)]
+            struct Named {
+                #[serde(rename = $name)]
+                text: Option<String>,
+                #[serde(rename = $b64)]
+                b64: Option<String>,
+            }
+            let n = Named::deserialize(d)?;
+            let bytes: Rc<[u8]> = exact_bytes(n.text, n.b64).into();
+            Ok(ProcText::new($name, bytes))
+        }
+    };
+}
+
+impl ProcText {
+    read_named!(read_comm, "comm", "comm_b64");
+    read_named!(read_filename, "filename", "filename_b64");
+    read_named!(read_executable, "executable", "executable_b64");
+}
+
+/// A `comm`, the name most events carry; a field of another name reads with
+/// `deserialize_with` (`ProcText::read_filename`, `ProcText::read_executable`).
 impl<'de> Deserialize<'de> for ProcText {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Comm {
-            comm: Option<String>,
-            comm_b64: Option<String>,
-        }
-        let c = Comm::deserialize(d)?;
-        let bytes: Rc<[u8]> = exact_bytes(c.comm, c.comm_b64).into();
-        Ok(ProcText::new("comm", bytes))
+        ProcText::read_comm(d)
     }
 }
 

@@ -1,10 +1,11 @@
-//! The kinds of event the stream carries, in one table: each kind's wire name, whether it is a
-//! lifecycle event (counted in `summary.counts` and `reaper_events_total{kind}`) and whether it
-//! is a finding. A new kind of event is a variant of [`super::events::Event`], a row here and
-//! its readable line in `output/human.rs`.
-use serde::{Serialize, ser::SerializeMap};
+//! What the stream says about a kind of event: its wire name, whether it is a lifecycle event
+//! (counted in `summary.counts` and `reaper_events_total{kind}`) and whether it is a finding.
+//! The rows themselves are [`super::events`]'s table, next to the variants.
+use std::collections::BTreeMap;
 
-use super::events::Event;
+use serde::{Deserialize, Serialize, ser::SerializeMap};
+
+use super::events::{Event, KINDS};
 
 /// The lifecycle events: counted by kind in the summary's `counts` and in the metrics'
 /// `reaper_events_total{kind}`, both from [`Event::lifecycle`].
@@ -57,6 +58,18 @@ impl Counts {
     }
 }
 
+/// Read back: the kinds this build knows (a later build's new kinds are skipped).
+impl<'de> Deserialize<'de> for Counts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let by_name = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut counts = Counts::default();
+        for kind in Lifecycle::ALL {
+            counts.0[kind as usize] = by_name.get(kind.name()).copied().unwrap_or(0);
+        }
+        Ok(counts)
+    }
+}
+
 impl Serialize for Counts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(Lifecycle::ALL.len()))?;
@@ -78,7 +91,7 @@ pub struct Kind {
     pub finding: bool,
 }
 
-const fn lifecycle(name: &'static str, kind: Lifecycle) -> Kind {
+pub(super) const fn lifecycle(name: &'static str, kind: Lifecycle) -> Kind {
     Kind {
         name,
         lifecycle: Some(kind),
@@ -86,51 +99,13 @@ const fn lifecycle(name: &'static str, kind: Lifecycle) -> Kind {
     }
 }
 
-const fn other(name: &'static str, finding: bool) -> Kind {
+pub(super) const fn other(name: &'static str, finding: bool) -> Kind {
     Kind {
         name,
         lifecycle: None,
         finding,
     }
 }
-
-pub(super) const SNAPSHOT: Kind = lifecycle("snapshot", Lifecycle::Snapshot);
-pub(super) const GATEWAY: Kind = other("gateway", false);
-pub(super) const READY: Kind = other("ready", false);
-pub(super) const FORK: Kind = lifecycle("fork", Lifecycle::Fork);
-pub(super) const EXEC: Kind = lifecycle("exec", Lifecycle::Exec);
-pub(super) const EXIT: Kind = lifecycle("exit", Lifecycle::Exit);
-pub(super) const REAPED: Kind = lifecycle("reaped", Lifecycle::Reaped);
-pub(super) const SETSID: Kind = lifecycle("setsid", Lifecycle::Setsid);
-pub(super) const REPARENT: Kind = lifecycle("reparent", Lifecycle::Reparent);
-/// A loss, a flag raised or cleared, a kill step, the verdict and the summary are findings.
-pub(super) const LOST: Kind = other("lost", true);
-pub(super) const SUMMARY: Kind = other("summary", true);
-pub(super) const FLAG: Kind = other("flag", true);
-pub(super) const KILL: Kind = other("kill", true);
-pub(super) const CLEARED: Kind = other("cleared", true);
-pub(super) const CHECK: Kind = other("check", true);
-pub(super) const STOP_COMMAND: Kind = other("stop_command", false);
-
-/// Every kind of event the stream carries.
-pub const KINDS: [&Kind; 16] = [
-    &SNAPSHOT,
-    &GATEWAY,
-    &READY,
-    &FORK,
-    &EXEC,
-    &EXIT,
-    &REAPED,
-    &SETSID,
-    &REPARENT,
-    &LOST,
-    &SUMMARY,
-    &FLAG,
-    &KILL,
-    &CLEARED,
-    &CHECK,
-    &STOP_COMMAND,
-];
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,7 @@
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
 use super::{human_line, human_rss};
-use crate::stream::events::Event;
+use crate::stream::events::{Cleared, Event, Flag};
 use crate::text::escape_for_terminal;
 
 /// The readable lines of a batch of findings (one scan's): the `accumulating` flags of one
@@ -28,20 +28,14 @@ pub fn human_lines(ts: u64, events: &[&Event]) -> Vec<String> {
 /// What an `accumulating` finding folds by: (flag or cleared, gateway, pattern or cause).
 fn fold_key(ev: &Event) -> Option<(bool, u32, &str)> {
     match ev {
-        Event::Flag {
-            reason: "accumulating",
-            detail,
-            ..
-        } => Some((
+        Event::Flag(Flag { reason, detail, .. }) if reason == "accumulating" => Some((
             true,
             detail.lineage.first().copied().unwrap_or(0),
             detail.kind.as_ref().map_or("", |k| k.pattern.as_str()),
         )),
-        Event::Cleared {
-            reason: "accumulating",
-            because,
-            ..
-        } => Some((false, 0, because)),
+        Event::Cleared(Cleared {
+            reason, because, ..
+        }) if reason == "accumulating" => Some((false, 0, because)),
         _ => None,
     }
 }
@@ -57,7 +51,7 @@ fn folded_line(run: &[&Event]) -> String {
     let pids: Vec<u32> = run
         .iter()
         .map(|e| match e {
-            Event::Flag { pid, .. } | Event::Cleared { pid, .. } => *pid,
+            Event::Flag(Flag { pid, .. }) | Event::Cleared(Cleared { pid, .. }) => *pid,
             _ => 0,
         })
         .collect();
@@ -71,11 +65,11 @@ fn folded_line(run: &[&Event]) -> String {
         n => format!("{n} older instances"),
     };
     match run[0] {
-        Event::Flag { detail, .. } => {
+        Event::Flag(Flag { detail, .. }) => {
             let rss: u64 = run
                 .iter()
                 .filter_map(|e| match e {
-                    Event::Flag { detail, .. } => detail.rss_kib,
+                    Event::Flag(Flag { detail, .. }) => detail.rss_kib,
                     _ => None,
                 })
                 .sum();
@@ -88,7 +82,9 @@ fn folded_line(run: &[&Event]) -> String {
                 human_rss(rss),
             )
         }
-        Event::Cleared { because, .. } => format!("cleared  accumulating pid {list}: {because}"),
+        Event::Cleared(Cleared { because, .. }) => {
+            format!("cleared  accumulating pid {list}: {because}")
+        }
         other => human_line(0, other),
     }
 }
@@ -96,7 +92,9 @@ fn folded_line(run: &[&Event]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::events::{Ancestor, Argv, LeakDetail, ProcText, ProcessLabel};
+    use crate::stream::events::{
+        Ancestor, Argv, Cleared, Exit, Flag, LeakDetail, ProcText, ProcessLabel,
+    };
     use crate::text::{Args, Comm};
 
     fn detail(gateway: u32) -> LeakDetail {
@@ -125,20 +123,20 @@ mod tests {
             d.instances = Some(28);
             d.newest = Some(9);
             d.rss_kib = Some(rss);
-            Event::Flag {
+            Event::Flag(Flag {
                 pid,
-                reason: "accumulating",
+                reason: "accumulating".into(),
                 since: 0,
                 idle_secs: None,
                 detail: Box::new(d),
-            }
+            })
         };
-        let exit = Event::Exit {
+        let exit = Event::Exit(Exit {
             pid: 5,
             exit_code: Some(0),
             signal: None,
             core: false,
-        };
+        });
         let (a, b, c) = (flag(4262, 1024), flag(16169, 2048), flag(7, 0));
         let lines = human_lines(0, &[&a, &b, &exit, &c]);
         assert_eq!(
@@ -151,10 +149,12 @@ mod tests {
                  (28 alive, older ones 0 KiB): 7",
             ]
         );
-        let cleared = |pid| Event::Cleared {
-            pid,
-            reason: "accumulating",
-            because: "exited",
+        let cleared = |pid| {
+            Event::Cleared(Cleared {
+                pid,
+                reason: "accumulating".into(),
+                because: "exited".into(),
+            })
         };
         let (x, y) = (cleared(1), cleared(2));
         assert_eq!(

@@ -1,19 +1,19 @@
 //! Unit tests of `human.rs`.
 use super::*;
-use crate::stream::events::{Ancestor, Peer};
+use crate::stream::events::{Ancestor, Exec, Peer};
 use crate::text::{Args, Comm};
 
 #[test]
 fn human_lines_escape_the_exact_bytes() {
     let line = human_line(
         0,
-        &Event::Exec {
+        &Event::Exec(Exec {
             pid: 7,
             filename: ProcText::new("filename", &b"/bin/\xff\x1b[31m"[..]),
             argv: Argv::new(Args::from_list([&b"a\nb"[..], &b"\xfe"[..]])),
             truncated: false,
             tid: 7,
-        },
+        }),
     );
     assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
 }

@@ -1,6 +1,7 @@
 //! Unit tests of `events.rs`.
 use super::*;
-use crate::text::Args;
+use crate::procfs::placement::Placement;
+use crate::text::{Args, Comm};
 
 fn line(body: &Event) -> serde_json::Value {
     let s = serde_json::to_string(&Envelope {
@@ -16,13 +17,13 @@ fn line(body: &Event) -> serde_json::Value {
 
 #[test]
 fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
-    let v = line(&Event::Exec {
+    let v = line(&Event::Exec(Exec {
         pid: 5,
         filename: ProcText::new("filename", &b"/bin/\xffx"[..]),
         argv: Argv::new(Args::from_list([&b"a\nb"[..]])),
         truncated: false,
         tid: 5,
-    });
+    }));
     assert_eq!(v["event"], "exec");
     assert_eq!(v["seq"], 3);
     assert_eq!(v["argv"][0], "a\nb");
@@ -30,13 +31,13 @@ fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
     assert_eq!(v["filename_b64"], "L2Jpbi//eA==");
     assert!(v.get("filename").is_some_and(|f| f == "/bin/\u{fffd}x"));
 
-    let v = line(&Event::Exec {
+    let v = line(&Event::Exec(Exec {
         pid: 5,
         filename: ProcText::new("filename", &b"/bin/x"[..]),
         argv: Argv::new(Args::from_list([&b"a"[..], &b"\xff"[..]])),
         truncated: false,
         tid: 5,
-    });
+    }));
     assert_eq!(v["argv"], serde_json::json!(["a", "\u{fffd}"]));
     assert_eq!(v["argv_b64"], serde_json::json!(["YQ==", "/w=="]));
     assert!(v.get("filename_b64").is_none());
@@ -52,12 +53,12 @@ fn wait_status_decoding() {
 
 #[test]
 fn exit_nulls_are_explicit() {
-    let v = line(&Event::Exit {
+    let v = line(&Event::Exit(Exit {
         pid: 1,
         exit_code: None,
         signal: Some("SIGTERM".into()),
         core: false,
-    });
+    }));
     assert!(v["exit_code"].is_null());
     assert_eq!(v["signal"], "SIGTERM");
 }
@@ -115,13 +116,13 @@ fn the_evidence_reads_back_exactly_as_written() {
         argv: Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"])),
         ..LeakDetail::default()
     };
-    let text = serde_json::to_string(&Event::Flag {
+    let text = serde_json::to_string(&Event::Flag(Flag {
         pid: 2,
-        reason: "orphaned",
+        reason: "orphaned".into(),
         since: 1,
         idle_secs: None,
         detail: Box::new(detail.clone()),
-    })
+    }))
     .unwrap();
     let back: LeakDetail = serde_json::from_str(&text).unwrap();
     assert_eq!(
@@ -140,4 +141,135 @@ fn the_evidence_reads_back_exactly_as_written() {
         (sparse.lineage, sparse.comm.text().into_owned()),
         (vec![3], "x".into())
     );
+}
+
+/// One event of each kind, with a non-UTF-8 name where it has one.
+fn one_of_each() -> Vec<Event> {
+    let odd = || ProcText::new("comm", &b"w\xffrk"[..]);
+    let argv = || Argv::new(Args::from_list([&b"w\xffrk"[..], b"--x"]));
+    vec![
+        Snapshot {
+            pid: 3,
+            spawner: Some(2),
+            comm: odd(),
+            argv: argv(),
+            ..Default::default()
+        }
+        .into(),
+        Gateway {
+            pid: 2,
+            selector: "exe:/usr/bin/gw".into(),
+            comm: odd(),
+            argv: argv(),
+            ..Default::default()
+        }
+        .into(),
+        Ready {
+            schema: SCHEMA_VERSION,
+            gateway: vec![2],
+            setsid_hook: "tracepoint".into(),
+            ..Default::default()
+        }
+        .into(),
+        Fork {
+            pid: 4,
+            comm: odd(),
+            thread: SpawningThread::of(Some((5, Comm::default()))),
+            untracked: true,
+            ..Default::default()
+        }
+        .into(),
+        Exec {
+            pid: 4,
+            filename: ProcText::new("filename", &b"/bin/\xffx"[..]),
+            argv: argv(),
+            ..Default::default()
+        }
+        .into(),
+        Exit {
+            pid: 4,
+            signal: Some("SIGKILL".into()),
+            core: true,
+            ..Default::default()
+        }
+        .into(),
+        Reaped {
+            pid: 4,
+            from_proc: true,
+        }
+        .into(),
+        Setsid { pid: 4, sid: 4 }.into(),
+        Reparent {
+            pid: 4,
+            old_ppid: 3,
+            new_ppid: 1,
+        }
+        .into(),
+        Lost {
+            count: 2,
+            kinds: [("fork".into(), 2)].into(),
+            affected: vec![4],
+        }
+        .into(),
+        Box::new(Summary {
+            kills: [("orphaned".into(), [("exited".into(), 1)].into())].into(),
+            ..Default::default()
+        })
+        .into(),
+        Flag {
+            pid: 4,
+            reason: "orphaned".into(),
+            idle_secs: Some(1.5),
+            ..Default::default()
+        }
+        .into(),
+        Kill {
+            pid: 4,
+            comm: odd(),
+            reason: "orphaned".into(),
+            signal: "SIGTERM".into(),
+            result: "sent".into(),
+            secs: None,
+        }
+        .into(),
+        Cleared {
+            pid: 4,
+            reason: "orphaned".into(),
+            because: "exited".into(),
+        }
+        .into(),
+        Check {
+            verdict: "leaked".into(),
+            leaked: vec![LeakedProcess::default()],
+            ..Default::default()
+        }
+        .into(),
+        StopCommand {
+            pid: 2,
+            signal: "SIGTERM".into(),
+            because: "duration".into(),
+        }
+        .into(),
+    ]
+}
+
+#[test]
+fn every_kind_reads_back_as_written() {
+    let events = one_of_each();
+    for kind in KINDS {
+        assert!(
+            events.iter().any(|e| e.name() == kind.name),
+            "{} has no case here",
+            kind.name
+        );
+    }
+    for event in events {
+        let written = line(&event).to_string();
+        let back = Event::read(event.name(), written.as_bytes())
+            .expect("a kind of the stream")
+            .unwrap_or_else(|e| panic!("{written}: {e}"));
+        assert_eq!(back.name(), event.name());
+        assert_eq!(line(&back).to_string(), written);
+    }
+    assert!(Event::read("no_such_event", b"{}").is_none());
 }

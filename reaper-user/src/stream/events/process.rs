@@ -1,0 +1,91 @@
+//! The lifecycle events: what the kernel said about one process (and `snapshot`, what /proc
+//! said about it at start). Each is counted by kind in `summary.counts` and the metrics.
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Argv, ProcText, SpawningThread};
+use crate::procfs::placement::Placement;
+
+/// A process found in /proc at start (or re-read after a loss).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Snapshot {
+    pub pid: u32,
+    pub ppid: u32,
+    pub spawner: Option<u32>,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+    pub sid: u32,
+    pub pgid: u32,
+    #[serde(flatten)]
+    pub placement: Placement,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Fork {
+    pub pid: u32,
+    pub ppid: u32,
+    pub spawner: u32,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    pub start: u64,
+    pub sid: u32,
+    pub pgid: u32,
+    pub uid: u32,
+    pub cgroup_id: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untracked: bool,
+    /// The spawner's thread that forked it, when not its main thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<SpawningThread>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Exec {
+    pub pid: u32,
+    #[serde(flatten, deserialize_with = "ProcText::read_filename")]
+    pub filename: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+    pub truncated: bool,
+    pub tid: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Exit {
+    pub pid: u32,
+    pub exit_code: Option<i32>,
+    pub signal: Option<Cow<'static, str>>,
+    pub core: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reaped {
+    pub pid: u32,
+    /// Only when true: learnt from /proc (the process is gone) because the kernel's own
+    /// free, which comes after an RCU grace period, was late; `ts` is when it was noticed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_proc: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Setsid {
+    pub pid: u32,
+    pub sid: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reparent {
+    pub pid: u32,
+    pub old_ppid: u32,
+    pub new_ppid: u32,
+}

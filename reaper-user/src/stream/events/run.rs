@@ -1,0 +1,129 @@
+//! The run's own events: a gateway found, tracing ready, records lost, the `-- CMD` gateway
+//! stopped, and the closing summary.
+use std::{borrow::Cow, collections::BTreeMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Argv, Counts, LeakSummary, ProcText, ProcessLabel};
+use crate::procfs::placement::Placement;
+
+/// A name the stream writes from a fixed set (a reason, a signal, a kind): borrowed when
+/// written, owned when read back.
+pub type Name = Cow<'static, str>;
+
+/// A process became a gateway: found at start, matched by a selector later, or the
+/// `-- CMD` gateway. Its spawned processes' `lineage` starts with it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Gateway {
+    pub pid: u32,
+    /// Boot-time ns when it started (to the clock tick for one found in /proc).
+    pub start: u64,
+    /// Which selector found it: "pid", "command", "exe:PATH", "cgroup:PATH",
+    /// "unit:NAME" or "pidfile:PATH".
+    pub selector: String,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ready {
+    /// The stream's schema version ([`super::SCHEMA_VERSION`]).
+    pub schema: u32,
+    pub gateway: Vec<u32>,
+    pub tracked: usize,
+    /// How setsid() is observed: "tracepoint", "raw_syscalls" or "none".
+    pub setsid_hook: Name,
+    /// The running kernel's release (`uname -r`).
+    pub kernel: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Lost {
+    pub count: u64,
+    /// Lost records by kind ("fork", "exec", ...) and "tracked_full".
+    pub kinds: BTreeMap<Name, u64>,
+    /// Processes re-read from /proc because of the loss (marked uncertain until then).
+    pub affected: Vec<u32>,
+}
+
+/// The run stopped while the `-- CMD` gateway ran: reaper-trace ends it as timeout(1)
+/// does, SIGTERM then SIGKILL after `--term-timeout`; one event a signal.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StopCommand {
+    pub pid: u32,
+    /// "SIGTERM" or "SIGKILL".
+    pub signal: Name,
+    /// Why the run stopped: "duration", "SIGINT" or "SIGTERM".
+    pub because: Name,
+}
+
+/// The closing summary's fields.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    pub counts: Counts,
+    pub delivery: Delivery,
+    pub alive: Vec<AliveProcess>,
+    pub zombies: Vec<u32>,
+    pub gateway_exit_code: Option<i32>,
+    pub duration_ns: u64,
+    pub latency_ns: Latency,
+    /// CPU time reaper-trace itself used (user + system), start-up included.
+    pub cpu_ns: u64,
+    pub leaks: LeakSummary,
+    /// `--kill`'s steps by reason, then by result.
+    pub kills: BTreeMap<Name, BTreeMap<Name, u64>>,
+}
+
+/// A live process in the closing summary.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AliveProcess {
+    /// Its pid, its name at the end and its command line.
+    #[serde(flatten)]
+    pub process: ProcessLabel,
+    /// Pids from the gateway to this process along spawner edges.
+    pub lineage: Vec<u32>,
+    /// Its pid namespace and cgroup, read at the end.
+    #[serde(flatten)]
+    pub placement: Placement,
+    pub ppid: u32,
+    /// Out of its gateway's session, process group or cgroup (as in a flag's evidence).
+    pub escaped: bool,
+    /// It called setsid() itself (schema 2; `escaped` meant this in schema 1).
+    pub called_setsid: bool,
+    pub uncertain: bool,
+}
+
+/// How the event stream checked out against the kernel's own counters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Delivery {
+    /// Records the kernel produced (its sequence numbers used).
+    pub kernel_events: u64,
+    /// Records received.
+    pub received: u64,
+    /// Records the kernel could not reserve, by kind.
+    pub dropped: BTreeMap<Name, u64>,
+    /// Children not followed because the tracked map was full.
+    pub tracked_full: u64,
+    /// `kernel_events == received + dropped`: nothing vanished unaccounted for.
+    pub consistent: bool,
+}
+
+/// From an event in the kernel to the end of the batch that applied it to the graph.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Latency {
+    /// Events measured.
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
