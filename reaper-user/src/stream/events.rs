@@ -4,7 +4,8 @@
 //! Each kind of event is one struct (in `events/`), one row of [`events!`] below (its variant,
 //! its wire name, whether it is a lifecycle event or a finding) and its readable line in
 //! `output/human.rs`. The same structs are written by [`crate::output`] and read back by
-//! [`crate::report`]: the stream has one schema.
+//! [`crate::report`]: the stream has one schema. Read back, every field has a default, so an
+//! odd line (an older build's, a hand-written one) loses only what it lacks.
 use std::borrow::Cow;
 
 use serde::Serialize;
