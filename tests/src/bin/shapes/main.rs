@@ -1,0 +1,74 @@
+//! `reaper-shapes SHAPE TRUTH_FILE`: makes one process shape as a gateway would, and writes
+//! what it did (pids, exit codes) to TRUTH_FILE as JSON, for the integration tests to compare
+//! with what reaper-trace reported. Plain libc on purpose: each shape is the exact syscall
+//! pattern it names.
+
+use serde_json::json;
+
+mod channels;
+mod crowds;
+mod leaks;
+mod lineage;
+mod sys;
+
+use channels::*;
+use crowds::*;
+use leaks::*;
+use lineage::*;
+use sys::*;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "stdio-server") {
+        // What the gateways of the accumulation shapes start: a stdio server with a command
+        // line of its own (`stdio-server --session-key K1 --model m`), reading until EOF.
+        read_stdin_to_eof();
+        std::process::exit(0);
+    }
+    let (Some(shape), Some(truth)) = (args.get(1), args.get(2)) else {
+        eprintln!("usage: reaper-shapes SHAPE TRUTH_FILE");
+        std::process::exit(2);
+    };
+    let result = match shape.as_str() {
+        "basic" => basic(),
+        "threads" => threads(),
+        "exec-from-thread" => exec_from_thread(),
+        "spawn" => spawn(),
+        "setsid-double-fork" => setsid_double_fork(truth),
+        "clone-parent" => clone_parent(),
+        "storm" => storm(count_arg(&args, 5000), false),
+        "storm-exec" => storm(count_arg(&args, 5000), true),
+        "sleepers" => sleepers(
+            truth,
+            count_arg(&args, 1000),
+            args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1.0),
+        ),
+        "tree" => tree(truth),
+        "leak-orphan" => leak_orphan(truth),
+        "leak-idle" => leak_idle(truth),
+        "leak-agent-kill" => leak_agent_kill(truth),
+        "leak-deaf" => leak_deaf(truth),
+        "leak-accumulate" => leak_accumulate(truth),
+        "leak-crash" => leak_crash(truth),
+        "leak-pty-held" => leak_pty(truth, false),
+        "leak-tcp" => leak_tcp(truth),
+        "leak-pty-hungup" => leak_pty(truth, true),
+        "leak-zombies" => leak_zombies(truth),
+        "leak-pidns" => leak_pidns(truth),
+        "normal" => normal(),
+        "respawner" => respawner(truth),
+        "hostile" => hostile(),
+        "into-cgroup" => into_cgroup(&args),
+        other => {
+            eprintln!("unknown shape {other}");
+            std::process::exit(2);
+        }
+    };
+    let mut truth_value = result;
+    truth_value["gateway"] = json!(std::process::id());
+    write_truth(truth, &truth_value);
+}
+
+fn count_arg(args: &[String], default: usize) -> usize {
+    args.get(3).and_then(|n| n.parse().ok()).unwrap_or(default)
+}
