@@ -1,0 +1,177 @@
+//! What reaper-trace costs apart from the loops: its reader's CPU per process, its memory,
+//! its CPU while idle, and a lone record's latency.
+use std::{
+    fs,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::*;
+
+/// The reader's CPU per traced process: its CPU around a tracked loop of N processes (start-up,
+/// BTF, seeding and the stop left out; see `measure_tracked`), divided by N, `reps` times.
+pub(crate) fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let mut rows = Vec::new();
+    for (lp, target_us) in [(Loop::ForkExit, 3.0), (Loop::ForkExec, 4.0)] {
+        let mut per_proc = Vec::new();
+        for rep in 0..opts.reps {
+            eprintln!(
+                "bench: reader CPU, {}, round {}/{}",
+                lp.label(),
+                rep + 1,
+                opts.reps
+            );
+            let run = measure(bins, lp, opts.procs, 1, Watcher::ReaperTracked)?;
+            per_proc.push(run.storm_cpu / run.created.max(1) as f64 * 1e6);
+        }
+        let (min, max) = (
+            per_proc.iter().cloned().fold(f64::MAX, f64::min),
+            per_proc.iter().cloned().fold(0.0, f64::max),
+        );
+        let med = median(&mut per_proc);
+        rows.push(format!(
+            "| {} | {med:.2} µs | {min:.2} µs | {max:.2} µs | ≤ {target_us:.0} µs | {} |",
+            lp.label(),
+            if med <= target_us { "met" } else { "not met" }
+        ));
+    }
+    println!(
+        "\n## Reader CPU per traced process (around a tracked loop of {})\n",
+        opts.procs
+    );
+    println!("| loop | median | min | max | target | |");
+    println!("|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
+    }
+    Ok(())
+}
+
+/// A `kB` field of /proc/PID/status (`VmRSS:`, `VmHWM:`, ...).
+pub fn rss_kib(pid: u32, key: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// reaper-trace with `n` quiet tracked sleepers as its gateway's children, once all of them
+/// are forked; they exit after `secs` seconds, and so does the run.
+pub(crate) fn start_sleepers(bins: &Bins, name: &str, n: usize, secs: f64) -> Result<Child> {
+    let truth = bins.scratch.join(format!("{name}.json"));
+    let ready = bins.scratch.join(format!("{name}.json.ready"));
+    let gateway = format!(
+        "{} sleepers {} {n} {secs}",
+        bins.shapes.display(),
+        truth.display()
+    );
+    let tracer = Command::new(&bins.reaper)
+        .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
+        .stdout(Stdio::null())
+        .spawn()?;
+    while !ready.exists() {
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(tracer)
+}
+
+/// Peak RSS with many live tracked processes.
+pub(crate) fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let idle = Bystander::start(bins)?;
+    thread::sleep(Duration::from_millis(300));
+    let empty = rss_kib(idle.pid(), "VmRSS:");
+    idle.stop()?;
+    let mut tracer = start_sleepers(bins, "sleepers", opts.sleepers, 3.0)?;
+    thread::sleep(Duration::from_millis(1500));
+    let peak = rss_kib(tracer.id(), "VmHWM:");
+    let steady = rss_kib(tracer.id(), "VmRSS:");
+    let anon = rss_kib(tracer.id(), "RssAnon:");
+    tracer.wait()?;
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!("\n## Memory\n");
+    println!("| reaper-trace | RSS |\n|---|---|");
+    println!("| tracking one idle process | {:.1} MiB |", mib(empty));
+    println!(
+        "| tracking {} live processes | {:.1} MiB (anonymous: {:.1} MiB) |",
+        opts.sleepers,
+        mib(steady),
+        mib(anon)
+    );
+    println!("| peak (VmHWM), start-up included | {:.1} MiB |", mib(peak));
+    println!(
+        "| per tracked process | {:.0} bytes |",
+        (steady.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64
+    );
+    Ok(())
+}
+
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// CPU used while 1,000 quiet tracked processes do nothing.
+pub(crate) fn idle(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let secs = opts.idle_secs as f64;
+    let mut tracer = start_sleepers(bins, "idle", 1000, secs + 2.0)?;
+    thread::sleep(Duration::from_millis(500));
+    let t0 = cpu_ticks(tracer.id());
+    let start = Instant::now();
+    thread::sleep(Duration::from_secs(opts.idle_secs));
+    let used = (cpu_ticks(tracer.id()) - t0) as f64 / 100.0;
+    let wall = start.elapsed().as_secs_f64();
+    tracer.wait()?;
+    println!("\n## Idle cost\n");
+    println!(
+        "reaper-trace CPU over {wall:.0} s with 1000 quiet tracked processes: {used:.2} s = {:.3}% of one core",
+        100.0 * used / wall
+    );
+    Ok(())
+}
+
+/// Latency of a lone fork on a quiet system.
+pub(crate) fn lone_latency(bins: &Bins) -> Result<()> {
+    let l = quiet_latency(bins)?;
+    println!("\n## Latency on a quiet system\n");
+    println!(
+        "kernel event → applied to the graph, {} records of lone processes: p50 {}, p99 {}, max {}",
+        l["count"],
+        ms(l["p50"].as_u64().unwrap_or(0)),
+        ms(l["p99"].as_u64().unwrap_or(0)),
+        ms(l["max"].as_u64().unwrap_or(0))
+    );
+    Ok(())
+}
+
+/// The summary's `latency_ns` of a run whose records come a process at a time, 50 ms apart
+/// (a hundred lone `/bin/true`s: about 800 records).
+pub fn quiet_latency(bins: &Bins) -> Result<Value> {
+    let out = bins.scratch.join("lone.ndjson");
+    Command::new(&bins.reaper)
+        .args([
+            "--json",
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            "for i in $(seq 100); do /bin/true; sleep 0.05; done",
+        ])
+        .stdout(fs::File::create(&out)?)
+        .status()?;
+    let summary: Value = fs::read_to_string(&out)?
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "summary")
+        .context("no summary")?;
+    Ok(summary["latency_ns"].clone())
+}

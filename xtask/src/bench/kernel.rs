@@ -1,0 +1,96 @@
+//! The kernel side: each hook's cost per run (`kernel.bpf_stats_enabled`).
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use super::*;
+
+/// Per-hook kernel cost from the kernel's own BPF run-time statistics.
+pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let sysctl = Path::new("/proc/sys/kernel/bpf_stats_enabled");
+    let before = fs::read_to_string(sysctl).unwrap_or_else(|_| "0".into());
+    fs::write(sysctl, "1").context("enabling kernel.bpf_stats_enabled")?;
+    let result = (|| -> Result<()> {
+        println!("\n## Kernel cost per hook (kernel.bpf_stats_enabled: run_time_ns / run_cnt)\n");
+        println!("| storm | program | runs | ns per run |");
+        println!("|---|---|---|---|");
+        // Untracked: reaper-trace watches an idle gateway while a storm runs beside it.
+        let bystander = Bystander::start(bins)?;
+        let (script, truths) = loop_script(bins, Loop::ForkExec, opts.procs, 1, "stats");
+        sh(&script)?;
+        read_truths(&truths)?;
+        for (name, runs, ns) in prog_stats(bystander.pid())? {
+            println!(
+                "| untracked fork+exec | {name} | {runs} | {:.0} |",
+                ns as f64 / runs.max(1) as f64
+            );
+        }
+        bystander.stop()?;
+        // Tracked: the storm is the gateway; stats are read while it lingers at the end.
+        let (script, truths) = loop_script(bins, Loop::ForkExec, opts.procs, 1, "stats");
+        let gateway = format!("{script}; sleep 3");
+        let mut tracer = Command::new(&bins.reaper)
+            .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
+            .stdout(Stdio::null())
+            .spawn()?;
+        while !truths[0].exists() {
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(500));
+        for (name, runs, ns) in prog_stats(tracer.id())? {
+            println!(
+                "| tracked fork+exec | {name} | {runs} | {:.0} |",
+                ns as f64 / runs.max(1) as f64
+            );
+        }
+        tracer.wait()?;
+        read_truths(&truths)?;
+        Ok(())
+    })();
+    let _ = fs::write(sysctl, before.trim());
+    result
+}
+
+/// (program name, run count, run time ns) of every BPF program reaper-trace holds.
+pub(crate) fn prog_stats(pid: u32) -> Result<Vec<(String, u64, u64)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_owned())
+        };
+        let (Some(id), Some(runs), Some(ns)) =
+            (field("prog_id:"), field("run_cnt:"), field("run_time_ns:"))
+        else {
+            continue;
+        };
+        let name = prog_name(&id);
+        out.push((name, runs.parse().unwrap_or(0), ns.parse().unwrap_or(0)));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The program's name from the kernel's listing, via bpftool when present, else its id.
+pub(crate) fn prog_name(id: &str) -> String {
+    Command::new("bpftool")
+        .args(["prog", "show", "id", id])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let s = String::from_utf8_lossy(&o.stdout).into_owned();
+            s.split_whitespace()
+                .skip_while(|w| *w != "name")
+                .nth(1)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| format!("prog {id}"))
+}
