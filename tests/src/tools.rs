@@ -1,0 +1,108 @@
+//! Small helpers: ports, host tools, the report, reading files, metrics.
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::*;
+
+/// A TCP port on 127.0.0.1 free right now (for `--metrics`, a Prometheus), and never one this
+/// test process handed out before: two ports asked for in a row (or by tests running side by
+/// side) must differ even though neither is bound yet.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// A program a test needs from the host (`cargo xtask test` installs it from Debian's
+/// `package`), or `None` to [`skip`].
+pub fn host_tool(name: &str, package: &str, test: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let why = format!("no {name} on PATH (`cargo xtask test` installs Debian's {package})");
+        skip(test, &why);
+    }
+    found
+}
+
+/// Runs `reaper-trace report AUDIT -o PAGE`; returns what it said on stderr.
+pub fn render_report(audit: &std::path::Path, page: &std::path::Path) -> String {
+    let out = Command::new(reaper_trace())
+        .arg("report")
+        .arg(audit)
+        .arg("-o")
+        .arg(page)
+        .output()
+        .expect("run reaper-trace report");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// The evidence of fd `fd` in a flag (its `pipes` entry).
+pub fn pipe_fd(flag: &Value, fd: u64) -> &Value {
+    flag["pipes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["fd"].as_u64() == Some(fd))
+        .unwrap_or_else(|| panic!("no fd {fd} in {flag}"))
+}
+
+pub fn read_json(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("truth is JSON")
+}
+
+/// Waits until `path` exists (a shape publishes its truth by renaming it into place).
+pub fn wait_for_file(path: &std::path::Path, limit: Duration) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < limit,
+            "{} did not appear within {limit:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn pid(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
+}
+
+/// GET /metrics from reaper-trace's `--metrics` on 127.0.0.1:`port`, as Prometheus would;
+/// None while nothing answers there.
+pub fn scrape_metrics(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    Some(text)
+}
+
+/// The value of the sample line `series` (name with labels) in a scrape.
+pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
