@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 mod instance;
+mod leaks;
 mod run;
 mod tools;
 mod until;
 
 pub use instance::*;
+pub use leaks::*;
 pub use run::*;
 pub use tools::*;
 pub use until::*;
