@@ -2,209 +2,23 @@
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::output::label::command_label;
 use crate::stream::events::{
-    Argv, Check, Cleared, Event, Exec, Exit, Flag, Fork, Gateway, Kill, LeakDetail, LeakedProcess,
-    Lifecycle, Lost, PipeInfo, ProcText, ProcessLabel, Ready, Reaped, Reparent, Setsid, Snapshot,
-    SpawningThread, StopCommand, Summary, wait_status,
+    Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, ProcessLabel, SpawningThread,
+    wait_status,
 };
 use crate::text::escape_for_terminal;
 
 mod fold;
+mod lines;
 pub use fold::human_lines;
 
-/// One line a person reads. Every string that came from a process is escaped.
+/// One line a person reads (see [`Readable`]): every string that came from a process is
+/// escaped.
 pub fn human_line(ts: u64, ev: &Event) -> String {
-    match ev {
-        Event::Flag(Flag {
-            pid,
-            reason,
-            since,
-            detail,
-            ..
-        }) => flag_line(ts, *pid, reason, *since, detail),
-        Event::Cleared(Cleared {
-            pid,
-            reason,
-            because,
-        }) => format!("cleared  {reason} pid {pid}: {because}"),
-        Event::Kill(Kill {
-            pid,
-            comm,
-            reason,
-            signal,
-            result,
-            secs,
-        }) => {
-            let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
-            match secs {
-                Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
-                None => format!("{who}: {signal} {result}"),
-            }
-        }
-        Event::Check(Check {
-            verdict,
-            gateway_exit_code,
-            leaked,
-        }) => check_lines(verdict, *gateway_exit_code, leaked),
-        Event::StopCommand(StopCommand {
-            pid,
-            signal,
-            because,
-        }) => format!("stop     the command {pid} with {signal}: the run ended ({because})"),
-        Event::Snapshot(Snapshot {
-            pid,
-            ppid,
-            comm,
-            argv,
-            ..
-        }) => format!(
-            "found    {pid} ({}) parent {ppid}: {}",
-            comm.for_terminal(),
-            argv.for_terminal()
-        ),
-        Event::Gateway(Gateway {
-            pid,
-            selector,
-            comm,
-            argv,
-            ..
-        }) => format!(
-            "gateway  {pid} ({}) by {}: {}",
-            comm.for_terminal(),
-            escape_for_terminal(selector.as_bytes()),
-            argv.for_terminal()
-        ),
-        Event::Ready(Ready {
-            gateway,
-            tracked,
-            setsid_hook,
-            kernel,
-            ..
-        }) => {
-            let gws: Vec<String> = gateway.iter().map(u32::to_string).collect();
-            let gws = match gws.is_empty() {
-                true => "no gateway yet (waiting for the selectors)".to_owned(),
-                false => format!("gateway {}", gws.join(", ")),
-            };
-            format!(
-                "ready    tracing {gws} (tracked now: {tracked}; setsid seen by \
-                 {setsid_hook}; kernel {kernel})"
-            )
-        }
-        Event::Fork(Fork {
-            pid,
-            ppid,
-            spawner,
-            comm,
-            untracked,
-            thread,
-            ..
-        }) => {
-            let parent = if ppid == spawner {
-                String::new()
-            } else {
-                format!(" (parent {ppid})")
-            };
-            let note = if *untracked {
-                "; NOT FOLLOWED: tracked map full"
-            } else {
-                ""
-            };
-            format!(
-                "fork     {pid} ({}) by {spawner}{}{parent}{note}",
-                comm.for_terminal(),
-                thread_text(thread.as_ref())
-            )
-        }
-        Event::Exec(Exec {
-            pid,
-            filename,
-            argv,
-            truncated,
-            ..
-        }) => format!(
-            "exec     {pid} {}: {}{}",
-            filename.for_terminal(),
-            argv.for_terminal(),
-            if *truncated { " [truncated]" } else { "" }
-        ),
-        Event::Exit(Exit {
-            pid,
-            exit_code,
-            signal,
-            core,
-        }) => match (exit_code, signal) {
-            (Some(code), _) => format!("exit     {pid} code {code}"),
-            (None, Some(sig)) => {
-                format!(
-                    "exit     {pid} killed by {sig}{}",
-                    if *core { " (core dumped)" } else { "" }
-                )
-            }
-            (None, None) => format!("exit     {pid}"),
-        },
-        Event::Reaped(Reaped {
-            pid,
-            from_proc: false,
-        }) => format!("reaped   {pid}"),
-        Event::Reaped(Reaped {
-            pid,
-            from_proc: true,
-        }) => format!("reaped   {pid} (gone from /proc)"),
-        Event::Setsid(Setsid { pid, sid }) => format!("setsid   {pid} now leads session {sid}"),
-        Event::Reparent(Reparent {
-            pid,
-            old_ppid,
-            new_ppid,
-        }) => {
-            format!("reparent {pid} parent {old_ppid} exited; new parent {new_ppid}")
-        }
-        Event::Lost(Lost {
-            count,
-            kinds,
-            affected,
-        }) => {
-            let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            let pids: Vec<String> = affected.iter().map(u32::to_string).collect();
-            format!(
-                "LOST     {count} records ({}); re-read from /proc: {}",
-                kinds.join(", "),
-                if pids.is_empty() {
-                    "nothing affected".into()
-                } else {
-                    pids.join(", ")
-                }
-            )
-        }
-        Event::Summary(summary) => {
-            let Summary {
-                counts,
-                delivery,
-                alive,
-                zombies,
-                ..
-            } = &**summary;
-            format!(
-                "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
-                counts.get(Lifecycle::Fork),
-                counts.get(Lifecycle::Exec),
-                counts.get(Lifecycle::Exit),
-                alive.len(),
-                zombies.len(),
-                delivery.received,
-                delivery.kernel_events,
-                delivery.dropped.values().sum::<u64>(),
-                if delivery.consistent {
-                    ""
-                } else {
-                    " (INCONSISTENT)"
-                }
-            )
-        }
-    }
+    ev.readable(ts)
 }
 
 /// ` thread 4702 (asyncio_0)`: the spawner's thread that forked a process, if not its main one.
-fn thread_text(thread: Option<&SpawningThread>) -> String {
+pub(super) fn thread_text(thread: Option<&SpawningThread>) -> String {
     thread.map_or_else(String::new, |t| {
         format!(" thread {} ({})", t.tid, t.comm.for_terminal())
     })

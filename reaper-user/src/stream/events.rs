@@ -2,8 +2,8 @@
 //! Names and fields change only compatibly (new optional fields, new events).
 //!
 //! Each kind of event is one struct (in `events/`), one row of [`events!`] below (its variant,
-//! its wire name, whether it is a lifecycle event or a finding) and its readable line in
-//! `output/human.rs`. The same structs are written by [`crate::output`] and read back by
+//! its wire name, whether it is a lifecycle event or a finding) and its readable line (a
+//! [`Readable`], in `output/human/lines.rs`). The same structs are written by [`crate::output`] and read back by
 //! [`crate::report`]: the stream has one schema. Read back, every field has a default, so an
 //! odd line (an older build's, a hand-written one) loses only what it lacks.
 use std::borrow::Cow;
@@ -14,7 +14,7 @@ use crate::capture::decode::{KernelEvent, What};
 
 pub use super::fields::{Argv, ProcBytes, ProcText};
 pub use super::kinds::{Counts, Kind, Lifecycle};
-use super::kinds::{lifecycle, other};
+use super::kinds::{Readable, lifecycle, other};
 
 pub use super::evidence::{
     Ancestor, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo, ProcessLabel,
@@ -71,6 +71,13 @@ macro_rules! events {
             pub fn kind(&self) -> &'static Kind {
                 match self {
                     $(Event::$variant(_) => &rows::$variant,)*
+                }
+            }
+
+            /// Its readable line (see [`Readable`]).
+            pub fn readable(&self, ts: u64) -> String {
+                match self {
+                    $(Event::$variant(body) => body.readable(ts),)*
                 }
             }
 

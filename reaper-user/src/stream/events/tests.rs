@@ -273,3 +273,16 @@ fn every_kind_reads_back_as_written() {
     }
     assert!(Event::read("no_such_event", b"{}").is_none());
 }
+
+#[test]
+fn every_kind_has_a_readable_line_with_no_raw_control_byte() {
+    for event in one_of_each() {
+        let text = event.readable(9);
+        assert!(!text.is_empty(), "{}", event.name());
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{}: {text:?}",
+            event.name()
+        );
+    }
+}
