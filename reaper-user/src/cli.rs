@@ -60,6 +60,17 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub proc_root: Option<PathBuf>,
 
+    /// Keep the lineage in DIR (made 0700) across restarts: written every second and at the
+    /// stop, taken back by the next run with the same DIR and selectors. Processes still alive
+    /// keep their lineage, even one reparented to init while no run watched; what happened
+    /// while no run watched is read from /proc (see docs/operations.md).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Remove what --state-dir DIR kept, and exit.
+    #[arg(long, value_name = "DIR", conflicts_with = "state_dir")]
+    pub release_state: Option<PathBuf>,
+
     /// Write NDJSON events to stdout (one object per line); readable lines go to stderr, and
     /// CMD's own stdout is sent to stderr so the stream stays clean.
     #[arg(long)]
@@ -322,6 +333,12 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 impl Cli {
     /// Checks what clap cannot: there is something to trace.
     pub fn validate(&self) -> Result<(), String> {
+        if self.release_state.is_some() {
+            return match self.gateway_pid.is_empty() && self.command.is_empty() {
+                true => Ok(()),
+                false => Err("--release-state DIR only removes a state: it traces nothing".into()),
+            };
+        }
         let selectors = self.gateway_exe.len()
             + self.gateway_unit.len()
             + self.gateway_cgroup.len()
@@ -331,6 +348,13 @@ impl Cli {
                 "nothing to trace: give --gateway-pid PID, --gateway-exe PATH, \
                         --gateway-unit NAME, --gateway-cgroup PATH, --gateway-pidfile FILE \
                         or a command after `--`"
+                    .into(),
+            );
+        }
+        if self.state_dir.is_some() && !self.command.is_empty() {
+            return Err(
+                "--state-dir keeps an audit across restarts; a `-- CMD` run ends with \
+                        its command: select the gateway instead (--gateway-exe, --gateway-unit)"
                     .into(),
             );
         }

@@ -21,5 +21,6 @@ pub mod privileges;
 pub mod procfs;
 pub mod report;
 pub mod sockdiag;
+pub mod state;
 pub mod stream;
 pub mod text;

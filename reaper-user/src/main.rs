@@ -24,6 +24,18 @@ fn main() {
         eprintln!("reaper-trace: error: {e}");
         std::process::exit(exit_status::USAGE);
     }
+    if let Some(dir) = &cli.release_state {
+        match reaper_user::state::release(dir) {
+            Ok(removed) => {
+                eprintln!("reaper-trace: removed {removed}");
+                return;
+            }
+            Err(e) => {
+                eprintln!("reaper-trace: error: {e:#}");
+                std::process::exit(exit_status::FAILURE);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

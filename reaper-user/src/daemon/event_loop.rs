@@ -12,6 +12,7 @@ use tokio::{
     time::{Instant, sleep_until},
 };
 
+use super::checkpoints::Checkpoints;
 use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
@@ -40,6 +41,8 @@ pub(super) struct Sources<'a> {
     pub(super) command: GatewayCommand,
     /// The kill sequences' reports; none without `--kill`.
     pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
+    /// The lineage checkpoint's writer; none without `--state-dir`.
+    pub(super) checkpoints: Option<Checkpoints>,
 }
 
 /// The maps the event loop uses besides the ring.
@@ -68,6 +71,7 @@ pub(super) async fn event_loop(
         kernel,
         command,
         kill_reports,
+        checkpoints,
     } = sources;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
@@ -131,6 +135,9 @@ pub(super) async fn event_loop(
                 drain(ring.get_mut(), run)?;
                 run.keep_exact(losses, kernel.tracked)?;
                 follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
+                if let Some(checkpoints) = checkpoints.as_mut() {
+                    checkpoints.due(run)?;
+                }
                 house.as_mut().reset(Instant::now() + HOUSEKEEPING);
                 reparent_retry = false;
             }

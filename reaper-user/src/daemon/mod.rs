@@ -2,6 +2,7 @@
 //! stop condition, then detach, drain and summarise. The parts and the path a record takes
 //! through them are [`pipeline`]'s; the loop that drives them on their timers is
 //! [`event_loop`]'s; the `-- CMD` gateway is [`command`]'s.
+mod checkpoints;
 mod command;
 mod event_loop;
 pub mod pipeline;
@@ -35,12 +36,14 @@ use crate::{
     },
     privileges,
     procfs::{self, Stat, boottime_now},
+    state::{self, StateDir},
     stream::{
         Stamped,
-        events::{Check, Event, Ready, SCHEMA_VERSION},
+        events::{Check, Event, Ready, Resumed, SCHEMA_VERSION},
     },
     text::Args,
 };
+use checkpoints::Checkpoints;
 use command::{GatewayCommand, exit_code, spawn_gateway};
 use event_loop::{Kernel, Sources, drain, event_loop};
 use pipeline::Pipeline;
@@ -79,6 +82,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
         .collect::<Result<Vec<_>>>()?;
     let mut selectors = Selectors::from_cli(&cli)?;
     selectors.check_pidfiles()?;
+    // A state that cannot be taken back stops the run before the kernel is touched.
+    let traced = traced(&cli, &selectors);
+    let state = cli.state_dir.as_deref().map(StateDir::open).transpose()?;
+    let checkpoint = match &state {
+        Some(dir) => dir.load()?,
+        None => None,
+    };
+    if let (Some(dir), Some(checkpoint)) = (&state, &checkpoint) {
+        state::check(checkpoint, dir.path(), &traced)?;
+    }
     let output = output_for(&cli, t0)?;
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
     let started = std::time::Instant::now();
@@ -123,6 +136,19 @@ pub async fn run(cli: Cli) -> Result<i32> {
     };
     let mut run = Pipeline::new(graph, output, inspect, killer, selectors.labels());
 
+    // The lineage of the run before first: /proc then adds only what is new.
+    let resumed = match (&state, checkpoint) {
+        (Some(dir), Some(checkpoint)) => {
+            let took = run.resume(&checkpoint.nodes, &mut probes.tracked)?;
+            Some(Resumed {
+                state_dir: dir.path().display().to_string(),
+                gap_ns: t0.saturating_sub(checkpoint.written),
+                adopted: took.adopted,
+                gone: took.gone,
+            })
+        }
+        _ => None,
+    };
     // The kernel looks for new gateways from here on; then /proc for those already running.
     selectors.arm(&mut probes.selector_maps)?;
     let mut gateways: Vec<(usize, Stat)> = pid_gateways
@@ -134,7 +160,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             gateways.push((selector, stat));
         }
     }
-    let gone = adopt(&gateways, &mut probes.tracked, &mut run)?;
+    let roots = run.alive_pids();
+    let gone = adopt(&gateways, &roots, &mut probes.tracked, &mut run)?;
     if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
         bail!("--gateway-pid {pid}: the process exited during start-up");
     }
@@ -162,6 +189,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         tracked: probes.tracked.keys().count(),
         setsid_hook: probes.setsid_hook.name().into(),
         kernel: probes.features.release.clone(),
+        resumed,
     });
     let ready_at = boottime_now();
     run.output().set_t0(ready_at);
@@ -182,12 +210,17 @@ pub async fn run(cli: Cli) -> Result<i32> {
             status: None,
         },
         kill_reports,
+        checkpoints: match state {
+            Some(dir) => Some(Checkpoints::new(dir, traced, state::boot_id()?)),
+            None => None,
+        },
     };
     let stop = event_loop(&cli, &mut selectors, &mut run, &mut sources).await?;
     let Sources {
         mut ring,
         mut command,
         mut kill_reports,
+        mut checkpoints,
         ..
     } = sources;
     // Like timeout(1): a run that ends while CMD runs ends CMD too (not its descendants:
@@ -207,6 +240,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
     run.scan_leaks()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
         run.report_kill(r)?;
+    }
+    if let Some(checkpoints) = checkpoints.as_mut() {
+        checkpoints.write(&mut run)?;
     }
     let gateway_code = command.status.map(exit_code);
     let mut status = gateway_code.unwrap_or(0);
@@ -236,6 +272,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
     Ok(status)
 }
 
+/// What the run traces, by name, for a lineage checkpoint: its `--gateway-pid`s and its
+/// selectors. The next run must trace the same to take the lineage back.
+fn traced(cli: &Cli, selectors: &Selectors) -> Vec<String> {
+    let pids = cli.gateway_pid.iter().map(|pid| format!("pid:{pid}"));
+    let configured = selectors.labels().into_iter().skip(Selectors::COMMAND + 1);
+    pids.chain(configured).collect()
+}
+
 /// Makes the pid of each rewritten pidfile a gateway (with what it already spawned, from
 /// /proc). A pidfile that names no live process, or holds no pid, is reported and waited on.
 pub(super) fn follow_pidfiles(
@@ -257,20 +301,22 @@ pub(super) fn follow_pidfiles(
                 continue;
             }
         };
-        adopt(&[(selector, stat)], tracked, run)?;
+        adopt(&[(selector, stat)], &[], tracked, run)?;
     }
     Ok(())
 }
 
-/// Tracks gateways found in /proc (with the selector that found each) and what they already
-/// spawned, and announces each. Returns the pids of those that exited meanwhile.
+/// Tracks gateways found in /proc (with the selector that found each) and what they and
+/// `roots` (processes already tracked) spawned, and announces each gateway. Returns the pids
+/// of those that exited meanwhile.
 fn adopt(
     gateways: &[(usize, Stat)],
+    roots: &[u32],
     tracked: &mut TrackedMap,
     run: &mut Pipeline,
 ) -> Result<Vec<u32>> {
     let stats: Vec<Stat> = gateways.iter().map(|(_, s)| s.clone()).collect();
-    let seeds = seed::seed(tracked, &stats)?;
+    let seeds = seed::seed(tracked, &stats, roots)?;
     run.add_seeds(seeds)?;
     let mut gone = Vec::new();
     for (selector, stat) in gateways {

@@ -30,6 +30,9 @@ use crate::stream::Stamped;
 use crate::stream::events::Event;
 use crate::text::Args;
 
+mod resume;
+pub use resume::Resumed;
+
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
 

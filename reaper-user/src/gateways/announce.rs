@@ -107,6 +107,11 @@ impl Announcer {
         Some(Stamped::new(ts, ev))
     }
 
+    /// A gateway taken back from a lineage checkpoint: the run that found it announced it.
+    pub fn adopted(&mut self, id: NodeId) {
+        self.announced.insert(id);
+    }
+
     /// The gateway pids known so far, with the one not forked yet (for `ready`).
     pub fn pids(&self, graph: &LineageGraph) -> Vec<u32> {
         let mut pids: Vec<u32> = graph.gateways().map(|n| n.pid).collect();

@@ -449,6 +449,7 @@ impl LineageGraph {
 
 mod chain;
 mod events;
+pub mod saved;
 pub mod slab;
 #[cfg(test)]
 mod tests;

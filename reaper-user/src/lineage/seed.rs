@@ -44,7 +44,7 @@ pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
 
 /// Puts `stat`'s process in the tracked map, then checks it is still the same process; a
 /// process that exited in between is taken out again (its pid could be reused).
-fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
+pub fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {
     // An entry for a dead process that was not removed yet is replaced below.
     if let Ok(entry) = map.get(&stat.pid, 0)
         && (entry.start == 0 || Start::Exact(entry.start).ticks() == stat.start_ticks)
@@ -80,11 +80,12 @@ pub fn seed_of(stat: &Stat, is_gateway: bool) -> Seed {
     }
 }
 
-/// Tracks the gateways and all their current descendants (by parent pid). Returns them,
-/// parents before children; a gateway that exited meanwhile is not among them.
-pub fn seed(map: &mut TrackedMap, gateways: &[Stat]) -> Result<Vec<Seed>> {
+/// Tracks the gateways and all their current descendants (by parent pid), and those of
+/// `roots` (processes the run already tracks: a checkpoint's). Returns the new ones, parents
+/// before children; a gateway that exited meanwhile is not among them.
+pub fn seed(map: &mut TrackedMap, gateways: &[Stat], roots: &[u32]) -> Result<Vec<Seed>> {
     let mut seeds = Vec::new();
-    let mut known: HashSet<u32> = HashSet::new();
+    let mut known: HashSet<u32> = roots.iter().copied().collect();
     for gw in gateways {
         if track(map, gw)? {
             known.insert(gw.pid);

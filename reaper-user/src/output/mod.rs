@@ -109,6 +109,12 @@ impl Output {
         Ok(())
     }
 
+    /// How many events were written so far: every change to the lineage is one, so a
+    /// checkpoint is due only when this moved.
+    pub fn written(&self) -> u64 {
+        self.seq
+    }
+
     /// Whether people see a line for this event.
     fn shows(&self, body: &Event) -> bool {
         self.human.is_some() && (!self.findings_only || body.is_finding())

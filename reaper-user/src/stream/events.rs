@@ -26,7 +26,9 @@ mod process;
 mod run;
 pub use findings::{Check, Cleared, Flag, Kill, LeakedProcess};
 pub use process::{Exec, Exit, Fork, Reaped, Reparent, Setsid, Snapshot};
-pub use run::{AliveProcess, Delivery, Gateway, Latency, Lost, Name, Ready, StopCommand, Summary};
+pub use run::{
+    AliveProcess, Delivery, Gateway, Latency, Lost, Name, Ready, Resumed, StopCommand, Summary,
+};
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.

@@ -1,4 +1,5 @@
 //! The lineage graph's rules, one scenario each.
+use super::saved::Restored;
 use super::*;
 use crate::capture::decode::{KernelEvent, What};
 
@@ -306,4 +307,56 @@ fn kept_counts_follow_every_state_change() {
     g.set_gateway(id);
     assert_counts(&g);
     assert_eq!((g.live_count(), g.zombie_count()), (1, 5));
+}
+
+#[test]
+fn a_saved_lineage_comes_back_through_a_dead_ancestor_and_forgets_dead_leaves() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let a = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    node_of(g.apply(&fork(300, 6_000, 200, 200)));
+    node_of(g.apply(&fork(400, 7_000, 100, 100)));
+    // A exits (its child lives on); the other child exits and is reaped.
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+    g.apply(&ev(2, 400, 7_000, What::Exit { status: 0 }));
+    g.apply(&ev(3, 400, 7_000, What::Free));
+    assert!(g.node(a).is_some_and(|n| !n.alive()));
+    let saved = g.save();
+    let pids: Vec<u32> = saved.iter().map(|s| s.pid).collect();
+    assert_eq!(
+        pids,
+        [100, 200, 300],
+        "live processes and their ancestors, spawners first"
+    );
+
+    // The next run: the gateway is gone since, the grandchild still runs.
+    let mut next = LineageGraph::new(100);
+    let restored = next.restore(&saved, |pid, _| pid == 300, 9_000);
+    assert_eq!(restored.alive.len(), 1);
+    assert_eq!(restored.gone.len(), 1, "the gateway, alive at the save");
+    let c = restored.alive[0];
+    assert_eq!(next.lineage(c), [100, 200, 300], "the lineage survives");
+    assert_eq!(next.node(c).unwrap().comm, Comm::from_c(b"c"));
+    assert_eq!(next.live_count(), 1);
+    assert_eq!(next.zombie_count(), 0, "the dead are not zombies");
+    let a = next.current(200).unwrap();
+    assert_eq!(
+        a.exited.map(|e| e.ts),
+        Some(1_000),
+        "A's exit as the run before saw it"
+    );
+    let gw = next.current(100).unwrap();
+    assert_eq!(
+        gw.exited.map(|e| (e.ts, e.status)),
+        Some((9_000, None)),
+        "an exit no run saw"
+    );
+
+    // Nothing alive any more: nothing comes back.
+    let mut empty = LineageGraph::new(100);
+    assert_eq!(
+        empty.restore(&saved, |_, _| false, 9_000),
+        Restored::default()
+    );
+    assert!(empty.is_empty());
 }

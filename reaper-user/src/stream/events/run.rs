@@ -39,6 +39,24 @@ pub struct Ready {
     pub setsid_hook: Name,
     /// The running kernel's release (`uname -r`).
     pub kernel: String,
+    /// With `--state-dir`, when the run took back the lineage of the run before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Resumed>,
+}
+
+/// A run that took back the lineage of the run before (`--state-dir`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Resumed {
+    /// The state directory.
+    pub state_dir: String,
+    /// Boot-time ns from the checkpoint to this run's start: no run watched in between, so
+    /// what happened then was read from /proc.
+    pub gap_ns: u64,
+    /// Processes alive again, with their lineage.
+    pub adopted: usize,
+    /// Processes alive at the checkpoint and gone since (exits no run saw).
+    pub gone: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

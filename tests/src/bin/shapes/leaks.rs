@@ -1,6 +1,6 @@
 //! Leak shapes, one per rule: orphaned, in a pid namespace, idle, killed by an agent, deaf,
 //! zombies.
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -26,6 +26,46 @@ pub(crate) fn leak_orphan(truth: &str) -> Value {
     wait_for(a);
     hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
     json!({ "a": a, "b": b, "write_fd": wr })
+}
+
+/// Orphaned while no reaper-trace runs (the restart tests): A forks B, which calls setsid()
+/// and reads the read end of the gateway's pipe; A exits only once `RELEASE.a` exists (the
+/// test makes it between two runs), which reparents B. The gateway holds the write end until
+/// released, then closes it (B reads EOF and exits).
+pub(crate) fn orphan_later(truth: &str) -> Value {
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let a_release = format!(
+        "{}.a",
+        std::env::var("REAPER_SHAPES_RELEASE").unwrap_or_default()
+    );
+    let a = fork_then(move || {
+        let b = fork_then(move || {
+            // SAFETY: plain syscalls in the child.
+            unsafe { libc::setsid() };
+            as_stdin(rd);
+            for fd in [rd, wr, prd, pwr] {
+                // SAFETY: closing the child's copies.
+                unsafe { libc::close(fd) };
+            }
+            read_stdin_to_eof();
+            0
+        });
+        send_pid(pwr, b);
+        let cap = Instant::now() + patience();
+        while !std::path::Path::new(&a_release).exists() && Instant::now() < cap {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        0
+    });
+    let b = recv_pid(prd);
+    let found = json!({ "a": a, "b": b });
+    write_truth(truth, &found);
+    hold_the_write_end(truth, (rd, wr), found.clone());
+    wait_for(a);
+    found
 }
 
 /// Orphaned inside a pid namespace: A unshares a new pid namespace and forks B, its init (pid 1

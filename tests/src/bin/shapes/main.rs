@@ -45,6 +45,7 @@ fn main() {
         ),
         "tree" => tree(truth),
         "leak-orphan" => leak_orphan(truth),
+        "orphan-later" => orphan_later(truth),
         "leak-idle" => leak_idle(truth),
         "leak-agent-kill" => leak_agent_kill(truth),
         "leak-deaf" => leak_deaf(truth),

@@ -1,0 +1,198 @@
+//! `--state-dir DIR`: the run's lineage kept across restarts. What the graph knows that the
+//! kernel and /proc do not (the spawner of every live process, through dead ancestors; names
+//! and command lines; which processes are gateways) is written to `DIR/lineage.json`
+//! atomically every [`CHECKPOINT_EVERY`] and at the stop, and the next run with the same DIR
+//! takes it back. A checkpoint is refused, with a message naming `--release-state`, when it
+//! comes from another boot, another set of selectors or another format.
+use std::{
+    fs::{self, File, OpenOptions},
+    io::Write,
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::lineage::graph::saved::SavedNode;
+
+/// The checkpoint's layout version: a run takes back only its own.
+pub const FORMAT: u32 = 1;
+/// How often the lineage is written while the run goes on: what a crash can lose at most.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+const CHECKPOINT: &str = "lineage.json";
+
+/// One checkpoint.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub format: u32,
+    /// `/proc/sys/kernel/random/boot_id`: pids and start times mean nothing after a reboot.
+    pub boot_id: String,
+    /// The run's selectors, by name: the next run must trace the same.
+    pub selectors: Vec<String>,
+    /// Boot-time ns when it was written.
+    pub written: u64,
+    pub nodes: Vec<SavedNode>,
+}
+
+/// A state directory: made 0700 if missing, refused if another user owns it or others may
+/// write to it (a checkpoint decides what is traced and flagged).
+pub struct StateDir {
+    path: PathBuf,
+}
+
+impl StateDir {
+    pub fn open(path: &Path) -> Result<StateDir> {
+        match fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(path)
+                    .with_context(|| format!("--state-dir {}: creating it", path.display()))?;
+            }
+            Err(e) => bail!("--state-dir {}: {e}", path.display()),
+            Ok(meta) => {
+                if !meta.is_dir() {
+                    bail!("--state-dir {}: not a directory", path.display());
+                }
+                // SAFETY: plain syscall.
+                let me = unsafe { libc::geteuid() };
+                if meta.uid() != me {
+                    bail!(
+                        "--state-dir {}: owned by uid {}, not by reaper-trace's user ({me})",
+                        path.display(),
+                        meta.uid()
+                    );
+                }
+                if meta.permissions().mode() & 0o022 != 0 {
+                    bail!(
+                        "--state-dir {}: writable by group or others (mode {:o}); \
+                         chmod 700 it",
+                        path.display(),
+                        meta.permissions().mode() & 0o777
+                    );
+                }
+            }
+        }
+        Ok(StateDir {
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The checkpoint, if one was written.
+    pub fn load(&self) -> Result<Option<Checkpoint>> {
+        let file = self.path.join(CHECKPOINT);
+        let text = match fs::read(&file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.with_context(|| format!("reading {}", file.display()))?,
+        };
+        let checkpoint = serde_json::from_slice(&text).with_context(|| {
+            format!(
+                "{}: not a lineage checkpoint this build can read; \
+                 `reaper-trace --release-state {}` removes it",
+                file.display(),
+                self.path.display()
+            )
+        })?;
+        Ok(Some(checkpoint))
+    }
+
+    /// Writes `checkpoint` whole or not at all: a new file, synced, renamed over the old one.
+    pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let file = self.path.join(CHECKPOINT);
+        let tmp = self.path.join(format!("{CHECKPOINT}.tmp"));
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        let text = serde_json::to_vec(checkpoint)?;
+        out.write_all(&text)
+            .and_then(|()| out.sync_all())
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, &file).with_context(|| format!("replacing {}", file.display()))?;
+        File::open(&self.path)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing {}", self.path.display()))?;
+        Ok(())
+    }
+}
+
+/// Whether `checkpoint` may be taken back by a run of `selectors` on this boot.
+pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Result<()> {
+    let release = format!(
+        "`reaper-trace --release-state {}` removes it",
+        dir.display()
+    );
+    if checkpoint.format != FORMAT {
+        bail!(
+            "--state-dir {}: a checkpoint of format {} (this build reads {FORMAT}); {release}",
+            dir.display(),
+            checkpoint.format
+        );
+    }
+    if checkpoint.boot_id != boot_id()? {
+        bail!(
+            "--state-dir {}: the checkpoint is from another boot; {release}",
+            dir.display()
+        );
+    }
+    let (mut saved, mut now) = (checkpoint.selectors.clone(), selectors.to_vec());
+    saved.sort();
+    now.sort();
+    if saved != now {
+        bail!(
+            "--state-dir {}: the checkpoint traced {}, this run traces {}; {release}",
+            dir.display(),
+            saved.join(", "),
+            now.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// This boot's id.
+pub fn boot_id() -> Result<String> {
+    let id = fs::read_to_string("/proc/sys/kernel/random/boot_id").context("reading boot_id")?;
+    Ok(id.trim().to_owned())
+}
+
+/// `--release-state DIR`: removes what `--state-dir DIR` kept. Returns what was removed.
+pub fn release(path: &Path) -> Result<String> {
+    let dir = StateDir::open_existing(path)?;
+    let mut removed = Vec::new();
+    for name in [CHECKPOINT, &format!("{CHECKPOINT}.tmp")] {
+        let file = dir.path.join(name);
+        match fs::remove_file(&file) {
+            Ok(()) => removed.push(file.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => bail!("removing {}: {e}", file.display()),
+        }
+    }
+    if removed.is_empty() {
+        bail!("--release-state {}: no state kept there", path.display());
+    }
+    // The directory goes too when nothing else is in it (a unit's StateDirectory may hold it).
+    let _ = fs::remove_dir(&dir.path);
+    Ok(removed.join(", "))
+}
+
+impl StateDir {
+    fn open_existing(path: &Path) -> Result<StateDir> {
+        if !path.is_dir() {
+            bail!("--release-state {}: no such directory", path.display());
+        }
+        StateDir::open(path)
+    }
+}
+
+#[cfg(test)]
+mod tests;

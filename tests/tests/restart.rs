@@ -1,0 +1,221 @@
+//! A run's lineage across its own restarts (`--state-dir`): a helper that escaped and was
+//! reparented while no reaper-trace ran is still its gateway's descendant in the next run,
+//! whether the run before was stopped (SIGTERM: the checkpoint written at the stop) or killed
+//! (SIGKILL: the one written every second). Needs root (see `require_root`).
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use reaper_tests::{
+    Then, flag, patience, pid, read_json, reaper_trace, require_root, run_reaper_until, scratch,
+    shapes, wait_for_file,
+};
+use serde_json::Value;
+
+/// Waits for `done` (asked every 10 ms), or fails after the tests' patience saying `what`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < patience(),
+            "waited {:?} for {what}",
+            patience()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The pids a lineage checkpoint holds.
+fn checkpointed(state: &Path) -> Vec<u64> {
+    let Ok(text) = std::fs::read(state.join("lineage.json")) else {
+        return Vec::new();
+    };
+    let checkpoint: Value = serde_json::from_slice(&text).expect("a checkpoint is JSON");
+    checkpoint["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| pid(&n["pid"]))
+        .collect()
+}
+
+fn parent_of(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
+/// The first run: traces the gateway `gw` until its checkpoint holds `helper`, then is ended
+/// by `signal`. Returns its stream.
+fn first_run(gw: u64, state: &Path, out: &Path, helper: u64, signal: i32) -> String {
+    let mut first: Child = Command::new(reaper_trace())
+        .args(["--quiet", "--gateway-pid", &gw.to_string(), "--state-dir"])
+        .arg(state)
+        .arg("--output")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run reaper-trace");
+    wait_until("the first run's checkpoint to hold the helper", || {
+        checkpointed(state).contains(&helper)
+    });
+    // SAFETY: a plain signal to the child this test started.
+    unsafe { libc::kill(first.id() as i32, signal) };
+    first.wait().expect("wait for the first run");
+    std::fs::read_to_string(out).expect("the first run's stream")
+}
+
+fn the_lineage_survives(test: &str, signal: i32) {
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let (state, truth, release) = (
+        dir.join("state"),
+        dir.join("truth.json"),
+        dir.join("release"),
+    );
+    let mut gateway = Command::new(shapes())
+        .arg("orphan-later")
+        .arg(&truth)
+        .env("REAPER_SHAPES_RELEASE", &release)
+        .env(
+            "REAPER_SHAPES_HOLD_CAP_SECS",
+            patience().as_secs().to_string(),
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start the gateway");
+    wait_for_file(&truth, patience());
+    let found = read_json(&truth);
+    let (gw, a, b) = (u64::from(gateway.id()), pid(&found["a"]), pid(&found["b"]));
+
+    let first = first_run(gw, &state, &dir.join("first.ndjson"), b, signal);
+    // While no run watches: A exits, and B is reparented.
+    std::fs::write(format!("{}.a", release.display()), b"").expect("release A");
+    wait_until("the helper to be reparented", || parent_of(b) != Some(a));
+
+    let second = run_reaper_until(
+        &[
+            "--gateway-pid",
+            &gw.to_string(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+        &release,
+        ("the helper flagged orphaned", Then::Release),
+        |events| {
+            events
+                .iter()
+                .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned")
+        },
+    );
+    gateway.wait().expect("wait for the gateway");
+    let orphaned = flag(&second, b, "orphaned");
+    assert_eq!(
+        orphaned["lineage"],
+        serde_json::json!([gw, a, b]),
+        "the whole lineage, though A exited and B was reparented while no run watched:\n\
+         first run:\n{first}\nsecond run's flag: {orphaned}"
+    );
+    let ready = &second.all("ready")[0];
+    assert!(ready["resumed"]["adopted"].as_u64() >= Some(2), "{ready}");
+    assert!(ready["resumed"]["gone"].as_u64() >= Some(1), "{ready}");
+    // What the first run announced is not announced again.
+    for kind in ["snapshot", "gateway"] {
+        let again: Vec<&Value> = second
+            .all(kind)
+            .into_iter()
+            .filter(|e| [gw, b].contains(&pid(&e["pid"])))
+            .collect();
+        assert!(again.is_empty(), "{kind} again: {again:?}");
+    }
+    let reparent = second.one("reparent", b);
+    assert_eq!(pid(&reparent["old_ppid"]), a, "{reparent}");
+    if signal == libc::SIGTERM {
+        assert!(
+            first.contains("\"event\":\"summary\""),
+            "stopped cleanly:\n{first}"
+        );
+    }
+    // --release-state leaves nothing behind.
+    let released = Command::new(reaper_trace())
+        .arg("--release-state")
+        .arg(&state)
+        .output()
+        .expect("run --release-state");
+    assert!(released.status.success(), "{released:?}");
+    assert!(!state.exists(), "the state dir is gone");
+}
+
+#[test]
+fn a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_stop() {
+    the_lineage_survives(
+        "a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_stop",
+        libc::SIGTERM,
+    );
+}
+
+#[test]
+fn a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_crash() {
+    the_lineage_survives(
+        "a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_crash",
+        libc::SIGKILL,
+    );
+}
+
+#[test]
+fn a_state_from_other_selectors_is_refused_naming_release_state() {
+    let test = "a_state_from_other_selectors_is_refused_naming_release_state";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let state = dir.join("state");
+    // A checkpoint of a run that traced `sleep`'s pid, then a run for another pid.
+    let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
+    let mut other = Command::new("sleep").arg("600").spawn().expect("sleep");
+    let out = dir.join("first.ndjson");
+    let mut first = Command::new(reaper_trace())
+        .args([
+            "--quiet",
+            "--gateway-pid",
+            &sleeper.id().to_string(),
+            "--state-dir",
+        ])
+        .arg(&state)
+        .arg("--output")
+        .arg(&out)
+        .spawn()
+        .expect("run reaper-trace");
+    wait_until("the first checkpoint", || {
+        checkpointed(&state).contains(&u64::from(sleeper.id()))
+    });
+    // SAFETY: a plain signal to the child this test started.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    first.wait().expect("wait for the first run");
+    let refused = Command::new(reaper_trace())
+        .args([
+            "--quiet",
+            "--gateway-pid",
+            &other.id().to_string(),
+            "--state-dir",
+        ])
+        .arg(&state)
+        .output()
+        .expect("run reaper-trace");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--release-state") && stderr.contains(&format!("pid:{}", sleeper.id())),
+        "{stderr}"
+    );
+    assert!(refused.stdout.is_empty(), "nothing traced");
+    for child in [&mut sleeper, &mut other] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
