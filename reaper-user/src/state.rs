@@ -38,6 +38,7 @@ pub struct Checkpoint {
 
 /// A state directory: made 0700 if missing, refused if another user owns it or others may
 /// write to it (a checkpoint decides what is traced and flagged).
+#[derive(Clone, Debug)]
 pub struct StateDir {
     path: PathBuf,
 }
@@ -103,8 +104,14 @@ impl StateDir {
         Ok(Some(checkpoint))
     }
 
-    /// Writes `checkpoint` whole or not at all: a new file, synced, renamed over the old one.
+    /// Writes `checkpoint` whole or not at all (see [`StateDir::write`]).
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.write(&serde_json::to_vec(checkpoint)?)
+    }
+
+    /// Writes an encoded checkpoint whole or not at all: a new file, synced, renamed over the
+    /// old one, the directory synced.
+    pub fn write(&self, text: &[u8]) -> Result<()> {
         let file = self.path.join(CHECKPOINT);
         let tmp = self.path.join(format!("{CHECKPOINT}.tmp"));
         let mut out = OpenOptions::new()
@@ -114,8 +121,7 @@ impl StateDir {
             .mode(0o600)
             .open(&tmp)
             .with_context(|| format!("writing {}", tmp.display()))?;
-        let text = serde_json::to_vec(checkpoint)?;
-        out.write_all(&text)
+        out.write_all(text)
             .and_then(|()| out.sync_all())
             .with_context(|| format!("writing {}", tmp.display()))?;
         fs::rename(&tmp, &file).with_context(|| format!("replacing {}", file.display()))?;

@@ -122,3 +122,32 @@ fn command_line_shapes() {
     );
     assert_eq!(parse_kill_reasons("idle").unwrap().0, [Reason::Idle]);
 }
+
+#[test]
+fn state_options() {
+    let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.validate());
+    assert_eq!(
+        parse(&["reaper-trace", "--release-state", "/s"]).unwrap(),
+        Ok(())
+    );
+    let err = parse(&[
+        "reaper-trace",
+        "--release-state",
+        "/s",
+        "--gateway-pid",
+        "7",
+    ])
+    .unwrap();
+    assert!(err.unwrap_err().contains("traces nothing"));
+    assert!(
+        parse(&["reaper-trace", "--release-state", "/s", "--state-dir", "/s"]).is_err(),
+        "one or the other"
+    );
+    let ok = parse(&["reaper-trace", "--gateway-pid", "7", "--state-dir", "/s"]).unwrap();
+    assert_eq!(ok, Ok(()));
+    let err = parse(&["reaper-trace", "--state-dir", "/s", "--", "sh"]).unwrap();
+    assert!(
+        err.unwrap_err()
+            .contains("a `-- CMD` run ends with its command")
+    );
+}

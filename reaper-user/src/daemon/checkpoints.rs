@@ -1,8 +1,11 @@
 //! The lineage checkpoint's writer (`--state-dir`): every [`CHECKPOINT_EVERY`] on the
-//! housekeeping tick, and once at the stop after the last record was taken in.
+//! housekeeping tick while the lineage changes, and once at the stop after the last record was
+//! taken in. The loop only encodes it; the file is written and synced on a thread of its own,
+//! one at a time, so a slow disk never holds up the ring's reader.
+use std::thread::JoinHandle;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 
 use super::pipeline::Pipeline;
 use crate::procfs::boottime_now;
@@ -14,8 +17,10 @@ pub(super) struct Checkpoints {
     selectors: Vec<String>,
     boot_id: String,
     last: Instant,
-    /// Events written when the last one was (see [`crate::output::Output::written`]).
+    /// Events written when the last one was taken (see [`crate::output::Output::written`]).
     written: Option<u64>,
+    /// The write in flight.
+    writing: Option<JoinHandle<Result<()>>>,
 }
 
 impl Checkpoints {
@@ -26,20 +31,36 @@ impl Checkpoints {
             boot_id,
             last: Instant::now(),
             written: None,
+            writing: None,
         }
     }
 
-    /// Writes one if the last is [`CHECKPOINT_EVERY`] old and the lineage changed since.
+    /// Starts writing one if the last is [`CHECKPOINT_EVERY`] old, the lineage changed since
+    /// and the last write is done.
     pub(super) fn due(&mut self, run: &mut Pipeline) -> Result<()> {
         let changed = self.written != Some(run.output().written());
-        match changed && self.last.elapsed() >= CHECKPOINT_EVERY {
-            true => self.write(run),
-            false => Ok(()),
+        if !changed || self.last.elapsed() < CHECKPOINT_EVERY {
+            return Ok(());
         }
+        if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
+            return Ok(());
+        }
+        self.finish()?;
+        let (dir, text) = (self.dir.clone(), self.encode(run)?);
+        self.writing = Some(std::thread::spawn(move || dir.write(&text)));
+        Ok(())
     }
 
+    /// The last one, at the stop: written before this returns.
     pub(super) fn write(&mut self, run: &mut Pipeline) -> Result<()> {
+        self.finish()?;
+        let text = self.encode(run)?;
+        self.dir.write(&text)
+    }
+
+    fn encode(&mut self, run: &mut Pipeline) -> Result<Vec<u8>> {
         self.written = Some(run.output().written());
+        self.last = Instant::now();
         let checkpoint = Checkpoint {
             format: FORMAT,
             boot_id: self.boot_id.clone(),
@@ -47,10 +68,17 @@ impl Checkpoints {
             written: boottime_now(),
             nodes: run.saved(),
         };
-        self.dir
-            .save(&checkpoint)
-            .context("writing the lineage checkpoint (--state-dir)")?;
-        self.last = Instant::now();
-        Ok(())
+        Ok(serde_json::to_vec(&checkpoint)?)
+    }
+
+    /// Waits for the write in flight, if any, and says how it went.
+    fn finish(&mut self) -> Result<()> {
+        match self.writing.take() {
+            Some(w) => w
+                .join()
+                .map_err(|_| anyhow!("the checkpoint writer panicked"))?
+                .context("writing the lineage checkpoint (--state-dir)"),
+            None => Ok(()),
+        }
     }
 }
