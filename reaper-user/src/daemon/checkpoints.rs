@@ -21,6 +21,8 @@ pub(super) struct Checkpoints {
     written: Option<u64>,
     /// The write in flight.
     writing: Option<JoinHandle<Result<()>>>,
+    /// A write failed and was reported; the next success says so.
+    failing: bool,
 }
 
 impl Checkpoints {
@@ -32,30 +34,53 @@ impl Checkpoints {
             last: Instant::now(),
             written: None,
             writing: None,
+            failing: false,
         }
     }
 
     /// Starts writing one if the last is [`CHECKPOINT_EVERY`] old, the lineage changed since
-    /// and the last write is done.
-    pub(super) fn due(&mut self, run: &mut Pipeline) -> Result<()> {
+    /// and the last write is done. A failed write (a full disk) does not stop the audit: it is
+    /// said on stderr, once until a write succeeds again, and the next one is tried.
+    pub(super) fn due(&mut self, run: &mut Pipeline) {
         let changed = self.written != Some(run.output().written());
         if !changed || self.last.elapsed() < CHECKPOINT_EVERY {
-            return Ok(());
+            return;
         }
         if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
-            return Ok(());
+            return;
         }
-        self.finish()?;
-        let (dir, text) = (self.dir.clone(), self.encode(run)?);
-        self.writing = Some(std::thread::spawn(move || dir.write(&text)));
-        Ok(())
+        let done = self.finish();
+        self.report(done);
+        match self.encode(run) {
+            Ok(text) => {
+                let dir = self.dir.clone();
+                self.writing = Some(std::thread::spawn(move || dir.write(&text)));
+            }
+            Err(e) => self.report(Err(e)),
+        }
     }
 
     /// The last one, at the stop: written before this returns.
     pub(super) fn write(&mut self, run: &mut Pipeline) -> Result<()> {
         self.finish()?;
         let text = self.encode(run)?;
-        self.dir.write(&text)
+        self.dir
+            .write(&text)
+            .context("writing the lineage checkpoint (--state-dir)")
+    }
+
+    fn report(&mut self, done: Result<()>) {
+        match (done, self.failing) {
+            (Ok(()), true) => {
+                eprintln!("reaper-trace: the lineage checkpoint is written again");
+                self.failing = false;
+            }
+            (Err(e), false) => {
+                eprintln!("reaper-trace: warning: {e:#}; a restart now would lose what changed");
+                self.failing = true;
+            }
+            _ => {}
+        }
     }
 
     fn encode(&mut self, run: &mut Pipeline) -> Result<Vec<u8>> {

@@ -136,7 +136,7 @@ pub(super) async fn event_loop(
                 run.keep_exact(losses, kernel.tracked)?;
                 follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
                 if let Some(checkpoints) = checkpoints.as_mut() {
-                    checkpoints.due(run)?;
+                    checkpoints.due(run);
                 }
                 house.as_mut().reset(Instant::now() + HOUSEKEEPING);
                 reparent_retry = false;

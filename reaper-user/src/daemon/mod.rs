@@ -241,9 +241,6 @@ pub async fn run(cli: Cli) -> Result<i32> {
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
         run.report_kill(r)?;
     }
-    if let Some(checkpoints) = checkpoints.as_mut() {
-        checkpoints.write(&mut run)?;
-    }
     let gateway_code = command.status.map(exit_code);
     let mut status = gateway_code.unwrap_or(0);
     if cli.check {
@@ -269,6 +266,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
     }
     run.close(&probes.counters, gateway_code)?;
+    // After the summary: a checkpoint that cannot be written does not cost the audit's end.
+    if let Some(checkpoints) = checkpoints.as_mut() {
+        checkpoints.write(&mut run)?;
+    }
     Ok(status)
 }
 
