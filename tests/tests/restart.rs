@@ -219,3 +219,87 @@ fn a_state_from_other_selectors_is_refused_naming_release_state() {
         let _ = child.wait();
     }
 }
+
+/// Lines of a child's stderr as they come.
+fn lines_of(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stream)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing `text`, printing what came if it never does.
+fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, text: &str) {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while start.elapsed() < patience() {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(100)) {
+            if line.contains(text) {
+                return;
+            }
+            seen.push(line);
+        }
+    }
+    panic!(
+        "no line with {text:?} on stderr; it said:\n{}",
+        seen.join("\n")
+    );
+}
+
+#[test]
+fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_the_audit() {
+    use std::os::unix::fs::PermissionsExt;
+    let test =
+        "a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_the_audit";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let state = dir.join("state");
+    // A gateway whose lineage keeps changing: a child every 100 ms.
+    let mut gateway = Command::new("sh")
+        .args(["-c", "while :; do sleep 0.1; done"])
+        .spawn()
+        .expect("start the gateway");
+    let mut run = Command::new(reaper_trace())
+        .args([
+            "--quiet",
+            "--json",
+            "--gateway-pid",
+            &gateway.id().to_string(),
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run reaper-trace");
+    let stderr = lines_of(run.stderr.take().unwrap());
+    wait_until("the first checkpoint", || {
+        state.join("lineage.json").exists()
+    });
+    // reaper-trace keeps no CAP_DAC_OVERRIDE after attach: its owner's bits bind it too.
+    let mode = |m| std::fs::set_permissions(&state, std::fs::Permissions::from_mode(m));
+    mode(0o500).expect("chmod");
+    wait_for_line(&stderr, "a restart now would lose what changed");
+    mode(0o700).expect("chmod");
+    wait_for_line(&stderr, "the lineage checkpoint is written again");
+    // SAFETY: a plain signal to the child this test started.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let status = run.wait().expect("wait for reaper-trace");
+    assert!(
+        status.success(),
+        "the audit went on and ended well: {status:?}"
+    );
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
