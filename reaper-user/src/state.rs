@@ -2,8 +2,9 @@
 //! kernel and /proc do not (the spawner of every live process, through dead ancestors; names
 //! and command lines; which processes are gateways) is written to `DIR/lineage.json`
 //! atomically every [`CHECKPOINT_EVERY`] and at the stop, and the next run with the same DIR
-//! takes it back. A checkpoint is refused, with a message naming `--release-state`, when it
-//! comes from another boot, another set of selectors or another format.
+//! takes it back. A checkpoint of other gateways or another format is refused, with a message
+//! naming `--release-state`; one from another boot is left for the next to replace (nothing in
+//! it can still run), with a notice.
 use std::{
     fs::{self, File, OpenOptions},
     io::Write,
@@ -132,8 +133,20 @@ impl StateDir {
     }
 }
 
-/// Whether `checkpoint` may be taken back by a run of `selectors` on this boot.
-pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Result<()> {
+/// What a run does with the checkpoint it found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Take it back.
+    Adopt,
+    /// Leave it (the next checkpoint replaces it), saying why: it is from another boot, so
+    /// nothing in it can still run (a service's state after every reboot).
+    Stale(String),
+}
+
+/// Whether `checkpoint` may be taken back by a run of `selectors` on this boot. Another
+/// format, or other gateways, are refused with a message naming `--release-state`: taking a
+/// state back must never widen what is traced, nor misread what it says.
+pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Result<Verdict> {
     let release = format!(
         "`reaper-trace --release-state {}` removes it",
         dir.display()
@@ -143,12 +156,6 @@ pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Resul
             "--state-dir {}: a checkpoint of format {} (this build reads {FORMAT}); {release}",
             dir.display(),
             checkpoint.format
-        );
-    }
-    if checkpoint.boot_id != boot_id()? {
-        bail!(
-            "--state-dir {}: the checkpoint is from another boot; {release}",
-            dir.display()
         );
     }
     let (mut saved, mut now) = (checkpoint.selectors.clone(), selectors.to_vec());
@@ -162,7 +169,14 @@ pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Resul
             now.join(", ")
         );
     }
-    Ok(())
+    if checkpoint.boot_id != boot_id()? {
+        return Ok(Verdict::Stale(format!(
+            "--state-dir {}: the checkpoint is from another boot, so nothing in it still runs; \
+             starting afresh",
+            dir.display()
+        )));
+    }
+    Ok(Verdict::Adopt)
 }
 
 /// This boot's id.

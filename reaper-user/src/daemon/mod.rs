@@ -85,12 +85,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // A state that cannot be taken back stops the run before the kernel is touched.
     let traced = traced(&cli, &selectors);
     let state = cli.state_dir.as_deref().map(StateDir::open).transpose()?;
-    let checkpoint = match &state {
+    let mut checkpoint = match &state {
         Some(dir) => dir.load()?,
         None => None,
     };
-    if let (Some(dir), Some(checkpoint)) = (&state, &checkpoint) {
-        state::check(checkpoint, dir.path(), &traced)?;
+    if let (Some(dir), Some(found)) = (&state, &checkpoint)
+        && let state::Verdict::Stale(why) = state::check(found, dir.path(), &traced)?
+    {
+        eprintln!("reaper-trace: {why}");
+        checkpoint = None;
     }
     let output = output_for(&cli, t0)?;
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
