@@ -44,7 +44,7 @@ impl Pipeline {
         let restored = self.graph.restore(saved, still_runs, now);
         let mut resumed = Resumed {
             adopted: 0,
-            gone: restored.gone.len(),
+            gone: restored.gone,
         };
         let mut found = Vec::new();
         for id in restored.alive {

@@ -91,8 +91,8 @@ impl From<SavedStart> for Start {
 pub struct Restored {
     /// Alive now, with their lineage: to be tracked again in the kernel.
     pub alive: Vec<NodeId>,
-    /// Alive at the save, gone since (exited while no run watched).
-    pub gone: Vec<NodeId>,
+    /// How many were alive at the save and are gone since (exits no run saw), kept or not.
+    pub gone: usize,
 }
 
 impl LineageGraph {
@@ -160,6 +160,11 @@ impl LineageGraph {
             .iter()
             .map(|s| s.exited.is_none() && alive(s.pid, s.start.into()))
             .collect();
+        let gone = saved
+            .iter()
+            .zip(&alive_now)
+            .filter(|(s, alive)| s.exited.is_none() && !**alive)
+            .count();
         // Which saved nodes a live one descends from (spawners come first, so one backward
         // pass marks every ancestor).
         let mut needed = alive_now.clone();
@@ -171,7 +176,10 @@ impl LineageGraph {
             }
         }
         let mut ids: Vec<Option<NodeId>> = vec![None; saved.len()];
-        let mut out = Restored::default();
+        let mut out = Restored {
+            alive: Vec::new(),
+            gone,
+        };
         let mut dead = Vec::new();
         for (i, s) in saved.iter().enumerate() {
             if !needed[i] {
@@ -203,14 +211,11 @@ impl LineageGraph {
                 (_, true) => out.alive.push(id),
                 (Some((ts, status)), false) => self.set_exited(id, ExitInfo { ts, status }),
                 (None, false) => {
-                    self.set_exited(
-                        id,
-                        ExitInfo {
-                            ts: now,
-                            status: None,
-                        },
-                    );
-                    out.gone.push(id);
+                    let info = ExitInfo {
+                        ts: now,
+                        status: None,
+                    };
+                    self.set_exited(id, info);
                 }
             }
             if !alive_now[i] {
