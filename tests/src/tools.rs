@@ -106,3 +106,36 @@ pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
+
+/// Waits for `done` (asked every 10 ms), or fails after the tests' patience saying `what`.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < patience(),
+            "waited {:?} for {what}",
+            patience()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The pids the lineage checkpoint in `state` (a `--state-dir`) holds; none before the first.
+pub fn checkpointed(state: &std::path::Path) -> Vec<u64> {
+    let Ok(text) = std::fs::read(state.join("lineage.json")) else {
+        return Vec::new();
+    };
+    let checkpoint: Value = serde_json::from_slice(&text).expect("a checkpoint is JSON");
+    checkpoint["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| pid(&n["pid"]))
+        .collect()
+}
+
+/// A process's parent now, from /proc.
+pub fn parent_of(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}

@@ -11,7 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use reaper_tests::{Instance, patience, pid, require_root, scratch, shapes, skip};
+use reaper_tests::{
+    Instance, checkpointed, parent_of, patience, pid, read_json, require_root, scratch, shapes,
+    skip, wait_for_file, wait_until,
+};
 use serde_json::Value;
 
 /// The file this run of `cargo xtask test` made, named by `variable` (never whatever lies in
@@ -100,12 +103,17 @@ fn wait_in(path: &Path, what: &str, proof: impl Fn(&[Value]) -> bool) -> Vec<Val
 
 /// `podman run` as the DaemonSet runs the container: host pid namespace, all capabilities
 /// dropped but the four it lists, no seccomp filter, no privilege escalation, a read-only root,
-/// the host's BTF, root filesystem (read-only, at /host) and a log directory.
+/// the host's BTF, root filesystem (read-only, at /host), a log directory and a state directory.
 ///
 /// Two settings are this test machine's, not the DaemonSet's: `runc` (crun refuses a hybrid
 /// cgroup host) and explicit ulimits (podman's defaults for root exceed what a sandbox without
 /// CAP_SYS_RESOURCE may set).
-fn podman_like_the_daemonset(name: &str, logs: &Path, image: &Path, args: &[&str]) -> Command {
+fn podman_like_the_daemonset(
+    name: &str,
+    (logs, state): (&Path, &Path),
+    image: &Path,
+    args: &[&str],
+) -> Command {
     let mut cmd = Command::new("podman");
     cmd.args(["--runtime", "runc", "run", "-d", "--name", name])
         .args([
@@ -126,6 +134,8 @@ fn podman_like_the_daemonset(name: &str, logs: &Path, image: &Path, args: &[&str
         ])
         .arg("-v")
         .arg(format!("{}:/var/log/reaper", logs.display()))
+        .arg("-v")
+        .arg(format!("{}:/var/lib/reaper-trace", state.display()))
         .arg(format!("oci-archive:{}", image.display()))
         .args(args);
     cmd
@@ -298,8 +308,10 @@ mod installed_artifacts {
             return;
         };
         let dir = scratch(test);
-        let logs = dir.join("logs");
-        std::fs::create_dir_all(&logs).unwrap();
+        let (logs, state) = (dir.join("logs"), dir.join("state"));
+        for d in [&logs, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
         let program = dir.join("bin/hermes");
         std::fs::create_dir_all(program.parent().unwrap()).unwrap();
         std::fs::copy(shapes(), &program).unwrap();
@@ -307,7 +319,7 @@ mod installed_artifacts {
         let name = format!("reaper-dist-test-{}", std::process::id());
         ok(&mut podman_like_the_daemonset(
             &name,
-            &logs,
+            (&logs, &state),
             &image,
             &[
                 "--gateway-exe",
@@ -357,5 +369,87 @@ mod installed_artifacts {
             format!("exe:{selected}"),
             "{announced}"
         );
+    }
+
+    /// The DaemonSet's pod rolled (stopped, a new one started with the same mounts): a helper
+    /// orphaned between the two pods is flagged with its whole lineage by the new one, from
+    /// the lineage the old one kept in the state directory.
+    #[test]
+    fn a_daemonset_roll_keeps_the_lineage_of_a_helper_orphaned_between_the_pods() {
+        let test = "a_daemonset_roll_keeps_the_lineage_of_a_helper_orphaned_between_the_pods";
+        if !require_root(test) {
+            return;
+        }
+        let Some(image) = made_by_this_run(test, "REAPER_DIST_IMAGE") else {
+            return;
+        };
+        let dir = scratch(test);
+        let (logs, state) = (dir.join("logs"), dir.join("state"));
+        for d in [&logs, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let (truth, release) = (dir.join("truth.json"), dir.join("release"));
+        let mut gateway = Command::new(shapes())
+            .arg("orphan-later")
+            .arg(&truth)
+            .env("REAPER_SHAPES_RELEASE", &release)
+            .env(
+                "REAPER_SHAPES_HOLD_CAP_SECS",
+                patience().as_secs().to_string(),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the gateway");
+        wait_for_file(&truth, patience());
+        let found = read_json(&truth);
+        let (gw, a, b) = (u64::from(gateway.id()), pid(&found["a"]), pid(&found["b"]));
+        let gw_arg = gw.to_string();
+        let pod = |n: u32, out: &str| {
+            let name = format!("reaper-roll-{n}-{}", std::process::id());
+            let args = [
+                "--gateway-pid",
+                &gw_arg,
+                "--quiet",
+                "--state-dir",
+                "/var/lib/reaper-trace",
+                "--output",
+                out,
+            ];
+            ok(&mut podman_like_the_daemonset(
+                &name,
+                (&logs, &state),
+                &image,
+                &args,
+            ));
+            Container(name)
+        };
+        let first = pod(1, "/var/log/reaper/first.ndjson");
+        if std::panic::catch_unwind(|| {
+            wait_until("the first pod's checkpoint to hold the helper", || {
+                checkpointed(&state).contains(&b)
+            })
+        })
+        .is_err()
+        {
+            panic!("the first pod never kept the lineage: {}", first.stop());
+        }
+        first.stop();
+        // Between the pods: A exits, B is reparented.
+        std::fs::write(format!("{}.a", release.display()), b"").unwrap();
+        wait_until("the helper to be reparented", || parent_of(b) != Some(a));
+        let second = pod(2, "/var/log/reaper/second.ndjson");
+        let flagged =
+            |e: &Value| e["event"] == "flag" && e["reason"] == "orphaned" && pid(&e["pid"]) == b;
+        let seen = std::panic::catch_unwind(|| {
+            wait_in(&logs.join("second.ndjson"), "the helper's flag", |ev| {
+                ev.iter().any(flagged)
+            })
+        });
+        std::fs::write(&release, b"").unwrap();
+        let said = second.stop();
+        let _ = gateway.wait();
+        let events = seen.unwrap_or_else(|_| panic!("no flag; the second pod said: {said}"));
+        let flag = events.iter().find(|e| flagged(e)).unwrap();
+        assert_eq!(flag["lineage"], serde_json::json!([gw, a, b]), "{flag}");
     }
 }

@@ -9,42 +9,10 @@ use std::{
 };
 
 use reaper_tests::{
-    Then, flag, patience, pid, read_json, reaper_trace, require_root, run_reaper_until, scratch,
-    shapes, wait_for_file,
+    Then, checkpointed, flag, parent_of, patience, pid, read_json, reaper_trace, require_root,
+    run_reaper_until, scratch, shapes, wait_for_file, wait_until,
 };
 use serde_json::Value;
-
-/// Waits for `done` (asked every 10 ms), or fails after the tests' patience saying `what`.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < patience(),
-            "waited {:?} for {what}",
-            patience()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The pids a lineage checkpoint holds.
-fn checkpointed(state: &Path) -> Vec<u64> {
-    let Ok(text) = std::fs::read(state.join("lineage.json")) else {
-        return Vec::new();
-    };
-    let checkpoint: Value = serde_json::from_slice(&text).expect("a checkpoint is JSON");
-    checkpoint["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .map(|n| pid(&n["pid"]))
-        .collect()
-}
-
-fn parent_of(pid: u64) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
-}
 
 /// The first run: traces the gateway `gw` until its checkpoint holds `helper`, then is ended
 /// by `signal`. Returns its stream.
