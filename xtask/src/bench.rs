@@ -14,6 +14,7 @@ mod footprint;
 mod kernel;
 mod loops;
 mod peers;
+mod state;
 
 pub(crate) use footprint::*;
 pub(crate) use kernel::*;
@@ -35,8 +36,8 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 9] = [
-    "overhead", "reader", "hooks", "memory", "idle", "latency", "report", "before", "soak",
+const SECTIONS: [&str; 10] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "state", "report", "before", "soak",
 ];
 
 impl BenchOptions {
@@ -143,6 +144,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("latency") {
         lone_latency(&bins)?;
+    }
+    if wanted("state") {
+        state::restarts(&bins, opts)?;
     }
     if wanted("report") {
         crate::report_bench::run(&bins.reaper, &bins.scratch)?;

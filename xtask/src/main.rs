@@ -48,10 +48,10 @@ commands:
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
         [--before REV]
                    overhead, completeness, reader CPU per traced process, hook cost,
-                   memory, idle CPU, latency and the report on a million-line audit, side
-                   by side with no tracer and with perf, forkstat and bpftrace (sections
-                   for --only: overhead, reader, hooks, memory, idle, latency, report,
-                   before); with --before, this build's reader CPU, cost of tracking and
+                   memory, idle CPU, latency, the lineage checkpoint (restarts) and the
+                   report on a million-line audit, side by side with no tracer and with
+                   perf, forkstat and bpftrace (sections for --only: overhead, reader,
+                   hooks, memory, idle, latency, state, report, before); with --before, this build's reader CPU, cost of tracking and
                    latency against git revision REV's, built from a worktree
   bench --only soak [--soak-mins N]
                    N minutes (default 30) of process churn: reaper-trace's RSS, fds and
