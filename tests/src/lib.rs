@@ -6,12 +6,14 @@ use serde_json::Value;
 
 mod instance;
 mod leaks;
+mod orphan_later;
 mod run;
 mod tools;
 mod until;
 
 pub use instance::*;
 pub use leaks::*;
+pub use orphan_later::*;
 pub use run::*;
 pub use tools::*;
 pub use until::*;

@@ -12,8 +12,8 @@ use std::{
 };
 
 use reaper_tests::{
-    Instance, checkpointed, parent_of, patience, pid, read_json, require_root, scratch, shapes,
-    skip, wait_for_file, wait_until,
+    Instance, OrphanLater, checkpointed, patience, pid, require_root, scratch, shapes, skip,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -388,21 +388,8 @@ mod installed_artifacts {
         for d in [&logs, &state] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let (truth, release) = (dir.join("truth.json"), dir.join("release"));
-        let mut gateway = Command::new(shapes())
-            .arg("orphan-later")
-            .arg(&truth)
-            .env("REAPER_SHAPES_RELEASE", &release)
-            .env(
-                "REAPER_SHAPES_HOLD_CAP_SECS",
-                patience().as_secs().to_string(),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start the gateway");
-        wait_for_file(&truth, patience());
-        let found = read_json(&truth);
-        let (gw, a, b) = (u64::from(gateway.id()), pid(&found["a"]), pid(&found["b"]));
+        let mut gateway = OrphanLater::start(&dir);
+        let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
         let gw_arg = gw.to_string();
         let pod = |n: u32, out: &str| {
             let name = format!("reaper-roll-{n}-{}", std::process::id());
@@ -435,8 +422,7 @@ mod installed_artifacts {
         }
         first.stop();
         // Between the pods: A exits, B is reparented.
-        std::fs::write(format!("{}.a", release.display()), b"").unwrap();
-        wait_until("the helper to be reparented", || parent_of(b) != Some(a));
+        gateway.orphan_b();
         let second = pod(2, "/var/log/reaper/second.ndjson");
         let flagged =
             |e: &Value| e["event"] == "flag" && e["reason"] == "orphaned" && pid(&e["pid"]) == b;
@@ -445,9 +431,8 @@ mod installed_artifacts {
                 ev.iter().any(flagged)
             })
         });
-        std::fs::write(&release, b"").unwrap();
+        gateway.finish();
         let said = second.stop();
-        let _ = gateway.wait();
         let events = seen.unwrap_or_else(|_| panic!("no flag; the second pod said: {said}"));
         let flag = events.iter().find(|e| flagged(e)).unwrap();
         assert_eq!(flag["lineage"], serde_json::json!([gw, a, b]), "{flag}");

@@ -9,8 +9,8 @@ use std::{
 };
 
 use reaper_tests::{
-    Then, checkpointed, flag, parent_of, patience, pid, read_json, reaper_trace, require_root,
-    run_reaper_until, scratch, shapes, wait_for_file, wait_until,
+    OrphanLater, Then, checkpointed, flag, patience, pid, reaper_trace, require_root,
+    run_reaper_until, scratch, wait_until,
 };
 use serde_json::Value;
 
@@ -40,30 +40,12 @@ fn the_lineage_survives(test: &str, signal: i32) {
         return;
     }
     let dir = scratch(test);
-    let (state, truth, release) = (
-        dir.join("state"),
-        dir.join("truth.json"),
-        dir.join("release"),
-    );
-    let mut gateway = Command::new(shapes())
-        .arg("orphan-later")
-        .arg(&truth)
-        .env("REAPER_SHAPES_RELEASE", &release)
-        .env(
-            "REAPER_SHAPES_HOLD_CAP_SECS",
-            patience().as_secs().to_string(),
-        )
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start the gateway");
-    wait_for_file(&truth, patience());
-    let found = read_json(&truth);
-    let (gw, a, b) = (u64::from(gateway.id()), pid(&found["a"]), pid(&found["b"]));
-
+    let state = dir.join("state");
+    let mut gateway = OrphanLater::start(&dir);
+    let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
     let first = first_run(gw, &state, &dir.join("first.ndjson"), b, signal);
     // While no run watches: A exits, and B is reparented.
-    std::fs::write(format!("{}.a", release.display()), b"").expect("release A");
-    wait_until("the helper to be reparented", || parent_of(b) != Some(a));
+    gateway.orphan_b();
 
     let second = run_reaper_until(
         &[
@@ -73,7 +55,7 @@ fn the_lineage_survives(test: &str, signal: i32) {
             state.to_str().unwrap(),
         ],
         &[],
-        &release,
+        gateway.release(),
         ("the helper flagged orphaned", Then::Release),
         |events| {
             events
@@ -81,7 +63,7 @@ fn the_lineage_survives(test: &str, signal: i32) {
                 .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned")
         },
     );
-    gateway.wait().expect("wait for the gateway");
+    gateway.finish();
     let orphaned = flag(&second, b, "orphaned");
     assert_eq!(
         orphaned["lineage"],
