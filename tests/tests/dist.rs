@@ -141,6 +141,21 @@ fn podman_like_the_daemonset(
     cmd
 }
 
+/// What a podman test needs: this run's image, and a scratch directory holding the pod's log
+/// and state directories (as the DaemonSet mounts them); none when the test must be skipped.
+fn pod_setup(test: &str) -> Option<(PathBuf, PathBuf, (PathBuf, PathBuf))> {
+    if !require_root(test) {
+        return None;
+    }
+    let image = made_by_this_run(test, "REAPER_DIST_IMAGE")?;
+    let dir = scratch(test);
+    let (logs, state) = (dir.join("logs"), dir.join("state"));
+    for d in [&logs, &state] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    Some((image, dir, (logs, state)))
+}
+
 /// A container this test started: stopped and removed however the test ends.
 struct Container(String);
 
@@ -301,17 +316,9 @@ mod installed_artifacts {
     #[test]
     fn the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host() {
         let test = "the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host";
-        if !require_root(test) {
-            return;
-        }
-        let Some(image) = made_by_this_run(test, "REAPER_DIST_IMAGE") else {
+        let Some((image, dir, (logs, state))) = pod_setup(test) else {
             return;
         };
-        let dir = scratch(test);
-        let (logs, state) = (dir.join("logs"), dir.join("state"));
-        for d in [&logs, &state] {
-            std::fs::create_dir_all(d).unwrap();
-        }
         let program = dir.join("bin/hermes");
         std::fs::create_dir_all(program.parent().unwrap()).unwrap();
         std::fs::copy(shapes(), &program).unwrap();
@@ -377,17 +384,9 @@ mod installed_artifacts {
     #[test]
     fn a_daemonset_roll_keeps_the_lineage_of_a_helper_orphaned_between_the_pods() {
         let test = "a_daemonset_roll_keeps_the_lineage_of_a_helper_orphaned_between_the_pods";
-        if !require_root(test) {
-            return;
-        }
-        let Some(image) = made_by_this_run(test, "REAPER_DIST_IMAGE") else {
+        let Some((image, dir, (logs, state))) = pod_setup(test) else {
             return;
         };
-        let dir = scratch(test);
-        let (logs, state) = (dir.join("logs"), dir.join("state"));
-        for d in [&logs, &state] {
-            std::fs::create_dir_all(d).unwrap();
-        }
         let mut gateway = OrphanLater::start(&dir);
         let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
         let gw_arg = gw.to_string();
