@@ -20,7 +20,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use super::channels::{self, Holders};
 use super::findings::{Change, Evidence, Flagged, Reason};
@@ -28,8 +28,7 @@ use super::kinds::Kind;
 use super::peers::PeerIndex;
 use super::rules::{self, Observed};
 use super::sampler::{Sample, Sampler};
-use crate::procfs::facts;
-use crate::procfs::placement::{self, Placement};
+use crate::procfs::placement::Placement;
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
@@ -233,7 +232,7 @@ impl Inspector {
             .collect();
         self.add_peers(graph, &mut evidence);
         for e in without.iter_mut().filter_map(|f| f.evidence.as_mut()) {
-            add_process_facts(e);
+            evidence::add_process_facts(e);
         }
         for c in &changes {
             if let Change::Flag(f) = c {
@@ -403,39 +402,6 @@ impl Inspector {
         }
     }
 
-    /// Fills in who holds the other ends of the pipes and sockets in `evidence`.
-    fn add_peers(&mut self, graph: &LineageGraph, evidence: &mut [&mut Evidence]) {
-        if evidence.is_empty() {
-            return;
-        }
-        self.peers.clear();
-        index_tracked(&mut self.peers, graph);
-        let mut unresolved = HashSet::default();
-        for e in evidence.iter() {
-            for fact in e.sample.fds.iter().filter(|f| f.is_channel()) {
-                if fact.other_end_open == Some(true)
-                    && let Some(key) = PeerIndex::other_key(fact)
-                    && self.peers.peers(fact, e.sample.pid).is_empty()
-                {
-                    unresolved.insert(key);
-                }
-            }
-        }
-        let known = graph.alive().map(|n| n.pid).collect();
-        self.peers.full_scan(&unresolved, &known, FULL_SCAN_EVERY);
-        for e in evidence.iter_mut() {
-            let pid = e.sample.pid;
-            add_process_facts(e);
-            e.peers = e
-                .sample
-                .fds
-                .iter()
-                .filter(|f| f.is_channel())
-                .map(|f| (f.fd.fd, self.peers.peers(f, pid)))
-                .collect();
-        }
-    }
-
     /// Raises a flag no rule raises (the killer's `respawning`), held until the process exits.
     pub fn raise(
         &mut self,
@@ -466,37 +432,8 @@ impl Inspector {
             crowd: None,
         })))
     }
-
-    /// Evidence about a live process now (for `--check`): a fresh sample and its pipe peers.
-    pub fn evidence(&mut self, graph: &LineageGraph, node: &Node) -> Option<Evidence> {
-        let before = self.watches.get(&node.id).and_then(|w| w.last.as_ref());
-        let mut sample = self.sampler.sample(node.process(), before)?;
-        channels::mark_internal(node.id, &mut sample.fds, &self.holders);
-        let mut found = Evidence {
-            sample,
-            peers: Vec::new(),
-            server: vec![node.id],
-            placement: Placement::default(),
-        };
-        self.add_peers(graph, &mut [&mut found]);
-        Some(found)
-    }
 }
 
 mod crowds;
+mod evidence;
 mod looks;
-
-/// What evidence reads of the process itself when it is flagged: its RSS and placement.
-fn add_process_facts(e: &mut Evidence) {
-    e.sample.rss_kib = facts::read_rss_kib(e.sample.pid);
-    e.placement = placement::read(e.sample.pid);
-}
-
-/// Indexes the pipes and sockets of every live tracked process (gateways included).
-fn index_tracked(index: &mut PeerIndex, graph: &LineageGraph) {
-    for node in graph.alive() {
-        if let Some(fds) = facts::read_fds(node.pid) {
-            index.add(node.pid, node.comm, &fds);
-        }
-    }
-}
