@@ -83,6 +83,13 @@ impl StateDir {
         })
     }
 
+    fn open_existing(path: &Path) -> Result<StateDir> {
+        if !path.is_dir() {
+            bail!("--release-state {}: no such directory", path.display());
+        }
+        StateDir::open(path)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -103,11 +110,6 @@ impl StateDir {
             )
         })?;
         Ok(Some(checkpoint))
-    }
-
-    /// Writes `checkpoint` whole or not at all (see [`StateDir::write`]).
-    pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
-        self.write(&serde_json::to_vec(checkpoint)?)
     }
 
     /// Writes an encoded checkpoint whole or not at all: a new file, synced, renamed over the
@@ -203,15 +205,6 @@ pub fn release(path: &Path) -> Result<String> {
     // The directory goes too when nothing else is in it (a unit's StateDirectory may hold it).
     let _ = fs::remove_dir(&dir.path);
     Ok(removed.join(", "))
-}
-
-impl StateDir {
-    fn open_existing(path: &Path) -> Result<StateDir> {
-        if !path.is_dir() {
-            bail!("--release-state {}: no such directory", path.display());
-        }
-        StateDir::open(path)
-    }
 }
 
 #[cfg(test)]

@@ -46,7 +46,9 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
         written: 5,
         nodes: vec![node(10)],
     };
-    state.save(&checkpoint).unwrap();
+    state
+        .write(&serde_json::to_vec(&checkpoint).unwrap())
+        .unwrap();
     let file_mode = fs::metadata(dir.join(CHECKPOINT))
         .unwrap()
         .permissions()

@@ -5,7 +5,7 @@ use anyhow::Result;
 use super::Pipeline;
 use crate::lineage::graph::{Start, saved::SavedNode};
 use crate::lineage::seed::{self, TrackedMap};
-use crate::procfs;
+use crate::procfs::{self, Stat};
 use crate::stream::Stamped;
 use crate::stream::events::{Event, Reparent};
 
@@ -18,9 +18,11 @@ pub struct Resumed {
     pub gone: usize,
 }
 
-/// Whether the process (pid, start) still runs (a zombie does not).
-fn still_runs(pid: u32, start: Start) -> bool {
-    procfs::read_stat(pid).is_ok_and(|s| s.start_ticks == start.ticks() && s.state != b'Z')
+/// The process (pid, start), if it still runs (a zombie does not).
+fn running(pid: u32, start: Start) -> Option<Stat> {
+    procfs::read_stat(pid)
+        .ok()
+        .filter(|s| s.start_ticks == start.ticks() && s.state != b'Z')
 }
 
 impl Pipeline {
@@ -41,7 +43,9 @@ impl Pipeline {
     /// reparented. /proc seeding then finds only what is new.
     pub fn resume(&mut self, saved: &[SavedNode], tracked: &mut TrackedMap) -> Result<Resumed> {
         let now = procfs::boottime_now();
-        let restored = self.graph.restore(saved, still_runs, now);
+        let restored = self
+            .graph
+            .restore(saved, |pid, start| running(pid, start).is_some(), now);
         let mut resumed = Resumed {
             adopted: 0,
             gone: restored.gone,
@@ -52,8 +56,8 @@ impl Pipeline {
                 continue;
             };
             let (pid, ppid, start, gateway) = (node.pid, node.ppid, node.start, node.is_gateway);
-            let stat = match procfs::read_stat(pid) {
-                Ok(stat) if still_runs(pid, start) && seed::track(tracked, &stat)? => stat,
+            let stat = match running(pid, start) {
+                Some(stat) if seed::track(tracked, &stat)? => stat,
                 // Gone since it was looked at: an exit no run saw.
                 _ => {
                     self.graph.mark_gone(id, now);
