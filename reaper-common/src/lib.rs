@@ -21,8 +21,9 @@ pub mod names {
     pub const GATEWAY_PATHS: &str = "GATEWAY_PATHS";
     pub const GATEWAY_CGROUPS: &str = "GATEWAY_CGROUPS";
     pub const GATEWAY_CGROUP_PATHS: &str = "GATEWAY_CGROUP_PATHS";
+    pub const READER: &str = "READER";
     /// The maps, for the check.
-    pub const MAPS: [&str; 11] = [
+    pub const MAPS: [&str; 12] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -34,6 +35,21 @@ pub mod names {
         GATEWAY_PATHS,
         GATEWAY_CGROUPS,
         GATEWAY_CGROUP_PATHS,
+        READER,
+    ];
+    /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
+    /// between records. The scratch maps are each program's own.
+    pub const PINNED: [&str; 10] = [
+        TRACKED,
+        EVENTS,
+        SEQ,
+        READER_IDLE,
+        LOSSES,
+        GATEWAY_EXES,
+        GATEWAY_PATHS,
+        GATEWAY_CGROUPS,
+        GATEWAY_CGROUP_PATHS,
+        READER,
     ];
     pub const OFFSETS: &str = "OFFSETS";
     pub const CONFIG: &str = "CONFIG";
@@ -51,7 +67,7 @@ pub const PATH_KEY_LEN: usize = 256;
 /// A path as a map key (see [`PATH_KEY_LEN`]).
 pub type PathKey = [u8; PATH_KEY_LEN];
 
-/// What a record in the ring buffer describes. The discriminant is the first `u32` of every
+/// What a record in the ring buffer describes. The discriminant is the first byte of every
 /// record, so user space can tell records apart before it knows their size.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,12 +130,23 @@ impl LossSlot {
     pub const COUNT: u32 = 7;
 }
 
+/// The version of the records' layout and of the maps the probes keep. Records carry it, and
+/// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
+/// refuses any other rather than misread it.
+pub const LAYOUT: u8 = 1;
+
 /// Header at the start of every record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EventHeader {
     /// An [`EventKind`] discriminant.
-    pub kind: u32,
+    pub kind: u8,
+    /// [`LAYOUT`] of the programs that wrote it.
+    pub layout: u8,
+    /// The generation of the programs that wrote it (see [`ReaderMark::generation`]): while a
+    /// new run's programs take over from the last run's, both see each event, and the reader
+    /// keeps one record of it.
+    pub generation: u16,
     /// Process id (thread-group id) the event is about.
     pub pid: u32,
     /// Global sequence number, taken before the ring-buffer reservation: a failed reservation
@@ -270,6 +297,28 @@ pub struct Tracked {
     pub start: u64,
 }
 
+/// What the reader tells the probes, in the one-entry `READER` array. Written whole by user
+/// space; read by the probes before each record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReaderMark {
+    /// The generation of programs that records (see [`ProbeConfig::generation`]). A new run
+    /// attaches its programs, then moves this to theirs, then detaches the last run's: no
+    /// event goes unseen in between, and records of an event both saw are told apart by it.
+    pub generation: u64,
+    /// Boot-time ns after which no reader is taken to be draining the ring (`--state-keep`):
+    /// the probes then stop recording, count what they skip as lost, and only keep the
+    /// tracked set exact. `u64::MAX` while a run without a state directory reads.
+    pub keep_until: u64,
+    /// Records taken from the ring by every run of this state, written by the reader after
+    /// each batch: with the kernel's sequence numbers, how a run tells what the run before
+    /// took in after its last checkpoint.
+    pub received: u64,
+    /// 1 while a reader runs; 0 once it stopped (a kept state's probes go on): no record
+    /// then wakes anyone, which would cost an interrupt each once the ring fills.
+    pub draining: u64,
+}
+
 /// Field offsets resolved by user space from the running kernel's BTF and passed to the
 /// programs as one read-only global. Rust eBPF emits no CO-RE relocations, so nothing here may
 /// be baked in at build time.
@@ -333,6 +382,8 @@ pub struct ProbeConfig {
     /// 1: cgroups are selected (`GATEWAY_CGROUPS`, `GATEWAY_CGROUP_PATHS`): forks from
     /// untracked processes, moves into cgroups and new cgroups are looked at.
     pub gateway_cgroups: u64,
+    /// This load's generation: it records while `ReaderMark::generation` names it.
+    pub generation: u64,
 }
 
 #[cfg(feature = "user")]
@@ -342,4 +393,5 @@ mod pod {
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::ProbeConfig {}
     unsafe impl aya::Pod for super::ExeKey {}
+    unsafe impl aya::Pod for super::ReaderMark {}
 }

@@ -7,12 +7,43 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_ktime_get_boot_ns, generated::bpf_ringbuf_output},
 };
-use reaper_common::{EventHeader, EventKind};
+use reaper_common::{EventHeader, EventKind, LAYOUT};
 
 use crate::{
     global,
-    maps::{EVENTS, READER_IDLE, SEQ, count_loss},
+    maps::{EVENTS, READER, READER_IDLE, SEQ, count_loss},
 };
+
+/// Whether this load's records go to the ring, and if so whether a reader drains it (see
+/// [`submit_flags`]): the reader names its generation, and a reader drains the ring (or did,
+/// less than `--state-keep` ago). Another generation's programs (a run taking over, or the
+/// one it takes over from) keep the tracked set exact and leave the records to the one that
+/// records. Past `--state-keep` the record is counted lost (its sequence number taken), so
+/// the next run reports the gap and repairs it.
+///
+/// [`send`] asks it; a record built in scratch space asks it before taking its header.
+#[inline(always)]
+pub fn recording(kind: EventKind) -> Option<Reader> {
+    let mark = READER.get(0)?;
+    if mark.generation != global!(CONFIG.generation) {
+        return None;
+    }
+    // SAFETY: plain helper call.
+    if mark.keep_until != u64::MAX && unsafe { bpf_ktime_get_boot_ns() } > mark.keep_until {
+        let _ = next_seq();
+        count_loss(kind.loss_slot());
+        return None;
+    }
+    Some(Reader {
+        draining: mark.draining != 0,
+    })
+}
+
+/// Whether a reader is there to wake (see [`recording`]).
+#[derive(Clone, Copy)]
+pub struct Reader {
+    draining: bool,
+}
 
 /// Takes the next global sequence number. Taken before the reservation, so a failed one
 /// leaves a gap in the stream that the loss counters explain.
@@ -31,7 +62,9 @@ fn next_seq() -> u64 {
 #[inline(always)]
 pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
     EventHeader {
-        kind: kind as u32,
+        kind: kind as u8,
+        layout: LAYOUT,
+        generation: global!(CONFIG.generation) as u16,
         pid,
         seq: next_seq(),
         // SAFETY: plain helper call.
@@ -43,9 +76,13 @@ pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
 /// Chooses the submit flags. A wake-up costs the producer an irq_work and the reader a
 /// context switch, per record if nothing batches them. So while events stream, the reader
 /// polls the ring on its own every wake-up interval and no record wakes it; only the first
-/// record after the reader said it went idle (or a ring filling up) wakes it, at once.
+/// record after the reader said it went idle (or a ring filling up) wakes it, at once. With
+/// no reader (a kept state between runs), nothing wakes anyone.
 #[inline(always)]
-fn submit_flags() -> u64 {
+fn submit_flags(reader: Reader) -> u64 {
+    if !reader.draining {
+        return BPF_RB_NO_WAKEUP as u64;
+    }
     if global!(CONFIG.batch_wakeups) == 0 {
         return 0;
     }
@@ -64,19 +101,19 @@ fn submit_flags() -> u64 {
 }
 
 /// Sends the first `size` bytes of a record built in scratch space: a variable-length record
-/// (exec's argv), copied into the ring. Its header (and so its sequence number) is already
+/// (exec's argv), copied into the ring, once [`recording`] said so. Its header (and so its sequence number) is already
 /// taken, so a failed copy leaves the gap the loss counter explains.
 ///
 /// `size` must be provably at most `size_of::<T>()` to the verifier at the call site.
 #[inline(always)]
-pub fn send_prefix<T>(kind: EventKind, record: &T, size: u64) {
+pub fn send_prefix<T>(reader: Reader, kind: EventKind, record: &T, size: u64) {
     // SAFETY: `record` is valid for `size` bytes (the caller's bound); the helper copies them.
     let rc = unsafe {
         bpf_ringbuf_output(
             core::ptr::addr_of!(EVENTS) as *mut c_void,
             record as *const T as *mut c_void,
             size,
-            submit_flags(),
+            submit_flags(reader),
         )
     };
     if rc < 0 {
@@ -87,12 +124,15 @@ pub fn send_prefix<T>(kind: EventKind, record: &T, size: u64) {
 /// Sends a fixed-size record built in place in the ring buffer.
 #[inline(always)]
 pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T)) {
+    let Some(reader) = recording(kind) else {
+        return;
+    };
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             // SAFETY: `fill` writes every field the reader looks at.
             let record = unsafe { &mut *entry.as_mut_ptr() };
             fill(record);
-            entry.submit(submit_flags());
+            entry.submit(submit_flags(reader));
         }
         None => {
             // Consume a sequence number anyway so the gap shows in the stream.

@@ -5,7 +5,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use reaper_common::{ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, Tracked};
+use reaper_common::{
+    ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
+};
 
 /// Processes under the gateways, keyed by tgid. Seeded by user space, extended here at fork
 /// (before the child can run), removed here when the process is freed.
@@ -25,6 +27,11 @@ pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
 /// record after that wakes it and clears the flag.
 #[map]
 pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// What the reader tells the probes (index 0): which generation of programs records, and
+/// until when a reader is taken to drain the ring.
+#[map]
+pub static READER: Array<ReaderMark> = Array::with_max_entries(1, 0);
 
 /// Records that could not be reserved, per event kind, plus tracked-map insert failures.
 #[map]
@@ -100,6 +107,7 @@ pub static CONFIG: ProbeConfig = ProbeConfig {
     gateway_exes: 0,
     gateway_paths: 0,
     gateway_cgroups: 0,
+    generation: 0,
 };
 
 /// Reads one field of a load-time global. Volatile, so the compiler cannot fold the

@@ -60,12 +60,19 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub proc_root: Option<PathBuf>,
 
-    /// Keep the lineage in DIR (made 0700) across restarts: written every second and at the
-    /// stop, taken back by the next run with the same DIR and selectors. Processes still alive
-    /// keep their lineage, even one reparented to init while no run watched; what happened
-    /// while no run watched is read from /proc (see docs/operations.md).
+    /// Keep the audit in DIR (made 0700) across restarts: the probes stay attached and their
+    /// maps and ring pinned in bpffs (under /sys/fs/bpf/reaper-trace/), so what happens while
+    /// no run reads waits in the ring; the lineage is written to DIR every second and at the
+    /// stop. The next run with the same DIR and selectors takes both back and reads the gap's
+    /// events in order (see docs/operations.md). `--release-state DIR` removes it all.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// With --state-dir: when no run has read the ring for this long, the probes stop
+    /// recording (they keep only the tracked set exact), so a forgotten state costs the host
+    /// little; the next run reports that gap as lost and repairs it from /proc.
+    #[arg(long, value_name = "DUR", default_value = "15m", value_parser = parse_duration, requires = "state_dir")]
+    pub state_keep: Duration,
 
     /// Remove what --state-dir DIR kept, and exit.
     #[arg(long, value_name = "DIR", conflicts_with = "state_dir")]

@@ -16,7 +16,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::capture::loader::LossCounts;
 use crate::lineage::graph::saved::SavedNode;
+use reaper_common::{LAYOUT, ReaderMark};
+
+pub mod pins;
+use pins::PinDir;
 
 /// The checkpoint's layout version: a run takes back only its own.
 pub const FORMAT: u32 = 1;
@@ -35,6 +40,25 @@ pub struct Checkpoint {
     /// Boot-time ns when it was written.
     pub written: u64,
     pub nodes: Vec<SavedNode>,
+    /// The kernel side it was written beside; none from a run whose kernel side was not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelKept>,
+}
+
+/// Where a checkpoint stands against the pinned kernel state (see [`pins`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct KernelKept {
+    /// `reaper_common::LAYOUT` of the probes that recorded.
+    pub layout: u8,
+    /// Their generation (`ReaderMark::generation`).
+    pub generation: u64,
+    /// Records taken from the ring when it was written (`ReaderMark::received`): it includes
+    /// every one of them, and none after.
+    pub received: u64,
+    /// Losses already reported, so the next run reports only new ones.
+    pub losses: LossCounts,
+    /// Where it is pinned (for the operator: the next run finds it by the state directory).
+    pub pins: PathBuf,
 }
 
 /// A state directory: made 0700 if missing, refused if another user owns it or others may
@@ -92,6 +116,13 @@ impl StateDir {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Its kernel side's directory in bpffs.
+    pub fn pins(&self) -> Result<PinDir> {
+        let path = fs::canonicalize(&self.path)
+            .with_context(|| format!("--state-dir {}", self.path.display()))?;
+        Ok(PinDir::of(&path))
     }
 
     /// The checkpoint, if one was written.
@@ -181,16 +212,99 @@ pub fn check(checkpoint: &Checkpoint, dir: &Path, selectors: &[String]) -> Resul
     Ok(Verdict::Adopt)
 }
 
+/// What a run takes back from its state directory.
+pub enum Taken {
+    /// Nothing: a first run, or a state from another boot.
+    Nothing,
+    /// The lineage only: the kernel side it was written beside is not there (a run that kept
+    /// none); /proc says what became of each process.
+    Lineage(Checkpoint),
+    /// The lineage and the kernel side it was written beside, as the last run left it (the
+    /// gap's records wait in its ring).
+    Whole {
+        checkpoint: Checkpoint,
+        kept: KernelKept,
+        mark: ReaderMark,
+    },
+}
+
+/// What `--state-dir` holds for a run of `selectors`, with notices for the user. A kernel side
+/// that does not go with the checkpoint (none was written beside it, or it is older) is
+/// released: its records cannot be told apart from what the checkpoint holds.
+pub fn take(dir: &StateDir, selectors: &[String]) -> Result<(Taken, Vec<String>)> {
+    let mut notices = Vec::new();
+    let mut checkpoint = dir.load()?;
+    if let Some(found) = &checkpoint
+        && let Verdict::Stale(why) = check(found, dir.path(), selectors)?
+    {
+        notices.push(why);
+        checkpoint = None;
+    }
+    let pins = dir.pins()?;
+    let mark = pins.mark()?;
+    let release = |why: &str, notices: &mut Vec<String>| -> Result<()> {
+        pins.release()?;
+        notices.push(format!(
+            "--state-dir {}: {why}: its probes were detached and its records dropped",
+            dir.path().display()
+        ));
+        Ok(())
+    };
+    let taken = match (checkpoint, mark) {
+        (None, None) => Taken::Nothing,
+        (None, Some(_)) => {
+            release("a kernel state with no lineage checkpoint", &mut notices)?;
+            Taken::Nothing
+        }
+        (Some(checkpoint), None) => Taken::Lineage(checkpoint),
+        (Some(checkpoint), Some(mark)) => match checkpoint.kernel.clone() {
+            Some(kept) if kept.layout != LAYOUT => bail!(
+                "--state-dir {}: kept by probes of record layout {} (this build reads {LAYOUT});                  `reaper-trace --release-state {}` removes it",
+                dir.path().display(),
+                kept.layout,
+                dir.path().display()
+            ),
+            // A later run may have taken over and died before its first checkpoint: its
+            // generation is newer, and it took in more.
+            Some(kept) if mark.generation >= kept.generation && mark.received >= kept.received => {
+                Taken::Whole {
+                    checkpoint,
+                    kept,
+                    mark,
+                }
+            }
+            _ => {
+                release(
+                    "a kernel state the checkpoint was not written beside",
+                    &mut notices,
+                )?;
+                Taken::Lineage(checkpoint)
+            }
+        },
+    };
+    Ok((taken, notices))
+}
+
 /// This boot's id.
 pub fn boot_id() -> Result<String> {
     let id = fs::read_to_string("/proc/sys/kernel/random/boot_id").context("reading boot_id")?;
     Ok(id.trim().to_owned())
 }
 
-/// `--release-state DIR`: removes what `--state-dir DIR` kept. Returns what was removed.
+/// `--release-state DIR`: detaches and unpins what `--state-dir DIR` kept in the kernel and
+/// removes its checkpoint. Returns what was removed.
 pub fn release(path: &Path) -> Result<String> {
     let dir = StateDir::open_existing(path)?;
     let mut removed = Vec::new();
+    // The pins named by this path, and those the checkpoint names (the same, unless the state
+    // was made in a container that saw this directory elsewhere).
+    let recorded = dir.load().ok().flatten().and_then(|c| c.kernel);
+    let recorded = recorded.and_then(|k| PinDir::recorded(&k.pins));
+    for pins in std::iter::once(dir.pins()?).chain(recorded) {
+        if pins.release()? {
+            removed.push(format!("{} (probes detached)", pins.path().display()));
+        }
+    }
     for name in [CHECKPOINT, &format!("{CHECKPOINT}.tmp")] {
         let file = dir.path.join(name);
         match fs::remove_file(&file) {

@@ -84,7 +84,9 @@ impl Records {
     fn header(&mut self, kind: EventKind, pid: u32, start: u64) -> EventHeader {
         self.seq += 1;
         EventHeader {
-            kind: kind as u32,
+            kind: kind as u8,
+            layout: reaper_common::LAYOUT,
+            generation: 1,
             pid,
             seq: self.seq,
             ts: start + self.seq,

@@ -12,8 +12,8 @@ use std::{
 };
 
 use reaper_tests::{
-    Instance, OrphanLater, checkpointed, patience, pid, require_root, scratch, shapes, skip,
-    wait_until,
+    Instance, OrphanLater, checkpointed, patience, pid, pin_dir, reaper_trace, require_root,
+    scratch, shapes, skip, wait_until,
 };
 use serde_json::Value;
 
@@ -136,6 +136,7 @@ fn podman_like_the_daemonset(
         .arg(format!("{}:/var/log/reaper", logs.display()))
         .arg("-v")
         .arg(format!("{}:/var/lib/reaper-trace", state.display()))
+        .args(["-v", "/sys/fs/bpf:/sys/fs/bpf"])
         .arg(format!("oci-archive:{}", image.display()))
         .args(args);
     cmd
@@ -254,6 +255,48 @@ mod installed_artifacts {
         )
         .unwrap();
         assert!(completion.contains("--gateway-pidfile"), "{completion}");
+        removal_releases_the_state(&root, &dir);
+    }
+
+    /// A bind mount undone however the test ends.
+    struct Bound(PathBuf);
+    impl Drop for Bound {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    /// The package's removal releases the service's state: a real one, made by the host's
+    /// reaper-trace in the root's /var/lib/reaper-trace, with the host's bpffs seen inside.
+    fn removal_releases_the_state(root: &Path, dir: &Path) {
+        let state = root.join("var/lib/reaper-trace");
+        let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
+        let gw = sleeper.id().to_string();
+        let mut run = Command::new(reaper_trace())
+            .args(["--quiet", "--gateway-pid", &gw, "--state-dir"])
+            .arg(&state)
+            .arg("--output")
+            .arg(dir.join("kept.ndjson"))
+            .spawn()
+            .expect("run reaper-trace");
+        wait_until("the state's checkpoint", || {
+            checkpointed(&state).contains(&u64::from(sleeper.id()))
+        });
+        // SAFETY: a plain signal to the child this test started.
+        unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+        assert!(run.wait().unwrap().success());
+        let pins = pin_dir(&state);
+        assert!(pins.is_dir(), "{} pinned", pins.display());
+        let inside = root.join("sys/fs/bpf");
+        std::fs::create_dir_all(&inside).unwrap();
+        ok(Command::new("mount").args(["--bind", "/sys/fs/bpf"]).arg(&inside));
+        let _bound = Bound(inside);
+        let removed = chroot(root, &["dpkg", "-r", "reaper-trace"]);
+        assert!(removed.status.success(), "dpkg -r: {}", said(&removed));
+        assert!(!pins.exists(), "unpinned: {}", said(&removed));
+        assert!(!state.exists(), "the state dir is gone: {}", said(&removed));
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
     }
 
     #[test]
@@ -387,8 +430,8 @@ mod installed_artifacts {
         let Some((image, dir, (logs, state))) = pod_setup(test) else {
             return;
         };
-        let mut gateway = OrphanLater::start(&dir);
-        let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
+        let mut gateway = OrphanLater::start_late(&dir);
+        let (gw, a) = (gateway.gateway, gateway.a);
         let gw_arg = gw.to_string();
         let pod = |n: u32, out: &str| {
             let name = format!("reaper-roll-{n}-{}", std::process::id());
@@ -411,8 +454,8 @@ mod installed_artifacts {
         };
         let first = pod(1, "/var/log/reaper/first.ndjson");
         if std::panic::catch_unwind(|| {
-            wait_until("the first pod's checkpoint to hold the helper", || {
-                checkpointed(&state).contains(&b)
+            wait_until("the first pod's checkpoint to hold the child", || {
+                checkpointed(&state).contains(&a)
             })
         })
         .is_err()
@@ -420,8 +463,9 @@ mod installed_artifacts {
             panic!("the first pod never kept the lineage: {}", first.stop());
         }
         first.stop();
-        // Between the pods: A exits, B is reparented.
+        // Between the pods: A forks B, which calls setsid, and exits; B is reparented.
         gateway.orphan_b();
+        let b = gateway.b;
         let second = pod(2, "/var/log/reaper/second.ndjson");
         let flagged =
             |e: &Value| e["event"] == "flag" && e["reason"] == "orphaned" && pid(&e["pid"]) == b;
@@ -435,5 +479,19 @@ mod installed_artifacts {
         let events = seen.unwrap_or_else(|_| panic!("no flag; the second pod said: {said}"));
         let flag = events.iter().find(|e| flagged(e)).unwrap();
         assert_eq!(flag["lineage"], serde_json::json!([gw, a, b]), "{flag}");
+        // Read from the pinned ring: B's birth once, as it happened between the pods.
+        let forks: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["event"] == "fork" && pid(&e["pid"]) == b)
+            .collect();
+        assert_eq!(forks.len(), 1, "{forks:?}");
+        assert_eq!(events[0]["resumed"]["kernel_kept"], true, "{}", events[0]);
+        // The host's reaper-trace releases what the pods kept (the checkpoint names the pins).
+        let released = Command::new(reaper_trace())
+            .arg("--release-state")
+            .arg(&state)
+            .output()
+            .expect("run --release-state");
+        assert!(released.status.success(), "{released:?}");
     }
 }

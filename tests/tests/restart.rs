@@ -3,20 +3,21 @@
 //! whether the run before was stopped (SIGTERM: the checkpoint written at the stop) or killed
 //! (SIGKILL: the one written every second). Needs root (see `require_root`).
 use std::{
+    collections::HashSet,
     path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use reaper_tests::{
-    OrphanLater, Then, checkpointed, flag, patience, pid, reaper_trace, require_root,
+    OrphanLater, Run, Then, checkpointed, flag, patience, pid, pin_dir, reaper_trace, require_root,
     run_reaper_until, scratch, wait_until,
 };
 use serde_json::Value;
 
-/// The first run: traces the gateway `gw` until its checkpoint holds `helper`, then is ended
-/// by `signal`. Returns its stream.
-fn first_run(gw: u64, state: &Path, out: &Path, helper: u64, signal: i32) -> String {
+/// The first run: traces the gateway `gw` until its checkpoint holds `pid`, then is ended by
+/// `signal`. Returns its stream.
+fn first_run(gw: u64, state: &Path, out: &Path, pid: u64, signal: i32) -> String {
     let mut first: Child = Command::new(reaper_trace())
         .args(["--quiet", "--gateway-pid", &gw.to_string(), "--state-dir"])
         .arg(state)
@@ -27,7 +28,7 @@ fn first_run(gw: u64, state: &Path, out: &Path, helper: u64, signal: i32) -> Str
         .spawn()
         .expect("run reaper-trace");
     wait_until("the first run's checkpoint to hold the helper", || {
-        checkpointed(state).contains(&helper)
+        checkpointed(state).contains(&pid)
     });
     // SAFETY: a plain signal to the child this test started.
     unsafe { libc::kill(first.id() as i32, signal) };
@@ -35,22 +36,13 @@ fn first_run(gw: u64, state: &Path, out: &Path, helper: u64, signal: i32) -> Str
     std::fs::read_to_string(out).expect("the first run's stream")
 }
 
-fn the_lineage_survives(test: &str, signal: i32) {
-    if !require_root(test) {
-        return;
-    }
-    let dir = scratch(test);
-    let state = dir.join("state");
-    let mut gateway = OrphanLater::start(&dir);
-    let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
-    let first = first_run(gw, &state, &dir.join("first.ndjson"), b, signal);
-    // While no run watches: A exits, and B is reparented.
-    gateway.orphan_b();
-
-    let second = run_reaper_until(
+/// The second run, with the same selectors and state, until it flags `b` orphaned.
+fn second_run(gateway: &OrphanLater, state: &Path) -> Run {
+    let b = gateway.b;
+    run_reaper_until(
         &[
             "--gateway-pid",
-            &gw.to_string(),
+            &gateway.gateway.to_string(),
             "--state-dir",
             state.to_str().unwrap(),
         ],
@@ -62,59 +54,156 @@ fn the_lineage_survives(test: &str, signal: i32) {
                 .iter()
                 .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned")
         },
-    );
+    )
+}
+
+/// The events that carry a kernel time, as (event, pid, ts).
+fn kernel_events<'a>(events: impl IntoIterator<Item = &'a Value>) -> HashSet<(String, u64, u64)> {
+    events
+        .into_iter()
+        .filter(|e| ["fork", "exec", "exit", "setsid"].contains(&e["event"].as_str().unwrap_or("")))
+        .map(|e| {
+            (
+                e["event"].to_string(),
+                pid(&e["pid"]),
+                e["ts"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// The issue's test: the gateway's child A forks the helper B, which calls setsid, and exits,
+/// all while no run reads. The probes stayed attached, so the second run reads the gap from
+/// the ring: each of its events once, with its kernel time, none from the first run again.
+fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let state = dir.join("state");
+    let mut gateway = OrphanLater::start_late(&dir);
+    let (gw, a) = (gateway.gateway, gateway.a);
+    let first = first_run(gw, &state, &dir.join("first.ndjson"), a, signal);
+    gateway.orphan_b();
+    let b = gateway.b;
+
+    let second = second_run(&gateway, &state);
     gateway.finish();
     let orphaned = flag(&second, b, "orphaned");
     assert_eq!(
         orphaned["lineage"],
         serde_json::json!([gw, a, b]),
-        "the whole lineage, though A exited and B was reparented while no run watched:\n\
+        "the whole lineage, though B was born, escaped and was reparented while no run read:\n\
          first run:\n{first}\nsecond run's flag: {orphaned}"
     );
     let ready = &second.all("ready")[0];
-    assert!(ready["resumed"]["adopted"].as_u64() >= Some(2), "{ready}");
-    assert!(ready["resumed"]["gone"].as_u64() >= Some(1), "{ready}");
+    assert_eq!(ready["resumed"]["kernel_kept"], true, "{ready}");
+    // Exactly one event of each thing that happened in the gap, from the ring: before
+    // `ready` in kernel time.
+    for (kind, who) in [("fork", b), ("setsid", b), ("reparent", b), ("exit", a)] {
+        let event = second.one(kind, who);
+        if kind != "reparent" {
+            assert!(
+                event["ts"].as_u64() < ready["ts"].as_u64(),
+                "{event} is the gap's"
+            );
+        }
+    }
+    assert_eq!(pid(&second.one("reparent", b)["old_ppid"]), a);
+    let first_events: Vec<Value> = first
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let again: Vec<_> = kernel_events(&first_events)
+        .intersection(&kernel_events(&second.events))
+        .cloned()
+        .collect();
+    assert!(again.is_empty(), "events in both runs' streams: {again:?}");
     // What the first run announced is not announced again.
     for kind in ["snapshot", "gateway"] {
         let again: Vec<&Value> = second
             .all(kind)
             .into_iter()
-            .filter(|e| [gw, b].contains(&pid(&e["pid"])))
+            .filter(|e| [gw, a].contains(&pid(&e["pid"])))
             .collect();
         assert!(again.is_empty(), "{kind} again: {again:?}");
     }
-    let reparent = second.one("reparent", b);
-    assert_eq!(pid(&reparent["old_ppid"]), a, "{reparent}");
+    let delivery = &second.summary()["delivery"];
+    assert_eq!(delivery["consistent"], true, "over both runs: {delivery}");
     if signal == libc::SIGTERM {
         assert!(
             first.contains("\"event\":\"summary\""),
             "stopped cleanly:\n{first}"
         );
+        assert_eq!(
+            ready["resumed"]["unsaved"], 0,
+            "a stop saves everything: {ready}"
+        );
     }
-    // --release-state leaves nothing behind.
+    release_leaves_nothing(&state);
+}
+
+/// `--release-state` detaches, unpins and removes everything.
+fn release_leaves_nothing(state: &Path) {
+    let pins = pin_dir(state);
+    assert!(pins.exists(), "{} pinned", pins.display());
     let released = Command::new(reaper_trace())
         .arg("--release-state")
-        .arg(&state)
+        .arg(state)
         .output()
         .expect("run --release-state");
     assert!(released.status.success(), "{released:?}");
     assert!(!state.exists(), "the state dir is gone");
+    assert!(!pins.exists(), "{} is gone", pins.display());
 }
 
 #[test]
-fn a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_stop() {
-    the_lineage_survives(
-        "a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_stop",
+fn a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_stop() {
+    the_gap_is_read_from_the_ring(
+        "a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_stop",
         libc::SIGTERM,
     );
 }
 
 #[test]
-fn a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_crash() {
-    the_lineage_survives(
-        "a_helper_orphaned_while_no_run_watches_keeps_its_lineage_after_a_crash",
+fn a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_crash() {
+    the_gap_is_read_from_the_ring(
+        "a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_crash",
         libc::SIGKILL,
     );
+}
+
+/// Without its kernel side (gone with bpffs, or released as not the checkpoint's), the lineage
+/// is still taken back, and /proc says what became of each process.
+#[test]
+fn without_its_kernel_side_a_state_still_gives_the_lineage_read_from_proc() {
+    let test = "without_its_kernel_side_a_state_still_gives_the_lineage_read_from_proc";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let state = dir.join("state");
+    let mut gateway = OrphanLater::start(&dir);
+    let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
+    let first = first_run(gw, &state, &dir.join("first.ndjson"), b, libc::SIGTERM);
+    // Unpinning every link and map detaches the probes and drops the ring.
+    std::fs::remove_dir_all(pin_dir(&state)).expect("remove the pins");
+    gateway.orphan_b();
+
+    let second = second_run(&gateway, &state);
+    gateway.finish();
+    let orphaned = flag(&second, b, "orphaned");
+    assert_eq!(
+        orphaned["lineage"],
+        serde_json::json!([gw, a, b]),
+        "first run:\n{first}\nsecond run's flag: {orphaned}"
+    );
+    let ready = &second.all("ready")[0];
+    assert_eq!(ready["resumed"]["kernel_kept"], false, "{ready}");
+    assert!(ready["resumed"]["adopted"].as_u64() >= Some(2), "{ready}");
+    assert!(ready["resumed"]["gone"].as_u64() >= Some(1), "{ready}");
+    assert_eq!(pid(&second.one("reparent", b)["old_ppid"]), a);
+    release_leaves_nothing(&state);
 }
 
 #[test]
@@ -164,6 +253,7 @@ fn a_state_from_other_selectors_is_refused_naming_release_state() {
         "{stderr}"
     );
     assert!(refused.stdout.is_empty(), "nothing traced");
+    release_leaves_nothing(&state);
     for child in [&mut sleeper, &mut other] {
         let _ = child.kill();
         let _ = child.wait();
@@ -250,6 +340,7 @@ fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_th
         status.success(),
         "the audit went on and ended well: {status:?}"
     );
+    release_leaves_nothing(&state);
     let _ = gateway.kill();
     let _ = gateway.wait();
 }

@@ -211,6 +211,7 @@ fn deb(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
         "/etc/default/reaper-trace\n",
         0o644,
     )?;
+    write(&control.join("prerm"), PRERM, 0o755)?;
     let deb = out.join(format!("reaper-trace_{VERSION}_amd64.deb"));
     sh(Command::new("dpkg-deb")
         .args(["--root-owner-group", "-Zxz", "--build"])
@@ -218,6 +219,19 @@ fn deb(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
         .arg(&deb))?;
     Ok(deb)
 }
+
+/// The package's removal (not an upgrade, which keeps the audit going) leaves no probe
+/// attached and nothing pinned: the service's state is released (docs/operations.md).
+const PRERM: &str = "#!/bin/sh
+set -e
+if [ \"$1\" = remove ] && [ -d /var/lib/reaper-trace ]; then
+    if [ -d /run/systemd/system ] && command -v deb-systemd-invoke >/dev/null; then
+        deb-systemd-invoke stop reaper-trace.service >/dev/null || true
+    fi
+    /usr/bin/reaper-trace --release-state /var/lib/reaper-trace || true
+fi
+exit 0
+";
 
 /// `DEBIAN/md5sums`: every file of the package, by its path from the root.
 fn md5sums(stage: &Path) -> Result<String> {

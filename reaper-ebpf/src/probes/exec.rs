@@ -14,7 +14,7 @@ use reaper_common::{
 use super::gateway;
 
 use crate::{
-    emit::{header, send_prefix},
+    emit::{header, recording, send_prefix},
     global,
     maps::{EXEC_SCRATCH, tracked_current},
     task::{Task, read_ptr_at},
@@ -35,6 +35,9 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
             Some(identity) => identity,
             None => return 0,
         },
+    };
+    let Some(reader) = recording(EventKind::Exec) else {
+        return 0;
     };
     let Some(ev) = EXEC_SCRATCH.get_ptr_mut(0) else {
         return 0;
@@ -83,6 +86,6 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // Variable length: only the bytes of argv actually read go into the ring.
     // `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
     let size = EXEC_FIXED_LEN as u64 + (len & (ARGV_MAX as u64 * 2 - 1));
-    send_prefix(EventKind::Exec, ev, size);
+    send_prefix(reader, EventKind::Exec, ev, size);
     0
 }

@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Result, bail};
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
-    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent,
+    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent, LAYOUT,
     MatchedAt, SetsidEvent,
 };
 
@@ -22,6 +22,8 @@ pub const MAX_ARGS: usize = 256;
 pub struct KernelEvent {
     /// Kernel sequence number (global across CPUs).
     pub seq: u64,
+    /// The generation of the programs that wrote it (see `ReaderMark::generation`).
+    pub generation: u16,
     /// Boot-time ns when it happened.
     pub ts: u64,
     /// The process (tgid) it is about, and its start_boottime: together its identity.
@@ -97,7 +99,10 @@ fn c_bytes(raw: &[u8]) -> &[u8] {
 /// Decodes one ring-buffer record.
 pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
     let header: EventHeader = read(bytes)?;
-    let Some(kind) = EventKind::from_u32(header.kind) else {
+    if header.layout != LAYOUT {
+        bail!("record of layout {}, not {LAYOUT}", header.layout);
+    }
+    let Some(kind) = EventKind::from_u32(u32::from(header.kind)) else {
         bail!("unknown record kind {}", header.kind);
     };
     let what = match kind {
@@ -141,6 +146,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
     };
     Ok(KernelEvent {
         seq: header.seq,
+        generation: header.generation,
         ts: header.ts,
         pid: header.pid,
         start: header.start,
@@ -195,7 +201,9 @@ mod tests {
 
     fn header(kind: EventKind) -> EventHeader {
         EventHeader {
-            kind: kind as u32,
+            kind: kind as u8,
+            layout: LAYOUT,
+            generation: 1,
             pid: 42,
             seq: 7,
             ts: 1000,

@@ -1,18 +1,22 @@
 //! Loads the embedded eBPF object with this kernel's offsets, attaches the probes, and hands
 //! out the maps user space needs. Dropping [`Probes::programs`] detaches everything.
+use std::time::Duration;
+
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
 use reaper_common::{
-    EventKind, ExeKey, KernelOffsets, LossSlot, PathKey, ProbeConfig, Tracked, names,
+    EventKind, ExeKey, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked, names,
 };
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
 use crate::capture::tracefs;
+use crate::procfs::boottime_now;
+use crate::state::pins::{self, PinDir};
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reaper"));
@@ -60,6 +64,16 @@ pub struct LoadOptions {
     /// The setsid hook to use; `None`: the best one this host offers.
     pub setsid_hook: Option<SetsidHook>,
     pub selectors: SelectorNeeds,
+    /// `--state-dir`: the kernel side pinned, and taken over from the run before.
+    pub kept: Option<Kept>,
+}
+
+/// The kernel side of a state (`--state-dir`).
+#[derive(Clone, Debug)]
+pub struct Kept {
+    pub pins: PinDir,
+    /// `--state-keep`: how long the probes record with no reader draining the ring.
+    pub keep: Duration,
 }
 
 /// How setsid() calls are observed.
@@ -93,6 +107,13 @@ pub struct Probes {
     pub counters: KernelCounters,
     /// The reader's "I went idle, wake me" flag (see `submit_flags` in the probes).
     pub reader_idle: ReaderIdle,
+    /// What the reader tells the probes: their generation, its records taken, `--state-keep`.
+    pub marks: ReaderMarks,
+    /// This load's generation (see `ReaderMark::generation`).
+    pub generation: u64,
+    /// The pinned state this load took over, as the run before left it: it attached its
+    /// programs before detaching that run's.
+    pub took_over: Option<TakeOver>,
     pub setsid_hook: SetsidHook,
     /// What the kernel offers.
     pub features: KernelFeatures,
@@ -119,9 +140,31 @@ fn resolve_offsets(cgroups: bool) -> Result<KernelOffsets> {
     Ok(offsets)
 }
 
+/// The attached programs' links: left in the object (dropping it detaches them), or, for a
+/// kept state, taken out and pinned (they stay attached when this process exits).
+struct Links<'a> {
+    pin: Option<(&'a PinDir, u64)>,
+}
+
+impl Links<'_> {
+    fn keep(
+        &self,
+        program: &str,
+        link: impl TryInto<FdLink, Error = impl std::fmt::Display>,
+    ) -> Result<()> {
+        let Some((pins, generation)) = self.pin else {
+            return Ok(());
+        };
+        let link = link
+            .try_into()
+            .map_err(|e| anyhow!("the link of {program} cannot be pinned: {e}"))?;
+        pins::pin_link(link, &pins.link(generation, program))
+    }
+}
+
 /// Loads and attaches the BTF tracepoint programs. aya's parsed kernel BTF (~20 MiB) lives only
 /// for this, and is handed back before the ring buffer is mapped.
-fn attach_lifecycle(ebpf: &mut Ebpf, cgroups: bool) -> Result<()> {
+fn attach_lifecycle(ebpf: &mut Ebpf, cgroups: bool, links: &Links) -> Result<()> {
     {
         let btf = Btf::from_sys_fs().context("reading the kernel BTF")?;
         let cgroup_tps = CGROUP_SELECTION.iter().filter(|_| cgroups);
@@ -132,7 +175,10 @@ fn attach_lifecycle(ebpf: &mut Ebpf, cgroups: bool) -> Result<()> {
                 .try_into()?;
             prog.load(tp, &btf)
                 .with_context(|| format!("loading {tp}"))?;
-            prog.attach().with_context(|| format!("attaching {tp}"))?;
+            let id = prog.attach().with_context(|| format!("attaching {tp}"))?;
+            if links.pin.is_some() {
+                links.keep(tp, prog.take_link(id)?)?;
+            }
         }
     }
     release_free_heap();
@@ -175,7 +221,15 @@ fn failure_hint(err: &anyhow::Error) -> String {
 impl Probes {
     /// Loads and attaches everything.
     pub fn load(opts: &LoadOptions) -> Result<Probes> {
+        // A first run of a kept state that fails leaves nothing pinned.
+        let first = match &opts.kept {
+            Some(kept) => kept.pins.mark().ok().flatten().is_none(),
+            None => false,
+        };
         Self::try_load(opts).map_err(|e| {
+            if let (true, Some(kept)) = (first, &opts.kept) {
+                let _ = kept.pins.release();
+            }
             let hint = failure_hint(&e);
             e.context(format!("loading the eBPF probes failed{hint}"))
         })
@@ -204,40 +258,107 @@ impl Probes {
                 None
             }
         };
+        // A kept state: the run before's programs record until this load's are attached.
+        let previous = match &opts.kept {
+            Some(kept) => {
+                notes.extend(kept.pins.create()?);
+                kept.pins.mark()?
+            }
+            None => None,
+        };
+        let generation = previous.map_or(1, |m| m.generation + 1);
+        // A kept state's maps keep the sizes they were made with.
+        let (mut max_tracked, mut ring_bytes) = (opts.max_tracked, opts.ring_bytes);
+        if let Some(kept) = &opts.kept {
+            for (name, size, option) in [
+                (names::TRACKED, &mut max_tracked, "--max-tracked"),
+                (names::EVENTS, &mut ring_bytes, "--ring-size"),
+            ] {
+                match kept.pins.capacity(name)? {
+                    Some(pinned) if pinned != *size => {
+                        notes.push(format!(
+                            "{option} {size}: the kept state's is {pinned}, made by its first \
+                             run (--release-state starts afresh)"
+                        ));
+                        *size = pinned;
+                    }
+                    _ => {}
+                }
+            }
+        }
         let config = ProbeConfig {
             batch_wakeups: u64::from(opts.batch_wakeups),
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
-            wakeup_bytes: u64::from(opts.ring_bytes / 4),
+            wakeup_bytes: u64::from(ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),
             setsid_nr: libc::SYS_setsid as u64,
             gateway_exes: u64::from(opts.selectors.exes),
             gateway_paths: u64::from(opts.selectors.paths),
             gateway_cgroups: u64::from(opts.selectors.cgroups),
+            generation,
         };
 
         // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
         // object has none of: drop it, so no two parsed copies are ever resident together.
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(None)
             .override_global(names::OFFSETS, &offsets, true)
             .override_global(names::CONFIG, &config, true)
-            .map_max_entries(names::TRACKED, opts.max_tracked)
-            .map_max_entries(names::EVENTS, opts.ring_bytes)
+            .map_max_entries(names::TRACKED, max_tracked)
+            .map_max_entries(names::EVENTS, ring_bytes);
+        // A kept state's maps are pinned, or taken from their pins as the run before left
+        // them (its sizes, its records).
+        if let Some(kept) = &opts.kept {
+            for name in names::PINNED {
+                loader.map_pin_path(name, kept.pins.map(name));
+            }
+        }
+        let mut ebpf = loader
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
-
-        attach_lifecycle(&mut ebpf, opts.selectors.cgroups)?;
-        let setsid_hook = attach_setsid(
-            &mut ebpf,
-            setsid_ret_offset.is_some(),
-            opts.setsid_hook,
-            &mut notes,
-        );
-
         let map = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| anyhow!("map {name} missing from the object"))
         };
+        let mut marks = ReaderMarks {
+            map: Array::try_from(map(&mut ebpf, names::READER)?)?,
+            mark: previous.unwrap_or_default(),
+            keep: opts.kept.as_ref().map(|k| k.keep),
+        };
+        if previous.is_none() {
+            // Nothing records yet: this load's programs do from their first event.
+            marks.mark.generation = generation;
+            marks.write()?;
+        }
+
+        let links = Links {
+            pin: opts.kept.as_ref().map(|k| (&k.pins, generation)),
+        };
+        let attaching = boottime_now();
+        attach_lifecycle(&mut ebpf, opts.selectors.cgroups, &links)?;
+        let setsid_hook = attach_setsid(
+            &mut ebpf,
+            setsid_ret_offset.is_some(),
+            opts.setsid_hook,
+            &links,
+            &mut notes,
+        );
+        let took_over = match (&opts.kept, previous) {
+            (Some(kept), Some(before)) => {
+                // Every event now runs both generations' programs; from the switch on, this
+                // one's record. Then the run before's programs go.
+                marks.mark.generation = generation;
+                marks.write()?;
+                kept.pins.detach_others(generation)?;
+                Some(TakeOver {
+                    before,
+                    overlap: (attaching, boottime_now()),
+                })
+            }
+            _ => None,
+        };
+
         Ok(Probes {
             ring: RingBuf::try_from(map(&mut ebpf, names::EVENTS)?)?,
             tracked: HashMap::try_from(map(&mut ebpf, names::TRACKED)?)?,
@@ -252,11 +373,73 @@ impl Probes {
                 seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
             },
             reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
+            marks,
+            generation,
+            took_over,
             programs: Some(ebpf),
             setsid_hook,
             features,
             notes,
         })
+    }
+}
+
+/// A load that took over a kept state from the run before.
+#[derive(Clone, Copy, Debug)]
+pub struct TakeOver {
+    /// What the run before told its probes last.
+    pub before: ReaderMark,
+    /// Boot-time ns from the first attach to the run before's programs detached: the events
+    /// of this window may be recorded by both generations.
+    pub overlap: (u64, u64),
+}
+
+/// The `READER` entry: which generation records, the records taken so far over every run of
+/// the state, and (`--state-keep`) until when the probes record with no one draining.
+pub struct ReaderMarks {
+    map: Array<MapData, ReaderMark>,
+    mark: ReaderMark,
+    keep: Option<Duration>,
+}
+
+impl ReaderMarks {
+    /// Records taken from the ring by the runs before this one.
+    pub fn received(&self) -> u64 {
+        self.mark.received
+    }
+
+    /// Says the reader has taken `received` records in all (and, for a kept state, that it
+    /// drains the ring: the probes record `--state-keep` longer).
+    pub fn taken(&mut self, received: u64) -> Result<()> {
+        self.mark.received = received;
+        self.write()
+    }
+
+    /// Moves `keep_until` on when half of `--state-keep` has passed (nothing to do without a
+    /// kept state, or when records were taken meanwhile).
+    pub fn still_reading(&mut self) -> Result<()> {
+        match self.keep {
+            Some(keep) if boottime_now() + keep.as_nanos() as u64 / 2 > self.mark.keep_until => {
+                self.write()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Says the reader stops: the probes of a kept state go on, and wake no one.
+    pub fn stopping(&mut self) -> Result<()> {
+        self.mark.draining = 0;
+        self.map.set(0, self.mark, 0)?;
+        Ok(())
+    }
+
+    fn write(&mut self) -> Result<()> {
+        self.mark.draining = 1;
+        self.mark.keep_until = match self.keep {
+            Some(keep) => boottime_now() + keep.as_nanos() as u64,
+            None => u64::MAX,
+        };
+        Ok(self.map.set(0, self.mark, 0)?)
     }
 }
 
@@ -282,6 +465,15 @@ impl KernelCounters {
         Ok(self.seq.get(&0, 0)?)
     }
 
+    /// Records numbered, then records lost, as of now.
+    pub fn account(&self) -> Result<Accounting> {
+        let numbered = self.kernel_events()?;
+        Ok(Accounting {
+            numbered,
+            losses: self.losses()?,
+        })
+    }
+
     /// Losses so far, summed over CPUs.
     pub fn losses(&self) -> Result<LossCounts> {
         let slot = |i: u32| -> Result<u64> { Ok(self.losses.get(&i, 0)?.iter().sum()) };
@@ -296,8 +488,16 @@ impl KernelCounters {
     }
 }
 
+/// The kernel's account of its records at one moment (see [`KernelCounters::account`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Accounting {
+    /// Sequence numbers handed out.
+    pub numbered: u64,
+    pub losses: LossCounts,
+}
+
 /// Loss counters read from the kernel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LossCounts {
     /// Records that could not be reserved, indexed by `EventKind::loss_slot`.
     pub kinds: [u64; EventKind::ALL.len()],
@@ -315,6 +515,7 @@ fn attach_setsid(
     ebpf: &mut Ebpf,
     have_format: bool,
     want: Option<SetsidHook>,
+    links: &Links,
     notes: &mut Vec<String>,
 ) -> SetsidHook {
     if want == Some(SetsidHook::None) {
@@ -328,7 +529,10 @@ fn attach_setsid(
                 .ok_or_else(|| anyhow!("program sys_exit_setsid missing"))?
                 .try_into()?;
             prog.load()?;
-            prog.attach("syscalls", "sys_exit_setsid")?;
+            let id = prog.attach("syscalls", "sys_exit_setsid")?;
+            if links.pin.is_some() {
+                links.keep("sys_exit_setsid", prog.take_link(id)?)?;
+            }
             Ok(())
         })();
         match attached {
@@ -342,7 +546,10 @@ fn attach_setsid(
             .ok_or_else(|| anyhow!("program raw_sys_exit missing"))?
             .try_into()?;
         prog.load()?;
-        prog.attach("sys_exit")?;
+        let id = prog.attach("sys_exit")?;
+        if links.pin.is_some() {
+            links.keep("raw_sys_exit", prog.take_link(id)?)?;
+        }
         Ok(())
     })();
     match attached {

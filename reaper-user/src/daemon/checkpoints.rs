@@ -2,6 +2,7 @@
 //! housekeeping tick while the lineage changes, and once at the stop after the last record was
 //! taken in. The loop only encodes it; the file is written and synced on a thread of its own,
 //! one at a time, so a slow disk never holds up the ring's reader.
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -9,13 +10,17 @@ use anyhow::{Context, Result, anyhow};
 
 use super::pipeline::Pipeline;
 use crate::procfs::boottime_now;
-use crate::state::{CHECKPOINT_EVERY, Checkpoint, FORMAT, StateDir};
+use crate::state::{CHECKPOINT_EVERY, Checkpoint, FORMAT, KernelKept, StateDir};
 
 pub(super) struct Checkpoints {
     dir: StateDir,
     /// What the run traces (see [`crate::state::check`]).
     selectors: Vec<String>,
     boot_id: String,
+    /// The generation of this run's probes.
+    generation: u64,
+    /// Where they are pinned.
+    pins: PathBuf,
     last: Instant,
     /// Events written when the last one was taken (see [`crate::output::Output::written`]).
     written: Option<u64>,
@@ -26,11 +31,19 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub(super) fn new(dir: StateDir, selectors: Vec<String>, boot_id: String) -> Checkpoints {
+    pub(super) fn new(
+        dir: StateDir,
+        selectors: Vec<String>,
+        boot_id: String,
+        generation: u64,
+        pins: PathBuf,
+    ) -> Checkpoints {
         Checkpoints {
+            pins,
             dir,
             selectors,
             boot_id,
+            generation,
             last: Instant::now(),
             written: None,
             writing: None,
@@ -92,6 +105,14 @@ impl Checkpoints {
             selectors: self.selectors.clone(),
             written: boottime_now(),
             nodes: run.saved(),
+            // Encoded between two batches: it holds exactly the records taken so far.
+            kernel: Some(KernelKept {
+                layout: reaper_common::LAYOUT,
+                generation: self.generation,
+                received: run.received(),
+                losses: run.reported_losses(),
+                pins: self.pins.clone(),
+            }),
         };
         Ok(serde_json::to_vec(&checkpoint)?)
     }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
     sync::mpsc::UnboundedReceiver,
     time::{Instant, sleep_until},
 };
@@ -16,7 +16,7 @@ use super::checkpoints::Checkpoints;
 use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
-use crate::capture::loader::{KernelCounters, ReaderIdle};
+use crate::capture::loader::{KernelCounters, ReaderIdle, ReaderMarks};
 use crate::capture::poll_clock::PollClock;
 use crate::cli::Cli;
 use crate::gateways::Selectors;
@@ -43,6 +43,23 @@ pub(super) struct Sources<'a> {
     pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
     /// The lineage checkpoint's writer; none without `--state-dir`.
     pub(super) checkpoints: Option<Checkpoints>,
+    pub(super) signals: Signals,
+}
+
+/// SIGINT and SIGTERM, caught from before `ready` is written: a stop asked for as soon as the
+/// run says it is ready is a stop like any other (the summary, the last checkpoint).
+pub(super) struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    pub(super) fn catch() -> Result<Signals> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+        })
+    }
 }
 
 /// The maps the event loop uses besides the ring.
@@ -50,6 +67,7 @@ pub(super) struct Kernel<'a> {
     pub(super) counters: &'a KernelCounters,
     pub(super) tracked: &'a mut TrackedMap,
     pub(super) reader_idle: &'a mut ReaderIdle,
+    pub(super) marks: &'a mut ReaderMarks,
 }
 
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
@@ -72,9 +90,8 @@ pub(super) async fn event_loop(
         command,
         kill_reports,
         checkpoints,
+        signals,
     } = sources;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     // `--wakeup-interval 0`: every record wakes the reader (the kernel is told not to batch),
     // so there is nothing to poll for.
@@ -109,7 +126,7 @@ pub(super) async fn event_loop(
             ready = ring.readable_mut() => {
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
-                drain(ring.get_mut(), run)?;
+                drain(ring.get_mut(), run, kernel.marks)?;
                 if batching {
                     poll.start().context("starting the poll clock")?;
                 }
@@ -117,10 +134,10 @@ pub(super) async fn event_loop(
             }
             tick = poll.tick(), if poll.ticking() => {
                 tick.context("waiting on the poll clock")?;
-                let mut n = drain(ring.get_mut(), run)?;
+                let mut n = drain(ring.get_mut(), run, kernel.marks)?;
                 if n == 0 {
                     kernel.reader_idle.going_idle()?;
-                    n = drain(ring.get_mut(), run)?;
+                    n = drain(ring.get_mut(), run, kernel.marks)?;
                 }
                 match n {
                     0 => poll.stop().context("stopping the poll clock")?,
@@ -132,8 +149,9 @@ pub(super) async fn event_loop(
             }
             _ = &mut house => {
                 let losses = kernel.counters.losses()?;
-                drain(ring.get_mut(), run)?;
+                drain(ring.get_mut(), run, kernel.marks)?;
                 run.keep_exact(losses, kernel.tracked)?;
+                kernel.marks.still_reading()?;
                 follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
                 if let Some(checkpoints) = checkpoints.as_mut() {
                     checkpoints.due(run);
@@ -142,7 +160,7 @@ pub(super) async fn event_loop(
                 reparent_retry = false;
             }
             _ = &mut scan => {
-                drain(ring.get_mut(), run)?;
+                drain(ring.get_mut(), run, kernel.marks)?;
                 run.release_lagging(FREE_LAG)?;
                 run.scan_leaks()?;
                 run.decide_kills()?;
@@ -153,15 +171,15 @@ pub(super) async fn event_loop(
             status = command.wait(), if command.running() => {
                 command.status = Some(status?);
                 // Its exit event may still be in the ring.
-                drain(ring.get_mut(), run)?;
+                drain(ring.get_mut(), run, kernel.marks)?;
                 if cli.check {
                     settle.as_mut().reset(Instant::now() + cli.settle_time());
                     settling = true;
                 }
             }
             _ = &mut settle, if settling => return Ok(Stop::Done),
-            _ = sigint.recv() => return Ok(Stop::Signal("SIGINT")),
-            _ = sigterm.recv() => return Ok(Stop::Signal("SIGTERM")),
+            _ = signals.interrupt.recv() => return Ok(Stop::Signal("SIGINT")),
+            _ = signals.terminate.recv() => return Ok(Stop::Signal("SIGTERM")),
             _ = &mut stop_at => return Ok(Stop::Duration),
         }
         if flush {
@@ -193,13 +211,21 @@ async fn next_report(reports: &mut Option<UnboundedReceiver<KillReport>>) -> Opt
     }
 }
 
-/// Reads every record now in the ring. Returns how many.
-pub(super) fn drain(ring: &mut RingBuf<MapData>, run: &mut Pipeline) -> Result<usize> {
+/// Reads every record now in the ring, then tells the kernel how many were taken in all (a
+/// kept state's count, for the next run). Returns how many.
+pub(super) fn drain(
+    ring: &mut RingBuf<MapData>,
+    run: &mut Pipeline,
+    marks: &mut ReaderMarks,
+) -> Result<usize> {
     let mut n = 0;
     while let Some(item) = ring.next() {
         run.record(&item)?;
         n += 1;
     }
     run.end_batch();
+    if n > 0 {
+        marks.taken(run.received())?;
+    }
     Ok(n)
 }

@@ -13,10 +13,11 @@ use std::{
 };
 
 use anyhow::{Result, anyhow, bail};
+use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    capture::loader::{LoadOptions, Probes},
+    capture::loader::{Accounting, Kept, KernelCounters, LoadOptions, Probes, ReaderMarks},
     cli::Cli,
     gateways::Selectors,
     identity,
@@ -36,7 +37,7 @@ use crate::{
     },
     privileges,
     procfs::{self, Stat, boottime_now},
-    state::{self, StateDir},
+    state::{self, StateDir, Taken},
     stream::{
         Stamped,
         events::{Check, Event, Ready, Resumed, SCHEMA_VERSION},
@@ -45,11 +46,14 @@ use crate::{
 };
 use checkpoints::Checkpoints;
 use command::{GatewayCommand, exit_code, spawn_gateway};
-use event_loop::{Kernel, Sources, drain, event_loop};
-use pipeline::Pipeline;
+use event_loop::{Kernel, Signals, Sources, drain, event_loop};
+use pipeline::{KeptState, Pipeline};
 
 /// Time for probes still running on another CPU to finish after detaching.
 const DETACH_SETTLE: Duration = Duration::from_millis(20);
+/// How many times (a millisecond apart) a kept state's stop waits for the records numbered
+/// to be taken in.
+const SETTLE_TRIES: usize = 1000;
 
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
@@ -85,16 +89,23 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // A state that cannot be taken back stops the run before the kernel is touched.
     let traced = traced(&cli, &selectors);
     let state = cli.state_dir.as_deref().map(StateDir::open).transpose()?;
-    let mut checkpoint = match &state {
-        Some(dir) => dir.load()?,
+    let taken = match &state {
+        Some(dir) => {
+            let (taken, notices) = state::take(dir, &traced)?;
+            for notice in notices {
+                eprintln!("reaper-trace: {notice}");
+            }
+            taken
+        }
+        None => Taken::Nothing,
+    };
+    let kept = match &state {
+        Some(dir) => Some(Kept {
+            pins: dir.pins()?,
+            keep: cli.state_keep,
+        }),
         None => None,
     };
-    if let (Some(dir), Some(found)) = (&state, &checkpoint)
-        && let state::Verdict::Stale(why) = state::check(found, dir.path(), &traced)?
-    {
-        eprintln!("reaper-trace: {why}");
-        checkpoint = None;
-    }
     let output = output_for(&cli, t0)?;
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
     let started = std::time::Instant::now();
@@ -109,6 +120,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         batch_wakeups: !cli.wakeup_interval.is_zero(),
         setsid_hook: cli.setsid_hook.wanted(),
         selectors: selectors.needs(),
+        kept,
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
@@ -140,30 +152,28 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let mut run = Pipeline::new(graph, output, inspect, killer, selectors.labels());
 
     // The lineage of the run before first: /proc then adds only what is new.
-    let resumed = match (&state, checkpoint) {
-        (Some(dir), Some(checkpoint)) => {
-            let took = run.resume(&checkpoint.nodes, &mut probes.tracked)?;
-            Some(Resumed {
-                state_dir: dir.path().display().to_string(),
-                gap_ns: t0.saturating_sub(checkpoint.written),
-                adopted: took.adopted,
-                gone: took.gone,
-            })
-        }
-        _ => None,
-    };
+    let (resumed, whole) = resume(&taken, &state, &mut probes, &mut run, t0)?;
     // The kernel looks for new gateways from here on; then /proc for those already running.
+    // A state taken back whole needs no look: its probes kept looking, and their records
+    // of the gap (new gateways among them) wait in the ring. A look would take what they
+    // already know for new (a forked copy of a gateway script looks like one).
     selectors.arm(&mut probes.selector_maps)?;
     let mut gateways: Vec<(usize, Stat)> = pid_gateways
         .into_iter()
+        .filter(|stat| !whole || !run.is_gateway(stat.pid))
         .map(|stat| (Selectors::PID, stat))
         .collect();
-    for (selector, stat) in selectors.running(&procfs::snapshot_all()?) {
-        if !gateways.iter().any(|(_, g)| g.pid == stat.pid) {
-            gateways.push((selector, stat));
+    if !whole {
+        for (selector, stat) in selectors.running(&procfs::snapshot_all()?) {
+            if !gateways.iter().any(|(_, g)| g.pid == stat.pid) {
+                gateways.push((selector, stat));
+            }
         }
     }
-    let roots = run.alive_pids();
+    let roots = match whole {
+        true => Vec::new(),
+        false => run.alive_pids(),
+    };
     let gone = adopt(&gateways, &roots, &mut probes.tracked, &mut run)?;
     if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
         bail!("--gateway-pid {pid}: the process exited during start-up");
@@ -194,6 +204,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         kernel: probes.features.release.clone(),
         resumed,
     });
+    let signals = Signals::catch()?;
     let ready_at = boottime_now();
     run.output().set_t0(ready_at);
     run.write([Stamped::new(ready_at, ready)])?;
@@ -207,6 +218,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             counters: &probes.counters,
             tracked: &mut probes.tracked,
             reader_idle: &mut probes.reader_idle,
+            marks: &mut probes.marks,
         },
         command: GatewayCommand {
             child,
@@ -214,9 +226,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
         },
         kill_reports,
         checkpoints: match state {
-            Some(dir) => Some(Checkpoints::new(dir, traced, state::boot_id()?)),
+            Some(dir) => Some(Checkpoints::new(
+                dir.clone(),
+                traced,
+                state::boot_id()?,
+                probes.generation,
+                dir.pins()?.path().to_owned(),
+            )),
             None => None,
         },
+        signals,
     };
     let stop = event_loop(&cli, &mut selectors, &mut run, &mut sources).await?;
     let Sources {
@@ -232,11 +251,28 @@ pub async fn run(cli: Cli) -> Result<i32> {
         command.end(&mut run, stop, cli.term_timeout).await?;
     }
 
-    // Stop: detach, let running probes finish, take in the rest, and account for it all.
-    probes.programs = None; // detaches every probe; the maps stay for the last drain
-    tokio::time::sleep(DETACH_SETTLE).await;
-    let losses = probes.counters.losses()?;
-    drain(ring.get_mut(), &mut run)?;
+    // Stop: detach, let running probes finish, take in the rest, and account for it all. A
+    // kept state's probes go on: what they record from here waits in the ring for the next
+    // run, and the account is taken where everything numbered was taken in or counted lost.
+    let account = match checkpoints.is_some() {
+        false => {
+            probes.programs = None; // detaches every probe; the maps stay for the last drain
+            tokio::time::sleep(DETACH_SETTLE).await;
+            let account = probes.counters.account()?;
+            drain(ring.get_mut(), &mut run, &mut probes.marks)?;
+            account
+        }
+        true => {
+            settle_kept(
+                ring.get_mut(),
+                &mut run,
+                &probes.counters,
+                &mut probes.marks,
+            )
+            .await?
+        }
+    };
+    let losses = account.losses;
     run.keep_exact(losses, &probes.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
@@ -268,12 +304,85 @@ pub async fn run(cli: Cli) -> Result<i32> {
             })?;
         }
     }
-    run.close(&probes.counters, gateway_code)?;
+    run.close(account, gateway_code)?;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {
         checkpoints.write(&mut run)?;
     }
     Ok(status)
+}
+
+/// Takes back what the state directory held: the lineage, and (taken whole) the kernel side's
+/// count of records taken, the losses reported and the probes' take-over. Returns the `ready`
+/// event's `resumed`, and whether the state was taken whole.
+fn resume(
+    taken: &Taken,
+    state: &Option<StateDir>,
+    probes: &mut Probes,
+    run: &mut Pipeline,
+    t0: u64,
+) -> Result<(Option<Resumed>, bool)> {
+    let Some(dir) = state else {
+        return Ok((None, false));
+    };
+    let (checkpoint, took, unsaved, whole) = match taken {
+        Taken::Nothing => return Ok((None, false)),
+        Taken::Lineage(checkpoint) => {
+            let took = run.resume(&checkpoint.nodes, &mut probes.tracked)?;
+            (checkpoint, took, 0, false)
+        }
+        Taken::Whole {
+            checkpoint,
+            kept,
+            mark,
+        } => {
+            let unsaved = mark.received - kept.received;
+            let took = run.resume_kept(
+                &checkpoint.nodes,
+                KeptState {
+                    received: probes.marks.received(),
+                    unsaved,
+                    reported: kept.losses,
+                    took_over: probes.took_over,
+                },
+            );
+            (checkpoint, took, unsaved, true)
+        }
+    };
+    let resumed = Resumed {
+        state_dir: dir.path().display().to_string(),
+        gap_ns: t0.saturating_sub(checkpoint.written),
+        adopted: took.adopted,
+        gone: took.gone,
+        kernel_kept: whole,
+        unsaved,
+    };
+    Ok((Some(resumed), whole))
+}
+
+/// A kept state's account at the stop: its probes go on recording, so the account is taken
+/// at a moment when every record numbered so far was taken in or counted lost: the ring
+/// drained, then the counters read, again (a millisecond later) while records keep coming
+/// in between (or are still being written on another CPU). What comes after waits in the ring
+/// for the next run. A storm that never pauses for [`SETTLE_TRIES`] ms leaves the account as
+/// it stood, and says so (`consistent: false`).
+async fn settle_kept(
+    ring: &mut RingBuf<MapData>,
+    run: &mut Pipeline,
+    counters: &KernelCounters,
+    marks: &mut ReaderMarks,
+) -> Result<Accounting> {
+    let mut account = Accounting::default();
+    for _ in 0..SETTLE_TRIES {
+        drain(ring, run, marks)?;
+        account = counters.account()?;
+        if run.received() + account.losses.dropped() == account.numbered {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    marks.stopping()?;
+    Ok(account)
 }
 
 /// What the run traces, by name, for a lineage checkpoint: its `--gateway-pid`s and its

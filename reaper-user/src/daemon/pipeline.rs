@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::capture::decode::What;
-use crate::capture::loader::{KernelCounters, LossCounts};
+use crate::capture::loader::{Accounting, LossCounts};
 use crate::capture::reader::Reader;
 use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
@@ -31,7 +31,7 @@ use crate::stream::events::Event;
 use crate::text::Args;
 
 mod resume;
-pub use resume::Resumed;
+pub use resume::{KeptState, Resumed};
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -127,6 +127,11 @@ impl Pipeline {
         self.reader.end_batch();
     }
 
+    /// Records taken from the ring so far (by every run of a kept state).
+    pub fn received(&self) -> u64 {
+        self.reader.received()
+    }
+
     /// Adds processes found in /proc and reports each as a `snapshot`.
     pub fn add_seeds(&mut self, seeds: Vec<Seed>) -> Result<()> {
         for seed in seeds {
@@ -160,6 +165,13 @@ impl Pipeline {
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
     pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
         self.gateways.expect(pid, argv);
+    }
+
+    /// Whether the graph holds `pid` as a live gateway.
+    pub fn is_gateway(&self, pid: u32) -> bool {
+        self.graph
+            .current(pid)
+            .is_some_and(|n| n.is_gateway && n.alive())
     }
 
     /// The gateway pids (for `ready`).
@@ -285,14 +297,10 @@ impl Pipeline {
     }
 
     /// Writes the closing summary, then the tree of what is left alive for people.
-    pub fn close(
-        &mut self,
-        counters: &KernelCounters,
-        gateway_exit_code: Option<i32>,
-    ) -> Result<()> {
+    pub fn close(&mut self, account: Accounting, gateway_exit_code: Option<i32>) -> Result<()> {
         let figures = RunFigures {
             counts: self.out.counts.clone(),
-            delivery: self.reader.delivery(counters)?,
+            delivery: self.reader.delivery(account),
             latency: self.reader.latency(),
             kills: self
                 .killer

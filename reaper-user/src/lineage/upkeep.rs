@@ -43,6 +43,9 @@ pub struct Upkeep {
     reported_losses: LossCounts,
     /// Pids to re-read from /proc (events about processes the graph did not know).
     resync_pids: HashSet<u32>,
+    /// Everything is to be re-read from /proc at the next check: a restart took back a
+    /// lineage that lacks what the run before took in after its last checkpoint.
+    resync_all: bool,
     /// Children forked while the tracked map was full, not yet reported in a `lost` event.
     untracked_children: Vec<u32>,
     /// Live processes the kernel does not follow: their end is learnt from /proc.
@@ -51,6 +54,19 @@ pub struct Upkeep {
 }
 
 impl Upkeep {
+    /// Goes on from a checkpoint: `reported` losses are not reported again; `resync`: the
+    /// graph lacks records the run before took in (re-read from /proc at the next check,
+    /// after the ring was drained).
+    pub fn resume(&mut self, reported: LossCounts, resync: bool) {
+        self.reported_losses = reported;
+        self.resync_all = resync;
+    }
+
+    /// Losses reported so far (for a checkpoint).
+    pub fn reported_losses(&self) -> LossCounts {
+        self.reported_losses
+    }
+
     /// What kernel event `ev`, applied to `graph` as `applied`, leaves to check later. Returns
     /// the node it is about, or none when there is nothing to report: a duplicate, or a
     /// process the graph does not know (re-read from /proc at the next check, unless the
@@ -196,7 +212,7 @@ impl Upkeep {
     ) -> Vec<Stamped> {
         let new_drops = now.dropped() - self.reported_losses.dropped();
         let new_full = now.tracked_full - self.reported_losses.tracked_full;
-        if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() {
+        if new_drops == 0 && new_full == 0 && self.resync_pids.is_empty() && !self.resync_all {
             return Vec::new();
         }
         let mut kinds = BTreeMap::new();
@@ -212,7 +228,9 @@ impl Upkeep {
         }
         self.reported_losses = now;
         let mut found = Vec::new();
-        let mut affected = if new_drops > 0 || !self.resync_pids.is_empty() {
+        let resync = new_drops > 0 || !self.resync_pids.is_empty() || self.resync_all;
+        self.resync_all = false;
+        let mut affected = if resync {
             self.resync(graph, tracked, &mut found)
         } else {
             Vec::new()

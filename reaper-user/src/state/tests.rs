@@ -45,6 +45,7 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
         selectors: vec!["pid".into()],
         written: 5,
         nodes: vec![node(10)],
+        kernel: None,
     };
     state
         .write(&serde_json::to_vec(&checkpoint).unwrap())
@@ -74,6 +75,7 @@ fn other_selectors_or_format_are_refused_naming_release_state_another_boot_is_st
         selectors: vec!["pid".into()],
         written: 5,
         nodes: Vec::new(),
+        kernel: None,
     };
     let Verdict::Stale(why) = check(&checkpoint, &dir, &["pid".into()]).unwrap() else {
         panic!("a checkpoint of another boot is not taken back");

@@ -119,7 +119,7 @@ pub(crate) struct Truths {
     /// How many processes that was (more than the pids when pids were reused).
     created: usize,
     /// Their CPU time and their children's, in seconds.
-    cpu: f64,
+    pub(crate) cpu: f64,
 }
 
 pub(crate) fn read_truths(truths: &[PathBuf]) -> Result<Truths> {

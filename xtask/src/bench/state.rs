@@ -1,7 +1,9 @@
 //! `--only state`: what `--state-dir` costs. A gateway with `--sleepers` live children (on its
 //! own, not under reaper-trace); the size of their lineage checkpoint; and the time from
 //! reaper-trace's start to its `ready` event when it takes the checkpoint back, side by side
-//! (interleaved) with a start that reads the same processes from /proc.
+//! (interleaved) with a start that reads the same processes from /proc. Then what the kept
+//! probes cost while no reader runs: a tracked fork+exit storm's CPU with no probes, with a
+//! reader, with the state kept and no reader, and past `--state-keep`, interleaved.
 use std::{
     fs,
     io::{BufRead, BufReader},
@@ -11,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use super::*;
 
@@ -91,5 +93,113 @@ pub(crate) fn restarts(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     // Its children read EOF once it is gone, and exit.
     let _ = gateway.kill();
     let _ = gateway.wait();
-    result
+    release(bins, &state)?;
+    result?;
+    unread(bins, opts)
+}
+
+/// `reaper-trace --release-state DIR`.
+fn release(bins: &Bins, state: &Path) -> Result<()> {
+    let status = Command::new(&bins.reaper)
+        .arg("--release-state")
+        .arg(state)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("--release-state {} failed ({status})", state.display());
+    }
+    Ok(())
+}
+
+/// Who watches the storm in [`unread`].
+#[derive(Clone, Copy, PartialEq)]
+enum Watch {
+    /// No probes at all.
+    Nobody,
+    /// reaper-trace reads (a kept state, as a service runs it).
+    Reader,
+    /// The state kept and no reader: the probes record into the ring until it is full.
+    Kept,
+    /// The same, past `--state-keep`: the probes only keep the tracked set.
+    Expired,
+}
+
+/// The storm's own CPU (its processes' and their children's, the probes' time included: they
+/// run in the forking and exiting tasks) under `watch`, in seconds.
+fn storm_cpu(bins: &Bins, opts: &BenchOptions, watch: Watch) -> Result<f64> {
+    let (script, truths) = loop_script(bins, Loop::ForkExit, opts.procs, 1, "unread");
+    let go = bins.scratch.join("unread-go");
+    let _ = fs::remove_file(&go);
+    // The gateway waits for `go` before it storms, so the tracer can start, and go, first.
+    let gateway = format!(
+        "while [ ! -e {go} ]; do sleep 0.01; done; {script}",
+        go = go.display()
+    );
+    let mut shell = Command::new("sh").args(["-c", &gateway]).spawn()?;
+    let state = bins.scratch.join("unread-state");
+    let mut reader = None;
+    if watch != Watch::Nobody {
+        let mut command = Command::new(&bins.reaper);
+        command
+            .args(["--json", "--quiet", "--gateway-pid", &shell.id().to_string()])
+            .arg("--state-dir")
+            .arg(&state);
+        if watch == Watch::Expired {
+            command.args(["--state-keep", "1s"]);
+        }
+        let mut tracer = command.stdout(Stdio::piped()).spawn()?;
+        let mut lines = BufReader::new(tracer.stdout.take().context("stdout")?).lines();
+        while !lines.next().context("no ready")??.contains(r#""event":"ready""#) {}
+        thread::spawn(move || lines.for_each(drop));
+        match watch {
+            Watch::Reader => reader = Some(tracer),
+            _ => {
+                // SAFETY: a plain signal to the child this bench started.
+                unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+                tracer.wait()?;
+            }
+        }
+        if watch == Watch::Expired {
+            thread::sleep(Duration::from_millis(1500));
+        }
+    }
+    fs::write(&go, b"")?;
+    shell.wait()?;
+    let cpu = read_truths(&truths)?.cpu;
+    if let Some(mut tracer) = reader {
+        // SAFETY: as above.
+        unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+        tracer.wait()?;
+    }
+    if watch != Watch::Nobody {
+        release(bins, &state)?;
+    }
+    Ok(cpu)
+}
+
+/// What the probes of a kept state cost with no reader, against no probes and a reader.
+fn unread(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let watches = [
+        (Watch::Nobody, "no probes"),
+        (Watch::Reader, "a reader (--state-dir)"),
+        (Watch::Kept, "kept, no reader"),
+        (Watch::Expired, "kept, no reader, past --state-keep"),
+    ];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); watches.len()];
+    for _ in 0..opts.reps {
+        for (i, (watch, _)) in watches.iter().enumerate() {
+            cpu[i].push(storm_cpu(bins, opts, *watch)?);
+        }
+    }
+    println!(
+        "\n### The probes while no reader runs ({} tracked fork+exit, median of {})\n",
+        opts.procs, opts.reps
+    );
+    println!("| storm watched by | storm CPU | vs no probes |\n|---|---|---|");
+    let base = median(&mut cpu[0].clone());
+    for ((_, what), times) in watches.iter().zip(cpu.iter_mut()) {
+        let m = median(times);
+        println!("| {what} | {m:.3} s | {:.3}x |", m / base);
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 use anyhow::Result;
 
 use super::Pipeline;
+use crate::capture::loader::{LossCounts, TakeOver};
 use crate::lineage::graph::{Start, saved::SavedNode};
 use crate::lineage::seed::{self, TrackedMap};
 use crate::procfs::{self, Stat};
@@ -18,6 +19,20 @@ pub struct Resumed {
     pub gone: usize,
 }
 
+/// Where a checkpoint written beside a kept kernel state stands against it.
+#[derive(Clone, Copy, Debug)]
+pub struct KeptState {
+    /// Records taken from the ring by the runs before (the kernel's count).
+    pub received: u64,
+    /// Of those, how many the run before took in after writing the checkpoint (it did not
+    /// stop: it was killed, or crashed).
+    pub unsaved: u64,
+    /// Losses the checkpoint says were reported.
+    pub reported: LossCounts,
+    /// The take-over of the probes.
+    pub took_over: Option<TakeOver>,
+}
+
 /// The process (pid, start), if it still runs (a zombie does not).
 fn running(pid: u32, start: Start) -> Option<Stat> {
     procfs::read_stat(pid)
@@ -29,6 +44,34 @@ impl Pipeline {
     /// The lineage a checkpoint keeps: the live processes and their ancestors.
     pub fn saved(&self) -> Vec<SavedNode> {
         self.graph.save()
+    }
+
+    /// Losses reported so far (a checkpoint keeps them, so the next run reports only new
+    /// ones).
+    pub fn reported_losses(&self) -> LossCounts {
+        self.upkeep.reported_losses()
+    }
+
+    /// Takes back a checkpoint written beside the kernel state this run took over. The probes
+    /// stayed attached through the gap and its records wait in the ring, so every process the
+    /// checkpoint holds alive is alive to this run until a record says otherwise: nothing is
+    /// looked up in /proc, and the gap's events come in order, from the ring. When the run
+    /// before took in records after the checkpoint, the graph is re-read from /proc once the
+    /// ring is drained.
+    pub fn resume_kept(&mut self, saved: &[SavedNode], kept: KeptState) -> Resumed {
+        let now = procfs::boottime_now();
+        let restored = self.graph.restore(saved, |_, _| true, now);
+        for &id in &restored.alive {
+            if self.graph.node(id).is_some_and(|n| n.is_gateway) {
+                self.gateways.adopted(id);
+            }
+        }
+        self.reader.resume(kept.received, kept.took_over);
+        self.upkeep.resume(kept.reported, kept.unsaved > 0);
+        Resumed {
+            adopted: restored.alive.len(),
+            gone: 0,
+        }
     }
 
     /// The pids of the live processes the graph holds (after [`Pipeline::resume`]: what /proc

@@ -5,6 +5,7 @@ use crate::capture::decode::{KernelEvent, What};
 fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
     KernelEvent {
         seq,
+        generation: 1,
         ts: seq * 1000,
         pid,
         start,

@@ -50,13 +50,21 @@ pub struct Ready {
 pub struct Resumed {
     /// The state directory.
     pub state_dir: String,
-    /// Boot-time ns from the checkpoint to this run's start: no run watched in between, so
-    /// what happened then was read from /proc.
+    /// Boot-time ns from the checkpoint to this run's start: no run read the ring in
+    /// between.
     pub gap_ns: u64,
     /// Processes alive again, with their lineage.
     pub adopted: usize,
-    /// Processes alive at the checkpoint and gone since (exits no run saw).
+    /// Processes alive at the checkpoint and gone since, whose exits no record tells (only
+    /// when the kernel side was not kept).
     pub gone: usize,
+    /// The probes stayed attached through the gap: its events follow, from the ring, with
+    /// their kernel times. False: the kernel side was not there, and /proc told what
+    /// became of each process.
+    pub kernel_kept: bool,
+    /// Records the run before took in after its last checkpoint (it was killed or crashed):
+    /// they are in its stream, not in the lineage taken back, which is re-read from /proc.
+    pub unsaved: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -32,7 +32,10 @@ pub(crate) fn leak_orphan(truth: &str) -> Value {
 /// and reads the read end of the gateway's pipe; A exits only once `RELEASE.a` exists (the
 /// test makes it between two runs), which reparents B. The gateway holds the write end until
 /// released, then closes it (B reads EOF and exits).
-pub(crate) fn orphan_later(truth: &str) -> Value {
+///
+/// `late` (`spawn-later`): A forks B only once released, writes its pid to `TRUTH.b` and
+/// exits: B's whole life is in the gap between the two runs (`b` is 0 in TRUTH).
+pub(crate) fn orphan_later(truth: &str, late: bool) -> Value {
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
     let (mut prd, mut pwr) = (0, 0);
@@ -41,22 +44,29 @@ pub(crate) fn orphan_later(truth: &str) -> Value {
         "{}.a",
         std::env::var("REAPER_SHAPES_RELEASE").unwrap_or_default()
     );
+    let b_truth = format!("{truth}.b");
     let a = fork_then(move || {
-        let b = fork_then(move || {
-            // SAFETY: plain syscalls in the child.
-            unsafe { libc::setsid() };
-            as_stdin(rd);
-            for fd in [rd, wr, prd, pwr] {
-                // SAFETY: closing the child's copies.
-                unsafe { libc::close(fd) };
-            }
-            read_stdin_to_eof();
-            0
-        });
+        let fork_b = move || {
+            fork_then(move || {
+                // SAFETY: plain syscalls in the child.
+                unsafe { libc::setsid() };
+                as_stdin(rd);
+                for fd in [rd, wr, prd, pwr] {
+                    // SAFETY: closing the child's copies.
+                    unsafe { libc::close(fd) };
+                }
+                read_stdin_to_eof();
+                0
+            })
+        };
+        let b = if late { 0 } else { fork_b() };
         send_pid(pwr, b);
         let cap = Instant::now() + patience();
         while !std::path::Path::new(&a_release).exists() && Instant::now() < cap {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if late {
+            write_truth(&b_truth, &json!({ "b": fork_b() }));
         }
         0
     });
