@@ -28,6 +28,10 @@ pub const FORMAT: u32 = 1;
 /// How often the lineage is written while the run goes on: what a crash can lose at most.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 const CHECKPOINT: &str = "lineage.json";
+const LOCK: &str = "lock";
+
+/// A state held by this process (see [`StateDir::lock`]).
+pub struct StateLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
 
 /// One checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
@@ -116,6 +120,28 @@ impl StateDir {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Holds the state for this process: one run (or `--release-state`) at a time, for as
+    /// long as the returned lock lives. A second run would take the first's probes over from
+    /// under it and read the same ring.
+    pub fn lock(&self) -> Result<StateLock> {
+        let path = self.path.join(LOCK);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map(StateLock)
+            .map_err(|(_, e)| {
+                anyhow::anyhow!(
+                    "--state-dir {}: another reaper-trace uses it ({e})",
+                    self.path.display()
+                )
+            })
     }
 
     /// Its kernel side's directory in bpffs.
@@ -295,6 +321,7 @@ pub fn boot_id() -> Result<String> {
 /// removes its checkpoint. Returns what was removed.
 pub fn release(path: &Path) -> Result<String> {
     let dir = StateDir::open_existing(path)?;
+    let _held = dir.lock()?;
     let mut removed = Vec::new();
     // The pins named by this path, and those the checkpoint names (the same, unless the state
     // was made in a container that saw this directory elsewhere).
@@ -313,6 +340,8 @@ pub fn release(path: &Path) -> Result<String> {
             Err(e) => bail!("removing {}: {e}", file.display()),
         }
     }
+    // Held until this returns; nothing is left for the next run to wait on.
+    let _ = fs::remove_file(dir.path.join(LOCK));
     if removed.is_empty() {
         bail!("--release-state {}: no state kept there", path.display());
     }

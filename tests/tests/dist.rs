@@ -289,7 +289,9 @@ mod installed_artifacts {
         assert!(pins.is_dir(), "{} pinned", pins.display());
         let inside = root.join("sys/fs/bpf");
         std::fs::create_dir_all(&inside).unwrap();
-        ok(Command::new("mount").args(["--bind", "/sys/fs/bpf"]).arg(&inside));
+        ok(Command::new("mount")
+            .args(["--bind", "/sys/fs/bpf"])
+            .arg(&inside));
         let _bound = Bound(inside);
         let removed = chroot(root, &["dpkg", "-r", "reaper-trace"]);
         assert!(removed.status.success(), "dpkg -r: {}", said(&removed));

@@ -92,6 +92,18 @@ fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
         &dir.join("run.ndjson"),
         &["--gateway-pid", &gw.to_string()],
     );
+    wait_until("the checkpoint", || checkpointed(&state).contains(&gw));
+    // One run at a time: a second would take the probes over from under the first.
+    let second = Command::new(reaper_trace())
+        .args(["--quiet", "--gateway-pid", &gw.to_string(), "--state-dir"])
+        .arg(&state)
+        .output()
+        .expect("run reaper-trace");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success() && said.contains("another reaper-trace uses it"),
+        "{said}"
+    );
     stop_once_checkpointed(run, &state, gw);
     let pins = pin_dir(&state);
     let kept: Vec<PathBuf> = bpffs()
@@ -291,7 +303,7 @@ fn past_state_keep_the_probes_stop_recording_and_the_next_run_repairs_the_gap() 
 }
 
 /// The events of kind `name` by pid, over both streams.
-fn by_pid<'a>(streams: &[&'a [Value]], name: &str) -> std::collections::HashMap<u64, usize> {
+fn by_pid(streams: &[&[Value]], name: &str) -> std::collections::HashMap<u64, usize> {
     let mut count = std::collections::HashMap::new();
     for e in streams.iter().flat_map(|s| s.iter()) {
         if e["event"] == name {
@@ -326,7 +338,12 @@ fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
     stop_once_checkpointed(run, &state, gw);
     // At once, while the storm goes on: the new programs attach beside the kept ones.
     let second = run_reaper_until(
-        &["--gateway-pid", &gw.to_string(), "--state-dir", state.to_str().unwrap()],
+        &[
+            "--gateway-pid",
+            &gw.to_string(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
         &[],
         &dir.join("stop"),
         ("forks after ready", Then::Release),
@@ -342,15 +359,29 @@ fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
     let exits = by_pid(&streams, "exit");
     assert!(forks.len() > 20, "the storm went on: {} forks", forks.len());
     let twice: Vec<_> = forks.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "forks in both streams, or twice: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "forks in both streams, or twice: {twice:?}"
+    );
     // Every child of the storm forked in either run exited in either, once; none is missing
     // (the gateway's own exit is the second run's).
     for (child, _) in forks.iter() {
-        assert_eq!(exits.get(child), Some(&1), "pid {child}: one exit over both streams");
+        assert_eq!(
+            exits.get(child),
+            Some(&1),
+            "pid {child}: one exit over both streams"
+        );
     }
     for run in [&first, &second.events] {
-        let summary = run.iter().find(|e| e["event"] == "summary").expect("a summary");
-        assert_eq!(summary["delivery"]["consistent"], true, "{}", summary["delivery"]);
+        let summary = run
+            .iter()
+            .find(|e| e["event"] == "summary")
+            .expect("a summary");
+        assert_eq!(
+            summary["delivery"]["consistent"], true,
+            "{}",
+            summary["delivery"]
+        );
         assert!(run.iter().all(|e| e["event"] != "lost"), "nothing lost");
     }
     release(&state);

@@ -220,7 +220,11 @@ mod tests {
         // An event only one generation saw: applied.
         assert!(reader.take(&free(5, 53, 1_700)).is_some());
         // Well past the overlap, the window closes: nothing is held back any more.
-        assert!(reader.take(&free(5, 54, 2_000 + OVERLAP_SLACK_NS + 1)).is_some());
+        assert!(
+            reader
+                .take(&free(5, 54, 2_000 + OVERLAP_SLACK_NS + 1))
+                .is_some()
+        );
         assert!(reader.overlap.is_none());
         // Every record counted, the runs before's included.
         assert_eq!(reader.received(), 10 + 7);

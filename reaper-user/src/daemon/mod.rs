@@ -89,6 +89,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // A state that cannot be taken back stops the run before the kernel is touched.
     let traced = traced(&cli, &selectors);
     let state = cli.state_dir.as_deref().map(StateDir::open).transpose()?;
+    let _held = state.as_ref().map(StateDir::lock).transpose()?;
     let taken = match &state {
         Some(dir) => {
             let (taken, notices) = state::take(dir, &traced)?;

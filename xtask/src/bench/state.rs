@@ -141,7 +141,12 @@ fn storm_cpu(bins: &Bins, opts: &BenchOptions, watch: Watch) -> Result<f64> {
     if watch != Watch::Nobody {
         let mut command = Command::new(&bins.reaper);
         command
-            .args(["--json", "--quiet", "--gateway-pid", &shell.id().to_string()])
+            .args([
+                "--json",
+                "--quiet",
+                "--gateway-pid",
+                &shell.id().to_string(),
+            ])
             .arg("--state-dir")
             .arg(&state);
         if watch == Watch::Expired {
@@ -149,7 +154,11 @@ fn storm_cpu(bins: &Bins, opts: &BenchOptions, watch: Watch) -> Result<f64> {
         }
         let mut tracer = command.stdout(Stdio::piped()).spawn()?;
         let mut lines = BufReader::new(tracer.stdout.take().context("stdout")?).lines();
-        while !lines.next().context("no ready")??.contains(r#""event":"ready""#) {}
+        while !lines
+            .next()
+            .context("no ready")??
+            .contains(r#""event":"ready""#)
+        {}
         thread::spawn(move || lines.for_each(drop));
         match watch {
             Watch::Reader => reader = Some(tracer),
