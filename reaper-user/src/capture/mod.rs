@@ -1,12 +1,13 @@
 //! From the kernel to typed records: what the running kernel offers ([`features`], [`btf`],
 //! [`tracefs`]), the probes loaded and attached with this kernel's offsets ([`loader`]), and
 //! each ring-buffer record decoded into a [`decode::KernelEvent`] and accounted for
-//! ([`reader`]: delivery and latency), read on the pace of a [`poll_clock::PollClock`] while
-//! records stream.
+//! ([`reader`]: delivery and latency; [`shared`]: the maps the probes and the reader share),
+//! read on the pace of a [`poll_clock::PollClock`] while records stream.
 pub mod btf;
 pub mod decode;
 pub mod features;
 pub mod loader;
 pub mod poll_clock;
 pub mod reader;
+pub mod shared;
 pub mod tracefs;
