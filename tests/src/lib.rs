@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 mod instance;
+mod kept;
 mod leaks;
 mod orphan_later;
 mod run;
@@ -12,6 +13,7 @@ mod tools;
 mod until;
 
 pub use instance::*;
+pub use kept::*;
 pub use leaks::*;
 pub use orphan_later::*;
 pub use run::*;

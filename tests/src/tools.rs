@@ -120,27 +120,6 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Where a state's kernel side is pinned, as its checkpoint says.
-pub fn pin_dir(state: &std::path::Path) -> std::path::PathBuf {
-    let checkpoint = read_json(&state.join("lineage.json"));
-    let pins = checkpoint["kernel"]["pins"].as_str();
-    std::path::PathBuf::from(pins.expect("a checkpoint written beside a kernel side"))
-}
-
-/// The pids the lineage checkpoint in `state` (a `--state-dir`) holds; none before the first.
-pub fn checkpointed(state: &std::path::Path) -> Vec<u64> {
-    let Ok(text) = std::fs::read(state.join("lineage.json")) else {
-        return Vec::new();
-    };
-    let checkpoint: Value = serde_json::from_slice(&text).expect("a checkpoint is JSON");
-    checkpoint["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .map(|n| pid(&n["pid"]))
-        .collect()
-}
-
 /// A process's parent now, from /proc.
 pub fn parent_of(pid: u64) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -12,8 +12,8 @@ use std::{
 };
 
 use reaper_tests::{
-    Instance, OrphanLater, checkpointed, patience, pid, pin_dir, reaper_trace, require_root,
-    scratch, shapes, skip, wait_until,
+    Instance, OrphanLater, checkpointed, end_once_checkpointed, kept_run, patience, pid, pin_dir,
+    reaper_trace, require_root, scratch, shapes, skip, wait_until,
 };
 use serde_json::Value;
 
@@ -271,20 +271,9 @@ mod installed_artifacts {
     fn removal_releases_the_state(root: &Path, dir: &Path) {
         let state = root.join("var/lib/reaper-trace");
         let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
-        let gw = sleeper.id().to_string();
-        let mut run = Command::new(reaper_trace())
-            .args(["--quiet", "--gateway-pid", &gw, "--state-dir"])
-            .arg(&state)
-            .arg("--output")
-            .arg(dir.join("kept.ndjson"))
-            .spawn()
-            .expect("run reaper-trace");
-        wait_until("the state's checkpoint", || {
-            checkpointed(&state).contains(&u64::from(sleeper.id()))
-        });
-        // SAFETY: a plain signal to the child this test started.
-        unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
-        assert!(run.wait().unwrap().success());
+        let gw = u64::from(sleeper.id());
+        let run = kept_run(&state, &dir.join("kept.ndjson"), gw, &[]);
+        end_once_checkpointed(run, &state, gw, libc::SIGTERM);
         let pins = pin_dir(&state);
         assert!(pins.is_dir(), "{} pinned", pins.display());
         let inside = root.join("sys/fs/bpf");

@@ -1,7 +1,8 @@
 //! The kernel side of `--state-dir`: what it leaves in bpffs (nothing without it, nothing after
 //! `--release-state`), what a gap costs when it outgrows the ring or outlasts `--state-keep`
 //! (counted as lost, the lineage repaired from /proc), and a state of another record layout
-//! (refused, naming `--release-state`). Needs root (see `require_root`).
+//! (refused, naming `--release-state`), one run at a time, and a restart in a fork storm (no
+//! event missed or repeated). Needs root (see `require_root`).
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -9,8 +10,9 @@ use std::{
 };
 
 use reaper_tests::{
-    OrphanLater, Then, checkpointed, pid, pin_dir, read_json, reaper_trace, require_root,
-    run_reaper, run_reaper_until, scratch, wait_until,
+    OrphanLater, checkpointed, end_once_checkpointed, kept_run, pid, pin_dir, read_json,
+    reaper_trace, release_state, require_root, run_kept_until, run_reaper, scratch, stream,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -37,40 +39,6 @@ fn bpffs() -> Vec<PathBuf> {
     out
 }
 
-/// Starts `reaper-trace --quiet --output OUT --state-dir STATE ARGS`.
-fn kept_run(state: &Path, out: &Path, args: &[&str]) -> Child {
-    Command::new(reaper_trace())
-        .args(["--quiet", "--state-dir"])
-        .arg(state)
-        .arg("--output")
-        .arg(out)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run reaper-trace")
-}
-
-/// Ends a run with SIGTERM, once its checkpoint holds `pid`.
-fn stop_once_checkpointed(mut run: Child, state: &Path, pid: u64) {
-    wait_until("the checkpoint to hold the gateway", || {
-        checkpointed(state).contains(&pid)
-    });
-    // SAFETY: a plain signal to the child this test started.
-    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
-    let status = run.wait().expect("wait for reaper-trace");
-    assert!(status.success(), "{status:?}");
-}
-
-fn release(state: &Path) {
-    let released = Command::new(reaper_trace())
-        .arg("--release-state")
-        .arg(state)
-        .output()
-        .expect("run --release-state");
-    assert!(released.status.success(), "{released:?}");
-}
-
 #[test]
 fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
     let test = "bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state";
@@ -87,11 +55,7 @@ fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
     let state = dir.join("state");
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let gw = u64::from(sleeper.id());
-    let run = kept_run(
-        &state,
-        &dir.join("run.ndjson"),
-        &["--gateway-pid", &gw.to_string()],
-    );
+    let run = kept_run(&state, &dir.join("run.ndjson"), gw, &[]);
     wait_until("the checkpoint", || checkpointed(&state).contains(&gw));
     // One run at a time: a second would take the probes over from under the first.
     let second = Command::new(reaper_trace())
@@ -104,7 +68,7 @@ fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
         !second.status.success() && said.contains("another reaper-trace uses it"),
         "{said}"
     );
-    stop_once_checkpointed(run, &state, gw);
+    end_once_checkpointed(run, &state, gw, libc::SIGTERM);
     let pins = pin_dir(&state);
     let kept: Vec<PathBuf> = bpffs()
         .into_iter()
@@ -114,7 +78,7 @@ fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
         kept.iter().any(|p| p.ends_with("EVENTS")) && kept.iter().any(|p| p.ends_with("TRACKED")),
         "the ring and the tracked set pinned: {kept:?}"
     );
-    release(&state);
+    release_state(&state);
     assert_eq!(bpffs(), before, "--release-state leaves bpffs as it was");
     let _ = sleeper.kill();
     let _ = sleeper.wait();
@@ -131,12 +95,8 @@ fn a_state_of_another_record_layout_is_refused_naming_release_state() {
     let state = dir.join("state");
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let gw = u64::from(sleeper.id());
-    let run = kept_run(
-        &state,
-        &dir.join("run.ndjson"),
-        &["--gateway-pid", &gw.to_string()],
-    );
-    stop_once_checkpointed(run, &state, gw);
+    let run = kept_run(&state, &dir.join("run.ndjson"), gw, &[]);
+    end_once_checkpointed(run, &state, gw, libc::SIGTERM);
     // What a build of another layout would have written.
     let file = state.join("lineage.json");
     let mut checkpoint = read_json(&file);
@@ -154,7 +114,7 @@ fn a_state_of_another_record_layout_is_refused_naming_release_state() {
         "{stderr}"
     );
     assert!(refused.stdout.is_empty(), "nothing traced");
-    release(&state);
+    release_state(&state);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
 }
@@ -177,15 +137,6 @@ fn storming_gateway(dir: &Path) -> Child {
         .expect("start the gateway")
 }
 
-/// The events of a run, from its output file.
-fn stream(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
-}
-
 #[test]
 fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
     let test = "a_gap_that_overflows_the_ring_is_counted_lost_and_repaired";
@@ -197,9 +148,13 @@ fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
     let state = dir.join("state");
     let mut gateway = storming_gateway(&dir);
     let gw = u64::from(gateway.id());
-    let args = ["--gateway-pid", &gw.to_string(), "--ring-size", "4KiB"];
-    let run = kept_run(&state, &dir.join("first.ndjson"), &args);
-    stop_once_checkpointed(run, &state, gw);
+    let run = kept_run(
+        &state,
+        &dir.join("first.ndjson"),
+        gw,
+        &["--ring-size", "4KiB"],
+    );
+    end_once_checkpointed(run, &state, gw, libc::SIGTERM);
     // The storm, with no run reading the 4 KiB ring.
     std::fs::write(dir.join("go"), b"").expect("go");
     let left_pid = || -> Option<u64> {
@@ -212,16 +167,11 @@ fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
     wait_until("the storm to end", || left_pid().is_some());
     let left = left_pid().expect("the sleep's pid");
 
-    let second = run_reaper_until(
-        &[
-            "--gateway-pid",
-            &gw.to_string(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
+    let second = run_kept_until(
+        gw,
+        &state,
         &dir.join("release"),
-        ("the loss reported and the sleep repaired", Then::Release),
+        "the loss reported and the sleep repaired",
         |events| {
             let lost = events.iter().any(|e| e["event"] == "lost");
             let repaired = events.iter().any(|e| {
@@ -252,7 +202,7 @@ fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
         first.iter().all(|e| e["event"] != "lost"),
         "the first run lost nothing"
     );
-    release(&state);
+    release_state(&state);
 }
 
 #[test]
@@ -266,25 +216,24 @@ fn past_state_keep_the_probes_stop_recording_and_the_next_run_repairs_the_gap() 
     let state = dir.join("state");
     let mut gateway = OrphanLater::start_late(&dir);
     let gw = gateway.gateway;
-    let args = ["--gateway-pid", &gw.to_string(), "--state-keep", "1s"];
-    let run = kept_run(&state, &dir.join("first.ndjson"), &args);
-    stop_once_checkpointed(run, &state, gateway.a);
+    let run = kept_run(
+        &state,
+        &dir.join("first.ndjson"),
+        gw,
+        &["--state-keep", "1s"],
+    );
+    end_once_checkpointed(run, &state, gateway.a, libc::SIGTERM);
     // Past --state-keep (a second from the stop, in the kernel's clock): B is born and
     // orphaned unrecorded, though still tracked.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     gateway.orphan_b();
     let b = gateway.b;
 
-    let second = run_reaper_until(
-        &[
-            "--gateway-pid",
-            &gw.to_string(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
+    let second = run_kept_until(
+        gw,
+        &state,
         gateway.release(),
-        ("the gap reported lost and B repaired", Then::Release),
+        "the gap reported lost and B repaired",
         |events| {
             events.iter().any(|e| e["event"] == "lost")
                 && events
@@ -299,7 +248,7 @@ fn past_state_keep_the_probes_stop_recording_and_the_next_run_repairs_the_gap() 
     );
     let delivery = &second.summary()["delivery"];
     assert_eq!(delivery["consistent"], true, "{delivery}");
-    release(&state);
+    release_state(&state);
 }
 
 /// The events of kind `name` by pid, over both streams.
@@ -334,19 +283,14 @@ fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
         .expect("start the gateway");
     let gw = u64::from(gateway.id());
     let first_out = dir.join("first.ndjson");
-    let run = kept_run(&state, &first_out, &["--gateway-pid", &gw.to_string()]);
-    stop_once_checkpointed(run, &state, gw);
+    let run = kept_run(&state, &first_out, gw, &[]);
+    end_once_checkpointed(run, &state, gw, libc::SIGTERM);
     // At once, while the storm goes on: the new programs attach beside the kept ones.
-    let second = run_reaper_until(
-        &[
-            "--gateway-pid",
-            &gw.to_string(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
+    let second = run_kept_until(
+        gw,
+        &state,
         &dir.join("stop"),
-        ("forks after ready", Then::Release),
+        "forks after ready",
         |events| {
             let ready = events.iter().position(|e| e["event"] == "ready");
             ready.is_some_and(|r| events[r..].iter().filter(|e| e["event"] == "fork").count() > 20)
@@ -384,5 +328,5 @@ fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
         );
         assert!(run.iter().all(|e| e["event"] != "lost"), "nothing lost");
     }
-    release(&state);
+    release_state(&state);
 }

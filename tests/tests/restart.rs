@@ -5,50 +5,31 @@
 use std::{
     collections::HashSet,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use reaper_tests::{
-    OrphanLater, Run, Then, checkpointed, flag, patience, pid, pin_dir, reaper_trace, require_root,
-    run_reaper_until, scratch, wait_until,
+    OrphanLater, Run, end_once_checkpointed, flag, kept_run, patience, pid, pin_dir, read_json,
+    reaper_trace, release_state, require_root, run_kept_until, scratch, wait_until,
 };
 use serde_json::Value;
 
 /// The first run: traces the gateway `gw` until its checkpoint holds `pid`, then is ended by
 /// `signal`. Returns its stream.
 fn first_run(gw: u64, state: &Path, out: &Path, pid: u64, signal: i32) -> String {
-    let mut first: Child = Command::new(reaper_trace())
-        .args(["--quiet", "--gateway-pid", &gw.to_string(), "--state-dir"])
-        .arg(state)
-        .arg("--output")
-        .arg(out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run reaper-trace");
-    wait_until("the first run's checkpoint to hold the helper", || {
-        checkpointed(state).contains(&pid)
-    });
-    // SAFETY: a plain signal to the child this test started.
-    unsafe { libc::kill(first.id() as i32, signal) };
-    first.wait().expect("wait for the first run");
+    end_once_checkpointed(kept_run(state, out, gw, &[]), state, pid, signal);
     std::fs::read_to_string(out).expect("the first run's stream")
 }
 
 /// The second run, with the same selectors and state, until it flags `b` orphaned.
 fn second_run(gateway: &OrphanLater, state: &Path) -> Run {
     let b = gateway.b;
-    run_reaper_until(
-        &[
-            "--gateway-pid",
-            &gateway.gateway.to_string(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
+    run_kept_until(
+        gateway.gateway,
+        state,
         gateway.release(),
-        ("the helper flagged orphaned", Then::Release),
+        "the helper flagged orphaned",
         |events| {
             events
                 .iter()
@@ -147,12 +128,7 @@ fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
 fn release_leaves_nothing(state: &Path) {
     let pins = pin_dir(state);
     assert!(pins.exists(), "{} pinned", pins.display());
-    let released = Command::new(reaper_trace())
-        .arg("--release-state")
-        .arg(state)
-        .output()
-        .expect("run --release-state");
-    assert!(released.status.success(), "{released:?}");
+    release_state(state);
     assert!(!state.exists(), "the state dir is gone");
     assert!(!pins.exists(), "{} is gone", pins.display());
 }
@@ -173,11 +149,13 @@ fn a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_c
     );
 }
 
-/// Without its kernel side (gone with bpffs, or released as not the checkpoint's), the lineage
-/// is still taken back, and /proc says what became of each process.
+/// Without its kernel side, the lineage is still taken back, and /proc says what became of
+/// each process: a state as the release before this one wrote it (a checkpoint of the same
+/// format, no kernel side kept), or one whose kernel side went (bpffs unmounted).
 #[test]
-fn without_its_kernel_side_a_state_still_gives_the_lineage_read_from_proc() {
-    let test = "without_its_kernel_side_a_state_still_gives_the_lineage_read_from_proc";
+fn a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_from_proc() {
+    let test =
+        "a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_from_proc";
     if !require_root(test) {
         return;
     }
@@ -186,8 +164,13 @@ fn without_its_kernel_side_a_state_still_gives_the_lineage_read_from_proc() {
     let mut gateway = OrphanLater::start(&dir);
     let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
     let first = first_run(gw, &state, &dir.join("first.ndjson"), b, libc::SIGTERM);
-    // Unpinning every link and map detaches the probes and drops the ring.
+    // Unpinning every link and map detaches the probes and drops the ring; the checkpoint
+    // is then the one the release before wrote (it kept no kernel side).
     std::fs::remove_dir_all(pin_dir(&state)).expect("remove the pins");
+    let file = state.join("lineage.json");
+    let mut checkpoint = read_json(&file);
+    checkpoint.as_object_mut().unwrap().remove("kernel");
+    std::fs::write(&file, checkpoint.to_string()).expect("rewrite the checkpoint");
     gateway.orphan_b();
 
     let second = second_run(&gateway, &state);
@@ -217,25 +200,9 @@ fn a_state_from_other_selectors_is_refused_naming_release_state() {
     // A checkpoint of a run that traced `sleep`'s pid, then a run for another pid.
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let mut other = Command::new("sleep").arg("600").spawn().expect("sleep");
-    let out = dir.join("first.ndjson");
-    let mut first = Command::new(reaper_trace())
-        .args([
-            "--quiet",
-            "--gateway-pid",
-            &sleeper.id().to_string(),
-            "--state-dir",
-        ])
-        .arg(&state)
-        .arg("--output")
-        .arg(&out)
-        .spawn()
-        .expect("run reaper-trace");
-    wait_until("the first checkpoint", || {
-        checkpointed(&state).contains(&u64::from(sleeper.id()))
-    });
-    // SAFETY: a plain signal to the child this test started.
-    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
-    first.wait().expect("wait for the first run");
+    let gw = u64::from(sleeper.id());
+    let first = kept_run(&state, &dir.join("first.ndjson"), gw, &[]);
+    end_once_checkpointed(first, &state, gw, libc::SIGTERM);
     let refused = Command::new(reaper_trace())
         .args([
             "--quiet",

@@ -28,7 +28,7 @@ pub struct ReaderMarks {
 }
 
 impl ReaderMarks {
-    /// Records taken from the ring by the runs before this one.
+    /// Records taken from the ring so far (at the start: by the runs before this one).
     pub fn received(&self) -> u64 {
         self.mark.received
     }
