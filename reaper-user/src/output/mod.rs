@@ -127,7 +127,9 @@ impl Output {
         if let Some(s) = self.status.as_mut() {
             s.clear();
         }
-        let rel = ts.saturating_sub(self.t0) as f64 / 1e9;
+        // Signed: a restart's gap events (`--state-dir`) come after `ready` but happened
+        // before it, and say so.
+        let rel = (i128::from(ts) - i128::from(self.t0)) as f64 / 1e9;
         writeln!(w, "[{rel:>9.3}s] {line}").context("writing output")
     }
 

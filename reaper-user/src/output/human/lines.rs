@@ -3,7 +3,7 @@
 use super::{check_lines, flag_line, thread_text};
 use crate::stream::events::{
     Check, Cleared, Exec, Exit, Flag, Fork, Gateway, Kill, Lifecycle, Lost, Ready, Reaped,
-    Reparent, Setsid, Snapshot, StopCommand, Summary,
+    Reparent, Resumed, Setsid, Snapshot, StopCommand, Summary,
 };
 use crate::stream::kinds::Readable;
 use crate::text::escape_for_terminal;
@@ -89,11 +89,38 @@ impl Readable for Ready {
             true => "no gateway yet (waiting for the selectors)".to_owned(),
             false => format!("gateway {}", gws.join(", ")),
         };
+        let resumed = match &self.resumed {
+            None => String::new(),
+            Some(r) => resumed_text(r),
+        };
         format!(
-            "ready    tracing {gws} (tracked now: {}; setsid seen by {}; kernel {})",
+            "ready    tracing {gws} (tracked now: {}; setsid seen by {}; kernel {}){resumed}",
             self.tracked, self.setsid_hook, self.kernel
         )
     }
+}
+
+/// What a run took back from `--state-dir`, for the `ready` line.
+fn resumed_text(r: &Resumed) -> String {
+    let gap = r.gap_ns as f64 / 1e9;
+    let how = match r.kernel_kept {
+        true => "its events follow from the kept ring (negative times)".to_owned(),
+        false => format!(
+            "the kernel side was not kept: {} gone, read from /proc",
+            r.gone
+        ),
+    };
+    let unsaved = match r.unsaved {
+        0 => String::new(),
+        n => format!(
+            "; the run before was killed after taking {n} records it did not save: re-read \
+             from /proc"
+        ),
+    };
+    format!(
+        "; resumed {} processes from {} after a {gap:.1}s gap: {how}{unsaved}",
+        r.adopted, r.state_dir
+    )
 }
 
 impl Readable for Fork {

@@ -1,6 +1,6 @@
 //! Unit tests of `human.rs`.
 use super::*;
-use crate::stream::events::{Ancestor, Exec, Peer};
+use crate::stream::events::{Ancestor, Exec, Peer, Ready, Resumed};
 use crate::text::{Args, Comm};
 
 #[test]
@@ -178,4 +178,48 @@ fn an_exited_grandparent_is_an_ancestor_and_zombies_say_how_long() {
         "{line}"
     );
     assert_eq!(human_duration(7300 * SEC), "2h01m");
+}
+
+#[test]
+fn a_resumed_runs_ready_line_says_what_it_took_back_and_where_the_gap_is() {
+    let ready = |resumed| {
+        human_line(
+            0,
+            &Event::Ready(Ready {
+                schema: 2,
+                gateway: vec![40],
+                tracked: 3,
+                setsid_hook: "tracepoint".into(),
+                kernel: "6.18".into(),
+                resumed,
+            }),
+        )
+    };
+    let kept = ready(Some(Resumed {
+        state_dir: "/var/lib/reaper-trace".into(),
+        gap_ns: 4_200_000_000,
+        adopted: 12,
+        gone: 0,
+        kernel_kept: true,
+        unsaved: 0,
+    }));
+    assert!(
+        kept.ends_with(
+            "; resumed 12 processes from /var/lib/reaper-trace after a 4.2s gap: its events \
+             follow from the kept ring (negative times)"
+        ),
+        "{kept}"
+    );
+    let killed = ready(Some(Resumed {
+        kernel_kept: false,
+        gone: 2,
+        unsaved: 5,
+        ..Resumed::default()
+    }));
+    assert!(
+        killed.contains("the kernel side was not kept: 2 gone, read from /proc")
+            && killed.contains("taking 5 records it did not save"),
+        "{killed}"
+    );
+    assert!(!ready(None).contains("resumed"));
 }
