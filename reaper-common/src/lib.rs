@@ -22,8 +22,9 @@ pub mod names {
     pub const GATEWAY_CGROUPS: &str = "GATEWAY_CGROUPS";
     pub const GATEWAY_CGROUP_PATHS: &str = "GATEWAY_CGROUP_PATHS";
     pub const READER: &str = "READER";
+    pub const STACKS: &str = "STACKS";
     /// The maps, for the check.
-    pub const MAPS: [&str; 12] = [
+    pub const MAPS: [&str; 13] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -36,10 +37,11 @@ pub mod names {
         GATEWAY_CGROUPS,
         GATEWAY_CGROUP_PATHS,
         READER,
+        STACKS,
     ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
-    pub const PINNED: [&str; 10] = [
+    pub const PINNED: [&str; 11] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -50,6 +52,7 @@ pub mod names {
         GATEWAY_CGROUPS,
         GATEWAY_CGROUP_PATHS,
         READER,
+        STACKS,
     ];
     pub const OFFSETS: &str = "OFFSETS";
     pub const CONFIG: &str = "CONFIG";
@@ -178,7 +181,9 @@ pub struct ForkEvent {
     /// Thread id of the thread that called fork/clone/vfork (the spawner's main thread, or
     /// another of its threads: an event loop's, a worker's).
     pub spawner_tid: u32,
-    pub _pad: u32,
+    /// The spawning thread's user stack at the fork, as `STACKS`' id + 1 (`--spawn-stacks`);
+    /// 0: none taken (capture off, or the stack could not be kept).
+    pub stack: u32,
     pub cgroup_id: u64,
     /// The child's name, which is the spawning thread's until the child execs.
     pub comm: [u8; COMM_LEN],
@@ -384,6 +389,8 @@ pub struct ProbeConfig {
     pub gateway_cgroups: u64,
     /// This load's generation: it records while `ReaderMark::generation` names it.
     pub generation: u64,
+    /// 1: a tracked spawner's user stack is taken at each fork (`--spawn-stacks`).
+    pub spawn_stacks: u64,
 }
 
 #[cfg(feature = "user")]

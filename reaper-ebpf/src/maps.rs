@@ -3,7 +3,7 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use reaper_common::{
     ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
@@ -32,6 +32,11 @@ pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
 /// until when a reader is taken to drain the ring.
 #[map]
 pub static READER: Array<ReaderMark> = Array::with_max_entries(1, 0);
+
+/// Tracked spawners' user stacks at fork, each distinct stack kept once (by its hash).
+/// User space sets the real capacity at load (`--spawn-stacks`; 1 when off).
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
 
 /// Records that could not be reserved, per event kind, plus tracked-map insert failures.
 #[map]
@@ -108,6 +113,7 @@ pub static CONFIG: ProbeConfig = ProbeConfig {
     gateway_paths: 0,
     gateway_cgroups: 0,
     generation: 0,
+    spawn_stacks: 0,
 };
 
 /// Reads one field of a load-time global. Volatile, so the compiler cannot fold the

@@ -137,6 +137,12 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "HOOK", default_value_t = SetsidHookArg::Auto)]
     pub setsid_hook: SetsidHookArg,
 
+    /// Take a tracked spawner's user stack at each fork, and name the code that spawned each
+    /// flagged process (`spawned_at`): `native` walks frame pointers; `auto` is `native` (the
+    /// interpreter's own frames, Python's, are not read yet); `off` takes nothing.
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = SpawnStacks::Auto)]
+    pub spawn_stacks: SpawnStacks,
+
     /// Exited and reaped processes to keep in the graph for lineage and reports (ancestors of
     /// live processes are always kept).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -243,6 +249,14 @@ impl SetsidHookArg {
             SetsidHookArg::None => Some(SetsidHook::None),
         }
     }
+}
+
+/// `--spawn-stacks` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpawnStacks {
+    Off,
+    Native,
+    Auto,
 }
 
 /// `--kill-reasons`: the flags a kill may follow.

@@ -1,9 +1,9 @@
 //! `sched_process_fork`: a tracked process made a new process.
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid},
     macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
 
@@ -11,7 +11,7 @@ use super::gateway;
 use crate::{
     emit::{header, send},
     global,
-    maps::{TRACKED, count_loss, tracked_current},
+    maps::{STACKS, TRACKED, count_loss, tracked_current},
     task::Task,
 };
 
@@ -35,6 +35,16 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         Ok(()) => 0,
         Err(_) => FORK_UNTRACKED,
     };
+    // The spawner's own code, still on its stack: this runs in the forking thread, inside
+    // the fork syscall. Frame pointers only; a stack whose hash collides with another's
+    // is not kept (no id) rather than replace one a flag may still name.
+    let stack = match global!(CONFIG.spawn_stacks) {
+        0 => 0,
+        _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+            Ok(id) => id as u32 + 1,
+            Err(_) => 0,
+        },
+    };
     send::<ForkEvent>(EventKind::Fork, |ev| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;
@@ -47,7 +57,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.flags = flags;
         // This runs in the calling thread: the low half is its thread id.
         ev.spawner_tid = bpf_get_current_pid_tgid() as u32;
-        ev._pad = 0;
+        ev.stack = stack;
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     });

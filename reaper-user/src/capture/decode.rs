@@ -44,6 +44,8 @@ pub enum What {
         comm: Comm,
         /// The thread of the spawner that forked it.
         spawner_tid: u32,
+        /// That thread's user stack at the fork (`STACKS`' id), when taken.
+        stack: Option<u32>,
         /// The tracked map was full: this child's own children will not be followed.
         untracked: bool,
     },
@@ -117,6 +119,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 cgroup_id: ev.cgroup_id,
                 comm: Comm::from_c(&ev.comm),
                 spawner_tid: ev.spawner_tid,
+                stack: ev.stack.checked_sub(1),
                 untracked: ev.flags & FORK_UNTRACKED != 0,
             }
         }
@@ -224,7 +227,7 @@ mod tests {
             uid: 0,
             flags: FORK_UNTRACKED,
             spawner_tid: 41,
-            _pad: 0,
+            stack: 3,
             cgroup_id: 5,
             comm,
         };
@@ -237,12 +240,14 @@ mod tests {
                 comm,
                 spawner_tid,
                 untracked,
+                stack,
                 ..
             } => {
                 assert_eq!(
                     (spawner, ppid, comm.as_bytes(), spawner_tid, untracked),
                     (40, 1, &b"bash"[..], 41, true)
-                )
+                );
+                assert_eq!(stack, Some(2), "the record carries the stack's id + 1");
             }
             other => panic!("{other:?}"),
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
 use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, Tracked, names};
@@ -67,7 +67,12 @@ pub struct LoadOptions {
     pub selectors: SelectorNeeds,
     /// `--state-dir`: the kernel side pinned, and taken over from the run before.
     pub kept: Option<Kept>,
+    /// Take tracked spawners' user stacks at fork (`--spawn-stacks`).
+    pub spawn_stacks: bool,
 }
+
+/// Distinct spawn stacks the kernel keeps (each up to 127 frames: ~1 KiB of kernel memory).
+const STACKS_KEPT: u32 = 4096;
 
 /// The kernel side of a state (`--state-dir`).
 #[derive(Clone, Debug)]
@@ -110,6 +115,9 @@ pub struct Probes {
     pub reader_idle: ReaderIdle,
     /// What the reader tells the probes: their generation, its records taken, `--state-keep`.
     pub marks: ReaderMarks,
+    /// Spawners' user stacks, by the id a fork record carries (taken by the run's
+    /// [`crate::sites::SpawnSites`]).
+    pub stacks: Option<StackTraceMap<MapData>>,
     /// This load's generation (see `ReaderMark::generation`).
     pub generation: u64,
     /// The pinned state this load took over, as the run before left it: it attached its
@@ -270,10 +278,12 @@ impl Probes {
         let generation = previous.map_or(1, |m| m.generation + 1);
         // A kept state's maps keep the sizes they were made with.
         let (mut max_tracked, mut ring_bytes) = (opts.max_tracked, opts.ring_bytes);
+        let mut stacks_kept = if opts.spawn_stacks { STACKS_KEPT } else { 1 };
         if let Some(kept) = &opts.kept {
             for (name, size, option) in [
                 (names::TRACKED, &mut max_tracked, "--max-tracked"),
                 (names::EVENTS, &mut ring_bytes, "--ring-size"),
+                (names::STACKS, &mut stacks_kept, "the spawn stacks kept (--spawn-stacks)"),
             ] {
                 match kept.pins.capacity(name)? {
                     Some(pinned) if pinned != *size => {
@@ -297,6 +307,7 @@ impl Probes {
             gateway_paths: u64::from(opts.selectors.paths),
             gateway_cgroups: u64::from(opts.selectors.cgroups),
             generation,
+            spawn_stacks: u64::from(opts.spawn_stacks),
         };
 
         // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
@@ -307,7 +318,8 @@ impl Probes {
             .override_global(names::OFFSETS, &offsets, true)
             .override_global(names::CONFIG, &config, true)
             .map_max_entries(names::TRACKED, max_tracked)
-            .map_max_entries(names::EVENTS, ring_bytes);
+            .map_max_entries(names::EVENTS, ring_bytes)
+            .map_max_entries(names::STACKS, stacks_kept);
         // A kept state's maps are pinned, or taken from their pins as the run before left
         // them (its sizes, its records).
         if let Some(kept) = &opts.kept {
@@ -374,6 +386,7 @@ impl Probes {
                 seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
             },
             reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
+            stacks: Some(StackTraceMap::try_from(map(&mut ebpf, names::STACKS)?)?),
             marks,
             generation,
             took_over,

@@ -18,7 +18,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
     capture::loader::{Accounting, Kept, KernelCounters, LoadOptions, Probes, ReaderMarks},
-    cli::Cli,
+    cli::{Cli, SpawnStacks},
     gateways::Selectors,
     identity,
     kill::{KillOptions, Killer},
@@ -37,6 +37,7 @@ use crate::{
     },
     privileges,
     procfs::{self, Stat, boottime_now},
+    sites::SpawnSites,
     state::{self, StateDir, Taken},
     stream::{
         Stamped,
@@ -122,6 +123,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         setsid_hook: cli.setsid_hook.wanted(),
         selectors: selectors.needs(),
         kept,
+        spawn_stacks: cli.spawn_stacks != SpawnStacks::Off,
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
@@ -151,6 +153,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         false => (None, None),
     };
     let mut run = Pipeline::new(graph, output, inspect, killer, selectors.labels());
+    if let (SpawnStacks::Native | SpawnStacks::Auto, Some(stacks)) =
+        (cli.spawn_stacks, probes.stacks.take())
+    {
+        run.name_spawn_sites(SpawnSites::new(stacks));
+    }
 
     // The lineage of the run before first: /proc then adds only what is new.
     let (resumed, whole) = resume(&taken, &state, &mut probes, &mut run, t0)?;

@@ -26,7 +26,9 @@ use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
+use crate::sites::SpawnSites;
 use crate::stream::Stamped;
+use crate::stream::evidence::Frame;
 use crate::stream::events::Event;
 use crate::text::Args;
 
@@ -48,6 +50,8 @@ pub struct Pipeline {
     out: Output,
     /// The flagged processes' memory, for the gauge.
     flagged_rss: flags::RssCache,
+    /// `--spawn-stacks`: where each fork's stack was taken, named for flags.
+    sites: Option<SpawnSites>,
     /// Boot-time ns of the last exit record (its kernel time: no clock read per exit).
     last_exit: u64,
     /// Boot-time ns the run started at.
@@ -72,8 +76,47 @@ impl Pipeline {
             killer,
             out,
             flagged_rss: flags::RssCache::default(),
+            sites: None,
             last_exit: boottime_now(),
             started: boottime_now(),
+        }
+    }
+
+    /// Names the code that spawned each flagged process (`--spawn-stacks`).
+    pub fn name_spawn_sites(&mut self, sites: SpawnSites) {
+        self.sites = Some(sites);
+    }
+
+    /// Locates a fork's stack in its spawner's mappings, while a process holding them runs
+    /// (see [`SpawnSites::locate`]): the spawner, then each spawner up the lineage that it
+    /// shares its code with (none of them exec'd since its fork).
+    fn locate_spawn_site(&mut self, stack: u32, spawner: u32) {
+        let Some(sites) = self.sites.as_mut() else {
+            return;
+        };
+        let mut holders = Vec::new();
+        let mut node = self.graph.current(spawner);
+        while let Some(n) = node {
+            holders.push(n.pid);
+            if n.execs > 0 || n.seeded {
+                break;
+            }
+            node = n.spawner.and_then(|s| self.graph.node(s));
+        }
+        if holders.is_empty() {
+            holders.push(spawner);
+        }
+        sites.locate(stack, spawner, &holders);
+    }
+
+    /// The frames that spawned process `pid`, when its fork's stack was taken.
+    fn spawned_at(&mut self, pid: u32) -> Vec<Frame> {
+        let (Some(sites), Some(node)) = (self.sites.as_mut(), self.graph.current(pid)) else {
+            return Vec::new();
+        };
+        match (node.spawn_stack, node.spawner_pid) {
+            (Some(stack), Some(spawner)) => sites.frames(stack, spawner),
+            _ => Vec::new(),
         }
     }
 
@@ -97,6 +140,14 @@ impl Pipeline {
             return Ok(());
         };
         let applied = self.graph.apply(&ev);
+        if let What::Fork {
+            spawner,
+            stack: Some(stack),
+            ..
+        } = ev.what
+        {
+            self.locate_spawn_site(stack, spawner);
+        }
         let Some(node) = self.upkeep.on_record(&mut self.graph, &ev, applied) else {
             return Ok(());
         };
@@ -224,12 +275,17 @@ impl Pipeline {
     pub fn scan_leaks(&mut self) -> Result<()> {
         let began = Instant::now();
         let now = boottime_now();
-        let found: Vec<Event> = self
+        let mut found: Vec<Event> = self
             .inspector
             .scan(&self.graph, now)
             .iter()
             .filter_map(|change| flags::change_event(&self.graph, change, now))
             .collect();
+        for event in &mut found {
+            if let Event::Flag(flag) = event {
+                flag.detail.spawned_at = self.spawned_at(flag.pid);
+            }
+        }
         self.out.events(now, &found)?;
         let flagged = flags::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
         self.out.metrics.set_state(&ScanState {
@@ -291,7 +347,12 @@ impl Pipeline {
             graph: &self.graph,
             inspector: &mut self.inspector,
         };
-        let (verdict, code) = closing.check_verdict(gateway_exit_code);
+        let (mut verdict, code) = closing.check_verdict(gateway_exit_code);
+        if let Event::Check(check) = &mut verdict {
+            for leaked in &mut check.leaked {
+                leaked.detail.spawned_at = self.spawned_at(leaked.pid);
+            }
+        }
         self.out.event(boottime_now(), &verdict)?;
         Ok((verdict, code))
     }

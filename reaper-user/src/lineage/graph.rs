@@ -53,6 +53,8 @@ pub struct Node {
     /// The thread of its spawner that forked it, when not the spawner's main thread: its tid
     /// and its name (an event loop's, a worker's).
     pub spawning_thread: Option<(u32, Comm)>,
+    /// That thread's user stack at the fork (`--spawn-stacks`: the kernel's stack id).
+    pub spawn_stack: Option<u32>,
     pub exited: Option<ExitInfo>,
     pub reaped_at: Option<u64>,
     pub is_gateway: bool,
@@ -290,6 +292,7 @@ impl LineageGraph {
             execs: 0,
             forked_at: None,
             spawning_thread: None,
+            spawn_stack: None,
             exited: None,
             reaped_at: None,
             is_gateway: false,

@@ -5,6 +5,7 @@ use crate::stream::events::{
     Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, ProcessLabel, SpawningThread,
     wait_status,
 };
+use crate::stream::evidence::Frame;
 use crate::text::escape_for_terminal;
 
 mod fold;
@@ -155,6 +156,37 @@ pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
     if let Some(kib) = detail.rss_kib {
         out.push_str(&format!("; RSS {}", human_rss(kib)));
     }
+    if let Some(site) = spawn_site_text(&detail.spawned_at) {
+        out.push_str("; spawned at ");
+        out.push_str(&site);
+    }
+}
+
+/// The libraries whose own frames say only "it forked": the C library and the loader.
+const SPAWNING_LIBRARIES: [&str; 3] = ["libc.so", "libpthread.so", "ld-linux"];
+
+/// Up to three innermost frames of the spawner's code (not its libc's fork wrapper), each
+/// as `function (file:line)`, innermost first.
+fn spawn_site_text(frames: &[Frame]) -> Option<String> {
+    let own = frames.iter().filter(|f| {
+        let object = f.object.as_deref().unwrap_or("");
+        let name = object.rsplit('/').next().unwrap_or(object);
+        !SPAWNING_LIBRARIES.iter().any(|lib| name.starts_with(lib))
+    });
+    let named: Vec<String> = own
+        .take(3)
+        .map(|f| {
+            let function = f.function.as_deref().unwrap_or("?");
+            let place = match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    format!(" ({}:{line})", file.rsplit('/').next().unwrap_or(file))
+                }
+                _ => String::new(),
+            };
+            escape_for_terminal(format!("{function}{place}").as_bytes())
+        })
+        .collect();
+    (!named.is_empty()).then(|| named.join(" < "))
 }
 
 /// One line a person can act on, for a flag raised at `ts`.

@@ -139,6 +139,7 @@ impl Event {
                 comm,
                 spawner_tid,
                 untracked,
+                ..
             } => Event::Fork(Fork {
                 pid,
                 ppid: *ppid,

@@ -139,6 +139,29 @@ pub struct LeakDetail {
     /// For `accumulating`: the newest instance's pid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub newest: Option<u32>,
+    /// The code that spawned it (`--spawn-stacks`): its spawner's frames at the fork,
+    /// innermost first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub spawned_at: Vec<Frame>,
+}
+
+/// A frame of the code that spawned a process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct Frame {
+    /// The function (demangled); none when its object names none there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// Its source file and line, from the object's debug information.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// The executable or library the frame is in, and the offset in that file; none when
+    /// its spawner's mappings could not be read (it and every process sharing them gone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    pub offset: u64,
 }
 
 /// A kind of process (`accumulating`): its executable and its instances' command line, each

@@ -32,25 +32,29 @@ pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
             );
         }
         bystander.stop()?;
-        // Tracked: the storm is the gateway; stats are read while it lingers at the end.
-        let (script, truths) = loop_script(bins, Loop::ForkExec, opts.procs, 1, "stats");
-        let gateway = format!("{script}; sleep 3");
-        let mut tracer = Command::new(&bins.reaper)
-            .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
-            .stdout(Stdio::null())
-            .spawn()?;
-        while !truths[0].exists() {
-            thread::sleep(Duration::from_millis(50));
+        // Tracked: the storm is the gateway; stats are read while it lingers at the end. With
+        // the spawner's stack taken at each fork (the default) and without.
+        for (what, stacks) in [("", "auto"), (", --spawn-stacks off", "off")] {
+            let (script, truths) = loop_script(bins, Loop::ForkExec, opts.procs, 1, "stats");
+            let gateway = format!("{script}; sleep 3");
+            let mut tracer = Command::new(&bins.reaper)
+                .args(["--json", "--quiet", "--spawn-stacks", stacks])
+                .args(["--", "sh", "-c", &gateway])
+                .stdout(Stdio::null())
+                .spawn()?;
+            while !truths[0].exists() {
+                thread::sleep(Duration::from_millis(50));
+            }
+            thread::sleep(Duration::from_millis(500));
+            for (name, runs, ns) in prog_stats(tracer.id())? {
+                println!(
+                    "| tracked fork+exec{what} | {name} | {runs} | {:.0} |",
+                    ns as f64 / runs.max(1) as f64
+                );
+            }
+            tracer.wait()?;
+            read_truths(&truths)?;
         }
-        thread::sleep(Duration::from_millis(500));
-        for (name, runs, ns) in prog_stats(tracer.id())? {
-            println!(
-                "| tracked fork+exec | {name} | {runs} | {:.0} |",
-                ns as f64 / runs.max(1) as f64
-            );
-        }
-        tracer.wait()?;
-        read_truths(&truths)?;
         Ok(())
     })();
     let _ = fs::write(sysctl, before.trim());

@@ -39,6 +39,7 @@ impl LineageGraph {
                 cgroup_id,
                 comm,
                 spawner_tid,
+                stack,
                 ..
             } => {
                 let thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
@@ -56,6 +57,7 @@ impl LineageGraph {
                     node.spawner_pid = Some(*spawner);
                     node.forked_at = Some(ev.ts);
                     node.spawning_thread = thread;
+                    node.spawn_stack = *stack;
                     node.uid = Some(*uid);
                     node.cgroup_id = Some(*cgroup_id);
                     return Applied::Node(id);
@@ -71,6 +73,7 @@ impl LineageGraph {
                 node.comm = *comm;
                 node.forked_at = Some(ev.ts);
                 node.spawning_thread = thread;
+                node.spawn_stack = *stack;
                 // Until it execs, a child runs its parent's program.
                 if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
                     node.filename = parent.filename.clone();

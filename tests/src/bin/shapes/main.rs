@@ -9,6 +9,7 @@ mod channels;
 mod crowds;
 mod leaks;
 mod lineage;
+mod spawn_site;
 mod sys;
 
 use channels::*;
@@ -45,6 +46,7 @@ fn main() {
         ),
         "tree" => tree(truth),
         "leak-orphan" => leak_orphan(truth),
+        "leak-spawn-site" => spawn_site::leak_spawn_site(truth),
         "orphan-later" => orphan_later(truth, false),
         "spawn-later" => orphan_later(truth, true),
         "leak-idle" => leak_idle(truth),

@@ -1,0 +1,135 @@
+//! The code that spawned each process (`--spawn-stacks`). The kernel keeps the spawning
+//! thread's user stack at each tracked fork, once per distinct stack; a fork record names it.
+//! Here each stack is located once per spawner, while a process holding the spawner's mappings
+//! still runs (addresses become an object and an offset in it: ASLR and the spawner's exit no
+//! longer matter), and named only when a flag needs it.
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use aya::maps::{MapData, StackTraceMap};
+use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::Pid;
+
+use crate::stream::evidence::Frame;
+
+/// One frame of a stack, located in its object.
+#[derive(Clone, Debug)]
+struct Located {
+    object: Option<PathBuf>,
+    /// The file offset in `object`, or the raw address when there is none.
+    offset: u64,
+}
+
+/// Spawn stacks by (the kernel's stack id, the spawner's pid).
+pub struct SpawnSites {
+    stacks: StackTraceMap<MapData>,
+    normalizer: Normalizer,
+    symbolizer: Symbolizer,
+    located: HashMap<(u32, u32), Vec<Located>>,
+    named: HashMap<(u32, u32), Vec<Frame>>,
+}
+
+impl SpawnSites {
+    pub fn new(stacks: StackTraceMap<MapData>) -> SpawnSites {
+        SpawnSites {
+            stacks,
+            normalizer: Normalizer::new(),
+            symbolizer: Symbolizer::new(),
+            located: HashMap::new(),
+            named: HashMap::new(),
+        }
+    }
+
+    /// Locates `stack`, taken in `spawner`, unless it was: in the mappings of the first of
+    /// `holders` still running (the spawner, then the processes it shares its code with: a
+    /// process that has not exec'd since its fork runs its spawner's).
+    pub fn locate(&mut self, stack: u32, spawner: u32, holders: &[u32]) {
+        if self.located.contains_key(&(stack, spawner)) {
+            return;
+        }
+        let Ok(trace) = self.stacks.get(&stack, 0) else {
+            return;
+        };
+        let addrs: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+        let opts = NormalizeOpts {
+            map_files: false,
+            ..Default::default()
+        };
+        let located = holders.iter().find_map(|&pid| {
+            let out = self
+                .normalizer
+                .normalize_user_addrs_opts(Pid::from(pid), &addrs, &opts)
+                .ok()?;
+            Some(
+                out.outputs
+                    .iter()
+                    .zip(&addrs)
+                    .map(|(&(offset, meta), &addr)| match out.meta.get(meta) {
+                        Some(UserMeta::Elf(elf)) => Located {
+                            object: Some(elf.path.clone()),
+                            offset,
+                        },
+                        _ => Located {
+                            object: None,
+                            offset: addr,
+                        },
+                    })
+                    .collect(),
+            )
+        });
+        // Unlocated (every holder gone): the raw addresses, so the flag still says so.
+        let located = located.unwrap_or_else(|| {
+            addrs
+                .iter()
+                .map(|&addr| Located {
+                    object: None,
+                    offset: addr,
+                })
+                .collect()
+        });
+        self.located.insert((stack, spawner), located);
+    }
+
+    /// The frames of `stack` as taken in `spawner`, named from their objects' symbols and
+    /// debug information (once; later flags reuse them).
+    pub fn frames(&mut self, stack: u32, spawner: u32) -> Vec<Frame> {
+        if let Some(named) = self.named.get(&(stack, spawner)) {
+            return named.clone();
+        }
+        let Some(located) = self.located.get(&(stack, spawner)) else {
+            return Vec::new();
+        };
+        let named: Vec<Frame> = located
+            .iter()
+            .map(|l| name(&self.symbolizer, l))
+            .collect();
+        self.named.insert((stack, spawner), named.clone());
+        named
+    }
+}
+
+fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {
+    let mut frame = Frame {
+        object: l.object.as_ref().map(|p| p.display().to_string()),
+        offset: l.offset,
+        ..Frame::default()
+    };
+    let Some(object) = &l.object else {
+        return frame;
+    };
+    let source = Source::Elf(Elf::new(object));
+    if let Ok(Symbolized::Sym(sym)) = symbolizer.symbolize_single(&source, Input::FileOffset(l.offset)) {
+        frame.function = Some(sym.name.to_string());
+        if let Some(code) = sym.code_info {
+            let file = match &code.dir {
+                Some(dir) => dir.join(&*code.file).display().to_string(),
+                None => PathBuf::from(&*code.file).display().to_string(),
+            };
+            frame.file = Some(file);
+            frame.line = code.line;
+        }
+    }
+    frame
+}

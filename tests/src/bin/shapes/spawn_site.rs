@@ -1,0 +1,58 @@
+//! A leak spawned from a named function (`--spawn-stacks`): the gateway's child A calls
+//! setsid() and forks B from [`start_stdio_server_by_syscall`], then exits; B waits on the
+//! read end of the gateway's pipe and is orphaned. The fork is the raw syscall, made in that
+//! function itself: the kernel's frame-pointer walk then starts inside it whatever libc was
+//! built with (Debian's libc keeps no frame pointers, so a fork() through it shows only its
+//! own `_Fork`).
+use serde_json::{Value, json};
+
+use super::sys::*;
+
+/// Forks the stdin reader that stands for a stdio server. x86_64's fork(2), no libc wrapper.
+#[inline(never)]
+fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
+    let pid: i64;
+    // SAFETY: fork(2) takes no arguments; rcx and r11 are clobbered by `syscall`.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_fork => pid,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    match pid {
+        0 => {
+            as_stdin(rd);
+            for fd in close.iter().chain([&rd]) {
+                // SAFETY: closing the child's copies.
+                unsafe { libc::close(*fd) };
+            }
+            read_stdin_to_eof();
+            // SAFETY: the child ends here, as fork_then's do.
+            unsafe { libc::_exit(0) }
+        }
+        pid if pid < 0 => panic!("fork: {pid}"),
+        pid => pid as u32,
+    }
+}
+
+pub(crate) fn leak_spawn_site(truth: &str) -> Value {
+    wait_for_go();
+    let (mut rd, mut wr) = (0, 0);
+    pipe(&mut rd, &mut wr);
+    let (mut prd, mut pwr) = (0, 0);
+    pipe(&mut prd, &mut pwr);
+    let a = fork_then(move || {
+        // SAFETY: plain syscall in the child.
+        unsafe { libc::setsid() };
+        let b = start_stdio_server_by_syscall(rd, &[wr, prd, pwr]);
+        send_pid(pwr, b);
+        0
+    });
+    let b = recv_pid(prd);
+    wait_for(a);
+    hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
+    json!({ "a": a, "b": b, "function": "start_stdio_server_by_syscall", "file": file!() })
+}
