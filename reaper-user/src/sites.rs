@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use aya::maps::{MapData, StackTraceMap};
+use blazesym::Pid;
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
-use blazesym::Pid;
 
 use crate::stream::evidence::Frame;
 
@@ -101,10 +101,7 @@ impl SpawnSites {
         let Some(located) = self.located.get(&(stack, spawner)) else {
             return Vec::new();
         };
-        let named: Vec<Frame> = located
-            .iter()
-            .map(|l| name(&self.symbolizer, l))
-            .collect();
+        let named: Vec<Frame> = located.iter().map(|l| name(&self.symbolizer, l)).collect();
         self.named.insert((stack, spawner), named.clone());
         named
     }
@@ -120,7 +117,9 @@ fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {
         return frame;
     };
     let source = Source::Elf(Elf::new(object));
-    if let Ok(Symbolized::Sym(sym)) = symbolizer.symbolize_single(&source, Input::FileOffset(l.offset)) {
+    if let Ok(Symbolized::Sym(sym)) =
+        symbolizer.symbolize_single(&source, Input::FileOffset(l.offset))
+    {
         frame.function = Some(sym.name.to_string());
         if let Some(code) = sym.code_info {
             let file = match &code.dir {

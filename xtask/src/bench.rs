@@ -135,6 +135,7 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("hooks") {
         hook_costs(&bins, opts)?;
+        spawner_cost(&bins, opts)?;
     }
     if wanted("memory") {
         memory(&bins, opts)?;

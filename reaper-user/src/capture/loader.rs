@@ -283,7 +283,11 @@ impl Probes {
             for (name, size, option) in [
                 (names::TRACKED, &mut max_tracked, "--max-tracked"),
                 (names::EVENTS, &mut ring_bytes, "--ring-size"),
-                (names::STACKS, &mut stacks_kept, "the spawn stacks kept (--spawn-stacks)"),
+                (
+                    names::STACKS,
+                    &mut stacks_kept,
+                    "the spawn stacks kept (--spawn-stacks)",
+                ),
             ] {
                 match kept.pins.capacity(name)? {
                     Some(pinned) if pinned != *size => {

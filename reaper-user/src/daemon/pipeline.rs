@@ -28,8 +28,8 @@ use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
 use crate::sites::SpawnSites;
 use crate::stream::Stamped;
-use crate::stream::evidence::Frame;
 use crate::stream::events::Event;
+use crate::stream::evidence::Frame;
 use crate::text::Args;
 
 mod resume;

@@ -61,6 +61,43 @@ pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     result
 }
 
+/// The reader's CPU when every spawner is new (`--spawn-stacks`: each stack is located once per
+/// spawner, a /proc maps read): a gateway that runs `sh -c '/bin/true & wait'` N/2 times, so
+/// half its processes each fork once; reaper-trace's `cpu_ns` with the stacks taken and
+/// without, interleaved.
+pub(crate) fn spawner_cost(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let n = opts.procs / 2;
+    let script =
+        format!("i=0; while [ $i -lt {n} ]; do /bin/sh -c '/bin/true & wait'; i=$((i+1)); done");
+    let mut cpu: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..opts.reps {
+        for (i, stacks) in ["auto", "off"].iter().enumerate() {
+            let out = Command::new(&bins.reaper)
+                .args(["--json", "--quiet", "--spawn-stacks", stacks])
+                .args(["--", "sh", "-c", &script])
+                .output()?;
+            let summary = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find(|l| l.contains(r#""event":"summary""#))
+                .map(str::to_owned)
+                .context("no summary")?;
+            let v: serde_json::Value = serde_json::from_str(&summary)?;
+            let ns = v["cpu_ns"].as_f64().context("cpu_ns")?;
+            cpu[i].push(ns / (2 * n) as f64 / 1e3);
+        }
+    }
+    println!(
+        "\n### The reader with a new spawner every other process ({} processes, median of {})\n",
+        2 * n,
+        opts.reps
+    );
+    println!("| --spawn-stacks | reaper-trace CPU per process |\n|---|---|");
+    for (i, stacks) in ["auto", "off"].iter().enumerate() {
+        println!("| {stacks} | {:.1} µs |", median(&mut cpu[i]));
+    }
+    Ok(())
+}
+
 /// (program name, run count, run time ns) of every BPF program reaper-trace holds.
 pub(crate) fn prog_stats(pid: u32) -> Result<Vec<(String, u64, u64)>> {
     let mut out = Vec::new();

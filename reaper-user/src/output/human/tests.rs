@@ -238,11 +238,20 @@ fn a_flag_names_the_spawners_own_frames_past_its_libcs_fork() {
         frame("start_server", "/src/gw/tools.c", Some(812), "/usr/bin/gw"),
         frame("connect", "/src/gw/tools.c", Some(40), "/usr/bin/gw"),
         frame("main", "/src/gw/main.c", Some(9), "/usr/bin/gw"),
-        frame("__libc_start_main", "", None, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        frame(
+            "__libc_start_main",
+            "",
+            None,
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ),
     ];
     assert_eq!(
         super::spawn_site_text(&frames).as_deref(),
         Some("start_server (tools.c:812) < connect (tools.c:40) < main (main.c:9)")
     );
-    assert_eq!(super::spawn_site_text(&frames[..1]), None, "libc alone names nothing");
+    assert_eq!(
+        super::spawn_site_text(&frames[..1]),
+        None,
+        "libc alone names nothing"
+    );
 }
