@@ -10,6 +10,11 @@ use super::sys::*;
 /// then exits. B waits on stdin; the gateway holds the write end until released, then
 /// closes it (B reads EOF and exits) and exits.
 pub(crate) fn leak_orphan(truth: &str) -> Value {
+    orphan_spawned_by(truth, stdin_reader)
+}
+
+/// [`leak_orphan`], A forking B with `spawn(read end, fds B must close)`.
+pub(crate) fn orphan_spawned_by(truth: &str, spawn: fn(i32, &[i32]) -> u32) -> Value {
     wait_for_go();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
@@ -18,7 +23,7 @@ pub(crate) fn leak_orphan(truth: &str) -> Value {
     let a = fork_then(move || {
         // SAFETY: plain syscalls in the child.
         unsafe { libc::setsid() };
-        let b = stdin_reader(rd, &[wr, prd, pwr]);
+        let b = spawn(rd, &[wr, prd, pwr]);
         send_pid(pwr, b);
         0
     });

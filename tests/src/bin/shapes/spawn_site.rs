@@ -39,20 +39,8 @@ fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
 }
 
 pub(crate) fn leak_spawn_site(truth: &str) -> Value {
-    wait_for_go();
-    let (mut rd, mut wr) = (0, 0);
-    pipe(&mut rd, &mut wr);
-    let (mut prd, mut pwr) = (0, 0);
-    pipe(&mut prd, &mut pwr);
-    let a = fork_then(move || {
-        // SAFETY: plain syscall in the child.
-        unsafe { libc::setsid() };
-        let b = start_stdio_server_by_syscall(rd, &[wr, prd, pwr]);
-        send_pid(pwr, b);
-        0
-    });
-    let b = recv_pid(prd);
-    wait_for(a);
-    hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
-    json!({ "a": a, "b": b, "function": "start_stdio_server_by_syscall", "file": file!() })
+    let mut found = super::leaks::orphan_spawned_by(truth, start_stdio_server_by_syscall);
+    found["function"] = json!("start_stdio_server_by_syscall");
+    found["file"] = json!(file!());
+    found
 }
