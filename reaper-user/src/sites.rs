@@ -22,13 +22,17 @@ struct Located {
     offset: u64,
 }
 
-/// Spawn stacks by (the kernel's stack id, the spawner's pid).
+/// A stack as one spawner took it: the kernel's stack id, and the spawner's pid and start
+/// time (its identity: a pid reused by another program is another key).
+pub type SiteKey = (u32, u32, u64);
+
+/// Spawn stacks, by [`SiteKey`].
 pub struct SpawnSites {
     stacks: StackTraceMap<MapData>,
     normalizer: Normalizer,
     symbolizer: Symbolizer,
-    located: HashMap<(u32, u32), Vec<Located>>,
-    named: HashMap<(u32, u32), Vec<Frame>>,
+    located: HashMap<SiteKey, Vec<Located>>,
+    named: HashMap<SiteKey, Vec<Frame>>,
 }
 
 impl SpawnSites {
@@ -42,14 +46,16 @@ impl SpawnSites {
         }
     }
 
-    /// Locates `stack`, taken in `spawner`, unless it was: in the mappings of the first of
-    /// `holders` still running (the spawner, then the processes it shares its code with: a
-    /// process that has not exec'd since its fork runs its spawner's).
-    pub fn locate(&mut self, stack: u32, spawner: u32, holders: &[u32]) {
-        if self.located.contains_key(&(stack, spawner)) {
-            return;
-        }
-        let Ok(trace) = self.stacks.get(&stack, 0) else {
+    /// Whether the stack of `key` was located.
+    pub fn knows(&self, key: SiteKey) -> bool {
+        self.located.contains_key(&key)
+    }
+
+    /// Locates the stack of `key` in the mappings of the first of `holders` still running
+    /// (the spawner, then the processes it shares its code with: a process that has not
+    /// exec'd since its fork runs its spawner's).
+    pub fn locate(&mut self, key: SiteKey, holders: &[u32]) {
+        let Ok(trace) = self.stacks.get(&key.0, 0) else {
             return;
         };
         let addrs: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
@@ -89,20 +95,20 @@ impl SpawnSites {
                 })
                 .collect()
         });
-        self.located.insert((stack, spawner), located);
+        self.located.insert(key, located);
     }
 
-    /// The frames of `stack` as taken in `spawner`, named from their objects' symbols and
-    /// debug information (once; later flags reuse them).
-    pub fn frames(&mut self, stack: u32, spawner: u32) -> Vec<Frame> {
-        if let Some(named) = self.named.get(&(stack, spawner)) {
+    /// The frames of the stack of `key`, named from their objects' symbols and debug
+    /// information (once; later flags reuse them).
+    pub fn frames(&mut self, key: SiteKey) -> Vec<Frame> {
+        if let Some(named) = self.named.get(&key) {
             return named.clone();
         }
-        let Some(located) = self.located.get(&(stack, spawner)) else {
+        let Some(located) = self.located.get(&key) else {
             return Vec::new();
         };
         let named: Vec<Frame> = located.iter().map(|l| name(&self.symbolizer, l)).collect();
-        self.named.insert((stack, spawner), named.clone());
+        self.named.insert(key, named.clone());
         named
     }
 }

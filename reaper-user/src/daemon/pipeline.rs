@@ -91,11 +91,16 @@ impl Pipeline {
     /// (see [`SpawnSites::locate`]): the spawner, then each spawner up the lineage that it
     /// shares its code with (none of them exec'd since its fork).
     fn locate_spawn_site(&mut self, stack: u32, spawner: u32) {
-        let Some(sites) = self.sites.as_mut() else {
+        let (Some(sites), Some(spawner)) = (self.sites.as_mut(), self.graph.current(spawner))
+        else {
             return;
         };
+        let key = (stack, spawner.pid, spawner.start.ticks());
+        if sites.knows(key) {
+            return;
+        }
         let mut holders = Vec::new();
-        let mut node = self.graph.current(spawner);
+        let mut node = Some(spawner);
         while let Some(n) = node {
             holders.push(n.pid);
             if n.execs > 0 || n.seeded {
@@ -103,10 +108,7 @@ impl Pipeline {
             }
             node = n.spawner.and_then(|s| self.graph.node(s));
         }
-        if holders.is_empty() {
-            holders.push(spawner);
-        }
-        sites.locate(stack, spawner, &holders);
+        sites.locate(key, &holders);
     }
 
     /// The frames that spawned process `pid`, when its fork's stack was taken.
@@ -114,8 +116,9 @@ impl Pipeline {
         let (Some(sites), Some(node)) = (self.sites.as_mut(), self.graph.current(pid)) else {
             return Vec::new();
         };
-        match (node.spawn_stack, node.spawner_pid) {
-            (Some(stack), Some(spawner)) => sites.frames(stack, spawner),
+        let spawner = node.spawner.and_then(|s| self.graph.node(s));
+        match (node.spawn_stack, spawner) {
+            (Some(stack), Some(s)) => sites.frames((stack, s.pid, s.start.ticks())),
             _ => Vec::new(),
         }
     }
