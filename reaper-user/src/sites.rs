@@ -12,6 +12,7 @@ use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
+use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
 /// One frame of a stack, located in its object.
@@ -22,9 +23,9 @@ struct Located {
     offset: u64,
 }
 
-/// A stack as one spawner took it: the kernel's stack id, and the spawner's pid and start
-/// time (its identity: a pid reused by another program is another key).
-pub type SiteKey = (u32, u32, u64);
+/// A stack as one spawner took it: the kernel's stack id and the spawner's node (never reused:
+/// a pid reused by another program is another node).
+pub type SiteKey = (u32, NodeId);
 
 /// Spawn stacks, by [`SiteKey`].
 pub struct SpawnSites {
@@ -44,6 +45,12 @@ impl SpawnSites {
             located: HashMap::new(),
             named: HashMap::new(),
         }
+    }
+
+    /// Forgets the stacks of spawners the graph no longer holds (no flag can name them).
+    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
+        self.located.retain(|&(_, node), _| holds(node));
+        self.named.retain(|&(_, node), _| holds(node));
     }
 
     /// Whether the stack of `key` was located.

@@ -95,7 +95,7 @@ impl Pipeline {
         else {
             return;
         };
-        let key = (stack, spawner.pid, spawner.start.ticks());
+        let key = (stack, spawner.id);
         if sites.knows(key) {
             return;
         }
@@ -116,9 +116,8 @@ impl Pipeline {
         let (Some(sites), Some(node)) = (self.sites.as_mut(), self.graph.current(pid)) else {
             return Vec::new();
         };
-        let spawner = node.spawner.and_then(|s| self.graph.node(s));
-        match (node.spawn_stack, spawner) {
-            (Some(stack), Some(s)) => sites.frames((stack, s.pid, s.start.ticks())),
+        match (node.spawn_stack, node.spawner) {
+            (Some(stack), Some(spawner)) => sites.frames((stack, spawner)),
             _ => Vec::new(),
         }
     }
@@ -288,6 +287,9 @@ impl Pipeline {
             if let Event::Flag(flag) = event {
                 flag.detail.spawned_at = self.spawned_at(flag.pid);
             }
+        }
+        if let Some(sites) = self.sites.as_mut() {
+            sites.retain(|id| self.graph.node(id).is_some());
         }
         self.out.events(now, &found)?;
         let flagged = flags::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
