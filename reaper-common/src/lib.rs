@@ -23,22 +23,8 @@ pub mod names {
     pub const GATEWAY_CGROUP_PATHS: &str = "GATEWAY_CGROUP_PATHS";
     pub const READER: &str = "READER";
     pub const STACKS: &str = "STACKS";
-    /// The maps, for the check.
-    pub const MAPS: [&str; 13] = [
-        TRACKED,
-        EVENTS,
-        SEQ,
-        READER_IDLE,
-        LOSSES,
-        EXEC_SCRATCH,
-        PATH_SCRATCH,
-        GATEWAY_EXES,
-        GATEWAY_PATHS,
-        GATEWAY_CGROUPS,
-        GATEWAY_CGROUP_PATHS,
-        READER,
-        STACKS,
-    ];
+    /// The maps each load has of its own: scratch space.
+    pub const SCRATCH: [&str; 2] = [EXEC_SCRATCH, PATH_SCRATCH];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
     pub const PINNED: [&str; 11] = [

@@ -101,8 +101,9 @@ fn submit_flags(reader: Reader) -> u64 {
 }
 
 /// Sends the first `size` bytes of a record built in scratch space: a variable-length record
-/// (exec's argv), copied into the ring, once [`recording`] said so. Its header (and so its sequence number) is already
-/// taken, so a failed copy leaves the gap the loss counter explains.
+/// (exec's argv), copied into the ring, once [`recording`] said so. Its header (and so its
+/// sequence number) is already taken, so a failed copy leaves the gap the loss counter
+/// explains.
 ///
 /// `size` must be provably at most `size_of::<T>()` to the verifier at the call site.
 #[inline(always)]

@@ -285,7 +285,8 @@ pub fn take(dir: &StateDir, selectors: &[String]) -> Result<(Taken, Vec<String>)
         (Some(checkpoint), None) => Taken::Lineage(checkpoint),
         (Some(checkpoint), Some(mark)) => match checkpoint.kernel.clone() {
             Some(kept) if kept.layout != LAYOUT => bail!(
-                "--state-dir {}: kept by probes of record layout {} (this build reads {LAYOUT});                  `reaper-trace --release-state {}` removes it",
+                "--state-dir {}: kept by probes of record layout {} (this build reads {LAYOUT}); \
+                 `reaper-trace --release-state {}` removes it",
                 dir.path().display(),
                 kept.layout,
                 dir.path().display()

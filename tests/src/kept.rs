@@ -93,3 +93,14 @@ pub fn checkpointed(state: &Path) -> Vec<u64> {
         .map(|n| pid(&n["pid"]))
         .collect()
 }
+
+/// A restart test's scratch directory and the state directory in it; none when the test is
+/// skipped (see [`require_root`]).
+pub fn state_test(test: &str) -> Option<(PathBuf, PathBuf)> {
+    if !require_root(test) {
+        return None;
+    }
+    let dir = scratch(test);
+    let state = dir.join("state");
+    Some((dir, state))
+}

@@ -2,7 +2,7 @@
 //! `--release-state`), what a gap costs when it outgrows the ring or outlasts `--state-keep`
 //! (counted as lost, the lineage repaired from /proc), and a state of another record layout
 //! (refused, naming `--release-state`), one run at a time, and a restart in a fork storm (no
-//! event missed or repeated). Needs root (see `require_root`).
+//! event missed or repeated). Needs root (see `state_test`).
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -11,8 +11,7 @@ use std::{
 
 use reaper_tests::{
     OrphanLater, checkpointed, end_once_checkpointed, kept_run, pid, pin_dir, read_json,
-    reaper_trace, release_state, require_root, run_kept_until, run_reaper, scratch, stream,
-    wait_until,
+    reaper_trace, release_state, run_kept_until, run_reaper, state_test, stream, wait_until,
 };
 use serde_json::Value;
 
@@ -42,17 +41,15 @@ fn bpffs() -> Vec<PathBuf> {
 #[test]
 fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
     let test = "bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
+    };
     let _one_at_a_time = BPFFS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
     let before = bpffs();
     let run = run_reaper(&["--", "sh", "-c", "true"]);
     assert!(run.status.success(), "{}", run.stderr);
     assert_eq!(bpffs(), before, "a run without --state-dir pins nothing");
 
-    let state = dir.join("state");
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let gw = u64::from(sleeper.id());
     let run = kept_run(&state, &dir.join("run.ndjson"), gw, &[]);
@@ -87,12 +84,10 @@ fn bpffs_is_left_as_it_was_by_a_run_without_state_and_after_release_state() {
 #[test]
 fn a_state_of_another_record_layout_is_refused_naming_release_state() {
     let test = "a_state_of_another_record_layout_is_refused_naming_release_state";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
+    };
     let _one_at_a_time = BPFFS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
-    let state = dir.join("state");
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let gw = u64::from(sleeper.id());
     let run = kept_run(&state, &dir.join("run.ndjson"), gw, &[]);
@@ -140,12 +135,10 @@ fn storming_gateway(dir: &Path) -> Child {
 #[test]
 fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
     let test = "a_gap_that_overflows_the_ring_is_counted_lost_and_repaired";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
+    };
     let _one_at_a_time = BPFFS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
-    let state = dir.join("state");
     let mut gateway = storming_gateway(&dir);
     let gw = u64::from(gateway.id());
     let run = kept_run(
@@ -208,12 +201,10 @@ fn a_gap_that_overflows_the_ring_is_counted_lost_and_repaired() {
 #[test]
 fn past_state_keep_the_probes_stop_recording_and_the_next_run_repairs_the_gap() {
     let test = "past_state_keep_the_probes_stop_recording_and_the_next_run_repairs_the_gap";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
+    };
     let _one_at_a_time = BPFFS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
-    let state = dir.join("state");
     let mut gateway = OrphanLater::start_late(&dir);
     let gw = gateway.gateway;
     let run = kept_run(
@@ -265,12 +256,10 @@ fn by_pid(streams: &[&[Value]], name: &str) -> std::collections::HashMap<u64, us
 #[test]
 fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
     let test = "a_restart_in_a_fork_storm_misses_no_event_and_repeats_none";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
+    };
     let _one_at_a_time = BPFFS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(test);
-    let state = dir.join("state");
     // Forks and execs until `stop` (at most 5,000 times: no pid is reused).
     let script = format!(
         "cd {dir}; i=0; while [ ! -e stop ] && [ $i -lt 5000 ]; do /bin/true; i=$((i+1)); done",

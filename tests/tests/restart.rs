@@ -1,7 +1,7 @@
 //! A run's lineage across its own restarts (`--state-dir`): a helper that escaped and was
 //! reparented while no reaper-trace ran is still its gateway's descendant in the next run,
 //! whether the run before was stopped (SIGTERM: the checkpoint written at the stop) or killed
-//! (SIGKILL: the one written every second). Needs root (see `require_root`).
+//! (SIGKILL: the one written every second). Needs root (see `state_test`).
 use std::{
     collections::HashSet,
     path::Path,
@@ -11,7 +11,7 @@ use std::{
 
 use reaper_tests::{
     OrphanLater, Run, end_once_checkpointed, flag, kept_run, patience, pid, pin_dir, read_json,
-    reaper_trace, release_state, require_root, run_kept_until, scratch, wait_until,
+    reaper_trace, release_state, run_kept_until, state_test, wait_until,
 };
 use serde_json::Value;
 
@@ -57,11 +57,9 @@ fn kernel_events<'a>(events: impl IntoIterator<Item = &'a Value>) -> HashSet<(St
 /// all while no run reads. The probes stayed attached, so the second run reads the gap from
 /// the ring: each of its events once, with its kernel time, none from the first run again.
 fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
-    let dir = scratch(test);
-    let state = dir.join("state");
+    };
     let mut gateway = OrphanLater::start_late(&dir);
     let (gw, a) = (gateway.gateway, gateway.a);
     let first = first_run(gw, &state, &dir.join("first.ndjson"), a, signal);
@@ -156,11 +154,9 @@ fn a_helper_born_and_orphaned_while_no_run_reads_is_read_from_the_ring_after_a_c
 fn a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_from_proc() {
     let test =
         "a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_from_proc";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
-    let dir = scratch(test);
-    let state = dir.join("state");
+    };
     let mut gateway = OrphanLater::start(&dir);
     let (gw, a, b) = (gateway.gateway, gateway.a, gateway.b);
     let first = first_run(gw, &state, &dir.join("first.ndjson"), b, libc::SIGTERM);
@@ -192,11 +188,9 @@ fn a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_
 #[test]
 fn a_state_from_other_selectors_is_refused_naming_release_state() {
     let test = "a_state_from_other_selectors_is_refused_naming_release_state";
-    if !require_root(test) {
+    let Some((dir, state)) = state_test(test) else {
         return;
-    }
-    let dir = scratch(test);
-    let state = dir.join("state");
+    };
     // A checkpoint of a run that traced `sleep`'s pid, then a run for another pid.
     let mut sleeper = Command::new("sleep").arg("600").spawn().expect("sleep");
     let mut other = Command::new("sleep").arg("600").spawn().expect("sleep");
@@ -267,11 +261,9 @@ fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_th
     use std::os::unix::fs::PermissionsExt;
     let test =
         "a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_the_audit";
-    if !require_root(test) {
+    let Some((_, state)) = state_test(test) else {
         return;
-    }
-    let dir = scratch(test);
-    let state = dir.join("state");
+    };
     // A gateway whose lineage keeps changing: a child every 100 ms.
     let mut gateway = Command::new("sh")
         .args(["-c", "while :; do sleep 0.1; done"])

@@ -35,16 +35,6 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         Ok(()) => 0,
         Err(_) => FORK_UNTRACKED,
     };
-    // The spawner's own code, still on its stack: this runs in the forking thread, inside
-    // the fork syscall. Frame pointers only; a stack whose hash collides with another's
-    // is not kept (no id) rather than replace one a flag may still name.
-    let stack = match global!(CONFIG.spawn_stacks) {
-        0 => 0,
-        _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-            Ok(id) => id as u32 + 1,
-            Err(_) => 0,
-        },
-    };
     send::<ForkEvent>(EventKind::Fork, |ev| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;
@@ -57,7 +47,18 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.flags = flags;
         // This runs in the calling thread: the low half is its thread id.
         ev.spawner_tid = bpf_get_current_pid_tgid() as u32;
-        ev.stack = stack;
+        // The spawner's own code, still on its stack: this runs in the forking thread,
+        // inside the fork syscall. Taken here, only for a record that goes to the ring (not
+        // while another generation records, nor past --state-keep). Frame pointers only; a
+        // stack whose hash collides with another's is not kept (no id) rather than replace
+        // one a flag may still name.
+        ev.stack = match global!(CONFIG.spawn_stacks) {
+            0 => 0,
+            _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+                Ok(id) => id as u32 + 1,
+                Err(_) => 0,
+            },
+        };
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     });

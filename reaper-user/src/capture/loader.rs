@@ -8,7 +8,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
-use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, Tracked, names};
+use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, Tracked, names};
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
@@ -80,6 +80,9 @@ pub struct Kept {
     pub pins: PinDir,
     /// `--state-keep`: how long the probes record with no reader draining the ring.
     pub keep: Duration,
+    /// What the run before told its probes, when its kernel side is taken over (see
+    /// `state::take`); none for a first run.
+    pub previous: Option<ReaderMark>,
 }
 
 /// How setsid() calls are observed.
@@ -156,15 +159,16 @@ struct Links<'a> {
 }
 
 impl Links<'_> {
-    fn keep(
-        &self,
-        program: &str,
-        link: impl TryInto<FdLink, Error = impl std::fmt::Display>,
-    ) -> Result<()> {
+    /// Pins the link `take` hands out, for a kept state; otherwise leaves it in the object
+    /// (taking it out would detach it when dropped).
+    fn keep<L>(&self, program: &str, take: impl FnOnce() -> Result<L>) -> Result<()>
+    where
+        L: TryInto<FdLink, Error: std::fmt::Display>,
+    {
         let Some((pins, generation)) = self.pin else {
             return Ok(());
         };
-        let link = link
+        let link = take()?
             .try_into()
             .map_err(|e| anyhow!("the link of {program} cannot be pinned: {e}"))?;
         pins::pin_link(link, &pins.link(generation, program))
@@ -185,9 +189,7 @@ fn attach_lifecycle(ebpf: &mut Ebpf, cgroups: bool, links: &Links) -> Result<()>
             prog.load(tp, &btf)
                 .with_context(|| format!("loading {tp}"))?;
             let id = prog.attach().with_context(|| format!("attaching {tp}"))?;
-            if links.pin.is_some() {
-                links.keep(tp, prog.take_link(id)?)?;
-            }
+            links.keep(tp, || Ok(prog.take_link(id)?))?;
         }
     }
     release_free_heap();
@@ -230,13 +232,9 @@ fn failure_hint(err: &anyhow::Error) -> String {
 impl Probes {
     /// Loads and attaches everything.
     pub fn load(opts: &LoadOptions) -> Result<Probes> {
-        // A first run of a kept state that fails leaves nothing pinned.
-        let first = match &opts.kept {
-            Some(kept) => kept.pins.mark().ok().flatten().is_none(),
-            None => false,
-        };
         Self::try_load(opts).map_err(|e| {
-            if let (true, Some(kept)) = (first, &opts.kept) {
+            // A first run of a kept state that fails leaves nothing pinned.
+            if let Some(kept @ Kept { previous: None, .. }) = &opts.kept {
                 let _ = kept.pins.release();
             }
             let hint = failure_hint(&e);
@@ -271,7 +269,7 @@ impl Probes {
         let previous = match &opts.kept {
             Some(kept) => {
                 notes.extend(kept.pins.create()?);
-                kept.pins.mark()?
+                kept.previous
             }
             None => None,
         };
@@ -422,9 +420,7 @@ fn attach_setsid(
                 .try_into()?;
             prog.load()?;
             let id = prog.attach("syscalls", "sys_exit_setsid")?;
-            if links.pin.is_some() {
-                links.keep("sys_exit_setsid", prog.take_link(id)?)?;
-            }
+            links.keep("sys_exit_setsid", || Ok(prog.take_link(id)?))?;
             Ok(())
         })();
         match attached {
@@ -439,9 +435,7 @@ fn attach_setsid(
             .try_into()?;
         prog.load()?;
         let id = prog.attach("sys_exit")?;
-        if links.pin.is_some() {
-            links.keep("raw_sys_exit", prog.take_link(id)?)?;
-        }
+        links.keep("raw_sys_exit", || Ok(prog.take_link(id)?))?;
         Ok(())
     })();
     match attached {
@@ -472,8 +466,20 @@ mod tests {
     #[test]
     fn the_object_holds_every_name_the_loader_asks_for() {
         let object = aya_obj::Object::parse(EBPF_OBJECT).expect("the embedded object parses");
-        for name in names::MAPS {
-            assert!(object.maps.contains_key(name), "map {name} in the object");
+        let named: Vec<&str> = names::PINNED
+            .iter()
+            .chain(&names::SCRATCH)
+            .copied()
+            .collect();
+        for name in &named {
+            assert!(object.maps.contains_key(*name), "map {name} in the object");
+        }
+        // And every map is either kept with a state or a load's own scratch space.
+        for name in object.maps.keys().filter(|n| !n.starts_with('.')) {
+            assert!(
+                named.contains(&name.as_str()),
+                "map {name} neither pinned nor scratch"
+            );
         }
     }
 }

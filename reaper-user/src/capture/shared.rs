@@ -28,14 +28,13 @@ pub struct ReaderMarks {
 }
 
 impl ReaderMarks {
-    /// Records taken from the ring so far (at the start: by the runs before this one).
-    pub fn received(&self) -> u64 {
-        self.mark.received
-    }
-
-    /// Says the reader has taken `received` records in all (and, for a kept state, that it
-    /// drains the ring: the probes record `--state-keep` longer).
+    /// Says the reader has taken `received` records in all, and drains the ring (the probes
+    /// record `--state-keep` longer). Only a kept state's next run reads the count: without
+    /// one, the batch costs no write.
     pub fn taken(&mut self, received: u64) -> Result<()> {
+        if self.keep.is_none() {
+            return Ok(());
+        }
         self.mark.received = received;
         self.write()
     }

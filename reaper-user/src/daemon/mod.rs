@@ -105,6 +105,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Some(dir) => Some(Kept {
             pins: dir.pins()?,
             keep: cli.state_keep,
+            previous: match &taken {
+                Taken::Whole { mark, .. } => Some(*mark),
+                _ => None,
+            },
         }),
         None => None,
     };
@@ -348,7 +352,7 @@ fn resume(
             let took = run.resume_kept(
                 &checkpoint.nodes,
                 KeptState {
-                    received: probes.marks.received(),
+                    received: mark.received,
                     unsaved,
                     reported: kept.losses,
                     took_over: probes.took_over,
