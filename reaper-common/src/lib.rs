@@ -6,6 +6,8 @@
 //! interface is the NDJSON stream produced by `reaper-user`.
 #![no_std]
 
+pub mod python;
+
 /// Names of the maps and load-time globals in the kernel object, as the loader asks for them.
 /// An aya `#[map]` is named after its static, so the kernel side's statics carry exactly these
 /// names; a unit test of the loader checks the built object holds every one.
@@ -23,11 +25,14 @@ pub mod names {
     pub const GATEWAY_CGROUP_PATHS: &str = "GATEWAY_CGROUP_PATHS";
     pub const READER: &str = "READER";
     pub const STACKS: &str = "STACKS";
+    pub const PYTHONS: &str = "PYTHONS";
+    pub const PY_STACKS: &str = "PY_STACKS";
+    pub const PY_SCRATCH: &str = "PY_SCRATCH";
     /// The maps each load has of its own: scratch space.
-    pub const SCRATCH: [&str; 2] = [EXEC_SCRATCH, PATH_SCRATCH];
+    pub const SCRATCH: [&str; 3] = [EXEC_SCRATCH, PATH_SCRATCH, PY_SCRATCH];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
-    pub const PINNED: [&str; 11] = [
+    pub const PINNED: [&str; 13] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -39,6 +44,8 @@ pub mod names {
         GATEWAY_CGROUP_PATHS,
         READER,
         STACKS,
+        PYTHONS,
+        PY_STACKS,
     ];
     pub const OFFSETS: &str = "OFFSETS";
     pub const CONFIG: &str = "CONFIG";
@@ -122,7 +129,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 1;
+pub const LAYOUT: u8 = 2;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -170,6 +177,10 @@ pub struct ForkEvent {
     /// The spawning thread's user stack at the fork, as `STACKS`' id + 1 (`--spawn-stacks`);
     /// 0: none taken (capture off, or the stack could not be kept).
     pub stack: u32,
+    /// The spawning thread's Python frames at the fork, as `PY_STACKS`' key (a hash of the
+    /// frames); 0: none read (not a Python spawner, capture of interpreter frames off, or
+    /// the interpreter's state not found).
+    pub py_stack: u64,
     pub cgroup_id: u64,
     /// The child's name, which is the spawning thread's until the child execs.
     pub comm: [u8; COMM_LEN],
@@ -375,9 +386,15 @@ pub struct ProbeConfig {
     pub gateway_cgroups: u64,
     /// This load's generation: it records while `ReaderMark::generation` names it.
     pub generation: u64,
-    /// 1: a tracked spawner's user stack is taken at each fork (`--spawn-stacks`).
+    /// What is taken of a tracked spawner's stack at each fork (`--spawn-stacks`): the
+    /// [`SPAWN_STACKS_NATIVE`] and [`SPAWN_STACKS_PYTHON`] bits.
     pub spawn_stacks: u64,
 }
+
+/// [`ProbeConfig::spawn_stacks`] bit: the native user stack, by frame pointers.
+pub const SPAWN_STACKS_NATIVE: u64 = 1;
+/// [`ProbeConfig::spawn_stacks`] bit: a Python spawner's own frames (see [`python`]).
+pub const SPAWN_STACKS_PYTHON: u64 = 2;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -387,4 +404,6 @@ mod pod {
     unsafe impl aya::Pod for super::ProbeConfig {}
     unsafe impl aya::Pod for super::ExeKey {}
     unsafe impl aya::Pod for super::ReaderMark {}
+    unsafe impl aya::Pod for super::python::PyLayout {}
+    unsafe impl aya::Pod for super::python::PyStack {}
 }

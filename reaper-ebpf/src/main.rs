@@ -12,6 +12,7 @@
 mod emit;
 mod maps;
 mod probes;
+mod python;
 mod task;
 
 #[cfg(not(test))]

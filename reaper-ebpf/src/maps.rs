@@ -7,6 +7,7 @@ use aya_ebpf::{
 };
 use reaper_common::{
     ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
+    python::{PyLayout, PyStack},
 };
 
 /// Processes under the gateways, keyed by tgid. Seeded by user space, extended here at fork
@@ -37,6 +38,21 @@ pub static READER: Array<ReaderMark> = Array::with_max_entries(1, 0);
 /// User space sets the real capacity at load (`--spawn-stacks`; 1 when off).
 #[map]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
+
+/// Tracked Python interpreters, by tgid: where each keeps its frames. Written by user space
+/// once per exec of an interpreter; removed here at the process's next exec and at its free.
+#[map]
+pub static PYTHONS: HashMap<u32, PyLayout> = HashMap::with_max_entries(4096, 0);
+
+/// Tracked Python spawners' frames at fork, each distinct stack kept once (by a hash of its
+/// frames). Allocated as used; user space sets the capacity at load (`--spawn-stacks`).
+#[map]
+pub static PY_STACKS: HashMap<u64, PyStack> =
+    HashMap::with_max_entries(1, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// Scratch space for a Python stack being read, too large for the 512-byte stack.
+#[map]
+pub static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// Records that could not be reserved, per event kind, plus tracked-map insert failures.
 #[map]

@@ -137,9 +137,10 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "HOOK", default_value_t = SetsidHookArg::Auto)]
     pub setsid_hook: SetsidHookArg,
 
-    /// Take a tracked spawner's user stack at each fork, and name the code that spawned each
-    /// flagged process (`spawned_at`): `native` walks frame pointers; `auto` is `native` (the
-    /// interpreter's own frames, Python's, are not read yet); `off` takes nothing.
+    /// Take a tracked spawner's stack at each fork, and name the code that spawned each
+    /// flagged process (`spawned_at`): `native` walks frame pointers; `auto` adds a Python
+    /// spawner's own frames (CPython 3.11 to 3.14), read from its interpreter; `off` takes
+    /// nothing.
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = SpawnStacks::Auto)]
     pub spawn_stacks: SpawnStacks,
 
@@ -257,6 +258,18 @@ pub enum SpawnStacks {
     Off,
     Native,
     Auto,
+}
+
+impl SpawnStacks {
+    /// What the probes take (`ProbeConfig::spawn_stacks`).
+    pub fn bits(self) -> u64 {
+        use reaper_common::{SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON};
+        match self {
+            SpawnStacks::Off => 0,
+            SpawnStacks::Native => SPAWN_STACKS_NATIVE,
+            SpawnStacks::Auto => SPAWN_STACKS_NATIVE | SPAWN_STACKS_PYTHON,
+        }
+    }
 }
 
 /// `--kill-reasons`: the flags a kill may follow.

@@ -105,6 +105,7 @@ impl Records {
             flags: 0,
             spawner_tid: GATEWAY,
             stack: 0,
+            py_stack: 0,
             cgroup_id: 1,
             comm: *b"gateway\0\0\0\0\0\0\0\0\0",
         }

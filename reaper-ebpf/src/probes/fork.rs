@@ -5,13 +5,17 @@ use aya_ebpf::{
     macros::btf_tracepoint,
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
-use reaper_common::{EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, Tracked};
+use reaper_common::{
+    EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON,
+    Tracked,
+};
 
 use super::gateway;
 use crate::{
     emit::{header, send},
     global,
     maps::{STACKS, TRACKED, count_loss, tracked_current},
+    python,
     task::Task,
 };
 
@@ -23,7 +27,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     // A new thread is not a new process; a stale entry whose pid now names another process
     // is not the spawner.
     let spawner_start = || (child.pid() == child.tgid()).then(|| Task::current().process_start());
-    let Some((spawner, _)) = tracked_current(spawner_start) else {
+    let Some((spawner, spawner_start)) = tracked_current(spawner_start) else {
         if global!(CONFIG.gateway_cgroups) != 0 {
             gateway::fork_into_cgroup(child);
         }
@@ -52,12 +56,18 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         // while another generation records, nor past --state-keep). Frame pointers only; a
         // stack whose hash collides with another's is not kept (no id) rather than replace
         // one a flag may still name.
-        ev.stack = match global!(CONFIG.spawn_stacks) {
+        let capture = global!(CONFIG.spawn_stacks);
+        ev.stack = match capture & SPAWN_STACKS_NATIVE {
             0 => 0,
             _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
                 Ok(id) => id as u32 + 1,
                 Err(_) => 0,
             },
+        };
+        // A Python spawner's own frames, when user space found its interpreter.
+        ev.py_stack = match capture & SPAWN_STACKS_PYTHON {
+            0 => 0,
+            _ => python::stack(spawner, spawner_start),
         };
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();

@@ -4,7 +4,7 @@ use reaper_common::{EventKind, FreeEvent};
 
 use crate::{
     emit::{header, send},
-    maps::{TRACKED, same_process},
+    maps::{PYTHONS, TRACKED, same_process},
     task::Task,
 };
 
@@ -25,6 +25,7 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let _ = TRACKED.remove(pid);
+    let _ = PYTHONS.remove(&pid);
     send::<FreeEvent>(EventKind::Free, |ev| {
         ev.header = header(EventKind::Free, pid, start);
     });

@@ -32,6 +32,15 @@ pub struct KernelEvent {
     pub what: What,
 }
 
+/// The spawning thread's stacks at a fork (`--spawn-stacks`), as the kernel keeps them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpawnStack {
+    /// Its user stack: `STACKS`' id.
+    pub native: Option<u32>,
+    /// Its Python frames: `PY_STACKS`' key.
+    pub python: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum What {
     Fork {
@@ -44,8 +53,8 @@ pub enum What {
         comm: Comm,
         /// The thread of the spawner that forked it.
         spawner_tid: u32,
-        /// That thread's user stack at the fork (`STACKS`' id), when taken.
-        stack: Option<u32>,
+        /// That thread's stacks at the fork, as taken.
+        stack: SpawnStack,
         /// The tracked map was full: this child's own children will not be followed.
         untracked: bool,
     },
@@ -119,7 +128,10 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 cgroup_id: ev.cgroup_id,
                 comm: Comm::from_c(&ev.comm),
                 spawner_tid: ev.spawner_tid,
-                stack: ev.stack.checked_sub(1),
+                stack: SpawnStack {
+                    native: ev.stack.checked_sub(1),
+                    python: (ev.py_stack != 0).then_some(ev.py_stack),
+                },
                 untracked: ev.flags & FORK_UNTRACKED != 0,
             }
         }
@@ -228,6 +240,7 @@ mod tests {
             flags: FORK_UNTRACKED,
             spawner_tid: 41,
             stack: 3,
+            py_stack: 0xabc1,
             cgroup_id: 5,
             comm,
         };
@@ -247,7 +260,12 @@ mod tests {
                     (spawner, ppid, comm.as_bytes(), spawner_tid, untracked),
                     (40, 1, &b"bash"[..], 41, true)
                 );
-                assert_eq!(stack, Some(2), "the record carries the stack's id + 1");
+                assert_eq!(
+                    stack.native,
+                    Some(2),
+                    "the record carries the stack's id + 1"
+                );
+                assert_eq!(stack.python, Some(0xabc1));
             }
             other => panic!("{other:?}"),
         }

@@ -8,12 +8,15 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
-use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, Tracked, names};
+use reaper_common::{
+    ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, SPAWN_STACKS_NATIVE,
+    SPAWN_STACKS_PYTHON, Tracked, names,
+};
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
 pub use crate::capture::shared::{
-    Accounting, KernelCounters, LossCounts, ReaderIdle, ReaderMarks, TakeOver,
+    Accounting, KernelCounters, LossCounts, ReaderIdle, ReaderMarks, StackMaps, TakeOver,
 };
 use crate::capture::tracefs;
 use crate::procfs::boottime_now;
@@ -67,12 +70,15 @@ pub struct LoadOptions {
     pub selectors: SelectorNeeds,
     /// `--state-dir`: the kernel side pinned, and taken over from the run before.
     pub kept: Option<Kept>,
-    /// Take tracked spawners' user stacks at fork (`--spawn-stacks`).
-    pub spawn_stacks: bool,
+    /// What to take of tracked spawners' stacks at fork (`--spawn-stacks`): the
+    /// `SPAWN_STACKS_*` bits of `reaper_common`.
+    pub spawn_stacks: u64,
 }
 
 /// Distinct spawn stacks the kernel keeps (each up to 127 frames: ~1 KiB of kernel memory).
 const STACKS_KEPT: u32 = 4096;
+/// Distinct Python stacks the kernel keeps (520 bytes each, allocated as used).
+const PY_STACKS_KEPT: u32 = 16384;
 
 /// The kernel side of a state (`--state-dir`).
 #[derive(Clone, Debug)]
@@ -118,9 +124,9 @@ pub struct Probes {
     pub reader_idle: ReaderIdle,
     /// What the reader tells the probes: their generation, its records taken, `--state-keep`.
     pub marks: ReaderMarks,
-    /// Spawners' user stacks, by the id a fork record carries (taken by the run's
+    /// Spawners' stacks and the interpreters they are read from (taken by the run's
     /// [`crate::sites::SpawnSites`]).
-    pub stacks: Option<StackTraceMap<MapData>>,
+    pub stacks: Option<StackMaps>,
     /// This load's generation (see `ReaderMark::generation`).
     pub generation: u64,
     /// The pinned state this load took over, as the run before left it: it attached its
@@ -276,7 +282,10 @@ impl Probes {
         let generation = previous.map_or(1, |m| m.generation + 1);
         // A kept state's maps keep the sizes they were made with.
         let (mut max_tracked, mut ring_bytes) = (opts.max_tracked, opts.ring_bytes);
-        let mut stacks_kept = if opts.spawn_stacks { STACKS_KEPT } else { 1 };
+        let native = opts.spawn_stacks & SPAWN_STACKS_NATIVE != 0;
+        let python = opts.spawn_stacks & SPAWN_STACKS_PYTHON != 0;
+        let mut stacks_kept = if native { STACKS_KEPT } else { 1 };
+        let mut py_stacks_kept = if python { PY_STACKS_KEPT } else { 1 };
         if let Some(kept) = &opts.kept {
             for (name, size, option) in [
                 (names::TRACKED, &mut max_tracked, "--max-tracked"),
@@ -285,6 +294,11 @@ impl Probes {
                     names::STACKS,
                     &mut stacks_kept,
                     "the spawn stacks kept (--spawn-stacks)",
+                ),
+                (
+                    names::PY_STACKS,
+                    &mut py_stacks_kept,
+                    "the Python stacks kept (--spawn-stacks)",
                 ),
             ] {
                 match kept.pins.capacity(name)? {
@@ -309,7 +323,7 @@ impl Probes {
             gateway_paths: u64::from(opts.selectors.paths),
             gateway_cgroups: u64::from(opts.selectors.cgroups),
             generation,
-            spawn_stacks: u64::from(opts.spawn_stacks),
+            spawn_stacks: opts.spawn_stacks,
         };
 
         // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
@@ -321,7 +335,8 @@ impl Probes {
             .override_global(names::CONFIG, &config, true)
             .map_max_entries(names::TRACKED, max_tracked)
             .map_max_entries(names::EVENTS, ring_bytes)
-            .map_max_entries(names::STACKS, stacks_kept);
+            .map_max_entries(names::STACKS, stacks_kept)
+            .map_max_entries(names::PY_STACKS, py_stacks_kept);
         // A kept state's maps are pinned, or taken from their pins as the run before left
         // them (its sizes, its records).
         if let Some(kept) = &opts.kept {
@@ -388,7 +403,11 @@ impl Probes {
                 seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
             },
             reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
-            stacks: Some(StackTraceMap::try_from(map(&mut ebpf, names::STACKS)?)?),
+            stacks: Some(StackMaps {
+                native: StackTraceMap::try_from(map(&mut ebpf, names::STACKS)?)?,
+                interpreters: HashMap::try_from(map(&mut ebpf, names::PYTHONS)?)?,
+                python: HashMap::try_from(map(&mut ebpf, names::PY_STACKS)?)?,
+            }),
             marks,
             generation,
             took_over,

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use aya::maps::{Array, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap};
+use reaper_common::python::{PyLayout, PyStack};
 use reaper_common::{EventKind, LossSlot, ReaderMark};
 
 use crate::procfs::boottime_now;
@@ -132,4 +133,12 @@ impl LossCounts {
     pub fn dropped(&self) -> u64 {
         self.kinds.iter().sum()
     }
+}
+
+/// The maps of `--spawn-stacks`: the native stacks, the Python interpreters the probe reads
+/// frames from, and the Python stacks it read.
+pub struct StackMaps {
+    pub native: StackTraceMap<MapData>,
+    pub interpreters: HashMap<MapData, u32, PyLayout>,
+    pub python: HashMap<MapData, u64, PyStack>,
 }

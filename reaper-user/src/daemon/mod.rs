@@ -127,7 +127,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         setsid_hook: cli.setsid_hook.wanted(),
         selectors: selectors.needs(),
         kept,
-        spawn_stacks: cli.spawn_stacks != SpawnStacks::Off,
+        spawn_stacks: cli.spawn_stacks.bits(),
     })?;
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
@@ -160,7 +160,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
     if let (SpawnStacks::Native | SpawnStacks::Auto, Some(stacks)) =
         (cli.spawn_stacks, probes.stacks.take())
     {
-        run.name_spawn_sites(SpawnSites::new(stacks));
+        run.name_spawn_sites(SpawnSites::new(
+            stacks,
+            cli.spawn_stacks == SpawnStacks::Auto,
+        ));
     }
 
     // The lineage of the run before first: /proc then adds only what is new.

@@ -111,15 +111,47 @@ impl Pipeline {
         sites.locate(key, &holders);
     }
 
-    /// The frames that spawned process `pid`, when its fork's stack was taken.
+    /// Looks at the program process `pid` runs (new, or just exec'd): a Python interpreter's
+    /// layout goes to the kernel, and its name (`python3.12`) to the exec event.
+    fn look_for_interpreter(&mut self, pid: u32, start: u64) -> Option<String> {
+        let python = self.sites.as_mut()?.python.as_mut()?;
+        let node = self.graph.current(pid)?.id;
+        match python.exec(node, pid, start) {
+            Ok(found) => found,
+            Err(why) => {
+                self.out.note(&why);
+                None
+            }
+        }
+    }
+
+    /// Notes that Python stack `key` spawned process `child`.
+    fn note_python_stack(&mut self, key: u64, child: u32) {
+        let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
+            return;
+        };
+        if let Some(python) = sites.python.as_mut() {
+            python.spawned(key, child.id);
+        }
+    }
+
+    /// The frames that spawned process `pid`, when its fork's stacks were taken: its
+    /// spawner's Python frames (named while the spawner runs), then its native ones.
     fn spawned_at(&mut self, pid: u32) -> Vec<Frame> {
         let (Some(sites), Some(node)) = (self.sites.as_mut(), self.graph.current(pid)) else {
             return Vec::new();
         };
-        match (node.spawn_stack, node.spawner) {
-            (Some(stack), Some(spawner)) => sites.frames((stack, spawner)),
-            _ => Vec::new(),
+        let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
+            return Vec::new();
+        };
+        let mut frames = Vec::new();
+        if let (Some(key), Some(python)) = (node.spawn_stack.python, sites.python.as_mut()) {
+            frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
         }
+        if let Some(native) = node.spawn_stack.native {
+            frames.extend(sites.frames((native, spawner.id)));
+        }
+        frames
     }
 
     /// The one writer, for what only it does (the status line, the closing tree, flushes).
@@ -142,19 +174,29 @@ impl Pipeline {
             return Ok(());
         };
         let applied = self.graph.apply(&ev);
-        if let What::Fork {
-            spawner,
-            stack: Some(stack),
-            ..
-        } = ev.what
-        {
-            self.locate_spawn_site(stack, spawner);
+        let mut interpreter = None;
+        match ev.what {
+            What::Fork { spawner, stack, .. } => {
+                if let Some(native) = stack.native {
+                    self.locate_spawn_site(native, spawner);
+                }
+                // Its next forks find its interpreter if its library is mapped by now.
+                self.look_again_for_interpreters();
+                if let Some(key) = stack.python {
+                    self.note_python_stack(key, ev.pid);
+                }
+            }
+            What::Exec { .. } => interpreter = self.look_for_interpreter(ev.pid, ev.start),
+            _ => {}
         }
         let Some(node) = self.upkeep.on_record(&mut self.graph, &ev, applied) else {
             return Ok(());
         };
         let gateway = self.gateways.on_record(&mut self.graph, &ev, node);
-        if let Some(event) = Event::from_kernel(&ev) {
+        if let Some(mut event) = Event::from_kernel(&ev) {
+            if let Event::Exec(exec) = &mut event {
+                exec.interpreter = interpreter;
+            }
             self.out.event(ev.ts, &event)?;
         }
         if matches!(ev.what, What::Exit { .. }) {
@@ -175,9 +217,22 @@ impl Pipeline {
         self.reader.undecodable()
     }
 
-    /// Ends a batch of records (see [`Reader::end_batch`]).
+    /// Ends a batch of records (see [`Reader::end_batch`]); interpreters whose library was
+    /// not mapped at their exec are looked at again.
     pub fn end_batch(&mut self) {
         self.reader.end_batch();
+        self.look_again_for_interpreters();
+    }
+
+    fn look_again_for_interpreters(&mut self) {
+        let Some(python) = self.sites.as_mut().and_then(|s| s.python.as_mut()) else {
+            return;
+        };
+        if python.has_pending() {
+            for note in python.look_again() {
+                self.out.note(&note);
+            }
+        }
     }
 
     /// Records taken from the ring so far (by every run of a kept state).
@@ -188,8 +243,12 @@ impl Pipeline {
     /// Adds processes found in /proc and reports each as a `snapshot`.
     pub fn add_seeds(&mut self, seeds: Vec<Seed>) -> Result<()> {
         for seed in seeds {
+            let pid = seed.pid;
             let (id, new) = self.graph.add_seed(seed);
             if new {
+                // Its start is known to the clock tick only: 0 tells the probe to take the
+                // entry for whatever process has the pid (its free removes it).
+                self.look_for_interpreter(pid, 0);
                 let found = upkeep::snapshot(&self.graph, id);
                 self.write(found)?;
             }

@@ -12,6 +12,7 @@ use std::rc::Rc;
 // and hashing is a good part of the cost of every event.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+pub use crate::capture::decode::SpawnStack;
 pub use crate::identity::Start;
 use crate::identity::{ProcessId, boottime_to_ticks};
 use crate::text::{Args, Comm};
@@ -53,8 +54,8 @@ pub struct Node {
     /// The thread of its spawner that forked it, when not the spawner's main thread: its tid
     /// and its name (an event loop's, a worker's).
     pub spawning_thread: Option<(u32, Comm)>,
-    /// That thread's user stack at the fork (`--spawn-stacks`: the kernel's stack id).
-    pub spawn_stack: Option<u32>,
+    /// That thread's stacks at the fork (`--spawn-stacks`).
+    pub spawn_stack: SpawnStack,
     pub exited: Option<ExitInfo>,
     pub reaped_at: Option<u64>,
     pub is_gateway: bool,
@@ -292,7 +293,7 @@ impl LineageGraph {
             execs: 0,
             forked_at: None,
             spawning_thread: None,
-            spawn_stack: None,
+            spawn_stack: SpawnStack::default(),
             exited: None,
             reaped_at: None,
             is_gateway: false,

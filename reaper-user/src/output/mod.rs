@@ -63,6 +63,11 @@ impl Output {
         self.findings_only = on;
     }
 
+    /// Tells the operator something about the run that is no event (on standard error).
+    pub fn note(&mut self, text: &str) {
+        eprintln!("reaper-trace: {text}");
+    }
+
     /// Emits one event stamped `ts`.
     pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
         self.record(ts, body)?;

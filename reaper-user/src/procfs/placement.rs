@@ -49,6 +49,18 @@ pub fn read(pid: u32) -> Placement {
     }
 }
 
+/// Whether `pid` lives in a pid namespace below the initial one (its `NSpid:` line names
+/// more than one pid): its thread ids there are not the kernel's.
+pub fn in_child_pid_namespace(pid: u32) -> bool {
+    fs::read_to_string(super::proc_path(pid, "status"))
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+            Some(line.split_ascii_whitespace().count() > 1)
+        })
+        .unwrap_or(false)
+}
+
 /// The innermost pid of the `NSpid:` line of `/proc/PID/status` (host pid first, then one per
 /// nested namespace).
 pub fn parse_nspid(status: &str) -> Option<u32> {

@@ -167,6 +167,7 @@ impl Event {
                 argv: Argv::new(argv.clone()),
                 truncated: *truncated,
                 tid: *old_tid,
+                interpreter: None,
             }),
             What::Exit { status } => {
                 let (exit_code, signal, core) = wait_status(*status);

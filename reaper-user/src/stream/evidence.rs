@@ -157,11 +157,18 @@ pub struct Frame {
     pub file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
-    /// The executable or library the frame is in, and the offset in that file; none when
-    /// its spawner's mappings could not be read (it and every process sharing them gone).
+    /// The executable or library the frame is in; none when its spawner's mappings could not
+    /// be read (it and every process sharing them gone), and for a Python frame.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// The offset in `object`; for a Python frame, the instruction's offset in its code
+    /// object's bytecode.
     pub offset: u64,
+    /// `python` for a frame of the spawner's Python code (read from its interpreter);
+    /// absent for machine code. A Python frame with no function: its spawner was gone
+    /// before the flag, and its code with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
 }
 
 /// A kind of process (`accumulating`): its executable and its instances' command line, each

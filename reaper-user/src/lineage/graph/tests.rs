@@ -27,7 +27,7 @@ fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
             cgroup_id: 1,
             comm: Comm::from_c(b"c"),
             spawner_tid: spawner,
-            stack: None,
+            stack: Default::default(),
             untracked: false,
         },
     )

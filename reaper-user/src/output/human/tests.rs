@@ -13,6 +13,7 @@ fn human_lines_escape_the_exact_bytes() {
             argv: Argv::new(Args::from_list([&b"a\nb"[..], &b"\xfe"[..]])),
             truncated: false,
             tid: 7,
+            interpreter: None,
         }),
     );
     assert_eq!(line, "exec     7 /bin/\\xff\\x1b[31m: a\\x0ab \\xfe");
@@ -232,6 +233,7 @@ fn a_flag_names_the_spawners_own_frames_past_its_libcs_fork() {
         line,
         object: Some(object.into()),
         offset: 0,
+        language: None,
     };
     let frames = vec![
         frame("_Fork", "", None, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
@@ -253,5 +255,35 @@ fn a_flag_names_the_spawners_own_frames_past_its_libcs_fork() {
         super::spawn_site_text(&frames[..1]),
         None,
         "libc alone names nothing"
+    );
+}
+
+#[test]
+fn a_python_spawners_line_starts_past_subprocess_and_asyncio() {
+    let frame = |function: &str, file: &str, line| crate::stream::evidence::Frame {
+        function: Some(function.into()),
+        file: Some(file.into()),
+        line: Some(line),
+        language: Some("python".into()),
+        ..Default::default()
+    };
+    let frames = vec![
+        frame(
+            "Popen._execute_child",
+            "/usr/lib/python3.13/subprocess.py",
+            1922,
+        ),
+        frame("Popen.__init__", "/usr/lib/python3.13/subprocess.py", 1040),
+        frame(
+            "create_subprocess_exec",
+            "/usr/lib/python3.13/asyncio/subprocess.py",
+            224,
+        ),
+        frame("_run_stdio", "/opt/hermes/tools/mcp_tool.py", 812),
+        frame("connect", "/opt/hermes/tools/mcp_tool.py", 90),
+    ];
+    assert_eq!(
+        super::spawn_site_text(&frames).as_deref(),
+        Some("_run_stdio (mcp_tool.py:812) < connect (mcp_tool.py:90)")
     );
 }

@@ -54,6 +54,10 @@ pub struct Exec {
     pub argv: Argv,
     pub truncated: bool,
     pub tid: u32,
+    /// The interpreter it now runs, when its frames are read at forks (`--spawn-stacks auto`):
+    /// `python3.12`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

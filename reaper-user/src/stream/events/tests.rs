@@ -23,6 +23,7 @@ fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
         argv: Argv::new(Args::from_list([&b"a\nb"[..]])),
         truncated: false,
         tid: 5,
+        interpreter: None,
     }));
     assert_eq!(v["event"], "exec");
     assert_eq!(v["seq"], 3);
@@ -37,6 +38,7 @@ fn exec_line_has_flat_fields_and_exact_bytes_only_when_needed() {
         argv: Argv::new(Args::from_list([&b"a"[..], &b"\xff"[..]])),
         truncated: false,
         tid: 5,
+        interpreter: None,
     }));
     assert_eq!(v["argv"], serde_json::json!(["a", "\u{fffd}"]));
     assert_eq!(v["argv_b64"], serde_json::json!(["YQ==", "/w=="]));

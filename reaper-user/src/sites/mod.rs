@@ -1,8 +1,9 @@
 //! The code that spawned each process (`--spawn-stacks`). The kernel keeps the spawning
-//! thread's user stack at each tracked fork, once per distinct stack; a fork record names it.
-//! Here each stack is located once per spawner, while a process holding the spawner's mappings
-//! still runs (addresses become an object and an offset in it: ASLR and the spawner's exit no
-//! longer matter), and named only when a flag needs it.
+//! thread's user stack at each tracked fork, once per distinct stack, and a Python spawner's
+//! own frames (see [`python`]); a fork record names both. Here each native stack is located
+//! once per spawner, while a process holding the spawner's mappings still runs (addresses
+//! become an object and an offset in it: ASLR and the spawner's exit no longer matter), and
+//! named only when a flag needs it; Python frames are named then, from the spawner's memory.
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -11,9 +12,13 @@ use blazesym::Pid;
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use python::PythonStacks;
 
+use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
+
+pub mod python;
 
 /// One frame of a stack, located in its object.
 #[derive(Clone, Debug)]
@@ -30,6 +35,8 @@ pub type SiteKey = (u32, NodeId);
 /// Spawn stacks, by [`SiteKey`].
 pub struct SpawnSites {
     stacks: StackTraceMap<MapData>,
+    /// `--spawn-stacks auto`: Python spawners' frames.
+    pub python: Option<PythonStacks>,
     normalizer: Normalizer,
     symbolizer: Symbolizer,
     located: HashMap<SiteKey, Vec<Located>>,
@@ -37,9 +44,11 @@ pub struct SpawnSites {
 }
 
 impl SpawnSites {
-    pub fn new(stacks: StackTraceMap<MapData>) -> SpawnSites {
+    /// `python`: read Python spawners' frames too.
+    pub fn new(maps: StackMaps, python: bool) -> SpawnSites {
         SpawnSites {
-            stacks,
+            stacks: maps.native,
+            python: python.then(|| PythonStacks::new(maps.interpreters, maps.python)),
             normalizer: Normalizer::new(),
             symbolizer: Symbolizer::new(),
             located: HashMap::new(),
@@ -51,6 +60,9 @@ impl SpawnSites {
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.located.retain(|&(_, node), _| holds(node));
         self.named.retain(|&(_, node), _| holds(node));
+        if let Some(python) = self.python.as_mut() {
+            python.retain(holds);
+        }
     }
 
     /// Whether the stack of `key` was located.

@@ -1,0 +1,216 @@
+//! Finding a process's CPython interpreter: the object that holds `_PyRuntime` (the
+//! executable, or `libpython3.N.so`), its version (`Py_Version`), its offsets, and where
+//! `_PyRuntime` sits in the process. Read once per exec, from the object file itself (through
+//! the process's own mapping, so a container's files and a replaced file read right).
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use blazesym::inspect::source::{Elf, Source};
+use blazesym::inspect::{Inspector, SymInfo};
+use reaper_common::python::PyLayout;
+
+use super::debug_offsets;
+use super::versions::{self, CodeLayout};
+use crate::procfs::{placement, proc_path};
+
+/// A process's interpreter, as the probe and the namer need it.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// `python3.11`, as the exec event names it.
+    pub name: String,
+    pub probe: PyLayout,
+    pub code: CodeLayout,
+}
+
+/// One file-backed mapping of `/proc/PID/maps`.
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    inode: u64,
+    path: String,
+}
+
+impl Mapping {
+    /// The mapped file, where this process can open it: the path as `maps` shows it (which
+    /// is relative to the reader's root, so it holds for a chroot'd process), else the same
+    /// path under the process's own root (another mount namespace: a container). The inode
+    /// tells which is the mapped file. (`map_files/` would name it even once replaced, but
+    /// needs CAP_SYS_ADMIN, which the run gave up after attaching.)
+    fn file(&self, pid: u32) -> Option<PathBuf> {
+        [
+            PathBuf::from(&self.path),
+            proc_path(pid, "root").join(self.path.trim_start_matches('/')),
+        ]
+        .into_iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == self.inode))
+    }
+}
+
+fn mappings(pid: u32) -> Result<Vec<Mapping>> {
+    let text = std::fs::read_to_string(proc_path(pid, "maps"))?;
+    Ok(text.lines().filter_map(parse_mapping).collect())
+}
+
+fn parse_mapping(line: &str) -> Option<Mapping> {
+    let mut fields = line.split_ascii_whitespace();
+    let (start, end) = fields.next()?.split_once('-')?;
+    let _perms = fields.next()?;
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let inode = fields.next()?.parse().ok()?;
+    let path = fields.collect::<Vec<_>>().join(" ");
+    if !path.starts_with('/') {
+        return None;
+    }
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        inode,
+        path,
+    })
+}
+
+/// Whether a mapped file may hold an interpreter: `python3.N`, `libpython3.N.so…`.
+fn may_be_python(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("python3") || name.starts_with("libpython3")
+}
+
+/// Whether process `pid` runs an executable named like an interpreter (`python3.N`).
+pub fn named_python(pid: u32) -> bool {
+    std::fs::read_link(proc_path(pid, "exe"))
+        .ok()
+        .and_then(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().starts_with("python3"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether the dynamic loader has mapped a `libpython3` into process `pid` (or it is gone).
+pub fn loaded_libpython(pid: u32) -> bool {
+    mappings(pid).map_or(true, |maps| {
+        maps.iter().any(|m| {
+            m.path
+                .rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libpython3"))
+        })
+    })
+}
+
+/// The interpreter process `pid` (started at `start`) runs, if it runs one: `Ok(None)` for a
+/// process that is not Python, an error for one whose interpreter cannot be read.
+pub fn find(inspector: &Inspector, pid: u32, start: u64) -> Result<Option<Interpreter>> {
+    let maps = mappings(pid)?;
+    let mut seen: Vec<&str> = Vec::new();
+    for m in maps.iter().filter(|m| may_be_python(&m.path)) {
+        if seen.contains(&m.path.as_str()) {
+            continue;
+        }
+        seen.push(&m.path);
+        let file = m
+            .file(pid)
+            .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
+        let Some((runtime, version)) = runtime_and_version(inspector, &file)? else {
+            continue;
+        };
+        let (major, minor) = ((version >> 24) as u8, ((version >> 16) & 0xff) as u8);
+        let name = format!("python{major}.{minor}");
+        let object = File::open(&file).with_context(|| format!("opening {}", m.path))?;
+        let file_offset = runtime
+            .file_offset
+            .context("_PyRuntime has no file offset")?;
+        let mut head = vec![0u8; debug_offsets::NEEDED];
+        object
+            .read_exact_at(&mut head, file_offset)
+            .with_context(|| format!("reading _PyRuntime from {}", m.path))?;
+        let offsets = versions::offsets(major, minor, &head)
+            .with_context(|| format!("{name} ({})", m.path))?;
+        let address = maps
+            .iter()
+            .filter(|o| o.path == m.path)
+            .find(|o| (o.offset..o.offset + (o.end - o.start)).contains(&file_offset))
+            .map(|o| o.start + (file_offset - o.offset))
+            .with_context(|| format!("{name}: _PyRuntime is not mapped"))?;
+        let (pidns_dev, pidns_ino) = pid_namespace(pid)?;
+        let probe = PyLayout {
+            start,
+            runtime: address,
+            pidns_dev,
+            pidns_ino,
+            ..offsets.probe
+        };
+        return Ok(Some(Interpreter {
+            name,
+            probe,
+            code: offsets.code,
+        }));
+    }
+    Ok(None)
+}
+
+/// `_PyRuntime` and the value of `Py_Version` (3.11+'s `PY_VERSION_HEX`) in an object file,
+/// if it has them.
+fn runtime_and_version(
+    inspector: &Inspector,
+    file: &PathBuf,
+) -> Result<Option<(SymInfo<'static>, u64)>> {
+    let src = Source::Elf(Elf {
+        debug_syms: false,
+        ..Elf::new(file)
+    });
+    let found = inspector
+        .lookup(&src, &["_PyRuntime", "Py_Version"])
+        .with_context(|| format!("reading the symbols of {}", file.display()))?;
+    let first = |i: usize| found.get(i).and_then(|v| v.first()).map(SymInfo::to_owned);
+    let (Some(runtime), Some(version)) = (first(0), first(1)) else {
+        return Ok(None);
+    };
+    let at = version
+        .file_offset
+        .context("Py_Version has no file offset")?;
+    let mut bytes = [0u8; 8];
+    File::open(file)?.read_exact_at(&mut bytes, at)?;
+    let version = u64::from_le_bytes(bytes) & 0xffff_ffff;
+    if version >> 24 != 3 {
+        bail!("Py_Version reads {version:#x}");
+    }
+    Ok(Some((runtime, version)))
+}
+
+/// The pid namespace process `pid` numbers its threads in, when it is not the initial one
+/// (whose ids the probe reads directly).
+fn pid_namespace(pid: u32) -> Result<(u64, u64)> {
+    if !placement::in_child_pid_namespace(pid) {
+        return Ok((0, 0));
+    }
+    let ns = std::fs::metadata(proc_path(pid, "ns/pid"))?;
+    Ok((ns.dev(), ns.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_name_their_files() {
+        let m = parse_mapping(
+            "7f1c2a000000-7f1c2a200000 r-xp 00001000 08:01 1234   /usr/lib/libpython3.12.so.1.0",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.start, m.end, m.offset),
+            (0x7f1c2a000000, 0x7f1c2a200000, 0x1000)
+        );
+        assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
+        assert!(parse_mapping("7ffd-7ffe rw-p 00000000 00:00 0 [stack]").is_none());
+        assert!(may_be_python(&m.path));
+        assert!(may_be_python("/usr/bin/python3.11"));
+        assert!(!may_be_python("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+    }
+}

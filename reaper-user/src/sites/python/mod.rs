@@ -1,0 +1,166 @@
+//! Python spawners' own frames (`--spawn-stacks auto`). Once per exec of an interpreter its
+//! layout goes to the kernel (`PYTHONS`), so the fork probe can walk the forking thread's
+//! frames; the stacks it reads are kept in the kernel (`PY_STACKS`, once per distinct stack)
+//! and named here only when a flag needs them, from the spawner's memory while it runs.
+use std::collections::{HashMap, HashSet};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use blazesym::inspect::Inspector;
+use reaper_common::python::{PyLayout, PyStack};
+
+use crate::lineage::graph::NodeId;
+use crate::stream::evidence::Frame;
+
+mod code;
+mod debug_offsets;
+mod locate;
+mod versions;
+
+use code::Memory;
+use locate::Interpreter;
+
+/// The kernel's side of Python stacks and what user space knows of each interpreter.
+pub struct PythonStacks {
+    layouts: BpfHashMap<MapData, u32, PyLayout>,
+    stacks: BpfHashMap<MapData, u64, PyStack>,
+    inspector: Inspector,
+    /// Each tracked interpreter, by its process's node (until its next exec or its end).
+    interpreters: HashMap<NodeId, Interpreter>,
+    /// The processes each kept stack spawned: a stack no process in the graph names is
+    /// removed from the kernel's store.
+    spawned: HashMap<u64, HashSet<NodeId>>,
+    /// Why interpreters were not read, each said once.
+    refused: HashSet<String>,
+    /// Interpreters to look at again, with the looks left (see [`PythonStacks::exec`]).
+    pending: HashMap<NodeId, (u32, u64, u32)>,
+}
+
+/// How many batches an interpreter whose libpython is not mapped yet is looked at again.
+const PENDING_LOOKS: u32 = 200;
+
+impl PythonStacks {
+    pub fn new(
+        layouts: BpfHashMap<MapData, u32, PyLayout>,
+        stacks: BpfHashMap<MapData, u64, PyStack>,
+    ) -> PythonStacks {
+        PythonStacks {
+            layouts,
+            stacks,
+            inspector: Inspector::new(),
+            interpreters: HashMap::new(),
+            spawned: HashMap::new(),
+            refused: HashSet::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
+    /// runs: if it is a CPython 3.11–3.14 interpreter, its layout goes to the kernel and its
+    /// name (e.g. `python3.12`) is returned. `Err` says, once per kind of interpreter, why a
+    /// Python process's frames will not be read.
+    pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+        self.interpreters.remove(&node);
+        self.pending.remove(&node);
+        let found = self.look(node, pid, start);
+        if let Ok(None) = found {
+            // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
+            // again after each batch of records, until it is.
+            if locate::named_python(pid) {
+                self.pending.insert(node, (pid, start, PENDING_LOOKS));
+            }
+        }
+        found
+    }
+
+    /// Looks again at the interpreters not mapped at their exec (see [`PythonStacks::exec`]);
+    /// returns what to tell the operator.
+    pub fn look_again(&mut self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let pending: Vec<_> = self.pending.drain().collect();
+        for (node, (pid, start, looks)) in pending {
+            match self.look(node, pid, start) {
+                Ok(Some(_)) => {}
+                Ok(None) if looks > 1 && !locate::loaded_libpython(pid) => {
+                    self.pending.insert(node, (pid, start, looks - 1));
+                }
+                Ok(None) => {}
+                Err(note) => notes.push(note),
+            }
+        }
+        notes
+    }
+
+    /// Whether an interpreter is still to be looked at again.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    fn look(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+        let interpreter = match locate::find(&self.inspector, pid, start) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Ok(None),
+            // Gone already: nothing to say about a process that ended.
+            Err(_) if !crate::procfs::proc_path(pid, "maps").exists() => return Ok(None),
+            Err(e) => {
+                let why = format!("{e:#}");
+                return match self.refused.insert(why.clone()) {
+                    true => Err(format!("pid {pid}: its Python frames are not read: {why}")),
+                    false => Ok(None),
+                };
+            }
+        };
+        if let Err(e) = self.layouts.insert(pid, interpreter.probe, 0) {
+            return Err(format!(
+                "pid {pid} ({}): the interpreters' map: {e}",
+                interpreter.name
+            ));
+        }
+        let name = interpreter.name.clone();
+        self.interpreters.insert(node, interpreter);
+        Ok(Some(name))
+    }
+
+    /// Notes that stack `key` spawned process `child`.
+    pub fn spawned(&mut self, key: u64, child: NodeId) {
+        self.spawned.entry(key).or_default().insert(child);
+    }
+
+    /// Forgets what concerns processes the graph no longer holds, and the kernel's copies of
+    /// stacks that spawned none of those it does.
+    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
+        self.interpreters.retain(|&node, _| holds(node));
+        self.pending.retain(|&node, _| holds(node));
+        let stacks = &mut self.stacks;
+        self.spawned.retain(|key, children| {
+            children.retain(|&c| holds(c));
+            let keep = !children.is_empty();
+            if !keep {
+                let _ = stacks.remove(key);
+            }
+            keep
+        });
+    }
+
+    /// The Python frames of stack `key`, innermost first, named from the memory of `spawner`
+    /// (process `pid`) while it runs (`alive`); unnamed frames once it is gone. A spawner this
+    /// run did not see exec (found in /proc, or adopted from the run before) is looked at now.
+    pub fn frames(&mut self, key: u64, spawner: NodeId, pid: u32, alive: bool) -> Vec<Frame> {
+        let Ok(stack) = self.stacks.get(&key, 0) else {
+            return Vec::new();
+        };
+        let frames = stack.frames.iter().take(stack.len as usize);
+        if alive
+            && !self.interpreters.contains_key(&spawner)
+            && let Ok(Some(found)) = locate::find(&self.inspector, pid, 0)
+        {
+            self.interpreters.insert(spawner, found);
+        }
+        let (Some(interpreter), true) = (self.interpreters.get(&spawner), alive) else {
+            return frames.map(|_| code::unnamed()).collect();
+        };
+        let memory = Memory::open(pid);
+        frames
+            .map(|f| code::name(memory.as_ref(), &interpreter.code, f))
+            .collect()
+    }
+}

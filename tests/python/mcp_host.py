@@ -1,0 +1,59 @@
+"""A Python MCP host in miniature, for reaper's spawn-site tests: it starts its stdio server
+from a named function, through subprocess.Popen on its main thread or through
+asyncio.create_subprocess_exec on an event-loop thread, and holds the server's pipes until
+released.
+
+    mcp_host.py popen|asyncio TRIGGER RELEASE
+
+It runs `true` first (its fork tells the test the interpreter was looked at), waits for
+TRIGGER, starts the server, and ends it once RELEASE exists.
+"""
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+
+def wait_for(path):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def start_stdio_server():
+    return subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+async def start_stdio_server_async():
+    return await asyncio.create_subprocess_exec(
+        "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+
+
+def event_loop(release):
+    async def serve():
+        server = await start_stdio_server_async()
+        await asyncio.get_running_loop().run_in_executor(None, wait_for, release)
+        server.kill()
+        await server.wait()
+
+    asyncio.run(serve())
+
+
+def main():
+    mode, trigger, release = sys.argv[1:4]
+    subprocess.run(["true"], check=True)
+    wait_for(trigger)
+    if mode == "popen":
+        server = start_stdio_server()
+        wait_for(release)
+        server.kill()
+        server.wait()
+    else:
+        loop = threading.Thread(target=event_loop, args=(release,), name="event-loop")
+        loop.start()
+        loop.join()
+
+
+main()
