@@ -80,7 +80,7 @@ fn thread_state(layout: &PyLayout) -> u64 {
 /// (0: not a known interpreter, or its state not found).
 #[inline(always)]
 pub fn stack(tgid: u32, start: u64) -> u64 {
-    let Some(layout) = (unsafe { PYTHONS.get(&tgid) }) else {
+    let Some(layout) = (unsafe { PYTHONS.get(tgid) }) else {
         return 0;
     };
     // 0: found in /proc, before the kernel knew the process's start (its free removes the
@@ -128,9 +128,9 @@ pub fn stack(tgid: u32, start: u64) -> u64 {
     let key = stack.hash | 1;
     // A stack already kept under this key is the same stack: keep the first copy. A full
     // store keeps no more (the record then names none).
-    match PY_STACKS.insert(&key, stack, BPF_NOEXIST as u64) {
+    match PY_STACKS.insert(key, stack, BPF_NOEXIST as u64) {
         Ok(()) => key,
-        Err(e) if e == -17 => key, // EEXIST
+        Err(-17) => key, // EEXIST
         Err(_) => 0,
     }
 }

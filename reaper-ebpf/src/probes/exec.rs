@@ -39,7 +39,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // Whatever interpreter ran here is gone with the old image; user space looks at the new
     // one when it reads this record.
     if global!(CONFIG.spawn_stacks) & SPAWN_STACKS_PYTHON != 0 {
-        let _ = PYTHONS.remove(&pid);
+        let _ = PYTHONS.remove(pid);
     }
     let Some(reader) = recording(EventKind::Exec) else {
         return 0;

@@ -25,7 +25,7 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let _ = TRACKED.remove(pid);
-    let _ = PYTHONS.remove(&pid);
+    let _ = PYTHONS.remove(pid);
     send::<FreeEvent>(EventKind::Free, |ev| {
         ev.header = header(EventKind::Free, pid, start);
     });
