@@ -1,9 +1,10 @@
 """A stdio MCP server for the Hermes gateway tests, written with the mcp SDK's FastMCP.
 
-`tiny_mcp_server.py NAME [--helper]`: serves one `echo` tool over stdin/stdout. With
+`tiny_mcp_server.py NAME [--helper] [--hang]`: serves one `echo` tool over stdin/stdout. With
 `--helper` it first starts a helper in a session of its own that reads a pipe from the server
 until EOF and then waits (a background worker its server never tears down): when the server
-exits, the helper lingers, holding the pipe.
+exits, the helper lingers, holding the pipe. With `--hang` it is stuck before it serves: it
+reads its requests and answers none (its gateway's connect timeout runs out), until EOF.
 """
 import subprocess
 import sys
@@ -19,6 +20,11 @@ if "--helper" in sys.argv:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+if "--hang" in sys.argv:
+    for _request in sys.stdin:
+        pass
+    sys.exit(0)
 
 mcp = FastMCP(name)
 

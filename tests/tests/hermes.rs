@@ -9,22 +9,27 @@ use std::{
 };
 
 use reaper_tests::{
-    Then, free_port, metric_sample, pid, require_root, run_reaper_until_polled, scrape_metrics,
-    scratch, skip,
+    Then, free_port, metric_sample, pid, require_root, run_reaper_until, run_reaper_until_polled,
+    scrape_metrics, scratch, skip,
 };
 use serde_json::Value;
 
 /// The venv with Hermes, or `None` to skip.
 fn hermes_venv(test: &str) -> Option<PathBuf> {
+    venv_of(test, "REAPER_HERMES_VENV")
+}
+
+/// The venv that `var` names (`cargo xtask test` makes each), or `None` to skip.
+fn venv_of(test: &str, var: &str) -> Option<PathBuf> {
     if !require_root(test) {
         return None;
     }
-    match std::env::var_os("REAPER_HERMES_VENV").map(PathBuf::from) {
+    match std::env::var_os(var).map(PathBuf::from) {
         Some(v) if v.join("bin/hermes").is_file() => Some(v),
         _ => {
             skip(
                 test,
-                "REAPER_HERMES_VENV names no venv with hermes (`cargo xtask test` makes it)",
+                &format!("{var} names no venv with hermes (`cargo xtask test` makes it)"),
             );
             None
         }
@@ -34,6 +39,21 @@ fn hermes_venv(test: &str) -> Option<PathBuf> {
 /// A `HERMES_HOME` in `dir` whose gateway starts one stdio MCP server per `(name, extra args)`,
 /// each pinged every `keepalive` seconds. Hermes's download of its command scanner is off.
 fn hermes_home(dir: &Path, venv: &Path, servers: &[(&str, &[&str])], keepalive: u32) -> PathBuf {
+    hermes_home_with(
+        dir,
+        venv,
+        servers,
+        &format!("keepalive_interval: {keepalive}"),
+    )
+}
+
+/// [`hermes_home`] with `options` (YAML, one `key: value`) for each server.
+fn hermes_home_with(
+    dir: &Path,
+    venv: &Path,
+    servers: &[(&str, &[&str])],
+    options: &str,
+) -> PathBuf {
     let home = dir.join("hermes-home");
     std::fs::create_dir_all(&home).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hermes/tiny_mcp_server.py");
@@ -43,7 +63,7 @@ fn hermes_home(dir: &Path, venv: &Path, servers: &[(&str, &[&str])], keepalive: 
         let mut args = vec![format!("\"{}\"", script.display()), format!("\"{name}\"")];
         args.extend(extra.iter().map(|a| format!("\"{a}\"")));
         config += &format!(
-            "  {name}:\n    command: \"{}\"\n    args: [{}]\n    keepalive_interval: {keepalive}\n",
+            "  {name}:\n    command: \"{}\"\n    args: [{}]\n    {options}\n",
             python.display(),
             args.join(", ")
         );
@@ -328,4 +348,56 @@ fn lineage_in(events: &[Value], pid_: u64) -> Vec<u64> {
         chain.insert(0, at);
     }
     chain
+}
+
+#[test]
+fn hermes_0_14s_connect_timeout_leak_is_named_in_run_stdio() {
+    let test = "hermes_0_14s_connect_timeout_leak_is_named_in_run_stdio";
+    let Some(venv) = venv_of(test, "REAPER_HERMES_LEAKING_VENV") else {
+        return;
+    };
+    let dir = scratch(test);
+    // A server stuck before it answers `initialize`: Hermes 0.14's connect timeout gives up
+    // on it, and nothing ends it (the task that spawned it goes on holding its pipes).
+    let home = hermes_home_with(&dir, &venv, &[("stuck", &["--hang"])], "connect_timeout: 2");
+    let hermes = venv.join("bin/hermes");
+    let run = run_reaper_until(
+        &[
+            "--idle-after",
+            "2s",
+            "--scan-interval",
+            "250ms",
+            "--",
+            hermes.to_str().unwrap(),
+            "gateway",
+            "run",
+        ],
+        &[("HERMES_HOME", home.to_str().unwrap())],
+        &dir.join("release"),
+        ("the stuck server flagged", Then::Interrupt),
+        |events| {
+            let stuck = server(events, "stuck");
+            !flags(events).is_empty()
+                && flags(events).iter().any(|f| {
+                    let chain = f["chain"].as_array().cloned().unwrap_or_default();
+                    chain.iter().any(|c| c["pid"].as_u64() == stuck)
+                })
+        },
+    );
+    let proven = run.until_proof();
+    let flag = flags(&proven.events)[0].clone();
+    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    let spawner = frames
+        .iter()
+        .find(|f| f["function"] == "MCPServerTask._run_stdio");
+    let spawner = spawner.unwrap_or_else(|| {
+        panic!("no _run_stdio frame in {flag:#}\n{}", run.stderr);
+    });
+    assert!(
+        spawner["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("tools/mcp_tool.py")),
+        "{spawner}"
+    );
+    assert!(spawner["line"].as_u64().is_some(), "{spawner}");
 }

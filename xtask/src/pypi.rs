@@ -31,10 +31,15 @@ pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
 /// servers are written with.
 pub const HERMES: &str = "hermes-agent[mcp]==0.19.0";
 
-/// A virtual environment with [`HERMES`] installed, at `target/test-tools/hermes-venv/`, made
-/// once; returns its directory. The tests find it through `REAPER_HERMES_VENV`.
-pub fn hermes_venv(root: &Path) -> Result<PathBuf> {
-    let venv = root.join("target/test-tools/hermes-venv");
+/// The Hermes release whose connect timeout leaks its stdio server (the spawn-site test
+/// names the code that spawned it).
+pub const HERMES_LEAKING: &str = "hermes-agent[mcp]==0.14.0";
+
+/// A virtual environment with `release` (one of [`HERMES`], [`HERMES_LEAKING`]) installed at
+/// `target/test-tools/DIR/`, made once; returns its directory. The tests find them through
+/// `REAPER_HERMES_VENV` and `REAPER_HERMES_LEAKING_VENV`.
+pub fn hermes_venv(root: &Path, release: &str, dir: &str) -> Result<PathBuf> {
+    let venv = root.join("target/test-tools").join(dir);
     let python = venv.join("bin/python3");
     let installed = Command::new(&python)
         .args(["-c", "import gateway.run, mcp.server.fastmcp"])
@@ -44,7 +49,7 @@ pub fn hermes_venv(root: &Path) -> Result<PathBuf> {
         return Ok(venv);
     }
     eprintln!(
-        "xtask: installing {HERMES} from PyPI into {} for the Hermes gateway tests",
+        "xtask: installing {release} from PyPI into {} for the Hermes gateway tests",
         venv.display()
     );
     let made = Command::new("python3")
@@ -56,11 +61,11 @@ pub fn hermes_venv(root: &Path) -> Result<PathBuf> {
         bail!("`python3 -m venv {}` failed ({made})", venv.display());
     }
     let pip = Command::new(&python)
-        .args(["-m", "pip", "install", "-q", HERMES])
+        .args(["-m", "pip", "install", "-q", release])
         .status()
         .context("running pip in the Hermes venv")?;
     if !pip.success() {
-        bail!("`pip install {HERMES}` failed ({pip})");
+        bail!("`pip install {release}` failed ({pip})");
     }
     Ok(venv)
 }

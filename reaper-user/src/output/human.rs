@@ -162,26 +162,10 @@ pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
     }
 }
 
-/// The libraries whose own frames say only "it forked": the C library and the loader.
-const SPAWNING_LIBRARIES: [&str; 3] = ["libc.so", "libpthread.so", "ld-linux"];
-
-/// The sources of the languages' own process-spawning libraries: Python's `subprocess` and
-/// `asyncio`, Node's `child_process`.
-const SPAWNING_SOURCES: [&str; 3] = ["/subprocess.py", "/asyncio/", "child_process"];
-
-/// Whether a frame is a spawning library's rather than the spawner's own code.
-fn in_spawning_library(f: &Frame) -> bool {
-    let object = f.object.as_deref().unwrap_or("");
-    let name = object.rsplit('/').next().unwrap_or(object);
-    let file = f.file.as_deref().unwrap_or("");
-    SPAWNING_LIBRARIES.iter().any(|lib| name.starts_with(lib))
-        || SPAWNING_SOURCES.iter().any(|src| file.contains(src))
-}
-
 /// Up to three innermost frames of the spawner's own code (not its language's spawning
 /// library, nor libc's fork wrapper), each as `function (file:line)`, innermost first.
 fn spawn_site_text(frames: &[Frame]) -> Option<String> {
-    let own = frames.iter().filter(|f| !in_spawning_library(f));
+    let own = frames.iter().filter(|f| !f.in_spawning_library());
     let named: Vec<String> = own
         .take(3)
         .map(|f| {

@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Deserialize;
 
 use super::crowds::Crowds;
+use super::leak_sites::LeakSites;
 use super::timeline::{Point, Timeline};
 use crate::stream::events::{
     Argv, Cleared, Event, Exec, Flag, Fork, Gateway, KINDS, Kill, Lost, ProcText, Ready, Reparent,
@@ -121,6 +122,8 @@ pub struct Audit {
     pub timeline: Timeline,
     /// The kinds that accumulated, with their counts over time.
     pub crowds: Crowds,
+    /// Where the flagged processes were spawned (`spawned_at`).
+    pub leak_sites: LeakSites,
     /// Flags holding now: (pid, reason) → row index or none, and RSS at flag time.
     holding: HashMap<(u32, String), (Option<usize>, u64)>,
     flagged_rss_kib: u64,
@@ -363,6 +366,7 @@ impl Audit {
         if reason == "accumulating" {
             self.crowds.flag(ts, &flag.detail);
         }
+        self.leak_sites.flag(pid, &reason, &flag.detail.spawned_at);
         let rss = flag.detail.rss_kib.unwrap_or(0);
         let exe = match self.live.get(&pid) {
             Some(p) if !p.exe.is_empty() => p.exe.clone(),

@@ -9,6 +9,7 @@ use crate::output::human::{human_duration, human_rss};
 use crate::text::{escape_for_terminal, escape_markup};
 
 mod plots;
+mod sites;
 
 /// Text from a process, safe in HTML text and attributes.
 fn esc(s: &str) -> String {
@@ -89,6 +90,10 @@ pub fn render(audit: &Audit, title: &str) -> String {
         audit.flags.len() as u64 + audit.flags_omitted
     );
     leak_table(&mut h, audit);
+    if !audit.leak_sites.sites.is_empty() {
+        h.push_str("<h2 id=\"sites\">Where leaks were spawned</h2>\n");
+        sites::leak_sites(&mut h, audit);
+    }
     if !audit.crowds.kinds.is_empty() {
         h.push_str("<h2 id=\"accumulating\">Kinds that accumulated</h2>\n");
         plots::crowds(&mut h, audit);
@@ -430,7 +435,7 @@ mod tests {
             "\n",
             r#"{"event":"exec","seq":2,"ts":1200000000,"pid":11,"filename":"/bin/<evil>","argv":["<img src=x>"],"truncated":false,"tid":11}"#,
             "\n",
-            r#"{"event":"flag","seq":3,"ts":3000000000,"pid":11,"reason":"orphaned","since":2,"lineage":[10,11],"ancestors":[{"pid":10,"comm":"gw","argv":["gw"],"exited":2900000000},{"pid":11,"comm":"<evil>","argv":["<img src=x>"],"exited":null}],"chain":[{"pid":11,"comm":"<evil>","argv":["<img src=x>"]},{"pid":13,"comm":"node","argv":["node"]}],"pipes":[{"fd":0,"kind":"pipe","inode":5,"end":"read","other_end":"open","peers":[{"pid":12,"fd":1,"end":"write","comm":"holder"}]},{"fd":4,"kind":"pipe","inode":77,"end":"read","other_end":"open","internal":true,"peers":[]}],"state":"S (sleeping)","rss_kib":2048,"ppid":1,"escaped":true,"comm":"<evil>","argv":["<img src=x>"]}"#,
+            r#"{"event":"flag","seq":3,"ts":3000000000,"pid":11,"reason":"orphaned","since":2,"lineage":[10,11],"ancestors":[{"pid":10,"comm":"gw","argv":["gw"],"exited":2900000000},{"pid":11,"comm":"<evil>","argv":["<img src=x>"],"exited":null}],"chain":[{"pid":11,"comm":"<evil>","argv":["<img src=x>"]},{"pid":13,"comm":"node","argv":["node"]}],"pipes":[{"fd":0,"kind":"pipe","inode":5,"end":"read","other_end":"open","peers":[{"pid":12,"fd":1,"end":"write","comm":"holder"}]},{"fd":4,"kind":"pipe","inode":77,"end":"read","other_end":"open","internal":true,"peers":[]}],"state":"S (sleeping)","rss_kib":2048,"spawned_at":[{"function":"Popen._execute_child","file":"/usr/lib/python3.11/subprocess.py","line":1834,"offset":8,"language":"python"},{"function":"_run_<stdio>","file":"tools/mcp_tool.py","line":812,"offset":4,"language":"python"}],"ppid":1,"escaped":true,"comm":"<evil>","argv":["<img src=x>"]}"#,
             "\n",
             "not json at all\n",
         );
@@ -449,6 +454,11 @@ mod tests {
             "internal channels counted, not listed"
         );
         assert!(page.contains("exited +1s"), "ancestor exit times shown");
+        assert!(
+            page.contains("id=\"site-table\"")
+                && page.contains("tools/mcp_tool.py:812 <code>_run_&lt;stdio&gt;</code>"),
+            "leaks grouped by spawn site, past subprocess's frames"
+        );
         assert!(page.contains("2.0 MiB"));
         assert!(
             !page.contains("<img") && !page.contains("<evil>"),

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod crowds;
 pub mod html;
+pub mod leak_sites;
 pub mod timeline;
 
 use std::fs::File;

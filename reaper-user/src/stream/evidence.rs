@@ -171,6 +171,25 @@ pub struct Frame {
     pub language: Option<String>,
 }
 
+/// The libraries whose own frames say only "it forked": the C library and the loader.
+const SPAWNING_LIBRARIES: [&str; 3] = ["libc.so", "libpthread.so", "ld-linux"];
+
+/// The sources of the languages' own process-spawning libraries: Python's `subprocess` and
+/// `asyncio`, Node's `child_process`.
+const SPAWNING_SOURCES: [&str; 3] = ["/subprocess.py", "/asyncio/", "child_process"];
+
+impl Frame {
+    /// Whether the frame is a spawning library's (libc's fork wrapper, Python's `subprocess`)
+    /// rather than the spawner's own code: a spawn site is named past these.
+    pub fn in_spawning_library(&self) -> bool {
+        let object = self.object.as_deref().unwrap_or("");
+        let name = object.rsplit('/').next().unwrap_or(object);
+        let file = self.file.as_deref().unwrap_or("");
+        SPAWNING_LIBRARIES.iter().any(|lib| name.starts_with(lib))
+            || SPAWNING_SOURCES.iter().any(|src| file.contains(src))
+    }
+}
+
 /// A kind of process (`accumulating`): its executable and its instances' command line, each
 /// option value they differ in shown as `*`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
