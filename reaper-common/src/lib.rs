@@ -28,8 +28,9 @@ pub mod names {
     pub const PYTHONS: &str = "PYTHONS";
     pub const PY_STACKS: &str = "PY_STACKS";
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
+    pub const PY_WALK: &str = "PY_WALK";
     /// The maps each load has of its own: scratch space.
-    pub const SCRATCH: [&str; 3] = [EXEC_SCRATCH, PATH_SCRATCH, PY_SCRATCH];
+    pub const SCRATCH: [&str; 4] = [EXEC_SCRATCH, PATH_SCRATCH, PY_SCRATCH, PY_WALK];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
     pub const PINNED: [&str; 13] = [

@@ -9,10 +9,10 @@
 
 /// Frames kept per stack, innermost first; deeper frames are cut. A power of two.
 pub const PY_FRAMES_MAX: usize = 32;
-/// Frames looked at per stack, counting the ones skipped (the C-stack shims of 3.12+).
-pub const PY_WALK_MAX: usize = 48;
-/// Thread states looked at per interpreter before giving up on finding the forking thread.
-pub const PY_THREADS_MAX: usize = 64;
+/// Steps of one read: each looks at one thread state (to find the forking thread's) or one
+/// frame (kept, or skipped: the C-stack shims of 3.12+). Past it the read ends with what it
+/// has: 32 frames with their shims take about 40, which leaves the search some 80 threads.
+pub const PY_STEPS_MAX: usize = 128;
 /// Interpreters looked at (the main one, then subinterpreters).
 pub const PY_INTERPRETERS_MAX: usize = 4;
 /// [`PyLayout::cframe_frame`] when the thread state points at the frame itself (3.13+).

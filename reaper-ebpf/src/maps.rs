@@ -54,6 +54,10 @@ pub static PY_STACKS: HashMap<u64, PyStack> =
 #[map]
 pub static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where a Python stack's read is (see `python::stack`): kept in memory, not registers.
+#[map]
+pub static PY_WALK: PerCpuArray<crate::python::PyWalk> = PerCpuArray::with_max_entries(1, 0);
+
 /// Records that could not be reserved, per event kind, plus tracked-map insert failures.
 #[map]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossSlot::COUNT, 0);

@@ -8,11 +8,35 @@ use aya_ebpf::{
     },
 };
 use reaper_common::python::{
-    HASH_SEED, PY_FRAMES_MAX, PY_INTERPRETERS_MAX, PY_NO_CFRAME, PY_THREADS_MAX, PY_WALK_MAX,
-    PyFrame, PyLayout, hash_word,
+    HASH_SEED, PY_FRAMES_MAX, PY_INTERPRETERS_MAX, PY_NO_CFRAME, PY_STEPS_MAX, PyFrame, PyLayout,
+    PyStack, hash_word,
 };
 
-use crate::maps::{PY_SCRATCH, PY_STACKS, PYTHONS};
+use crate::maps::{PY_SCRATCH, PY_STACKS, PY_WALK, PYTHONS};
+
+/// Repeats a block 128 times ([`PY_STEPS_MAX`]).
+macro_rules! steps_128 {
+    ($step:block) => {
+        steps_128!(@8 { steps_128!(@16 $step); })
+    };
+    (@8 $b:block) => {{
+        $b; $b; $b; $b; $b; $b; $b; $b;
+    }};
+    (@16 $b:block) => {{
+        $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b; $b;
+    }};
+}
+const _: () = assert!(PY_STEPS_MAX == 128);
+
+/// Where a walk is (see [`stack`]): the next interpreter, the thread state being looked at,
+/// the frame being walked (0 while searching), and the interpreters looked at so far.
+#[repr(C)]
+pub struct PyWalk {
+    pub interp: u64,
+    pub thread: u64,
+    pub frame: u64,
+    pub interps: u64,
+}
 
 /// Reads a word at `base + off` in the current process.
 #[inline(always)]
@@ -48,36 +72,15 @@ fn native_thread_id(layout: &PyLayout) -> u64 {
     if rc != 0 { 0 } else { ns.pid as u64 }
 }
 
-/// The forking thread's state: looked up by its native thread id in each interpreter's list.
-#[inline(always)]
-fn thread_state(layout: &PyLayout) -> u64 {
-    let tid = native_thread_id(layout);
-    if tid == 0 {
-        return 0;
-    }
-    let mut interp = word(layout.runtime, layout.interpreters_head);
-    for _ in 0..PY_INTERPRETERS_MAX {
-        if interp == 0 {
-            return 0;
-        }
-        let mut thread = word(interp, layout.interp_threads_head);
-        for _ in 0..PY_THREADS_MAX {
-            if thread == 0 {
-                break;
-            }
-            // `native_thread_id` is an unsigned long holding a pid_t.
-            if word(thread, layout.thread_native_id) & 0xffff_ffff == tid {
-                return thread;
-            }
-            thread = word(thread, layout.thread_next);
-        }
-        interp = word(interp, layout.interp_next);
-    }
-    0
-}
-
 /// Reads the current process's Python frames into the stack store, returning the stack's key
-/// (0: not a known interpreter, or its state not found).
+/// (0: not a known interpreter, or the forking thread's state not found).
+///
+/// One flat loop of steps, each either a step of the search for the forking thread's state
+/// (its interpreter's list, then the next interpreter's) or a step of the walk up its frames.
+/// Everything that changes from step to step lives in per-CPU map memory, which the verifier
+/// does not follow: every step then leaves it the same state, and it checks each once
+/// (nested loops, or a count in a register, multiply the states past its limit on older
+/// kernels).
 #[inline(always)]
 pub fn stack(tgid: u32, start: u64) -> u64 {
     let Some(layout) = (unsafe { PYTHONS.get(tgid) }) else {
@@ -88,39 +91,30 @@ pub fn stack(tgid: u32, start: u64) -> u64 {
     if layout.start != 0 && layout.start != start {
         return 0;
     }
-    let thread = thread_state(layout);
-    let mut frame = word(thread, layout.thread_frame);
-    if layout.cframe_frame != PY_NO_CFRAME {
-        frame = word(frame, layout.cframe_frame);
-    }
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+    let tid = native_thread_id(layout);
+    let (Some(scratch), Some(walk)) = (PY_SCRATCH.get_ptr_mut(0), PY_WALK.get_ptr_mut(0)) else {
         return 0;
     };
-    // SAFETY: a per-CPU map value, ours alone while this program runs.
-    let stack = unsafe { &mut *scratch };
-    // The count and the hash live in the map value, not in registers: the verifier does not
-    // follow values in memory, so a Python frame and a skipped one leave the same state and
-    // the walk is verified once per step, not once per count of frames kept so far.
+    if tid == 0 {
+        return 0;
+    }
+    // SAFETY: per-CPU map values, ours alone while this program runs.
+    let (stack, walk) = unsafe { (&mut *scratch, &mut *walk) };
+    walk.interp = word(layout.runtime, layout.interpreters_head);
+    walk.thread = 0;
+    walk.frame = 0;
+    walk.interps = 0;
     stack.len = 0;
     stack.truncated = 0;
     stack.hash = HASH_SEED;
-    for _ in 0..PY_WALK_MAX {
-        if frame == 0 {
-            break;
-        }
-        if byte(frame, layout.frame_owner) < layout.owner_not_python {
-            let len = stack.len as usize;
-            if len >= PY_FRAMES_MAX {
-                stack.truncated = 1;
-                break;
+    // Unrolled: an older verifier (6.1) refuses the loop LLVM lays out here (a fall-through
+    // into its head), and straight-line steps cost it no more to check.
+    'read: {
+        steps_128!({
+            if !step(layout, stack, walk, tid) {
+                break 'read;
             }
-            let code = word(frame, layout.frame_code) & !(layout.code_tag_mask as u64);
-            let instr = word(frame, layout.frame_instr);
-            stack.frames[len & (PY_FRAMES_MAX - 1)] = PyFrame { code, instr };
-            stack.hash = hash_word(hash_word(stack.hash, code), instr);
-            stack.len += 1;
-        }
-        frame = word(frame, layout.frame_previous);
+        });
     }
     if stack.len == 0 {
         return 0;
@@ -133,4 +127,61 @@ pub fn stack(tgid: u32, start: u64) -> u64 {
         Err(-17) => key, // EEXIST
         Err(_) => 0,
     }
+}
+
+/// One step of a read: of the search while no frame is found, then of the walk. A function
+/// of its own (a BPF-to-BPF call), so the 128 steps are 128 calls of one body.
+#[inline(never)]
+fn step(layout: &PyLayout, stack: &mut PyStack, walk: &mut PyWalk, tid: u64) -> bool {
+    match walk.frame {
+        0 => search_step(layout, walk, tid),
+        _ => frame_step(layout, stack, walk),
+    }
+}
+
+/// One step of the search for the forking thread's state: the next thread of the list, or
+/// the next interpreter's list. Returns false once there is nothing left to look at.
+#[inline(always)]
+fn search_step(layout: &PyLayout, walk: &mut PyWalk, tid: u64) -> bool {
+    if walk.thread == 0 {
+        if walk.interp == 0 || walk.interps >= PY_INTERPRETERS_MAX as u64 {
+            return false;
+        }
+        walk.thread = word(walk.interp, layout.interp_threads_head);
+        walk.interp = word(walk.interp, layout.interp_next);
+        walk.interps += 1;
+        return true;
+    }
+    // `native_thread_id` is an unsigned long holding a pid_t.
+    if word(walk.thread, layout.thread_native_id) & 0xffff_ffff != tid {
+        walk.thread = word(walk.thread, layout.thread_next);
+        return true;
+    }
+    let mut frame = word(walk.thread, layout.thread_frame);
+    if layout.cframe_frame != PY_NO_CFRAME {
+        frame = word(frame, layout.cframe_frame);
+    }
+    walk.frame = frame;
+    frame != 0
+}
+
+/// One step up the frames: keeps the frame if it is Python code's. Returns false at the
+/// outermost frame, or once [`PY_FRAMES_MAX`] are kept.
+#[inline(always)]
+fn frame_step(layout: &PyLayout, stack: &mut PyStack, walk: &mut PyWalk) -> bool {
+    let frame = walk.frame;
+    if byte(frame, layout.frame_owner) < layout.owner_not_python {
+        let len = stack.len as usize;
+        if len >= PY_FRAMES_MAX {
+            stack.truncated = 1;
+            return false;
+        }
+        let code = word(frame, layout.frame_code) & !(layout.code_tag_mask as u64);
+        let instr = word(frame, layout.frame_instr);
+        stack.frames[len & (PY_FRAMES_MAX - 1)] = PyFrame { code, instr };
+        stack.hash = hash_word(hash_word(stack.hash, code), instr);
+        stack.len += 1;
+    }
+    walk.frame = word(frame, layout.frame_previous);
+    walk.frame != 0
 }

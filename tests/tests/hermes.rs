@@ -387,6 +387,10 @@ fn hermes_0_14s_connect_timeout_leak_is_named_in_run_stdio() {
     let proven = run.until_proof();
     let flag = flags(&proven.events)[0].clone();
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    eprintln!(
+        "{} flag on {}: spawned at {frames:#?}",
+        flag["reason"], flag["pid"]
+    );
     let spawner = frames
         .iter()
         .find(|f| f["function"] == "MCPServerTask._run_stdio");

@@ -1,8 +1,9 @@
 //! A Python spawner's own frames (`--spawn-stacks auto`): read in the kernel at the fork from
 //! the interpreter's frame chain, named from the spawner's memory when its leak is flagged.
 //! The host's Debian python3 (no frame pointers, libpython linked in) always; each other
-//! CPython 3.11–3.14 this machine has (pyenv's, with a shared libpython) too. Needs root
-//! (see `require_root`); host only (the guests carry no Python).
+//! CPython 3.11–3.14 this machine has (pyenv's, with a shared libpython), and Debian sid's 3.13
+//! and 3.14 in a chroot. Needs root (see `require_root`); host only (the guests carry no
+//! Python).
 use std::path::{Path, PathBuf};
 
 use reaper_tests::{Then, pid, require_root, run_reaper_until, scratch};
@@ -20,11 +21,31 @@ fn line_of(text: &str) -> u64 {
     at.expect("the line is in the script") as u64 + 1
 }
 
-/// Debian's python3, then each other CPython 3.11–3.14 pyenv installed on this machine.
-fn interpreters() -> Vec<PathBuf> {
-    let mut found = vec![PathBuf::from("/usr/bin/python3.11")];
-    let pyenv = Path::new("/root/.pyenv/versions");
-    let mut versions: Vec<PathBuf> = std::fs::read_dir(pyenv)
+/// A CPython to run the host under: its path, and the root it runs in (a chroot), if not /.
+struct Python {
+    path: PathBuf,
+    root: Option<PathBuf>,
+}
+
+impl Python {
+    fn name(&self) -> String {
+        self.path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Debian's python3, each other CPython 3.11–3.14 pyenv installed on this machine, and
+/// Debian sid's 3.13 and 3.14 in the root `cargo xtask test` makes (`REAPER_PYTHON_ROOT`;
+/// without it, not run).
+fn interpreters() -> Vec<Python> {
+    let mut found = vec![Python {
+        path: PathBuf::from("/usr/bin/python3.11"),
+        root: None,
+    }];
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/root/.pyenv/versions")
         .into_iter()
         .flatten()
         .flatten()
@@ -34,11 +55,26 @@ fn interpreters() -> Vec<PathBuf> {
     for dir in versions {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let minor = name.split('.').nth(1).and_then(|m| m.parse::<u32>().ok());
-        if name.starts_with("3.") && minor.is_some_and(|m| (11..=14).contains(&m)) {
-            let bin = dir.join(format!("bin/python3.{}", minor.unwrap()));
-            if bin.is_file() {
-                found.push(bin);
+        if let Some(minor) = minor.filter(|m| name.starts_with("3.") && (11..=14).contains(m)) {
+            let path = dir.join(format!("bin/python3.{minor}"));
+            if path.is_file() {
+                found.push(Python { path, root: None });
             }
+        }
+    }
+    if let Some(root) = std::env::var_os("REAPER_PYTHON_ROOT").map(PathBuf::from) {
+        for minor in [13, 14] {
+            let path = PathBuf::from(format!("/usr/bin/python3.{minor}"));
+            assert!(
+                root.join(path.strip_prefix("/").unwrap()).is_file(),
+                "REAPER_PYTHON_ROOT {} has no {}",
+                root.display(),
+                path.display()
+            );
+            found.push(Python {
+                path,
+                root: Some(root.clone()),
+            });
         }
     }
     found
@@ -46,24 +82,41 @@ fn interpreters() -> Vec<PathBuf> {
 
 /// Runs the host under `python` in `mode` until its server is flagged idle; returns the
 /// flag's `spawned_at` and the interpreter the exec event named.
-fn spawned_at(test: &str, python: &Path, mode: &str) -> (Vec<Value>, Value) {
-    let dir = scratch(&format!("{test}-{}", python.display()).replace('/', "_"));
+fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
+    let label = format!("{test}-{}-{}", python.name(), python.root.is_some());
+    // Inside a chroot the host's files are where the chroot sees them: under its /tmp.
+    let (dir, seen_as) = match &python.root {
+        Some(root) => {
+            let inside = PathBuf::from("/tmp").join(&label);
+            let dir = root.join(inside.strip_prefix("/").unwrap());
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            (dir, inside)
+        }
+        None => {
+            let dir = scratch(&label);
+            (dir.clone(), dir)
+        }
+    };
+    std::fs::copy(host_script(), dir.join("mcp_host.py")).unwrap();
     let (trigger, release) = (dir.join("trigger"), dir.join("release"));
-    let script = host_script();
+    let arg = |name: &str| seen_as.join(name).to_str().unwrap().to_owned();
+    let mut command: Vec<String> = Vec::new();
+    if let Some(root) = &python.root {
+        command.extend(["chroot".into(), root.to_str().unwrap().into()]);
+    }
+    command.extend([
+        python.path.to_str().unwrap().into(),
+        arg("mcp_host.py"),
+        mode.into(),
+        arg("trigger"),
+        arg("release"),
+    ]);
+    let mut args = vec!["--idle-after", "1s", "--scan-interval", "250ms", "--"];
+    args.extend(command.iter().map(String::as_str));
     let mut warmed = false;
     let run = run_reaper_until(
-        &[
-            "--idle-after",
-            "1s",
-            "--scan-interval",
-            "250ms",
-            "--",
-            python.to_str().unwrap(),
-            script.to_str().unwrap(),
-            mode,
-            trigger.to_str().unwrap(),
-            release.to_str().unwrap(),
-        ],
+        &args,
         &[],
         &release,
         (
@@ -71,7 +124,7 @@ fn spawned_at(test: &str, python: &Path, mode: &str) -> (Vec<Value>, Value) {
             Then::Release,
         ),
         |events| {
-            // The warm-up child's fork is written once the interpreter was looked at.
+            // The warm-up child's exec is written once the interpreter was looked at.
             if !warmed
                 && events
                     .iter()
@@ -91,16 +144,16 @@ fn spawned_at(test: &str, python: &Path, mode: &str) -> (Vec<Value>, Value) {
         .into_iter()
         .find(|f| f["reason"] == "idle");
     let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:?}\n{}", run.events, run.stderr));
-    let gateway = proven.all("gateway")[0]["pid"].clone();
-    let exec = proven
+    let interpreter = proven
         .all("exec")
         .into_iter()
-        .find(|e| e["pid"] == gateway)
+        .filter_map(|e| e.get("interpreter"))
+        .next()
         .cloned()
         .unwrap_or(Value::Null);
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
     assert!(pid(&flag["pid"]) > 0);
-    (frames, exec["interpreter"].clone())
+    (frames, interpreter)
 }
 
 /// The first frame in `frames` naming `function`.
@@ -119,20 +172,24 @@ fn a_python_spawners_flag_names_the_function_file_and_line_of_its_popen() {
     }
     for python in interpreters() {
         let (frames, interpreter) = spawned_at(test, &python, "popen");
-        eprintln!("{}: {interpreter}: {frames:?}", python.display());
-        // An interpreter linked with its libpython is found at its exec, and the exec event
-        // names it; one with a shared libpython only once the loader mapped it, later.
-        if python.starts_with("/usr/bin") {
-            let version = python.file_name().unwrap().to_string_lossy().into_owned();
-            assert_eq!(interpreter, version.as_str(), "the exec event names it");
+        eprintln!(
+            "{} ({:?}): {interpreter}: {frames:?}",
+            python.path.display(),
+            python.root
+        );
+        // An interpreter linked with its libpython (Debian's) is found at its exec, and the
+        // exec event names it; one with a shared libpython only once the loader mapped it.
+        if python.path.starts_with("/usr/bin") {
+            assert_eq!(
+                interpreter,
+                python.name().as_str(),
+                "the exec event names it"
+            );
         }
         let own = frame(&frames, "start_stdio_server");
         assert_eq!(own["language"], "python", "{own}");
         assert!(
-            own["file"]
-                .as_str()
-                .unwrap()
-                .ends_with("tests/python/mcp_host.py"),
+            own["file"].as_str().unwrap().ends_with("/mcp_host.py"),
             "{own}"
         );
         assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
@@ -165,7 +222,10 @@ fn an_asyncio_spawn_from_an_event_loop_thread_names_its_coroutine() {
     if !require_root(test) {
         return;
     }
-    let python = PathBuf::from("/usr/bin/python3.11");
+    let python = Python {
+        path: PathBuf::from("/usr/bin/python3.11"),
+        root: None,
+    };
     let (frames, _) = spawned_at(test, &python, "asyncio");
     let own = frame(&frames, "start_stdio_server_async");
     assert_eq!(

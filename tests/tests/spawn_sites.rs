@@ -51,3 +51,102 @@ fn without_spawn_stacks_a_flag_names_no_code() {
     let f = flag(&run, pid(&truth["b"]), "orphaned");
     assert!(f.get("spawned_at").is_none(), "{f}");
 }
+
+/// The entries of the stack stores the reaper-trace whose command line names `gateway` holds:
+/// (native stacks, Python stacks), read from its maps by id; none while it is not found.
+fn stacks_kept(gateway: u32) -> Option<(usize, usize)> {
+    use aya::maps::{HashMap, Map, MapData, StackTraceMap};
+    use reaper_common::python::PyStack;
+    let needle = format!("\0{gateway}\0");
+    let tracer = std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let text = String::from_utf8_lossy(&cmdline);
+        (text.contains("reaper-trace") && text.contains(&needle)).then_some(pid)
+    })?;
+    let (mut native, mut python) = (None, None);
+    for fd in std::fs::read_dir(format!("/proc/{tracer}/fdinfo"))
+        .ok()?
+        .flatten()
+    {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) else {
+            continue;
+        };
+        let Ok(data) = MapData::from_id(id.trim().parse().ok()?) else {
+            continue;
+        };
+        let name = data.info().ok()?.name_as_str().unwrap_or("").to_owned();
+        match name.as_str() {
+            "STACKS" => {
+                let map = StackTraceMap::try_from(Map::StackTraceMap(data)).ok()?;
+                native = Some(map.stack_ids().count());
+            }
+            "PY_STACKS" => {
+                let map = HashMap::<_, u64, PyStack>::try_from(Map::HashMap(data)).ok()?;
+                python = Some(map.keys().count());
+            }
+            _ => {}
+        }
+    }
+    Some((native?, python?))
+}
+
+#[test]
+fn an_untracked_fork_takes_no_stack_and_a_tracked_one_does() {
+    use reaper_tests::{Then, require_root, run_reaper_until, scratch};
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let test = "an_untracked_fork_takes_no_stack_and_a_tracked_one_does";
+    if !require_root(test) {
+        return;
+    }
+    // The gateway: a shell that forks once when it reads a line, then waits for another.
+    let mut gateway = Command::new("sh")
+        .args(["-c", "read go; /bin/true; read end"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let gw = gateway.id();
+    let mut stdin = gateway.stdin.take().unwrap();
+    let dir = scratch(test);
+    let (mut untracked, mut tracked) = (None, None);
+    let run = run_reaper_until(
+        &["--gateway-pid", &gw.to_string()],
+        &[],
+        &dir.join("release"),
+        (
+            "the stores read after untracked forks, then a tracked one",
+            Then::Interrupt,
+        ),
+        |events| {
+            if untracked.is_none() && events.iter().any(|e| e["event"] == "ready") {
+                // Forks beside the gateway, by this test's own (untracked) process.
+                for _ in 0..50 {
+                    Command::new("/bin/true").status().unwrap();
+                }
+                untracked = stacks_kept(gw);
+                writeln!(stdin).unwrap();
+            }
+            // The stack is kept at the fork itself, before its record is even read.
+            let forked = events
+                .iter()
+                .any(|e| e["event"] == "fork" && e["spawner"] == gw);
+            if untracked.is_some() && tracked.is_none() && forked {
+                tracked = stacks_kept(gw);
+            }
+            tracked.is_some()
+        },
+    );
+    drop(stdin);
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+    assert_eq!(
+        untracked,
+        Some((0, 0)),
+        "50 untracked forks kept no stack\n{}",
+        run.stderr
+    );
+    let (native, _) = tracked.expect("the stores read after the gateway's fork");
+    assert_eq!(native, 1, "the gateway's fork kept its stack");
+}

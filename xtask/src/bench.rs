@@ -14,6 +14,7 @@ mod footprint;
 mod kernel;
 mod loops;
 mod peers;
+mod stacks;
 mod state;
 
 pub(crate) use footprint::*;
@@ -136,6 +137,7 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     if wanted("hooks") {
         hook_costs(&bins, opts)?;
         spawner_cost(&bins, opts)?;
+        stacks::python_stacks(&bins, opts)?;
     }
     if wanted("memory") {
         memory(&bins, opts)?;

@@ -98,6 +98,39 @@ pub fn test_root(root: &Path) -> Result<PathBuf> {
     Ok(link)
 }
 
+/// A Debian sid root with CPython 3.13 and 3.14 (`mmdebstrap --variant=minbase`), made once
+/// and cached: the Python spawn-site tests run each of those interpreters in it (chroot),
+/// beside the host's own python3.11. The archive's sid index may be past its Valid-Until date
+/// (a frozen mirror), which apt is told to accept.
+pub fn python_root() -> Result<PathBuf> {
+    let dir = cache("roots").join("sid-python");
+    let complete = dir.join(".reaper-complete");
+    if complete.is_file() {
+        return Ok(dir);
+    }
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    eprintln!("xtask: making a Debian sid root with python3.13 and python3.14 (cached once)");
+    let status = Command::new("mmdebstrap")
+        .args([
+            "--variant=minbase",
+            "--mode=root",
+            "--quiet",
+            "--aptopt=Acquire::Check-Valid-Until \"false\"",
+            "--include=python3.13,python3.14",
+            "sid",
+        ])
+        .arg(&dir)
+        .arg("http://deb.debian.org/debian")
+        .status()
+        .context("running mmdebstrap")?;
+    if !status.success() {
+        bail!("mmdebstrap sid (python3.13, python3.14) failed ({status})");
+    }
+    fs::write(&complete, b"")?;
+    Ok(dir)
+}
+
 /// The Debian release whose archive carries a kernel series this machine's release does not:
 /// 5.10, the series before the oldest supported one (5.12), is bullseye's.
 fn release_of(series: &str) -> Option<&'static str> {

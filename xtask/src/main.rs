@@ -250,11 +250,14 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     // The real Hermes gateway, with stdio MCP servers written with the mcp SDK.
     let hermes = pypi::hermes_venv(root, pypi::HERMES, "hermes-venv")?;
     let leaking = pypi::hermes_venv(root, pypi::HERMES_LEAKING, "hermes-0.14-venv")?;
+    // CPython 3.13 and 3.14 for the Python spawn-site tests.
+    let python_root = debian::python_root()?;
     // The artifacts' tests get this run's artifacts by name, never whatever lies in
     // target/dist; without them (`--no-dist`) they are left out, not skipped.
     let mut env: Vec<(&str, std::ffi::OsString)> = vec![
         ("REAPER_HERMES_VENV", hermes.into_os_string()),
         ("REAPER_HERMES_LEAKING_VENV", leaking.into_os_string()),
+        ("REAPER_PYTHON_ROOT", python_root.into_os_string()),
         // `CI=true`: every prerequisite was installed above, so a test that would skip fails
         // instead (as it does in the guests, whose init sets it too).
         ("CI", "true".into()),

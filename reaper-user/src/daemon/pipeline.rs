@@ -20,7 +20,7 @@ use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
-use crate::lineage::graph::{LineageGraph, Seed};
+use crate::lineage::graph::{LineageGraph, Seed, SpawnStack};
 use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
@@ -125,14 +125,23 @@ impl Pipeline {
         }
     }
 
-    /// Notes that Python stack `key` spawned process `child`.
-    fn note_python_stack(&mut self, key: u64, child: u32) {
+    /// A fork's stacks: the native one located in its spawner's mappings, each noted as
+    /// having spawned the child (a stack is kept while a process it spawned is); and
+    /// interpreters not mapped at their exec looked at again, for the spawner's next forks.
+    fn note_spawn_stacks(&mut self, spawner: u32, child: u32, stack: SpawnStack) {
+        if let Some(native) = stack.native {
+            self.locate_spawn_site(native, spawner);
+        }
         let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
             return;
         };
-        if let Some(python) = sites.python.as_mut() {
+        if let Some(native) = stack.native {
+            sites.spawned(native, child.id);
+        }
+        if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
             python.spawned(key, child.id);
         }
+        self.look_again_for_interpreters();
     }
 
     /// The frames that spawned process `pid`, when its fork's stacks were taken: its
@@ -176,16 +185,7 @@ impl Pipeline {
         let applied = self.graph.apply(&ev);
         let mut interpreter = None;
         match ev.what {
-            What::Fork { spawner, stack, .. } => {
-                if let Some(native) = stack.native {
-                    self.locate_spawn_site(native, spawner);
-                }
-                // Its next forks find its interpreter if its library is mapped by now.
-                self.look_again_for_interpreters();
-                if let Some(key) = stack.python {
-                    self.note_python_stack(key, ev.pid);
-                }
-            }
+            What::Fork { spawner, stack, .. } => self.note_spawn_stacks(spawner, ev.pid, stack),
             What::Exec { .. } => interpreter = self.look_for_interpreter(ev.pid, ev.start),
             _ => {}
         }

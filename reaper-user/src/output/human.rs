@@ -164,7 +164,7 @@ pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
 
 /// Up to three innermost frames of the spawner's own code (not its language's spawning
 /// library, nor libc's fork wrapper), each as `function (file:line)`, innermost first.
-fn spawn_site_text(frames: &[Frame]) -> Option<String> {
+pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
     let own = frames.iter().filter(|f| !f.in_spawning_library());
     let named: Vec<String> = own
         .take(3)

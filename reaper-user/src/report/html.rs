@@ -456,7 +456,7 @@ mod tests {
         assert!(page.contains("exited +1s"), "ancestor exit times shown");
         assert!(
             page.contains("id=\"site-table\"")
-                && page.contains("tools/mcp_tool.py:812 <code>_run_&lt;stdio&gt;</code>"),
+                && page.contains("<code>_run_&lt;stdio&gt; (mcp_tool.py:812)</code>"),
             "leaks grouped by spawn site, past subprocess's frames"
         );
         assert!(page.contains("2.0 MiB"));

@@ -1,9 +1,10 @@
 //! Leaks by the code that spawned them (`spawned_at`, `--spawn-stacks`), as the report shows
-//! them: each flag counted at its spawner's innermost own frame (past the languages' spawning
-//! libraries and libc's fork wrapper), so "27 leaks spawned at tools/mcp_tool.py:812
-//! `_run_stdio`" reads at a glance.
+//! them: each flag counted at its spawner's innermost own frames (up to three, past the
+//! languages' spawning libraries and libc's fork wrapper, as the readable LEAK line names
+//! them), so "27 flags: … < MCPServerTask._run_stdio (mcp_tool.py:1230)" reads at a glance.
 use std::collections::BTreeMap;
 
+use crate::output::human::spawn_site_text;
 use crate::stream::evidence::Frame;
 
 /// At most this many sites are followed (the rest are counted).
@@ -11,12 +12,11 @@ pub const MAX_SITES: usize = 500;
 /// At most this many pids are kept per site, as examples.
 pub const MAX_PIDS: usize = 8;
 
-/// Where leaks were spawned: one function at one line.
+/// Where leaks were spawned, and what was flagged there.
 #[derive(Clone, Debug, Default)]
 pub struct LeakSite {
-    pub function: String,
-    pub file: Option<String>,
-    pub line: Option<u32>,
+    /// `function (file:line) < caller (file:line) < …`, innermost first.
+    pub site: String,
     /// Flags raised on processes spawned here, by reason.
     pub reasons: BTreeMap<String, u64>,
     /// The first flagged processes' pids.
@@ -29,7 +29,7 @@ impl LeakSite {
     }
 }
 
-/// The sites leaks were spawned at, by `file:line function`.
+/// The sites leaks were spawned at, by their text.
 #[derive(Clone, Debug, Default)]
 pub struct LeakSites {
     pub sites: BTreeMap<String, LeakSite>,
@@ -38,34 +38,23 @@ pub struct LeakSites {
 }
 
 impl LeakSites {
-    /// Takes in a flag raised on `pid` for `reason`, spawned at `frames`. A flag with no named
-    /// frame of the spawner's own counts nowhere.
+    /// Takes in a flag raised on `pid` for `reason`, spawned at `frames`. A flag with no frame
+    /// of the spawner's own counts nowhere.
     pub fn flag(&mut self, pid: u32, reason: &str, frames: &[Frame]) {
-        let Some(own) = frames
-            .iter()
-            .find(|f| !f.in_spawning_library() && f.function.is_some())
-        else {
+        let Some(site) = spawn_site_text(frames) else {
             return;
         };
-        let function = own.function.clone().unwrap_or_default();
-        let key = format!(
-            "{}:{} {function}",
-            own.file.as_deref().unwrap_or("?"),
-            own.line.unwrap_or(0)
-        );
-        if self.sites.len() >= MAX_SITES && !self.sites.contains_key(&key) {
+        if self.sites.len() >= MAX_SITES && !self.sites.contains_key(&site) {
             self.omitted += 1;
             return;
         }
-        let site = self.sites.entry(key).or_insert_with(|| LeakSite {
-            function,
-            file: own.file.clone(),
-            line: own.line,
+        let entry = self.sites.entry(site.clone()).or_insert_with(|| LeakSite {
+            site,
             ..LeakSite::default()
         });
-        *site.reasons.entry(reason.to_owned()).or_default() += 1;
-        if site.pids.len() < MAX_PIDS {
-            site.pids.push(pid);
+        *entry.reasons.entry(reason.to_owned()).or_default() += 1;
+        if entry.pids.len() < MAX_PIDS {
+            entry.pids.push(pid);
         }
     }
 
@@ -92,15 +81,23 @@ mod tests {
     }
 
     #[test]
-    fn leaks_count_at_their_spawners_own_innermost_frame() {
+    fn leaks_count_at_their_spawners_own_innermost_frames() {
         let stdio = vec![
             py(
                 "Popen._execute_child",
                 "/usr/lib/python3.13/subprocess.py",
                 1922,
             ),
+            py("open_process", "/venv/anyio/_core/_subprocesses.py", 190),
+            py("stdio_client", "/venv/mcp/client/stdio/__init__.py", 120),
+            py(
+                "_AsyncGeneratorContextManager.__aenter__",
+                "/usr/lib/contextlib.py",
+                210,
+            ),
             py("MCPServerTask._run_stdio", "/opt/h/tools/mcp_tool.py", 812),
             py("MCPServerTask.run", "/opt/h/tools/mcp_tool.py", 1470),
+            py("Handle._run", "/usr/lib/python3.13/asyncio/events.py", 89),
         ];
         let bridge = vec![py("spawn_bridge", "/opt/h/bridge.py", 40)];
         let mut sites = LeakSites::default();
@@ -116,10 +113,14 @@ mod tests {
         let by_count = sites.by_count();
         assert_eq!(by_count.len(), 2, "{sites:?}");
         let top = by_count[0];
-        assert_eq!(top.function, "MCPServerTask._run_stdio");
-        assert_eq!((top.line, top.flags()), (Some(812), 27));
+        assert_eq!(
+            top.site,
+            "stdio_client (__init__.py:120) < MCPServerTask._run_stdio (mcp_tool.py:812) \
+             < MCPServerTask.run (mcp_tool.py:1470)"
+        );
+        assert_eq!(top.flags(), 27);
         assert_eq!(top.reasons["idle"], 9);
         assert_eq!(top.pids.len(), MAX_PIDS);
-        assert_eq!(by_count[1].function, "spawn_bridge");
+        assert_eq!(by_count[1].site, "spawn_bridge (bridge.py:40)");
     }
 }

@@ -19,6 +19,9 @@ use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
 pub mod python;
+mod referrers;
+
+use referrers::Referrers;
 
 /// One frame of a stack, located in its object.
 #[derive(Clone, Debug)]
@@ -41,6 +44,9 @@ pub struct SpawnSites {
     symbolizer: Symbolizer,
     located: HashMap<SiteKey, Vec<Located>>,
     named: HashMap<SiteKey, Vec<Frame>>,
+    /// The processes each kept native stack spawned (a stack none of the graph's names is
+    /// freed: its id may then name another stack).
+    spawned: Referrers<u32>,
 }
 
 impl SpawnSites {
@@ -53,13 +59,25 @@ impl SpawnSites {
             symbolizer: Symbolizer::new(),
             located: HashMap::new(),
             named: HashMap::new(),
+            spawned: Referrers::default(),
         }
     }
 
-    /// Forgets the stacks of spawners the graph no longer holds (no flag can name them).
+    /// Notes that native stack `stack` spawned process `child`.
+    pub fn spawned(&mut self, stack: u32, child: NodeId) {
+        self.spawned.note(stack, child);
+    }
+
+    /// Forgets the stacks of spawners the graph no longer holds (no flag can name them), and
+    /// frees in the kernel the stacks that spawned no process it holds.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.located.retain(|&(_, node), _| holds(node));
         self.named.retain(|&(_, node), _| holds(node));
+        for id in self.spawned.retain(&holds) {
+            let _ = self.stacks.remove(&id);
+            self.located.retain(|&(stack, _), _| stack != id);
+            self.named.retain(|&(stack, _), _| stack != id);
+        }
         if let Some(python) = self.python.as_mut() {
             python.retain(holds);
         }

@@ -174,9 +174,16 @@ pub struct Frame {
 /// The libraries whose own frames say only "it forked": the C library and the loader.
 const SPAWNING_LIBRARIES: [&str; 3] = ["libc.so", "libpthread.so", "ld-linux"];
 
-/// The sources of the languages' own process-spawning libraries: Python's `subprocess` and
-/// `asyncio`, Node's `child_process`.
-const SPAWNING_SOURCES: [&str; 3] = ["/subprocess.py", "/asyncio/", "child_process"];
+/// The sources of the languages' own process-spawning libraries and the async plumbing they
+/// are reached through: Python's `subprocess`, `asyncio`, `anyio` and `contextlib` (an
+/// `async with` around a spawn), Node's `child_process`.
+const SPAWNING_SOURCES: [&str; 5] = [
+    "/subprocess.py",
+    "/asyncio/",
+    "/anyio/",
+    "/contextlib.py",
+    "child_process",
+];
 
 impl Frame {
     /// Whether the frame is a spawning library's (libc's fork wrapper, Python's `subprocess`)

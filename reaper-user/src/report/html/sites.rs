@@ -14,11 +14,6 @@ pub(super) fn leak_sites(h: &mut String, a: &Audit) {
     );
     let sites = a.leak_sites.by_count();
     for site in sites.iter().take(ROWS) {
-        let place = match (&site.file, site.line) {
-            (Some(file), Some(line)) => format!("{}:{line}", esc(file)),
-            (Some(file), None) => esc(file),
-            _ => String::new(),
-        };
         let reasons: Vec<String> = site
             .reasons
             .iter()
@@ -27,10 +22,10 @@ pub(super) fn leak_sites(h: &mut String, a: &Audit) {
         let pids: Vec<String> = site.pids.iter().map(u32::to_string).collect();
         let _ = writeln!(
             h,
-            "<tr><td class=\"num\" data-sort=\"{0}\">{0}</td><td>{place} <code>{1}</code></td>\
+            "<tr><td class=\"num\" data-sort=\"{0}\">{0}</td><td><code>{1}</code></td>\
              <td>{2}</td><td>{3}</td></tr>",
             site.flags(),
-            esc(&site.function),
+            esc(&site.site),
             reasons.join(", "),
             pids.join(", ")
         );

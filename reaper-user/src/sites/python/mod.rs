@@ -4,6 +4,8 @@
 //! and named here only when a flag needs them, from the spawner's memory while it runs.
 use std::collections::{HashMap, HashSet};
 
+use super::referrers::Referrers;
+
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use blazesym::inspect::Inspector;
 use reaper_common::python::{PyLayout, PyStack};
@@ -26,9 +28,8 @@ pub struct PythonStacks {
     inspector: Inspector,
     /// Each tracked interpreter, by its process's node (until its next exec or its end).
     interpreters: HashMap<NodeId, Interpreter>,
-    /// The processes each kept stack spawned: a stack no process in the graph names is
-    /// removed from the kernel's store.
-    spawned: HashMap<u64, HashSet<NodeId>>,
+    /// The processes each kept stack spawned (a stack none of the graph's names is freed).
+    spawned: Referrers<u64>,
     /// Why interpreters were not read, each said once.
     refused: HashSet<String>,
     /// Interpreters to look at again, with the looks left (see [`PythonStacks::exec`]).
@@ -48,7 +49,7 @@ impl PythonStacks {
             stacks,
             inspector: Inspector::new(),
             interpreters: HashMap::new(),
-            spawned: HashMap::new(),
+            spawned: Referrers::default(),
             refused: HashSet::new(),
             pending: HashMap::new(),
         }
@@ -122,7 +123,7 @@ impl PythonStacks {
 
     /// Notes that stack `key` spawned process `child`.
     pub fn spawned(&mut self, key: u64, child: NodeId) {
-        self.spawned.entry(key).or_default().insert(child);
+        self.spawned.note(key, child);
     }
 
     /// Forgets what concerns processes the graph no longer holds, and the kernel's copies of
@@ -130,15 +131,9 @@ impl PythonStacks {
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.interpreters.retain(|&node, _| holds(node));
         self.pending.retain(|&node, _| holds(node));
-        let stacks = &mut self.stacks;
-        self.spawned.retain(|key, children| {
-            children.retain(|&c| holds(c));
-            let keep = !children.is_empty();
-            if !keep {
-                let _ = stacks.remove(key);
-            }
-            keep
-        });
+        for key in self.spawned.retain(holds) {
+            let _ = self.stacks.remove(&key);
+        }
     }
 
     /// The Python frames of stack `key`, innermost first, named from the memory of `spawner`

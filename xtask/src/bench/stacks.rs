@@ -1,0 +1,156 @@
+//! `--spawn-stacks` for a Python spawner: the fork probe's kernel cost with the interpreter's
+//! frames read, the native stack only, and nothing; the bytes of a fork record; and the
+//! kernel memory of the stack stores once 10,000 distinct Python stacks were taken.
+use std::{
+    fs,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use super::*;
+
+/// Debian's python3: no frame pointers, libpython linked in (found at its exec).
+const PYTHON: &str = "/usr/bin/python3.11";
+
+/// A Python gateway that forks N children from one function (one stack), or from N functions
+/// of their own (N distinct stacks), writes DONE, then lingers for the stats to be read.
+const GATEWAY: &str = r#"
+import os, sys, time
+n, distinct, done = int(sys.argv[1]), sys.argv[2] == "distinct", sys.argv[3]
+def spawn():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+if distinct:
+    src = "".join(f"def f{i}():\n    spawn()\n" for i in range(n))
+    exec(src)
+    for i in range(n):
+        globals()[f"f{i}"]()
+else:
+    for _ in range(n):
+        spawn()
+open(done, "w").close()
+time.sleep(5)
+"#;
+
+/// Runs the Python gateway under reaper-trace with `stacks`; returns reaper-trace once DONE is
+/// written (the gateway lingers).
+fn traced_gateway(
+    bins: &Bins,
+    stacks: &str,
+    n: usize,
+    distinct: bool,
+) -> Result<(std::process::Child, std::path::PathBuf)> {
+    let dir = std::env::temp_dir().join(format!("reaper-bench-py-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let script = dir.join("gateway.py");
+    let done = dir.join(format!("done-{stacks}-{distinct}"));
+    let _ = fs::remove_file(&done);
+    fs::write(&script, GATEWAY)?;
+    let tracer = Command::new(&bins.reaper)
+        .args([
+            "--json",
+            "--quiet",
+            "--retain-dead",
+            "30000",
+            "--spawn-stacks",
+            stacks,
+        ])
+        .args(["--", PYTHON])
+        .arg(&script)
+        .arg(n.to_string())
+        .arg(if distinct { "distinct" } else { "same" })
+        .arg(&done)
+        .stdout(Stdio::null())
+        .spawn()?;
+    while !done.exists() {
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok((tracer, done))
+}
+
+/// The kernel cost of a tracked Python spawner's fork with each `--spawn-stacks`, the fork
+/// record's size, and the stack stores' memory at 10,000 distinct Python stacks.
+pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    println!(
+        "\n### A Python spawner's forks ({PYTHON}, {} forks from one function)\n",
+        opts.procs
+    );
+    println!("| --spawn-stacks | sched_process_fork ns per run |\n|---|---|");
+    let sysctl = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = fs::read_to_string(sysctl).unwrap_or_else(|_| "0".into());
+    fs::write(sysctl, "1").context("enabling kernel.bpf_stats_enabled")?;
+    let result = (|| -> Result<()> {
+        for stacks in ["auto", "native", "off"] {
+            let (mut tracer, _) = traced_gateway(bins, stacks, opts.procs, false)?;
+            thread::sleep(Duration::from_millis(500));
+            let fork = prog_stats(tracer.id())?
+                .into_iter()
+                .find(|(name, _, _)| name.contains("fork"));
+            if let Some((_, runs, ns)) = fork {
+                println!("| {stacks} | {:.0} |", ns as f64 / runs.max(1) as f64);
+            }
+            tracer.wait()?;
+        }
+        Ok(())
+    })();
+    let _ = fs::write(sysctl, before.trim());
+    result?;
+    println!(
+        "\nA fork record is {} bytes (header {}).",
+        size_of::<reaper_common::ForkEvent>(),
+        size_of::<reaper_common::EventHeader>()
+    );
+
+    let n = 10_000;
+    let (mut tracer, _) = traced_gateway(bins, "auto", n, true)?;
+    thread::sleep(Duration::from_millis(500));
+    println!("\n### The stack stores after {n} forks from {n} distinct Python functions\n");
+    println!("| map | entries kept | kernel memory |\n|---|---|---|");
+    for (name, entries, bytes) in map_usage(tracer.id(), &["PY_STACKS", "STACKS"])? {
+        println!(
+            "| {name} | {entries} | {:.2} MiB |",
+            bytes as f64 / (1 << 20) as f64
+        );
+    }
+    tracer.wait()?;
+    Ok(())
+}
+
+/// (name, entries, memlock bytes) of each map named in `names` that process `pid` holds.
+fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_owned())
+        };
+        let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) else {
+            continue;
+        };
+        let shown = Command::new("bpftool")
+            .args(["-j", "map", "show", "id", &id])
+            .output()?;
+        let info: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap_or_default();
+        let name = info["name"].as_str().unwrap_or("").to_owned();
+        if !names.contains(&name.as_str()) || out.iter().any(|(n, _, _)| *n == name) {
+            continue;
+        }
+        let dump = Command::new("bpftool")
+            .args(["-j", "map", "dump", "id", &id])
+            .output()?;
+        let entries = serde_json::from_slice::<serde_json::Value>(&dump.stdout)
+            .ok()
+            .and_then(|v| v.as_array().map(Vec::len))
+            .unwrap_or(0);
+        out.push((name, entries, memlock.parse().unwrap_or(0)));
+    }
+    out.sort();
+    Ok(out)
+}
