@@ -80,7 +80,8 @@ fn may_be_python(path: &str) -> bool {
     name.starts_with("python3") || name.starts_with("libpython3")
 }
 
-/// Whether process `pid` runs an executable named like an interpreter (`python3.N`).
+/// Whether process `pid` runs an executable named like an interpreter (`python3`,
+/// `python3.N`: a venv's `python` links to one).
 pub fn named_python(pid: u32) -> bool {
     std::fs::read_link(proc_path(pid, "exe"))
         .ok()

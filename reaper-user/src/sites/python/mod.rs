@@ -62,13 +62,17 @@ impl PythonStacks {
     pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
         self.interpreters.remove(&node);
         self.pending.remove(&node);
+        // Only an executable named like an interpreter is looked into (one readlink; its
+        // mappings are read only then): a program embedding libpython under another name
+        // gives native frames only.
+        if !locate::named_python(pid) {
+            return Ok(None);
+        }
         let found = self.look(node, pid, start);
         if let Ok(None) = found {
             // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
             // again after each batch of records, until it is.
-            if locate::named_python(pid) {
-                self.pending.insert(node, (pid, start, PENDING_LOOKS));
-            }
+            self.pending.insert(node, (pid, start, PENDING_LOOKS));
         }
         found
     }
