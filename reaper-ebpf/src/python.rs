@@ -14,6 +14,17 @@ use reaper_common::python::{
 
 use crate::maps::{PY_SCRATCH, PY_STACKS, PY_WALK, PYTHONS};
 
+/// Gives a forked child its parent's interpreter layout (the same memory, copied), if the
+/// parent's is known: until the child execs (which drops it), its forks are read too.
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32, start: u64) {
+    let Some(layout) = (unsafe { PYTHONS.get(parent) }) else {
+        return;
+    };
+    let copy = PyLayout { start, ..*layout };
+    let _ = PYTHONS.insert(child, copy, 0);
+}
+
 /// Repeats a block 128 times ([`PY_STEPS_MAX`]).
 macro_rules! steps_128 {
     ($step:block) => {

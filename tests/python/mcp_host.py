@@ -3,7 +3,11 @@ from a named function, through subprocess.Popen on its main thread or through
 asyncio.create_subprocess_exec on an event-loop thread, and holds the server's pipes until
 released.
 
-    mcp_host.py popen|asyncio TRIGGER RELEASE
+    mcp_host.py popen|asyncio|forked TRIGGER RELEASE
+
+`forked`: a forked copy of the host (no exec: a prefork worker's, a double fork's) starts a
+server (`sleep`, its output discarded) and closes its end of the server's stdin: the server
+is deaf, on its own (it shares no channel with the worker).
 
 It runs `true` first (its fork tells the test the interpreter was looked at), waits for
 TRIGGER, starts the server, and ends it once RELEASE exists.
@@ -21,8 +25,8 @@ def wait_for(path):
         time.sleep(0.01)
 
 
-def start_stdio_server():
-    return subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def start_stdio_server(command=("cat",), stdout=subprocess.PIPE, stderr=None):
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr)
 
 
 async def start_stdio_server_async():
@@ -50,6 +54,17 @@ def main():
         wait_for(release)
         server.kill()
         server.wait()
+    elif mode == "forked":
+        worker = os.fork()
+        if worker == 0:
+            quiet = subprocess.DEVNULL
+            worker_server = start_stdio_server(("sleep", "600"), stdout=quiet, stderr=quiet)
+            worker_server.stdin.close()
+            wait_for(release)
+            worker_server.kill()
+            worker_server.wait()
+            os._exit(0)
+        os.waitpid(worker, 0)
     else:
         loop = threading.Thread(target=event_loop, args=(release,), name="event-loop")
         loop.start()

@@ -80,8 +80,8 @@ fn interpreters() -> Vec<Python> {
     found
 }
 
-/// Runs the host under `python` in `mode` until its server is flagged idle; returns the
-/// flag's `spawned_at` and the interpreter the exec event named.
+/// Runs the host under `python` in `mode` until its server is flagged (see [`server_flag`]);
+/// returns the flag's `spawned_at` and the interpreter the exec event named.
 fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
     let label = format!("{test}-{}-{}", python.name(), python.root.is_some());
     // Inside a chroot the host's files are where the chroot sees them: under its /tmp.
@@ -119,10 +119,7 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
         &args,
         &[],
         &release,
-        (
-            "the server flagged idle, with its spawn site",
-            Then::Release,
-        ),
+        ("the server flagged, with its spawn site", Then::Release),
         |events| {
             // The warm-up child's exec is written once the interpreter was looked at.
             if !warmed
@@ -133,17 +130,15 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
                 warmed = true;
                 std::fs::write(&trigger, b"").unwrap();
             }
-            events
-                .iter()
-                .any(|e| e["event"] == "flag" && e["reason"] == "idle")
+            events.iter().any(|e| server_flag(mode, e))
         },
     );
     let proven = run.until_proof();
     let flag = proven
         .all("flag")
         .into_iter()
-        .find(|f| f["reason"] == "idle");
-    let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:?}\n{}", run.events, run.stderr));
+        .find(|f| server_flag(mode, f));
+    let flag = flag.unwrap_or_else(|| panic!("no server flag: {:?}\n{}", run.events, run.stderr));
     let interpreter = proven
         .all("exec")
         .into_iter()
@@ -154,6 +149,16 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
     assert!(pid(&flag["pid"]) > 0);
     (frames, interpreter)
+}
+
+/// Whether `event` flags the server: `cat` idle, or in `forked` mode `sleep` deaf (its
+/// stdin's writer closed by the worker that started it).
+fn server_flag(mode: &str, event: &Value) -> bool {
+    let (reason, comm) = match mode {
+        "forked" => ("deaf", "sleep"),
+        _ => ("idle", "cat"),
+    };
+    event["event"] == "flag" && event["reason"] == reason && event["comm"] == comm
 }
 
 /// The first frame in `frames` naming `function`.
@@ -238,5 +243,26 @@ fn an_asyncio_spawn_from_an_event_loop_thread_names_its_coroutine() {
             .iter()
             .any(|f| f["file"].as_str().is_some_and(|f| f.contains("/asyncio/"))),
         "asyncio's own frames are there too: {frames:#?}"
+    );
+}
+
+#[test]
+fn a_forked_copy_of_the_interpreter_spawns_with_its_frames() {
+    let test = "a_forked_copy_of_the_interpreter_spawns_with_its_frames";
+    if !require_root(test) {
+        return;
+    }
+    let python = Python {
+        path: PathBuf::from("/usr/bin/python3.11"),
+        root: None,
+    };
+    let (frames, _) = spawned_at(test, &python, "forked");
+    let own = frame(&frames, "start_stdio_server");
+    assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+    let caller = frame(&frames, "main");
+    assert_eq!(
+        caller["line"],
+        line_of("worker_server = start_stdio_server("),
+        "{caller}"
     );
 }

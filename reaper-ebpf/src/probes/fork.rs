@@ -39,6 +39,11 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         Ok(()) => 0,
         Err(_) => FORK_UNTRACKED,
     };
+    // A forked copy of an interpreter runs it at the same addresses until it execs: a
+    // prefork worker's or a double fork's spawns are read as its parent's are.
+    if global!(CONFIG.spawn_stacks) & SPAWN_STACKS_PYTHON != 0 && flags == 0 {
+        python::inherit(spawner, pid, start);
+    }
     send::<ForkEvent>(EventKind::Fork, |ev| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;

@@ -4,12 +4,11 @@
 //! and named here only when a flag needs them, from the spawner's memory while it runs.
 use std::collections::{HashMap, HashSet};
 
-use super::referrers::Referrers;
-
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use blazesym::inspect::Inspector;
 use reaper_common::python::{PyLayout, PyStack};
 
+use super::referrers::Referrers;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
@@ -32,8 +31,17 @@ pub struct PythonStacks {
     spawned: Referrers<u64>,
     /// Why interpreters were not read, each said once.
     refused: HashSet<String>,
-    /// Interpreters to look at again, with the looks left (see [`PythonStacks::exec`]).
-    pending: HashMap<NodeId, (u32, u64, u32)>,
+    /// Interpreters to look at again (see [`PythonStacks::exec`]).
+    pending: HashMap<NodeId, Pending>,
+}
+
+/// A `python3.N` process whose libpython was not mapped yet when it was looked at.
+#[derive(Clone, Copy)]
+struct Pending {
+    pid: u32,
+    start: u64,
+    /// Looks left.
+    looks: u32,
 }
 
 /// How many batches an interpreter whose libpython is not mapped yet is looked at again.
@@ -72,7 +80,8 @@ impl PythonStacks {
         if let Ok(None) = found {
             // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
             // again after each batch of records, until it is.
-            self.pending.insert(node, (pid, start, PENDING_LOOKS));
+            let looks = PENDING_LOOKS;
+            self.pending.insert(node, Pending { pid, start, looks });
         }
         found
     }
@@ -82,11 +91,12 @@ impl PythonStacks {
     pub fn look_again(&mut self) -> Vec<String> {
         let mut notes = Vec::new();
         let pending: Vec<_> = self.pending.drain().collect();
-        for (node, (pid, start, looks)) in pending {
-            match self.look(node, pid, start) {
+        for (node, p) in pending {
+            match self.look(node, p.pid, p.start) {
                 Ok(Some(_)) => {}
-                Ok(None) if looks > 1 && !locate::loaded_libpython(pid) => {
-                    self.pending.insert(node, (pid, start, looks - 1));
+                Ok(None) if p.looks > 1 && !locate::loaded_libpython(p.pid) => {
+                    let looks = p.looks - 1;
+                    self.pending.insert(node, Pending { looks, ..p });
                 }
                 Ok(None) => {}
                 Err(note) => notes.push(note),
