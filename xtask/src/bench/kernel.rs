@@ -98,16 +98,27 @@ pub(crate) fn spawner_cost(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
+/// The text of each of process `pid`'s `/proc/PID/fdinfo` files.
+pub(crate) fn fdinfos(pid: u32) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        out.push(fs::read_to_string(entry?.path()).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+/// The value of field `key` (`map_id:`) in an fdinfo text.
+pub(crate) fn fdinfo_field(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_owned())
+}
+
 /// (program name, run count, run time ns) of every BPF program reaper-trace holds.
 pub(crate) fn prog_stats(pid: u32) -> Result<Vec<(String, u64, u64)>> {
     let mut out = Vec::new();
-    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(|v| v.trim().to_owned())
-        };
+    for text in fdinfos(pid)? {
+        let field = |k: &str| fdinfo_field(&text, k);
         let (Some(id), Some(runs), Some(ns)) =
             (field("prog_id:"), field("run_cnt:"), field("run_time_ns:"))
         else {

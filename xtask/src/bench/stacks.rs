@@ -124,13 +124,8 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 /// (name, entries, memlock bytes) of each map named in `names` that process `pid` holds.
 fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
     let mut out = Vec::new();
-    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(|v| v.trim().to_owned())
-        };
+    for text in fdinfos(pid)? {
+        let field = |k: &str| fdinfo_field(&text, k);
         let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) else {
             continue;
         };
