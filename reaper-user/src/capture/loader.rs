@@ -8,16 +8,14 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
-use reaper_common::{
-    ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, SPAWN_STACKS_NATIVE,
-    SPAWN_STACKS_PYTHON, Tracked, names,
-};
+use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, Tracked, names};
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
 pub use crate::capture::shared::{
     Accounting, KernelCounters, LossCounts, ReaderIdle, ReaderMarks, StackMaps, TakeOver,
 };
+use crate::capture::sizes::MapSizes;
 use crate::capture::tracefs;
 use crate::procfs::boottime_now;
 use crate::state::pins::{self, PinDir};
@@ -74,11 +72,6 @@ pub struct LoadOptions {
     /// `SPAWN_STACKS_*` bits of `reaper_common`.
     pub spawn_stacks: u64,
 }
-
-/// Distinct spawn stacks the kernel keeps (each up to 127 frames: ~1 KiB of kernel memory).
-const STACKS_KEPT: u32 = 4096;
-/// Distinct Python stacks the kernel keeps (520 bytes each, allocated as used).
-const PY_STACKS_KEPT: u32 = 16384;
 
 /// The kernel side of a state (`--state-dir`).
 #[derive(Clone, Debug)]
@@ -281,42 +274,14 @@ impl Probes {
         };
         let generation = previous.map_or(1, |m| m.generation + 1);
         // A kept state's maps keep the sizes they were made with.
-        let (mut max_tracked, mut ring_bytes) = (opts.max_tracked, opts.ring_bytes);
-        let native = opts.spawn_stacks & SPAWN_STACKS_NATIVE != 0;
-        let python = opts.spawn_stacks & SPAWN_STACKS_PYTHON != 0;
-        let mut stacks_kept = if native { STACKS_KEPT } else { 1 };
-        let mut py_stacks_kept = if python { PY_STACKS_KEPT } else { 1 };
+        let mut sizes = MapSizes::asked(opts);
         if let Some(kept) = &opts.kept {
-            for (name, size, option) in [
-                (names::TRACKED, &mut max_tracked, "--max-tracked"),
-                (names::EVENTS, &mut ring_bytes, "--ring-size"),
-                (
-                    names::STACKS,
-                    &mut stacks_kept,
-                    "the spawn stacks kept (--spawn-stacks)",
-                ),
-                (
-                    names::PY_STACKS,
-                    &mut py_stacks_kept,
-                    "the Python stacks kept (--spawn-stacks)",
-                ),
-            ] {
-                match kept.pins.capacity(name)? {
-                    Some(pinned) if pinned != *size => {
-                        notes.push(format!(
-                            "{option} {size}: the kept state's is {pinned}, made by its first \
-                             run (--release-state starts afresh)"
-                        ));
-                        *size = pinned;
-                    }
-                    _ => {}
-                }
-            }
+            notes.extend(sizes.keep_pinned(&kept.pins)?);
         }
         let config = ProbeConfig {
             batch_wakeups: u64::from(opts.batch_wakeups),
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
-            wakeup_bytes: u64::from(ring_bytes / 4),
+            wakeup_bytes: u64::from(sizes.ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),
             setsid_nr: libc::SYS_setsid as u64,
             gateway_exes: u64::from(opts.selectors.exes),
@@ -333,10 +298,10 @@ impl Probes {
             .btf(None)
             .override_global(names::OFFSETS, &offsets, true)
             .override_global(names::CONFIG, &config, true)
-            .map_max_entries(names::TRACKED, max_tracked)
-            .map_max_entries(names::EVENTS, ring_bytes)
-            .map_max_entries(names::STACKS, stacks_kept)
-            .map_max_entries(names::PY_STACKS, py_stacks_kept);
+            .map_max_entries(names::TRACKED, sizes.tracked)
+            .map_max_entries(names::EVENTS, sizes.ring_bytes)
+            .map_max_entries(names::STACKS, sizes.stacks)
+            .map_max_entries(names::PY_STACKS, sizes.py_stacks);
         // A kept state's maps are pinned, or taken from their pins as the run before left
         // them (its sizes, its records).
         if let Some(kept) = &opts.kept {

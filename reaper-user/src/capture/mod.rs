@@ -10,4 +10,5 @@ pub mod loader;
 pub mod poll_clock;
 pub mod reader;
 pub mod shared;
+pub mod sizes;
 pub mod tracefs;

@@ -54,18 +54,20 @@ pub fn read(pid: u32) -> Placement {
 pub fn in_child_pid_namespace(pid: u32) -> bool {
     fs::read_to_string(super::proc_path(pid, "status"))
         .ok()
-        .and_then(|t| {
-            let line = t.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-            Some(line.split_ascii_whitespace().count() > 1)
-        })
+        .and_then(|t| nspids(&t).map(|mut ids| ids.nth(1).is_some()))
         .unwrap_or(false)
 }
 
 /// The innermost pid of the `NSpid:` line of `/proc/PID/status` (host pid first, then one per
 /// nested namespace).
 pub fn parse_nspid(status: &str) -> Option<u32> {
+    nspids(status)?.last()?.parse().ok()
+}
+
+/// The pids of the `NSpid:` line, outermost first.
+fn nspids(status: &str) -> Option<std::str::SplitAsciiWhitespace<'_>> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    line.split_ascii_whitespace().last()?.parse().ok()
+    Some(line.split_ascii_whitespace())
 }
 
 /// The cgroup v2 path in `/proc/PID/cgroup` (the `0::PATH` line).
