@@ -31,8 +31,9 @@ const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// millisecond and a fork+exit storm dozens; one process's fork, exec, exit and free come
 /// in ones and twos a tick (and keep the quiet budget).
 const STREAM_BATCH: usize = 8;
-/// How soon a child whose parent exited is looked at again.
-const REPARENT_RETRY: Duration = Duration::from_millis(5);
+/// How soon a child whose parent exited, or an interpreter whose libpython the loader had not
+/// mapped yet, is looked at again.
+const LOOK_AGAIN: Duration = Duration::from_millis(5);
 
 /// What the event loop reads besides its timers and signals.
 pub(super) struct Sources<'a> {
@@ -108,14 +109,15 @@ pub(super) async fn event_loop(
     let settle = sleep_until(far);
     tokio::pin!(stop_at, house, scan, settle);
     let mut settling = false;
-    let mut reparent_retry = false;
+    let mut look_again_soon = false;
     loop {
-        // A child whose parent exited is looked at again soon, not at the next tick.
-        if run.has_pending_reparents() && !reparent_retry {
-            let soon = Instant::now() + REPARENT_RETRY;
+        // A child whose parent exited, and an interpreter not yet mapped (before the program
+        // gets to spawn), are looked at again soon, not at the next tick.
+        if (run.has_pending_reparents() || run.has_pending_interpreters()) && !look_again_soon {
+            let soon = Instant::now() + LOOK_AGAIN;
             if soon < house.deadline() {
                 house.as_mut().reset(soon);
-                reparent_retry = true;
+                look_again_soon = true;
             }
         }
         // Written lines go out at once, except while records stream: then they leave in
@@ -151,13 +153,14 @@ pub(super) async fn event_loop(
                 let losses = kernel.counters.losses()?;
                 drain(ring.get_mut(), run, kernel.marks)?;
                 run.keep_exact(losses, kernel.tracked)?;
+                run.look_again_for_interpreters();
                 kernel.marks.still_reading()?;
                 follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
                 if let Some(checkpoints) = checkpoints.as_mut() {
                     checkpoints.due(run);
                 }
                 house.as_mut().reset(Instant::now() + HOUSEKEEPING);
-                reparent_retry = false;
+                look_again_soon = false;
             }
             _ = &mut scan => {
                 drain(ring.get_mut(), run, kernel.marks)?;

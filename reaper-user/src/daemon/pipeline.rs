@@ -224,7 +224,8 @@ impl Pipeline {
         self.look_again_for_interpreters();
     }
 
-    fn look_again_for_interpreters(&mut self) {
+    /// Interpreters whose library was not mapped at their exec, looked at again.
+    pub fn look_again_for_interpreters(&mut self) {
         let Some(python) = self.sites.as_mut().and_then(|s| s.python.as_mut()) else {
             return;
         };
@@ -308,6 +309,14 @@ impl Pipeline {
             .any(|n| n.process().still_same().is_none());
         let since_exit = boottime_now().saturating_sub(self.last_exit);
         !release_pending && since_exit >= ZOMBIE_SETTLE.as_nanos() as u64
+    }
+
+    /// Interpreters wait to be looked at again (their libpython not mapped at their exec).
+    pub fn has_pending_interpreters(&self) -> bool {
+        self.sites
+            .as_ref()
+            .and_then(|s| s.python.as_ref())
+            .is_some_and(|p| p.has_pending())
     }
 
     /// Children of an exited process wait to be read back (see [`Upkeep`]).

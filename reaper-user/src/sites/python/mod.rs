@@ -44,7 +44,8 @@ struct Pending {
     looks: u32,
 }
 
-/// How many batches an interpreter whose libpython is not mapped yet is looked at again.
+/// How many times an interpreter whose libpython is not mapped yet is looked at again (at
+/// each batch's end, its own forks, and a housekeeping look 5 ms on: about a second).
 const PENDING_LOOKS: u32 = 200;
 
 impl PythonStacks {
@@ -79,7 +80,7 @@ impl PythonStacks {
         let found = self.look(node, pid, start);
         if let Ok(None) = found {
             // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
-            // again after each batch of records, until it is.
+            // again within milliseconds (see `PENDING_LOOKS`), until it is.
             let looks = PENDING_LOOKS;
             self.pending.insert(node, Pending { pid, start, looks });
         }
