@@ -6,6 +6,7 @@
 //! interface is the NDJSON stream produced by `reaper-user`.
 #![no_std]
 
+pub mod copy;
 pub mod python;
 
 /// Names of the maps and load-time globals in the kernel object, as the loader asks for them.
@@ -29,11 +30,19 @@ pub mod names {
     pub const PY_STACKS: &str = "PY_STACKS";
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
     pub const PY_WALK: &str = "PY_WALK";
+    pub const JIT_HOSTS: &str = "JIT_HOSTS";
+    pub const FORK_SCRATCH: &str = "FORK_SCRATCH";
     /// The maps each load has of its own: scratch space.
-    pub const SCRATCH: [&str; 4] = [EXEC_SCRATCH, PATH_SCRATCH, PY_SCRATCH, PY_WALK];
+    pub const SCRATCH: [&str; 5] = [
+        EXEC_SCRATCH,
+        PATH_SCRATCH,
+        PY_SCRATCH,
+        PY_WALK,
+        FORK_SCRATCH,
+    ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
-    pub const PINNED: [&str; 13] = [
+    pub const PINNED: [&str; 14] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -47,6 +56,7 @@ pub mod names {
         STACKS,
         PYTHONS,
         PY_STACKS,
+        JIT_HOSTS,
     ];
     pub const OFFSETS: &str = "OFFSETS";
     pub const CONFIG: &str = "CONFIG";
@@ -130,7 +140,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 2;
+pub const LAYOUT: u8 = 3;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -388,7 +398,7 @@ pub struct ProbeConfig {
     /// This load's generation: it records while `ReaderMark::generation` names it.
     pub generation: u64,
     /// What is taken of a tracked spawner's stack at each fork (`--spawn-stacks`): the
-    /// [`SPAWN_STACKS_NATIVE`] and [`SPAWN_STACKS_PYTHON`] bits.
+    /// [`SPAWN_STACKS_NATIVE`], [`SPAWN_STACKS_PYTHON`] and [`SPAWN_STACKS_COPY`] bits.
     pub spawn_stacks: u64,
 }
 
@@ -396,6 +406,8 @@ pub struct ProbeConfig {
 pub const SPAWN_STACKS_NATIVE: u64 = 1;
 /// [`ProbeConfig::spawn_stacks`] bit: a Python spawner's own frames (see [`python`]).
 pub const SPAWN_STACKS_PYTHON: u64 = 2;
+/// [`ProbeConfig::spawn_stacks`] bit: a copy of a JIT host's stack (see [`copy`]).
+pub const SPAWN_STACKS_COPY: u64 = 4;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -7,6 +7,7 @@ use aya_ebpf::{
 };
 use reaper_common::{
     ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
+    copy::ForkCopyEvent,
     python::{PyLayout, PyStack},
 };
 
@@ -49,6 +50,16 @@ pub static PYTHONS: HashMap<u32, PyLayout> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static PY_STACKS: HashMap<u64, PyStack> =
     HashMap::with_max_entries(1, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// Tracked processes whose stacks are copied at their forks (see `reaper_common::copy`), by
+/// tgid → start_boottime (0: found in /proc). Written by user space once per exec of a JIT
+/// host; removed here at the process's next exec and at its free.
+#[map]
+pub static JIT_HOSTS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Scratch space for a fork record with a stack copy, too large for the 512-byte stack.
+#[map]
+pub static FORK_SCRATCH: PerCpuArray<ForkCopyEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Scratch space for a Python stack being read, too large for the 512-byte stack.
 #[map]

@@ -263,11 +263,11 @@ pub enum SpawnStacks {
 impl SpawnStacks {
     /// What the probes take (`ProbeConfig::spawn_stacks`).
     pub fn bits(self) -> u64 {
-        use reaper_common::{SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON};
+        use reaper_common::{SPAWN_STACKS_COPY, SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON};
         match self {
             SpawnStacks::Off => 0,
             SpawnStacks::Native => SPAWN_STACKS_NATIVE,
-            SpawnStacks::Auto => SPAWN_STACKS_NATIVE | SPAWN_STACKS_PYTHON,
+            SpawnStacks::Auto => SPAWN_STACKS_NATIVE | SPAWN_STACKS_PYTHON | SPAWN_STACKS_COPY,
         }
     }
 }

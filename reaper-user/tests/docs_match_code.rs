@@ -159,9 +159,15 @@ fn every_option_the_readme_names_exists() {
         .chain(parser_options(ReportCli::command()))
         .map(|(o, _)| o)
         .collect();
-    // `ps --ppid` and `systemctl enable --now` are theirs; the rest must be reaper-trace's
-    // (but for the traced programs' own arguments in sample output lines, `[   1.0s] ...`).
-    let foreign = ["--ppid", "--now"];
+    // `ps --ppid`, `systemctl enable --now` and node's perf map options are theirs; the rest
+    // must be reaper-trace's (but for the traced programs' own arguments in sample output
+    // lines, `[   1.0s] ...`).
+    let foreign = [
+        "--ppid",
+        "--now",
+        "--perf-basic-prof",
+        "--interpreted-frames-native-stack",
+    ];
     let named: Vec<&str> = README
         .lines()
         .filter(|l| !l.starts_with('['))

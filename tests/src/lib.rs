@@ -9,6 +9,7 @@ mod kept;
 mod leaks;
 mod orphan_later;
 mod run;
+mod spawn_sites;
 mod tools;
 mod until;
 
@@ -17,6 +18,7 @@ pub use kept::*;
 pub use leaks::*;
 pub use orphan_later::*;
 pub use run::*;
+pub use spawn_sites::*;
 pub use tools::*;
 pub use until::*;
 

@@ -6,7 +6,9 @@
 //! Python).
 use std::path::{Path, PathBuf};
 
-use reaper_tests::{Then, pid, require_root, run_reaper_until, scratch};
+use reaper_tests::{
+    Then, frame, pid, require_root, run_reaper_until, scratch, trigger_after_warm_up,
+};
 use serde_json::Value;
 
 /// The miniature MCP host the tests run.
@@ -121,15 +123,7 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
         &release,
         ("the server flagged, with its spawn site", Then::Release),
         |events| {
-            // The warm-up child's exec is written once the interpreter was looked at.
-            if !warmed
-                && events
-                    .iter()
-                    .any(|e| e["event"] == "exec" && e["argv"][0] == "true")
-            {
-                warmed = true;
-                std::fs::write(&trigger, b"").unwrap();
-            }
+            trigger_after_warm_up(events, &mut warmed, &trigger);
             events.iter().any(|e| server_flag(mode, e))
         },
     );
@@ -159,14 +153,6 @@ fn server_flag(mode: &str, event: &Value) -> bool {
         _ => ("idle", "cat"),
     };
     event["event"] == "flag" && event["reason"] == reason && event["comm"] == comm
-}
-
-/// The first frame in `frames` naming `function`.
-fn frame<'a>(frames: &'a [Value], function: &str) -> &'a Value {
-    frames
-        .iter()
-        .find(|f| f["function"] == function)
-        .unwrap_or_else(|| panic!("no frame of {function}: {frames:#?}"))
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod footprint;
+mod jit_stacks;
 mod kernel;
 mod loops;
 mod peers;
@@ -138,6 +139,7 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
         hook_costs(&bins, opts)?;
         spawner_cost(&bins, opts)?;
         stacks::python_stacks(&bins, opts)?;
+        jit_stacks::node_stacks(&bins, opts)?;
     }
     if wanted("memory") {
         memory(&bins, opts)?;

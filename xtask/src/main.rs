@@ -9,6 +9,7 @@ mod debian;
 mod dist;
 mod fuzz;
 mod initramfs;
+mod npm;
 mod pypi;
 mod report_bench;
 mod setup;
@@ -252,12 +253,16 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     let leaking = pypi::hermes_venv(root, pypi::HERMES_LEAKING, "hermes-0.14-venv")?;
     // CPython 3.13 and 3.14 for the Python spawn-site tests.
     let python_root = debian::python_root()?;
+    // The MCP TypeScript SDK for the Node MCP host's spawn-site test.
+    debian::require("npm", "nodejs", "the Node MCP host test")?;
+    let mcp_sdk = npm::mcp_sdk(root)?;
     // The artifacts' tests get this run's artifacts by name, never whatever lies in
     // target/dist; without them (`--no-dist`) they are left out, not skipped.
     let mut env: Vec<(&str, std::ffi::OsString)> = vec![
         ("REAPER_HERMES_VENV", hermes.into_os_string()),
         ("REAPER_HERMES_LEAKING_VENV", leaking.into_os_string()),
         ("REAPER_PYTHON_ROOT", python_root.into_os_string()),
+        ("REAPER_MCP_SDK", mcp_sdk.into_os_string()),
         // `CI=true`: every prerequisite was installed above, so a test that would skip fails
         // instead (as it does in the guests, whose init sets it too).
         ("CI", "true".into()),

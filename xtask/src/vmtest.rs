@@ -152,6 +152,7 @@ const HOST_ONLY_TESTS: &[&str] = &[
     "hermes",
     "service_unit",
     "python_sites",
+    "mcp_sdk",
 ];
 
 /// Release builds of the binaries and of the kernel integration tests; returns the test

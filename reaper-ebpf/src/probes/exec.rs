@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use reaper_common::{
     ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
-    FILENAME_MAX, MatchedAt, SPAWN_STACKS_PYTHON,
+    FILENAME_MAX, MatchedAt, SPAWN_STACKS_COPY, SPAWN_STACKS_PYTHON,
 };
 
 use super::gateway;
@@ -16,7 +16,7 @@ use super::gateway;
 use crate::{
     emit::{header, recording, send_prefix},
     global,
-    maps::{EXEC_SCRATCH, PYTHONS, tracked_current},
+    maps::{EXEC_SCRATCH, JIT_HOSTS, PYTHONS, tracked_current},
     task::{Task, read_ptr_at},
 };
 
@@ -36,10 +36,14 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
             None => return 0,
         },
     };
-    // Whatever interpreter ran here is gone with the old image; user space looks at the new
-    // one when it reads this record.
-    if global!(CONFIG.spawn_stacks) & SPAWN_STACKS_PYTHON != 0 {
+    // Whatever interpreter or JIT ran here is gone with the old image; user space looks at
+    // the new program when it reads this record.
+    let capture = global!(CONFIG.spawn_stacks);
+    if capture & SPAWN_STACKS_PYTHON != 0 {
         let _ = PYTHONS.remove(pid);
+    }
+    if capture & SPAWN_STACKS_COPY != 0 {
+        let _ = JIT_HOSTS.remove(pid);
     }
     let Some(reader) = recording(EventKind::Exec) else {
         return 0;

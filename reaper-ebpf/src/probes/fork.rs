@@ -6,12 +6,13 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use reaper_common::{
-    EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON,
-    Tracked,
+    EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_COPY, SPAWN_STACKS_NATIVE,
+    SPAWN_STACKS_PYTHON, Tracked,
 };
 
 use super::gateway;
 use crate::{
+    copy,
     emit::{header, send},
     global,
     maps::{STACKS, TRACKED, count_loss, tracked_current},
@@ -41,10 +42,11 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     };
     // A forked copy of an interpreter runs it at the same addresses until it execs: a
     // prefork worker's or a double fork's spawns are read as its parent's are.
-    if global!(CONFIG.spawn_stacks) & SPAWN_STACKS_PYTHON != 0 && flags == 0 {
+    let capture = global!(CONFIG.spawn_stacks);
+    if capture & SPAWN_STACKS_PYTHON != 0 && flags == 0 {
         python::inherit(spawner, pid, start);
     }
-    send::<ForkEvent>(EventKind::Fork, |ev| {
+    let fill = |ev: &mut ForkEvent| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;
         ev.ppid = child.real_parent_tgid();
@@ -61,7 +63,6 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         // while another generation records, nor past --state-keep). Frame pointers only; a
         // stack whose hash collides with another's is not kept (no id) rather than replace
         // one a flag may still name.
-        let capture = global!(CONFIG.spawn_stacks);
         ev.stack = match capture & SPAWN_STACKS_NATIVE {
             0 => 0,
             _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
@@ -76,7 +77,14 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         };
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
-    });
+    };
+    // A JIT host's stack is copied too, for user space to unwind: its frame-pointer walk
+    // ends in the C library's fork.
+    if capture & SPAWN_STACKS_COPY != 0 && copy::wanted(spawner, spawner_start) {
+        copy::send_fork(fill);
+    } else {
+        send::<ForkEvent>(EventKind::Fork, fill);
+    }
     // Counted after the record is submitted: a reader that sees the count and then drains
     // the ring is sure to find the record that names the child.
     if flags & FORK_UNTRACKED != 0 {

@@ -4,7 +4,7 @@ use reaper_common::{EventKind, FreeEvent};
 
 use crate::{
     emit::{header, send},
-    maps::{PYTHONS, TRACKED, same_process},
+    maps::{JIT_HOSTS, PYTHONS, TRACKED, same_process},
     task::Task,
 };
 
@@ -26,6 +26,7 @@ pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
     }
     let _ = TRACKED.remove(pid);
     let _ = PYTHONS.remove(pid);
+    let _ = JIT_HOSTS.remove(pid);
     send::<FreeEvent>(EventKind::Free, |ev| {
         ev.header = header(EventKind::Free, pid, start);
     });

@@ -6,6 +6,7 @@ use std::{
 };
 
 use anyhow::{Result, bail};
+use reaper_common::copy::{COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, StackCopy};
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
     EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent, LAYOUT,
@@ -41,6 +42,18 @@ pub struct SpawnStack {
     pub python: Option<u64>,
 }
 
+/// A JIT host's stack at a fork, copied for user space to unwind (see
+/// `reaper_common::copy`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopiedStack {
+    /// The forking thread's instruction, stack and frame pointers at the fork syscall.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Its stack from `sp` up.
+    pub bytes: Vec<u8>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum What {
     Fork {
@@ -55,6 +68,8 @@ pub enum What {
         spawner_tid: u32,
         /// That thread's stacks at the fork, as taken.
         stack: SpawnStack,
+        /// A JIT host's: that thread's stack, copied.
+        copy: Option<Box<CopiedStack>>,
         /// The tracked map was full: this child's own children will not be followed.
         untracked: bool,
     },
@@ -107,6 +122,35 @@ fn c_bytes(raw: &[u8]) -> &[u8] {
     &raw[..end]
 }
 
+/// The stack copy after a fork record's fixed part.
+fn decode_copy(bytes: &[u8]) -> Result<CopiedStack> {
+    let fixed = FORK_COPY_FIXED_LEN;
+    if bytes.len() < fixed {
+        bail!(
+            "fork record with a stack copy of {} bytes, shorter than its fixed part ({fixed})",
+            bytes.len()
+        );
+    }
+    let word = |field: usize| {
+        let at = fixed - offset_of!(StackCopy, bytes) + field;
+        u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+    };
+    let len = word(offset_of!(StackCopy, len));
+    let copied = &bytes[fixed..];
+    if len > COPY_MAX as u64 || (copied.len() as u64) < len {
+        bail!(
+            "fork record's stack copy says {len} bytes, has {}",
+            copied.len()
+        );
+    }
+    Ok(CopiedStack {
+        ip: word(offset_of!(StackCopy, ip)),
+        sp: word(offset_of!(StackCopy, sp)),
+        bp: word(offset_of!(StackCopy, bp)),
+        bytes: copied[..len as usize].to_vec(),
+    })
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
     let header: EventHeader = read(bytes)?;
@@ -131,6 +175,10 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 stack: SpawnStack {
                     native: ev.stack.checked_sub(1),
                     python: (ev.py_stack != 0).then_some(ev.py_stack),
+                },
+                copy: match ev.flags & FORK_STACK_COPIED {
+                    0 => None,
+                    _ => Some(Box::new(decode_copy(bytes)?)),
                 },
                 untracked: ev.flags & FORK_UNTRACKED != 0,
             }
@@ -208,6 +256,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reaper_common::copy::{COPY_CHUNK, ForkCopyEvent};
 
     fn as_bytes<T>(v: &T) -> Vec<u8> {
         // SAFETY: reading the bytes of a plain record.
@@ -269,6 +318,37 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn fork_with_a_stack_copy() {
+        let mut ev: ForkCopyEvent = unsafe { std::mem::zeroed() };
+        ev.fork.header = header(EventKind::Fork);
+        ev.fork.flags = FORK_STACK_COPIED;
+        ev.copy.ip = 0x1000;
+        ev.copy.sp = 0x7ff0_0000;
+        ev.copy.bp = 0x7ff0_0100;
+        ev.copy.len = COPY_CHUNK as u64;
+        ev.copy.bytes[..4].copy_from_slice(b"\x01\x02\x03\x04");
+        let bytes = as_bytes(&ev)[..FORK_COPY_FIXED_LEN + COPY_CHUNK].to_vec();
+        match decode(&bytes).unwrap().what {
+            What::Fork {
+                copy: Some(copy), ..
+            } => {
+                assert_eq!(
+                    (copy.ip, copy.sp, copy.bp),
+                    (0x1000, 0x7ff0_0000, 0x7ff0_0100)
+                );
+                assert_eq!(copy.bytes.len(), COPY_CHUNK);
+                assert_eq!(&copy.bytes[..4], b"\x01\x02\x03\x04");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A copy shorter than it claims, or longer than a copy can be: errors, not panics.
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(decode(&bytes[..FORK_COPY_FIXED_LEN - 1]).is_err());
+        ev.copy.len = COPY_MAX as u64 + 1;
+        assert!(decode(&as_bytes(&ev)).is_err());
     }
 
     #[test]

@@ -372,6 +372,7 @@ impl Probes {
                 native: StackTraceMap::try_from(map(&mut ebpf, names::STACKS)?)?,
                 interpreters: HashMap::try_from(map(&mut ebpf, names::PYTHONS)?)?,
                 python: HashMap::try_from(map(&mut ebpf, names::PY_STACKS)?)?,
+                jit_hosts: HashMap::try_from(map(&mut ebpf, names::JIT_HOSTS)?)?,
             }),
             marks,
             generation,

@@ -141,4 +141,5 @@ pub struct StackMaps {
     pub native: StackTraceMap<MapData>,
     pub interpreters: HashMap<MapData, u32, PyLayout>,
     pub python: HashMap<MapData, u64, PyStack>,
+    pub jit_hosts: HashMap<MapData, u32, u64>,
 }

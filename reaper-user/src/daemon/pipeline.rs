@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::capture::decode::What;
+use crate::capture::decode::{CopiedStack, What};
 use crate::capture::loader::{Accounting, LossCounts};
 use crate::capture::reader::Reader;
 use crate::closing::{Closing, RunFigures};
@@ -112,11 +112,12 @@ impl Pipeline {
     }
 
     /// Looks at the program process `pid` runs (new, or just exec'd): a Python interpreter's
-    /// layout goes to the kernel, and its name (`python3.12`) to the exec event.
+    /// layout goes to the kernel, a Node host is marked for copies of its stacks, and the
+    /// interpreter's name (`python3.12`, `node`) goes to the exec event.
     fn look_for_interpreter(&mut self, pid: u32, start: u64) -> Option<String> {
-        let python = self.sites.as_mut()?.python.as_mut()?;
+        let sites = self.sites.as_mut()?;
         let node = self.graph.current(pid)?.id;
-        match python.exec(node, pid, start) {
+        match sites.exec(node, pid, start) {
             Ok(found) => found,
             Err(why) => {
                 self.out.note(&why);
@@ -125,16 +126,26 @@ impl Pipeline {
         }
     }
 
-    /// A fork's stacks: the native one located in its spawner's mappings, each noted as
-    /// having spawned the child (a stack is kept while a process it spawned is); and
-    /// interpreters not mapped at their exec looked at again, for the spawner's next forks.
-    fn note_spawn_stacks(&mut self, spawner: u32, child: u32, stack: SpawnStack) {
+    /// A fork's stacks: the native one located in its spawner's mappings (a JIT host's
+    /// copy unwound there), each noted as having spawned the child (a stack is kept while a
+    /// process it spawned is); and interpreters not mapped at their exec looked at again, for
+    /// the spawner's next forks.
+    fn note_spawn_stacks(
+        &mut self,
+        spawner: u32,
+        child: u32,
+        stack: SpawnStack,
+        copy: Option<&CopiedStack>,
+    ) {
         if let Some(native) = stack.native {
             self.locate_spawn_site(native, spawner);
         }
         let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
             return;
         };
+        if let (Some(copy), Some(host)) = (copy, self.graph.current(spawner)) {
+            sites.unwind(copy, host.id, host.pid, child.id);
+        }
         if let Some(native) = stack.native {
             sites.spawned(native, child.id);
         }
@@ -153,6 +164,9 @@ impl Pipeline {
         let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
             return Vec::new();
         };
+        if let Some(frames) = sites.unwound_frames(node.id, spawner.pid, spawner.alive()) {
+            return frames;
+        }
         let mut frames = Vec::new();
         if let (Some(key), Some(python)) = (node.spawn_stack.python, sites.python.as_mut()) {
             frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
@@ -185,7 +199,12 @@ impl Pipeline {
         let applied = self.graph.apply(&ev);
         let mut interpreter = None;
         match ev.what {
-            What::Fork { spawner, stack, .. } => self.note_spawn_stacks(spawner, ev.pid, stack),
+            What::Fork {
+                spawner,
+                stack,
+                ref copy,
+                ..
+            } => self.note_spawn_stacks(spawner, ev.pid, stack, copy.as_deref()),
             What::Exec { .. } => interpreter = self.look_for_interpreter(ev.pid, ev.start),
             _ => {}
         }

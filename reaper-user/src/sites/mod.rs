@@ -4,6 +4,7 @@
 //! once per spawner, while a process holding the spawner's mappings still runs (addresses
 //! become an object and an offset in it: ASLR and the spawner's exit no longer matter), and
 //! named only when a flag needs it; Python frames are named then, from the spawner's memory.
+//! A JIT host's stack is copied instead and unwound here (see [`jit`]).
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -12,19 +13,24 @@ use blazesym::Pid;
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use jit::JitStacks;
 use python::PythonStacks;
 
+use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
+use crate::procfs::proc_path;
 use crate::stream::evidence::Frame;
 
+mod jit;
+mod mappings;
 pub mod python;
 mod referrers;
 
 use referrers::Referrers;
 
 /// One frame of a stack, located in its object.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Located {
     object: Option<PathBuf>,
     /// The file offset in `object`, or the raw address when there is none.
@@ -40,6 +46,8 @@ pub struct SpawnSites {
     stacks: StackTraceMap<MapData>,
     /// `--spawn-stacks auto`: Python spawners' frames.
     pub python: Option<PythonStacks>,
+    /// `--spawn-stacks auto`: JIT hosts' frames.
+    jit: Option<JitStacks>,
     normalizer: Normalizer,
     symbolizer: Symbolizer,
     located: HashMap<SiteKey, Vec<Located>>,
@@ -50,17 +58,57 @@ pub struct SpawnSites {
 }
 
 impl SpawnSites {
-    /// `python`: read Python spawners' frames too.
-    pub fn new(maps: StackMaps, python: bool) -> SpawnSites {
+    /// `interpreters`: read Python spawners' and JIT hosts' frames too.
+    pub fn new(maps: StackMaps, interpreters: bool) -> SpawnSites {
         SpawnSites {
             stacks: maps.native,
-            python: python.then(|| PythonStacks::new(maps.interpreters, maps.python)),
+            python: interpreters.then(|| PythonStacks::new(maps.interpreters, maps.python)),
+            jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             normalizer: Normalizer::new(),
             symbolizer: Symbolizer::new(),
             located: HashMap::new(),
             named: HashMap::new(),
             spawned: Referrers::default(),
         }
+    }
+
+    /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
+    /// runs: a Python interpreter's layout goes to the kernel, a Node host is marked for
+    /// copies of its stacks. Returns the interpreter's name for the exec event (`python3.12`,
+    /// `node`). `Err` says why a Python process's frames will not be read.
+    ///
+    /// Only an executable named like one is looked into (one readlink per exec; mappings are
+    /// read only then): a program embedding libpython under another name gives native frames.
+    pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+        let exe = std::fs::read_link(proc_path(pid, "exe")).ok();
+        let exe = exe
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let found = match self.python.as_mut() {
+            Some(python) => python.exec(node, pid, start, exe.starts_with("python3"))?,
+            None => None,
+        };
+        match self.jit.as_mut() {
+            Some(jit) if jit::is_node(&exe) => jit.host(pid, start),
+            _ => Ok(found),
+        }
+    }
+
+    /// Unwinds a JIT host's stack copied at the fork of `child` (see [`jit`]).
+    pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
+        if let Some(jit) = self.jit.as_mut() {
+            jit.unwind(copy, spawner, pid, child);
+        }
+    }
+
+    /// The frames `child` was spawned at, when they were unwound from a copy (see
+    /// [`jit`]): its host's JavaScript frames, then its native ones. `pid` is the host's,
+    /// `alive` whether it still runs.
+    pub fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
+        let jit = self.jit.as_mut().filter(|j| j.knows(child))?;
+        Some(jit.frames(&self.symbolizer, child, pid, alive))
     }
 
     /// Notes that native stack `stack` spawned process `child`.
@@ -77,6 +125,9 @@ impl SpawnSites {
             let _ = self.stacks.remove(&id);
             self.located.retain(|&(stack, _), _| stack != id);
             self.named.retain(|&(stack, _), _| stack != id);
+        }
+        if let Some(jit) = self.jit.as_mut() {
+            jit.retain(&holds);
         }
         if let Some(python) = self.python.as_mut() {
             python.retain(holds);

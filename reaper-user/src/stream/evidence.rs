@@ -158,15 +158,16 @@ pub struct Frame {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
     /// The executable or library the frame is in; none when its spawner's mappings could not
-    /// be read (it and every process sharing them gone), and for a Python frame.
+    /// be read (it and every process sharing them gone), and for a Python or JavaScript frame.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
     /// The offset in `object`; for a Python frame, the instruction's offset in its code
-    /// object's bytecode.
+    /// object's bytecode; for a JavaScript frame, its address in the host.
     pub offset: u64,
-    /// `python` for a frame of the spawner's Python code (read from its interpreter);
-    /// absent for machine code. A Python frame with no function: its spawner was gone
-    /// before the flag, and its code with it.
+    /// `python` for a frame of the spawner's Python code (read from its interpreter),
+    /// `javascript` for a Node host's (named from its perf map: `line` is where the function
+    /// begins); absent for machine code. Such a frame with no function: its spawner was
+    /// gone before the flag (or, for JavaScript, ran without `--perf-basic-prof`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
 }
@@ -176,13 +177,15 @@ const SPAWNING_LIBRARIES: [&str; 3] = ["libc.so", "libpthread.so", "ld-linux"];
 
 /// The sources of the languages' own process-spawning libraries and the async plumbing they
 /// are reached through: Python's `subprocess`, `asyncio`, `anyio` and `contextlib` (an
-/// `async with` around a spawn), Node's `child_process`.
-const SPAWNING_SOURCES: [&str; 5] = [
+/// `async with` around a spawn), Node's `child_process` and `cross-spawn` (the npm package
+/// most Node code spawns through, the MCP SDK's included).
+const SPAWNING_SOURCES: [&str; 6] = [
     "/subprocess.py",
     "/asyncio/",
     "/anyio/",
     "/contextlib.py",
     "child_process",
+    "/cross-spawn/",
 ];
 
 impl Frame {

@@ -28,6 +28,7 @@ fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
             comm: Comm::from_c(b"c"),
             spawner_tid: spawner,
             stack: Default::default(),
+            copy: None,
             untracked: false,
         },
     )

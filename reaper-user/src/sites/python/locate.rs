@@ -11,6 +11,7 @@ use blazesym::inspect::source::{Elf, Source};
 use blazesym::inspect::{Inspector, SymInfo};
 use reaper_common::python::PyLayout;
 
+use super::super::mappings::mappings;
 use super::debug_offsets;
 use super::versions::{self, CodeLayout};
 use crate::procfs::{placement, proc_path};
@@ -24,72 +25,10 @@ pub struct Interpreter {
     pub code: CodeLayout,
 }
 
-/// One file-backed mapping of `/proc/PID/maps`.
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    inode: u64,
-    path: String,
-}
-
-impl Mapping {
-    /// The mapped file, where this process can open it: the path as `maps` shows it (which
-    /// is relative to the reader's root, so it holds for a chroot'd process), else the same
-    /// path under the process's own root (another mount namespace: a container). The inode
-    /// tells which is the mapped file. (`map_files/` would name it even once replaced, but
-    /// needs CAP_SYS_ADMIN, which the run gave up after attaching.)
-    fn file(&self, pid: u32) -> Option<PathBuf> {
-        [
-            PathBuf::from(&self.path),
-            proc_path(pid, "root").join(self.path.trim_start_matches('/')),
-        ]
-        .into_iter()
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == self.inode))
-    }
-}
-
-fn mappings(pid: u32) -> Result<Vec<Mapping>> {
-    let text = std::fs::read_to_string(proc_path(pid, "maps"))?;
-    Ok(text.lines().filter_map(parse_mapping).collect())
-}
-
-fn parse_mapping(line: &str) -> Option<Mapping> {
-    let mut fields = line.split_ascii_whitespace();
-    let (start, end) = fields.next()?.split_once('-')?;
-    let _perms = fields.next()?;
-    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let _dev = fields.next()?;
-    let inode = fields.next()?.parse().ok()?;
-    let path = fields.collect::<Vec<_>>().join(" ");
-    if !path.starts_with('/') {
-        return None;
-    }
-    Some(Mapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        offset,
-        inode,
-        path,
-    })
-}
-
 /// Whether a mapped file may hold an interpreter: `python3.N`, `libpython3.N.so…`.
 fn may_be_python(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.starts_with("python3") || name.starts_with("libpython3")
-}
-
-/// Whether process `pid` runs an executable named like an interpreter (`python3`,
-/// `python3.N`: a venv's `python` links to one).
-pub fn named_python(pid: u32) -> bool {
-    std::fs::read_link(proc_path(pid, "exe"))
-        .ok()
-        .and_then(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().starts_with("python3"))
-        })
-        .unwrap_or(false)
 }
 
 /// Whether the dynamic loader has mapped a `libpython3` into process `pid` (or it is gone).
@@ -199,18 +138,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maps_lines_name_their_files() {
-        let m = parse_mapping(
-            "7f1c2a000000-7f1c2a200000 r-xp 00001000 08:01 1234   /usr/lib/libpython3.12.so.1.0",
-        )
-        .unwrap();
-        assert_eq!(
-            (m.start, m.end, m.offset),
-            (0x7f1c2a000000, 0x7f1c2a200000, 0x1000)
-        );
-        assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
-        assert!(parse_mapping("7ffd-7ffe rw-p 00000000 00:00 0 [stack]").is_none());
-        assert!(may_be_python(&m.path));
+    fn interpreters_are_told_by_their_files_names() {
+        assert!(may_be_python("/usr/lib/libpython3.12.so.1.0"));
         assert!(may_be_python("/usr/bin/python3.11"));
         assert!(!may_be_python("/usr/lib/x86_64-linux-gnu/libc.so.6"));
     }

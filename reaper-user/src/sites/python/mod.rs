@@ -65,16 +65,20 @@ impl PythonStacks {
     }
 
     /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
-    /// runs: if it is a CPython 3.11–3.14 interpreter, its layout goes to the kernel and its
-    /// name (e.g. `python3.12`) is returned. `Err` says, once per kind of interpreter, why a
-    /// Python process's frames will not be read.
-    pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+    /// runs, when its executable is `named_python` (`python3`, `python3.N`: a venv's `python`
+    /// links to one): if it is a CPython 3.11–3.14 interpreter, its layout goes to the kernel
+    /// and its name (e.g. `python3.12`) is returned. `Err` says, once per kind of
+    /// interpreter, why a Python process's frames will not be read.
+    pub fn exec(
+        &mut self,
+        node: NodeId,
+        pid: u32,
+        start: u64,
+        named_python: bool,
+    ) -> Result<Option<String>, String> {
         self.interpreters.remove(&node);
         self.pending.remove(&node);
-        // Only an executable named like an interpreter is looked into (one readlink; its
-        // mappings are read only then): a program embedding libpython under another name
-        // gives native frames only.
-        if !locate::named_python(pid) {
+        if !named_python {
             return Ok(None);
         }
         let found = self.look(node, pid, start);

@@ -1,0 +1,43 @@
+//! A copy of a spawner's user stack at fork, for user space to unwind with its objects' call
+//! frame information. For spawners that run code compiled at run time (a Node host): their
+//! native code keeps no frame pointers, so the kernel's frame-pointer walk stops in the C
+//! library's `fork`, below the C++ and the JavaScript that called it. User space marks such
+//! spawners (`JIT_HOSTS`, by tgid); only their tracked forks pay for a copy.
+use crate::ForkEvent;
+
+/// Bytes copied per read: a read that fails (past the stack's top) ends the copy.
+pub const COPY_CHUNK: usize = 4096;
+/// Reads per copy.
+pub const COPY_CHUNKS: usize = 4;
+/// Most bytes copied, from the stack pointer up: a Node host's spawn path (its JavaScript
+/// frames, the binding's C++, libuv, the C library) takes a few KiB of it.
+pub const COPY_MAX: usize = COPY_CHUNK * COPY_CHUNKS;
+
+/// The forking thread's user registers at the fork syscall and its stack from there up.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackCopy {
+    /// Where it was (in the C library's fork), its stack pointer and its frame pointer.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `bytes` copied (a multiple of [`COPY_CHUNK`]).
+    pub len: u64,
+    pub bytes: [u8; COPY_MAX],
+}
+
+/// A fork record with the copy after it: sent with variable length, only the first
+/// `copy.len` bytes of `copy.bytes` in the ring. `fork.flags` has [`FORK_STACK_COPIED`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ForkCopyEvent {
+    pub fork: ForkEvent,
+    pub copy: StackCopy,
+}
+
+/// `fork` flag: the record is a [`ForkCopyEvent`].
+pub const FORK_STACK_COPIED: u32 = 2;
+
+/// The fixed part of a [`ForkCopyEvent`], before the stack's bytes.
+pub const FORK_COPY_FIXED_LEN: usize =
+    core::mem::offset_of!(ForkCopyEvent, copy) + core::mem::offset_of!(StackCopy, bytes);

@@ -1,0 +1,157 @@
+//! JIT hosts' frames (`--spawn-stacks auto`): a Node host's JavaScript, and the native code
+//! under it. Its native code keeps no frame pointers, so at each of its tracked forks the
+//! kernel copies the forking thread's stack (`JIT_HOSTS` says whose) and here it is unwound
+//! at once, while the host's mappings are there to read (see [`unwind`]), and kept located
+//! (object and offset; an address for compiled JavaScript). Frames are named only when a flag
+//! needs them: native ones from their objects, JavaScript ones from the host's perf map
+//! (`--perf-basic-prof`; see [`perf_map`]).
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use blazesym::symbolize::Symbolizer;
+
+use super::mappings::mappings;
+use super::{Located, name};
+use crate::capture::decode::CopiedStack;
+use crate::lineage::graph::NodeId;
+use crate::stream::evidence::Frame;
+
+mod perf_map;
+mod unwind;
+
+/// A stack as one host took it: a hash of its located frames, and the host's node.
+type Key = (u64, NodeId);
+
+/// The kernel's list of JIT hosts, and the stacks unwound from their copies.
+pub struct JitStacks {
+    hosts: BpfHashMap<MapData, u32, u64>,
+    objects: unwind::Objects,
+    /// Each distinct stack, located.
+    located: HashMap<Key, Vec<Located>>,
+    named: HashMap<Key, Vec<Frame>>,
+    /// The stack each process was spawned at.
+    spawned: HashMap<NodeId, Key>,
+}
+
+/// Whether an executable's file name is Node's (`node`, Debian's `nodejs`, `node22`).
+pub fn is_node(exe: &str) -> bool {
+    let rest = exe
+        .strip_prefix("nodejs")
+        .or_else(|| exe.strip_prefix("node"));
+    rest.is_some_and(|r| r.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
+impl JitStacks {
+    pub fn new(hosts: BpfHashMap<MapData, u32, u64>) -> JitStacks {
+        JitStacks {
+            hosts,
+            objects: unwind::Objects::default(),
+            located: HashMap::new(),
+            named: HashMap::new(),
+            spawned: HashMap::new(),
+        }
+    }
+
+    /// Process `pid` (started at `start`; 0: unknown) now runs Node: its forks' stacks are
+    /// copied from now on. Returns what the exec event names it.
+    pub fn host(&mut self, pid: u32, start: u64) -> Result<Option<String>, String> {
+        match self.hosts.insert(pid, start, 0) {
+            Ok(()) => Ok(Some("node".to_string())),
+            Err(e) => Err(format!("pid {pid} (node): the JIT hosts' map: {e}")),
+        }
+    }
+
+    /// Unwinds `copy`, the stack host `spawner` (process `pid`) spawned `child` at, and keeps
+    /// it located. A host already gone leaves the child without frames.
+    pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
+        let Ok(maps) = mappings(pid) else {
+            return;
+        };
+        let addrs = self.objects.unwind(pid, &maps, copy);
+        let located: Vec<Located> = addrs
+            .iter()
+            .map(
+                |&addr| match maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
+                    Some(m) => Located {
+                        object: m.file(pid),
+                        offset: addr - m.start + m.offset,
+                    },
+                    None => Located {
+                        object: None,
+                        offset: addr,
+                    },
+                },
+            )
+            .collect();
+        if located.is_empty() {
+            return;
+        }
+        let mut hasher = DefaultHasher::new();
+        located.hash(&mut hasher);
+        let key = (hasher.finish(), spawner);
+        self.located.entry(key).or_insert(located);
+        self.spawned.insert(child, key);
+    }
+
+    /// Whether `child`'s stack was unwound here.
+    pub fn knows(&self, child: NodeId) -> bool {
+        self.spawned.contains_key(&child)
+    }
+
+    /// The frames `child` was spawned at: its host's JavaScript frames, named from the host's
+    /// perf map while the host (process `pid`) runs, then its native frames (once; later
+    /// flags reuse them).
+    pub fn frames(
+        &mut self,
+        symbolizer: &Symbolizer,
+        child: NodeId,
+        pid: u32,
+        alive: bool,
+    ) -> Vec<Frame> {
+        let Some(&key) = self.spawned.get(&child) else {
+            return Vec::new();
+        };
+        if let Some(named) = self.named.get(&key) {
+            return named.clone();
+        }
+        let Some(located) = self.located.get(&key) else {
+            return Vec::new();
+        };
+        let (compiled, native): (Vec<&Located>, Vec<&Located>) =
+            located.iter().partition(|l| l.object.is_none());
+        let addrs: Vec<u64> = compiled.iter().map(|l| l.offset).collect();
+        let mut frames = match alive {
+            true => perf_map::name(symbolizer, pid, &addrs),
+            false => addrs.iter().map(|&addr| perf_map::unnamed(addr)).collect(),
+        };
+        frames.extend(native.into_iter().map(|l| name(symbolizer, l)));
+        // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
+        self.named.insert(key, frames.clone());
+        frames
+    }
+
+    /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds
+    /// was spawned at.
+    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
+        self.spawned.retain(|&child, _| holds(child));
+        let kept: HashSet<Key> = self.spawned.values().copied().collect();
+        self.located.retain(|key, _| kept.contains(key));
+        self.named.retain(|key, _| kept.contains(key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_is_told_by_its_executables_name() {
+        for exe in ["node", "nodejs", "node22", "node20.11"] {
+            assert!(is_node(exe), "{exe}");
+        }
+        for exe in ["nodemon", "python3", "node-gyp", "noder"] {
+            assert!(!is_node(exe), "{exe}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Unwinding a copied stack (see `reaper_common::copy`) with the call frame information of the
+//! objects its process maps (`.eh_frame`, through `.eh_frame_hdr`). Code no object covers
+//! (a JIT's), and code an object has no such information for (V8's builtins), is unwound by
+//! its frame pointer: V8 keeps one in every frame it makes.
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use object::read::elf::{ElfFile64, ProgramHeader as _};
+use object::{Object as _, ObjectSection as _, ReadCache};
+
+use crate::capture::decode::CopiedStack;
+use crate::sites::mappings::Mapping;
+
+/// Most frames kept from one unwind (innermost first).
+pub const FRAMES_MAX: usize = 64;
+
+/// What an object gives the unwinder, read once per file.
+struct Object {
+    eh_frame: Arc<[u8]>,
+    eh_frame_svma: Range<u64>,
+    eh_frame_hdr: Arc<[u8]>,
+    eh_frame_hdr_svma: Range<u64>,
+    text_svma: Option<Range<u64>>,
+    got_svma: Option<Range<u64>>,
+    /// Its loadable segments: file offset and address (as the object states it).
+    loads: Vec<(u64, u64, u64)>,
+}
+
+impl Object {
+    fn read(file: &File) -> Option<Object> {
+        let cache = ReadCache::new(file);
+        let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
+        let section = |name: &str| {
+            let s = elf.section_by_name(name)?;
+            Some((s.address()..s.address() + s.size(), s))
+        };
+        let (eh_frame_svma, eh_frame) = section(".eh_frame")?;
+        let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr")?;
+        let endian = elf.endian();
+        let loads = elf
+            .elf_program_headers()
+            .iter()
+            .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+            .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
+            .collect();
+        Some(Object {
+            eh_frame: Arc::from(eh_frame.data().ok()?),
+            eh_frame_svma,
+            eh_frame_hdr: Arc::from(eh_frame_hdr.data().ok()?),
+            eh_frame_hdr_svma,
+            text_svma: section(".text").map(|(r, _)| r),
+            got_svma: section(".got").map(|(r, _)| r),
+            loads,
+        })
+    }
+
+    /// Where address 0 of the object sits in a process that maps file offset `offset` at
+    /// `start`.
+    fn base(&self, start: u64, offset: u64) -> Option<u64> {
+        let &(p_offset, p_vaddr, _) = self
+            .loads
+            .iter()
+            .find(|(o, _, size)| (o & !0xfff..o + size).contains(&offset))?;
+        // File offset `offset` is at `start`, and at `p_vaddr + (offset - p_offset)` in the
+        // object's own addresses (a mapping may begin on the page before the segment's first
+        // byte, or inside the segment).
+        (start + p_offset).checked_sub(p_vaddr + offset)
+    }
+
+    fn module(&self, name: &str, range: Range<u64>, base: u64) -> Module<Arc<[u8]>> {
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: self.text_svma.clone(),
+            got_svma: self.got_svma.clone(),
+            eh_frame_svma: Some(self.eh_frame_svma.clone()),
+            eh_frame: Some(self.eh_frame.clone()),
+            eh_frame_hdr_svma: Some(self.eh_frame_hdr_svma.clone()),
+            eh_frame_hdr: Some(self.eh_frame_hdr.clone()),
+            ..Default::default()
+        };
+        Module::new(name.to_string(), range, base, info)
+    }
+}
+
+/// The objects read so far, by file (device and inode): a host's libraries are read once.
+#[derive(Default)]
+pub struct Objects {
+    read: HashMap<(String, u64), Option<Arc<Object>>>,
+}
+
+impl Objects {
+    /// The code addresses of `copy`'s frames, innermost first (a return address is given as
+    /// the call's: one byte back), in process `pid` whose mappings are `maps`.
+    pub fn unwind(&mut self, pid: u32, maps: &[Mapping], copy: &CopiedStack) -> Vec<u64> {
+        let mut unwinder = UnwinderX86_64::new();
+        for m in maps.iter().filter(|m| m.executable) {
+            let Some(object) = self.object(pid, m) else {
+                continue;
+            };
+            if let Some(base) = object.base(m.start, m.offset) {
+                unwinder.add_module(object.module(&m.path, m.start..m.end, base));
+            }
+        }
+        let mut cache = CacheX86_64::new();
+        let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let at = usize::try_from(addr.checked_sub(copy.sp).ok_or(())?).map_err(|_| ())?;
+            let bytes = copy.bytes.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        let mut frames = unwinder.iter_frames(copy.ip, regs, &mut cache, &mut read_stack);
+        let mut addrs = Vec::new();
+        // The walk ends at the outermost frame, at a frame past the copy, or at the cap.
+        while let Ok(Some(frame)) = frames.next() {
+            addrs.push(match frame {
+                FrameAddress::InstructionPointer(ip) => ip,
+                FrameAddress::ReturnAddress(_) => frame.address_for_lookup(),
+            });
+            if addrs.len() == FRAMES_MAX {
+                break;
+            }
+        }
+        addrs
+    }
+
+    fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
+        self.read
+            .entry((m.dev.clone(), m.inode))
+            .or_insert_with(|| {
+                let file = File::open(m.file(pid)?).ok()?;
+                Object::read(&file).map(Arc::new)
+            })
+            .clone()
+    }
+}
