@@ -5,12 +5,13 @@
 //! spawners (`JIT_HOSTS`, by tgid); only their tracked forks pay for a copy.
 use crate::ForkEvent;
 
-/// Bytes copied per read: a read that fails (past the stack's top) ends the copy.
+/// Bytes copied per read, a page: reads start at the page of the stack pointer, so the last
+/// one that succeeds ends at the stack's top (a page boundary), and the next one fails whole.
 pub const COPY_CHUNK: usize = 4096;
 /// Reads per copy.
 pub const COPY_CHUNKS: usize = 4;
-/// Most bytes copied, from the stack pointer up: a Node host's spawn path (its JavaScript
-/// frames, the binding's C++, libuv, the C library) takes a few KiB of it.
+/// Most bytes copied, from the page of the stack pointer up: a Node host's spawn path (its
+/// JavaScript frames, the binding's C++, libuv, the C library) takes a few KiB of it.
 pub const COPY_MAX: usize = COPY_CHUNK * COPY_CHUNKS;
 
 /// The forking thread's user registers at the fork syscall and its stack from there up.
@@ -21,6 +22,8 @@ pub struct StackCopy {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// The address `bytes` were copied from: the start of `sp`'s page.
+    pub base: u64,
     /// Bytes of `bytes` copied (a multiple of [`COPY_CHUNK`]).
     pub len: u64,
     pub bytes: [u8; COPY_MAX],

@@ -186,7 +186,8 @@ pub struct ForkEvent {
     /// another of its threads: an event loop's, a worker's).
     pub spawner_tid: u32,
     /// The spawning thread's user stack at the fork, as `STACKS`' id + 1 (`--spawn-stacks`);
-    /// 0: none taken (capture off, or the stack could not be kept).
+    /// 0: none taken (capture off, the stack could not be kept, or a JIT host's was copied
+    /// instead: see [`copy`]).
     pub stack: u32,
     /// The spawning thread's Python frames at the fork, as `PY_STACKS`' key (a hash of the
     /// frames); 0: none read (not a Python spawner, capture of interpreter frames off, or

@@ -53,8 +53,8 @@ pub fn send_fork(fill: impl FnOnce(&mut ForkEvent)) {
     );
 }
 
-/// Copies the current thread's user registers and its stack from the stack pointer up, a
-/// chunk at a time until a read fails (past the stack's top). Returns the bytes copied.
+/// Copies the current thread's user registers and its stack from the stack pointer's page up,
+/// a page at a time until a read fails (past the stack's top). Returns the bytes copied.
 #[inline(always)]
 fn copy_stack(copy: &mut StackCopy) -> u64 {
     // SAFETY: plain helper calls; the task pointer is the verifier-checked current task.
@@ -74,19 +74,21 @@ fn copy_stack(copy: &mut StackCopy) -> u64 {
         copy.len = 0;
         return 0;
     };
+    let base = sp & !(COPY_CHUNK as u64 - 1);
     copy.ip = ip;
     copy.sp = sp;
     copy.bp = bp;
+    copy.base = base;
     // Straight-line reads, each at a constant offset, and the length returned as a constant
     // on each path (not read back from the map value): the verifier sees the record's bound.
     const _: () = assert!(COPY_CHUNKS == 4);
-    let len = if !chunk(copy, sp, 0) {
+    let len = if !chunk(copy, base, 0) {
         0
-    } else if !chunk(copy, sp, 1) {
+    } else if !chunk(copy, base, 1) {
         COPY_CHUNK
-    } else if !chunk(copy, sp, 2) {
+    } else if !chunk(copy, base, 2) {
         2 * COPY_CHUNK
-    } else if !chunk(copy, sp, 3) {
+    } else if !chunk(copy, base, 3) {
         3 * COPY_CHUNK
     } else {
         4 * COPY_CHUNK
@@ -95,16 +97,16 @@ fn copy_stack(copy: &mut StackCopy) -> u64 {
     len as u64
 }
 
-/// Reads chunk `i` of the stack into its place in `copy`.
+/// Reads chunk `i` (a page) of the stack from `base` up into its place in `copy`.
 #[inline(always)]
-fn chunk(copy: &mut StackCopy, sp: u64, i: usize) -> bool {
+fn chunk(copy: &mut StackCopy, base: u64, i: usize) -> bool {
     let at = i * COPY_CHUNK;
     // SAFETY: `at + COPY_CHUNK` ≤ the size of `bytes`; the helper faults safely.
     let rc = unsafe {
         bpf_probe_read_user(
             copy.bytes.as_mut_ptr().add(at) as *mut c_void,
             COPY_CHUNK as u32,
-            (sp + at as u64) as *const c_void,
+            (base + at as u64) as *const c_void,
         )
     };
     rc == 0

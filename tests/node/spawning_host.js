@@ -2,19 +2,20 @@
 // function and holds it until released, through the real MCP TypeScript SDK's
 // `StdioClientTransport` (`@modelcontextprotocol/sdk`) or through `child_process.spawn`.
 //
-//     node spawning_host.js SDK_DIR|- TRIGGER RELEASE
+//     node spawning_host.js HOW TRIGGER RELEASE
 //
-// SDK_DIR holds `node_modules/@modelcontextprotocol/sdk`; `-`: no SDK. The server reads its
-// requests and never answers (`dd of=/dev/null`): the SDK's connect waits on it, as a host
-// waits on a server stuck before `initialize`. The host runs `true` first (its fork tells the
-// test the host was looked at), waits for TRIGGER, starts the server, and ends once RELEASE
-// exists.
+// HOW: `sdk:DIR` (DIR holds `node_modules/@modelcontextprotocol/sdk`), `spawn` (from an event
+// loop callback, as a host serves a request), or `shallow` (from the script's own top level,
+// a few KiB under the stack's top). The server reads its requests and never answers (`dd
+// of=/dev/null`): the SDK's connect waits on it, as a host waits on a server stuck before
+// `initialize`. The host runs `true` first (its fork tells the test the host was looked at),
+// waits for TRIGGER, starts the server, and ends once RELEASE exists.
 'use strict';
 const { spawn, spawnSync } = require('child_process');
 const fs = require('fs');
 const path = require('path');
 
-const [sdkDir, trigger, release] = process.argv.slice(2);
+const [how, trigger, release] = process.argv.slice(2);
 const server = ['dd', ['of=/dev/null', 'status=none']];
 
 function whenExists(file) {
@@ -28,7 +29,7 @@ function whenExists(file) {
   });
 }
 
-async function connectToServer() {
+async function connectToServer(sdkDir) {
   const sdk = path.join(sdkDir, 'node_modules/@modelcontextprotocol/sdk/dist/cjs');
   const { Client } = require(path.join(sdk, 'client/index.js'));
   const { StdioClientTransport } = require(path.join(sdk, 'client/stdio.js'));
@@ -47,8 +48,17 @@ function startServer() {
 
 async function main() {
   spawnSync('true');
-  await whenExists(trigger);
-  const stop = sdkDir === '-' ? startServer() : await connectToServer();
+  let stop;
+  if (how === 'shallow') {
+    // Waits without returning to the event loop: the spawn below runs on the script's own
+    // frames, near the top of the main thread's stack.
+    const nap = new Int32Array(new SharedArrayBuffer(4));
+    while (!fs.existsSync(trigger)) Atomics.wait(nap, 0, 0, 10);
+    stop = startServer();
+  } else {
+    await whenExists(trigger);
+    stop = how === 'spawn' ? startServer() : await connectToServer(how.slice('sdk:'.length));
+  }
   await whenExists(release);
   await stop();
   process.exit(0);

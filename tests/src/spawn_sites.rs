@@ -28,9 +28,10 @@ fn spawning_host() -> PathBuf {
 /// The perf map options a Node host is run with for its JavaScript frames to be named.
 pub const PERF_MAP: &str = "--perf-basic-prof --interpreted-frames-native-stack";
 
-/// Runs `tests/node/spawning_host.js` (through the SDK in `sdk`, or `-`) under `node_options` until its server is
-/// flagged idle; returns the flag's `spawned_at` and the interpreter its exec event named.
-pub fn node_spawned_at(test: &str, sdk: &str, node_options: &str) -> (Vec<Value>, Value) {
+/// Runs `tests/node/spawning_host.js` (`how` it spawns: see its header) under `node_options`
+/// until its server is flagged idle; returns the flag's `spawned_at` and the interpreter its
+/// exec event named.
+pub fn node_spawned_at(test: &str, how: &str, node_options: &str) -> (Vec<Value>, Value) {
     let dir = scratch(test);
     let (trigger, release) = (dir.join("trigger"), dir.join("release"));
     let host = spawning_host();
@@ -42,7 +43,7 @@ pub fn node_spawned_at(test: &str, sdk: &str, node_options: &str) -> (Vec<Value>
         "--",
         "node",
         host.to_str().unwrap(),
-        sdk,
+        how,
         trigger.to_str().unwrap(),
         release.to_str().unwrap(),
     ];

@@ -16,7 +16,8 @@ fn a_node_mcp_hosts_flag_names_the_sdks_spawn_function() {
         );
         return;
     };
-    let (frames, _) = spawned_at(test, sdk.to_str().unwrap(), PERF_MAP);
+    let how = format!("sdk:{}", sdk.to_str().unwrap());
+    let (frames, _) = spawned_at(test, &how, PERF_MAP);
     // `StdioClientTransport.start` spawns through cross-spawn, from a promise's executor.
     let start = frame(&frames, "start");
     assert_eq!(start["language"], "javascript", "{start}");

@@ -11,7 +11,7 @@ fn a_node_hosts_flag_names_its_javascript_function_and_the_native_spawn_path() {
     if !require_root(test) {
         return;
     }
-    let (frames, interpreter) = spawned_at(test, "-", PERF_MAP);
+    let (frames, interpreter) = spawned_at(test, "spawn", PERF_MAP);
     assert_eq!(interpreter, "node", "the exec event names the host");
     // JavaScript first, innermost first: node's own child_process, then the host's function.
     let own = frame(&frames, "startServer");
@@ -51,7 +51,7 @@ fn without_a_perf_map_a_node_hosts_flag_still_names_its_native_frames() {
     if !require_root(test) {
         return;
     }
-    let (frames, _) = spawned_at(test, "-", "");
+    let (frames, _) = spawned_at(test, "spawn", "");
     frame(&frames, "uv_spawn");
     // Interpreted JavaScript runs in V8's trampoline, a native frame of node's; nothing is
     // named from a perf map that is not there.
@@ -61,4 +61,18 @@ fn without_a_perf_map_a_node_hosts_flag_still_names_its_native_frames() {
             .all(|f| f["language"] != "javascript" || f.get("file").is_none()),
         "{frames:#?}"
     );
+}
+
+#[test]
+fn a_spawn_near_the_top_of_the_stack_is_unwound_whole() {
+    let test = "a_spawn_near_the_top_of_the_stack_is_unwound_whole";
+    if !require_root(test) {
+        return;
+    }
+    // The copy's last page ends at the stack's top: the frames up to node's `main` are in it.
+    let (frames, _) = spawned_at(test, "shallow", PERF_MAP);
+    let own = frame(&frames, "startServer");
+    assert_eq!(own["language"], "javascript", "{own}");
+    frame(&frames, "uv_spawn");
+    frame(&frames, "main");
 }

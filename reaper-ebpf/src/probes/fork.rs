@@ -46,6 +46,9 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     if capture & SPAWN_STACKS_PYTHON != 0 && flags == 0 {
         python::inherit(spawner, pid, start);
     }
+    // A JIT host's stack is copied instead, for user space to unwind: its frame-pointer walk
+    // ends in the C library's fork, so it is not taken.
+    let copying = capture & SPAWN_STACKS_COPY != 0 && copy::wanted(spawner, spawner_start);
     let fill = |ev: &mut ForkEvent| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;
@@ -63,8 +66,8 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         // while another generation records, nor past --state-keep). Frame pointers only; a
         // stack whose hash collides with another's is not kept (no id) rather than replace
         // one a flag may still name.
-        ev.stack = match capture & SPAWN_STACKS_NATIVE {
-            0 => 0,
+        ev.stack = match (capture & SPAWN_STACKS_NATIVE, copying) {
+            (0, _) | (_, true) => 0,
             _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
                 Ok(id) => id as u32 + 1,
                 Err(_) => 0,
@@ -78,9 +81,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     };
-    // A JIT host's stack is copied too, for user space to unwind: its frame-pointer walk
-    // ends in the C library's fork.
-    if capture & SPAWN_STACKS_COPY != 0 && copy::wanted(spawner, spawner_start) {
+    if copying {
         copy::send_fork(fill);
     } else {
         send::<ForkEvent>(EventKind::Fork, fill);

@@ -50,7 +50,8 @@ pub struct CopiedStack {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// Its stack from `sp` up.
+    /// Its stack from `base` (the start of `sp`'s page) up.
+    pub base: u64,
     pub bytes: Vec<u8>,
 }
 
@@ -147,6 +148,7 @@ fn decode_copy(bytes: &[u8]) -> Result<CopiedStack> {
         ip: word(offset_of!(StackCopy, ip)),
         sp: word(offset_of!(StackCopy, sp)),
         bp: word(offset_of!(StackCopy, bp)),
+        base: word(offset_of!(StackCopy, base)),
         bytes: copied[..len as usize].to_vec(),
     })
 }
@@ -328,6 +330,7 @@ mod tests {
         ev.copy.ip = 0x1000;
         ev.copy.sp = 0x7ff0_0000;
         ev.copy.bp = 0x7ff0_0100;
+        ev.copy.base = 0x7fef_f000;
         ev.copy.len = COPY_CHUNK as u64;
         ev.copy.bytes[..4].copy_from_slice(b"\x01\x02\x03\x04");
         let bytes = as_bytes(&ev)[..FORK_COPY_FIXED_LEN + COPY_CHUNK].to_vec();

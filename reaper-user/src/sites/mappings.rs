@@ -38,8 +38,17 @@ impl Mapping {
 
 /// The file-backed mappings of process `pid`.
 pub fn mappings(pid: u32) -> Result<Vec<Mapping>> {
-    let text = std::fs::read_to_string(proc_path(pid, "maps"))?;
-    Ok(text.lines().filter_map(parse_mapping).collect())
+    Ok(parse(&text(pid)?))
+}
+
+/// The text of `/proc/PID/maps`.
+pub fn text(pid: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(proc_path(pid, "maps"))
+}
+
+/// The file-backed mappings `/proc/PID/maps` text `text` lists.
+pub fn parse(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_mapping).collect()
 }
 
 fn parse_mapping(line: &str) -> Option<Mapping> {

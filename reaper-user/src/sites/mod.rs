@@ -30,7 +30,7 @@ mod referrers;
 use referrers::Referrers;
 
 /// One frame of a stack, located in its object.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 struct Located {
     object: Option<PathBuf>,
     /// The file offset in `object`, or the raw address when there is none.

@@ -1,6 +1,6 @@
 //! `--spawn-stacks` for a Node host: the fork probe's kernel cost with its stack copied
 //! (`auto`), the native stack only, and nothing; the copy's bytes in the ring; and the
-//! reader's CPU per fork to unwind a copy (auto's reader CPU less native's, over the forks).
+//! reader's CPU per fork (its CPU over the run less its start-up's, over the forks).
 use std::{
     fs,
     process::{Command, Stdio},
@@ -29,7 +29,9 @@ setTimeout(() => {}, 5000);
 pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let n = opts.procs;
     println!("\n### A Node host's forks (node, {n} spawns from one function)\n");
-    println!("| --spawn-stacks | sched_process_fork ns per run | reader CPU ms |\n|---|---|---|");
+    println!(
+        "| --spawn-stacks | sched_process_fork ns per run | reader CPU per fork |\n|---|---|---|"
+    );
     let dir = std::env::temp_dir().join(format!("reaper-bench-node-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
     let script = dir.join("host.js");
@@ -37,7 +39,6 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let sysctl = "/proc/sys/kernel/bpf_stats_enabled";
     let before = fs::read_to_string(sysctl).unwrap_or_else(|_| "0".into());
     fs::write(sysctl, "1").context("enabling kernel.bpf_stats_enabled")?;
-    let mut reader_ms = Vec::new();
     let result = (|| -> Result<()> {
         for stacks in ["auto", "native", "off"] {
             let done = dir.join(format!("done-{stacks}"));
@@ -57,12 +58,12 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
             let fork = prog_stats(tracer.id())?
                 .into_iter()
                 .find(|(name, _, _)| name.contains("fork"));
+            let ticks = cpu_ticks(tracer.id()).saturating_sub(start_up_ticks(bins, stacks)?);
             // USER_HZ: 100 ticks a second.
-            let ms = cpu_ticks(tracer.id()) as f64 * 10.0;
-            reader_ms.push(ms);
+            let per_fork_us = ticks as f64 * 10_000.0 / n as f64;
             if let Some((_, runs, ns)) = fork {
                 println!(
-                    "| {stacks} | {:.0} | {ms:.0} |",
+                    "| {stacks} | {:.0} | {per_fork_us:.0} µs |",
                     ns as f64 / runs.max(1) as f64
                 );
             }
@@ -73,11 +74,22 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let _ = fs::write(sysctl, before.trim());
     result?;
     println!(
-        "\nA fork record with a copy is {} bytes plus the copy (at most {} bytes); the \
-         reader's CPU to unwind and locate one: {:.0} µs (auto less native, per fork).",
+        "\nA fork record with a copy is {} bytes plus the copy (at most {} bytes).",
         reaper_common::copy::FORK_COPY_FIXED_LEN,
         reaper_common::copy::COPY_MAX,
-        (reader_ms[0] - reader_ms[1]) * 1000.0 / n as f64
     );
     Ok(())
+}
+
+/// reaper-trace's CPU ticks to start with `--spawn-stacks stacks` (its programs loaded and
+/// verified) and trace a command that does nothing.
+fn start_up_ticks(bins: &Bins, stacks: &str) -> Result<u64> {
+    let mut tracer = Command::new(&bins.reaper)
+        .args(["--quiet", "--spawn-stacks", stacks, "--", "sleep", "2"])
+        .stdout(Stdio::null())
+        .spawn()?;
+    thread::sleep(Duration::from_millis(1500));
+    let ticks = cpu_ticks(tracer.id());
+    tracer.wait()?;
+    Ok(ticks)
 }

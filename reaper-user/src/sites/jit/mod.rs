@@ -5,13 +5,15 @@
 //! (object and offset; an address for compiled JavaScript). Frames are named only when a flag
 //! needs them: native ones from their objects, JavaScript ones from the host's perf map
 //! (`--perf-basic-prof`; see [`perf_map`]).
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use blazesym::symbolize::Symbolizer;
 
-use super::mappings::mappings;
+use super::mappings::{self, Mapping};
 use super::{Located, name};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
@@ -27,6 +29,8 @@ type Key = (u64, NodeId);
 pub struct JitStacks {
     hosts: BpfHashMap<MapData, u32, u64>,
     objects: unwind::Objects,
+    /// Each host's unwinder, kept while its mappings stay the same.
+    unwinders: HashMap<NodeId, unwind::HostUnwinder>,
     /// Each distinct stack, located.
     located: HashMap<Key, Vec<Located>>,
     named: HashMap<Key, Vec<Frame>>,
@@ -47,6 +51,7 @@ impl JitStacks {
         JitStacks {
             hosts,
             objects: unwind::Objects::default(),
+            unwinders: HashMap::new(),
             located: HashMap::new(),
             named: HashMap::new(),
             spawned: HashMap::new(),
@@ -65,32 +70,50 @@ impl JitStacks {
     /// Unwinds `copy`, the stack host `spawner` (process `pid`) spawned `child` at, and keeps
     /// it located. A host already gone leaves the child without frames.
     pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
-        let Ok(maps) = mappings(pid) else {
+        let Ok(text) = mappings::text(pid) else {
             return;
         };
-        let addrs = self.objects.unwind(pid, &maps, copy);
-        let located: Vec<Located> = addrs
+        let maps = mappings::parse(&text);
+        let kept = self.unwinders.remove(&spawner);
+        let mut unwinder = self.objects.unwinder(pid, text, &maps, kept);
+        let addrs = unwinder.unwind(copy);
+        self.unwinders.insert(spawner, unwinder);
+        // Each frame in its mapping (its offset in the mapped file), or an address.
+        let frames: Vec<(Option<&Mapping>, u64)> = addrs
             .iter()
             .map(
                 |&addr| match maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
-                    Some(m) => Located {
-                        object: m.file(pid),
-                        offset: addr - m.start + m.offset,
-                    },
-                    None => Located {
-                        object: None,
-                        offset: addr,
-                    },
+                    Some(m) => (Some(m), addr - m.start + m.offset),
+                    None => (None, addr),
                 },
             )
             .collect();
-        if located.is_empty() {
+        if frames.is_empty() {
             return;
         }
         let mut hasher = DefaultHasher::new();
-        located.hash(&mut hasher);
+        for (m, offset) in &frames {
+            (m.map(|m| &m.path), offset).hash(&mut hasher);
+        }
         let key = (hasher.finish(), spawner);
-        self.located.entry(key).or_insert(located);
+        // A stack this host spawned from before is kept already: its files are not looked
+        // for again.
+        if let Entry::Vacant(slot) = self.located.entry(key) {
+            let mut files: HashMap<&str, Option<PathBuf>> = HashMap::new();
+            let located = frames
+                .iter()
+                .map(|&(m, offset)| Located {
+                    object: m.and_then(|m| {
+                        files
+                            .entry(m.path.as_str())
+                            .or_insert_with(|| m.file(pid))
+                            .clone()
+                    }),
+                    offset,
+                })
+                .collect();
+            slot.insert(located);
+        }
         self.spawned.insert(child, key);
     }
 
@@ -134,6 +157,7 @@ impl JitStacks {
     /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds
     /// was spawned at.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
+        self.unwinders.retain(|&host, _| holds(host));
         self.spawned.retain(|&child, _| holds(child));
         let kept: HashSet<Key> = self.spawned.values().copied().collect();
         self.located.retain(|key, _| kept.contains(key));

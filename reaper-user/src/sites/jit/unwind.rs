@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{Object as _, ObjectSection as _, ReadCache};
 
@@ -92,10 +92,28 @@ pub struct Objects {
     read: HashMap<(String, u64), Option<Arc<Object>>>,
 }
 
+/// One host's unwinder, kept between its forks while its mappings stay the same: its rules
+/// cache then serves every fork down the same path.
+pub struct HostUnwinder {
+    /// The `/proc/PID/maps` text it was set up from.
+    maps: String,
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    cache: CacheX86_64,
+}
+
 impl Objects {
-    /// The code addresses of `copy`'s frames, innermost first (a return address is given as
-    /// the call's: one byte back), in process `pid` whose mappings are `maps`.
-    pub fn unwind(&mut self, pid: u32, maps: &[Mapping], copy: &CopiedStack) -> Vec<u64> {
+    /// An unwinder over the executable mappings of process `pid`, listed in `text` (parsed:
+    /// `maps`); `kept`, when set up from the same text, is the one returned.
+    pub fn unwinder(
+        &mut self,
+        pid: u32,
+        text: String,
+        maps: &[Mapping],
+        kept: Option<HostUnwinder>,
+    ) -> HostUnwinder {
+        if let Some(kept) = kept.filter(|k| k.maps == text) {
+            return kept;
+        }
         let mut unwinder = UnwinderX86_64::new();
         for m in maps.iter().filter(|m| m.executable) {
             let Some(object) = self.object(pid, m) else {
@@ -105,14 +123,37 @@ impl Objects {
                 unwinder.add_module(object.module(&m.path, m.start..m.end, base));
             }
         }
-        let mut cache = CacheX86_64::new();
+        HostUnwinder {
+            maps: text,
+            unwinder,
+            cache: CacheX86_64::new(),
+        }
+    }
+
+    fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
+        self.read
+            .entry((m.dev.clone(), m.inode))
+            .or_insert_with(|| {
+                let file = File::open(m.file(pid)?).ok()?;
+                Object::read(&file).map(Arc::new)
+            })
+            .clone()
+    }
+}
+
+impl HostUnwinder {
+    /// The code addresses of `copy`'s frames, innermost first (a return address is given as
+    /// the call's: one byte back).
+    pub fn unwind(&mut self, copy: &CopiedStack) -> Vec<u64> {
         let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            let at = usize::try_from(addr.checked_sub(copy.sp).ok_or(())?).map_err(|_| ())?;
+            let at = usize::try_from(addr.checked_sub(copy.base).ok_or(())?).map_err(|_| ())?;
             let bytes = copy.bytes.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
-        let mut frames = unwinder.iter_frames(copy.ip, regs, &mut cache, &mut read_stack);
+        let mut frames = self
+            .unwinder
+            .iter_frames(copy.ip, regs, &mut self.cache, &mut read_stack);
         let mut addrs = Vec::new();
         // The walk ends at the outermost frame, at a frame past the copy, or at the cap.
         while let Ok(Some(frame)) = frames.next() {
@@ -125,15 +166,5 @@ impl Objects {
             }
         }
         addrs
-    }
-
-    fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
-        self.read
-            .entry((m.dev.clone(), m.inode))
-            .or_insert_with(|| {
-                let file = File::open(m.file(pid)?).ok()?;
-                Object::read(&file).map(Arc::new)
-            })
-            .clone()
     }
 }
