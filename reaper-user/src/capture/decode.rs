@@ -6,7 +6,9 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use reaper_common::copy::{COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, StackCopy};
+use reaper_common::copy::{
+    COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, ForkCopyEvent, StackCopy,
+};
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
     EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent, LAYOUT,
@@ -133,7 +135,7 @@ fn decode_copy(bytes: &[u8]) -> Result<CopiedStack> {
         );
     }
     let word = |field: usize| {
-        let at = fixed - offset_of!(StackCopy, bytes) + field;
+        let at = offset_of!(ForkCopyEvent, copy) + field;
         u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
     };
     let len = word(offset_of!(StackCopy, len));
@@ -258,7 +260,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reaper_common::copy::{COPY_CHUNK, ForkCopyEvent};
+    use reaper_common::copy::COPY_CHUNK;
 
     fn as_bytes<T>(v: &T) -> Vec<u8> {
         // SAFETY: reading the bytes of a plain record.

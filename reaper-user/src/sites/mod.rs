@@ -80,19 +80,16 @@ impl SpawnSites {
     /// Only an executable named like one is looked into (one readlink per exec; mappings are
     /// read only then): a program embedding libpython under another name gives native frames.
     pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
-        let exe = std::fs::read_link(proc_path(pid, "exe")).ok();
-        let exe = exe
-            .as_ref()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default();
-        let found = match self.python.as_mut() {
-            Some(python) => python.exec(node, pid, start, exe.starts_with("python3"))?,
-            None => None,
-        };
+        let program = executable_name(pid);
+        if let Some(python) = self.python.as_mut() {
+            if program.starts_with("python3") {
+                return python.exec(node, pid, start);
+            }
+            python.forget(node);
+        }
         match self.jit.as_mut() {
-            Some(jit) if jit::is_node(&exe) => jit.host(pid, start),
-            _ => Ok(found),
+            Some(jit) if jit::is_node(&program) => jit.host(pid, start),
+            _ => Ok(None),
         }
     }
 
@@ -107,8 +104,9 @@ impl SpawnSites {
     /// [`jit`]): its host's JavaScript frames, then its native ones. `pid` is the host's,
     /// `alive` whether it still runs.
     pub fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
-        let jit = self.jit.as_mut().filter(|j| j.knows(child))?;
-        Some(jit.frames(&self.symbolizer, child, pid, alive))
+        self.jit
+            .as_mut()?
+            .frames(&self.symbolizer, child, pid, alive)
     }
 
     /// Notes that native stack `stack` spawned process `child`.
@@ -199,6 +197,14 @@ impl SpawnSites {
         self.named.insert(key, named.clone());
         named
     }
+}
+
+/// The file name of the executable process `pid` runs (empty when it cannot be read).
+fn executable_name(pid: u32) -> String {
+    std::fs::read_link(proc_path(pid, "exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {

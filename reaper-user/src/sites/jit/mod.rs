@@ -117,30 +117,21 @@ impl JitStacks {
         self.spawned.insert(child, key);
     }
 
-    /// Whether `child`'s stack was unwound here.
-    pub fn knows(&self, child: NodeId) -> bool {
-        self.spawned.contains_key(&child)
-    }
-
-    /// The frames `child` was spawned at: its host's JavaScript frames, named from the host's
-    /// perf map while the host (process `pid`) runs, then its native frames (once; later
-    /// flags reuse them).
+    /// The frames `child` was spawned at, if its stack was unwound here: its host's
+    /// JavaScript frames, named from the host's perf map while the host (process `pid`) runs,
+    /// then its native frames (once; later flags reuse them).
     pub fn frames(
         &mut self,
         symbolizer: &Symbolizer,
         child: NodeId,
         pid: u32,
         alive: bool,
-    ) -> Vec<Frame> {
-        let Some(&key) = self.spawned.get(&child) else {
-            return Vec::new();
-        };
+    ) -> Option<Vec<Frame>> {
+        let key = *self.spawned.get(&child)?;
         if let Some(named) = self.named.get(&key) {
-            return named.clone();
+            return Some(named.clone());
         }
-        let Some(located) = self.located.get(&key) else {
-            return Vec::new();
-        };
+        let located = self.located.get(&key)?;
         let (compiled, native): (Vec<&Located>, Vec<&Located>) =
             located.iter().partition(|l| l.object.is_none());
         let addrs: Vec<u64> = compiled.iter().map(|l| l.offset).collect();
@@ -151,7 +142,7 @@ impl JitStacks {
         frames.extend(native.into_iter().map(|l| name(symbolizer, l)));
         // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
         self.named.insert(key, frames.clone());
-        frames
+        Some(frames)
     }
 
     /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds

@@ -64,23 +64,19 @@ impl PythonStacks {
         }
     }
 
-    /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
-    /// runs, when its executable is `named_python` (`python3`, `python3.N`: a venv's `python`
-    /// links to one): if it is a CPython 3.11–3.14 interpreter, its layout goes to the kernel
-    /// and its name (e.g. `python3.12`) is returned. `Err` says, once per kind of
-    /// interpreter, why a Python process's frames will not be read.
-    pub fn exec(
-        &mut self,
-        node: NodeId,
-        pid: u32,
-        start: u64,
-        named_python: bool,
-    ) -> Result<Option<String>, String> {
+    /// Forgets the interpreter process node `node` ran: it exec'd another program.
+    pub fn forget(&mut self, node: NodeId) {
         self.interpreters.remove(&node);
         self.pending.remove(&node);
-        if !named_python {
-            return Ok(None);
-        }
+    }
+
+    /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
+    /// runs, an executable named like an interpreter (`python3`, `python3.N`: a venv's
+    /// `python` links to one): if it is a CPython 3.11–3.14 interpreter, its layout goes to
+    /// the kernel and its name (e.g. `python3.12`) is returned. `Err` says, once per kind of
+    /// interpreter, why a Python process's frames will not be read.
+    pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+        self.forget(node);
         let found = self.look(node, pid, start);
         if let Ok(None) = found {
             // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
