@@ -15,6 +15,8 @@ pub struct Mapping {
     pub offset: u64,
     /// Whether its code may run (`x`).
     pub executable: bool,
+    /// Whether it may be written (`w`): a loaded object's data.
+    pub writable: bool,
     pub dev: String,
     pub inode: u64,
     pub path: String,
@@ -54,7 +56,8 @@ pub fn parse(text: &str) -> Vec<Mapping> {
 fn parse_mapping(line: &str) -> Option<Mapping> {
     let mut fields = line.split_ascii_whitespace();
     let (start, end) = fields.next()?.split_once('-')?;
-    let executable = fields.next()?.contains('x');
+    let perms = fields.next()?;
+    let (executable, writable) = (perms.contains('x'), perms.contains('w'));
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
     let dev = fields.next()?.to_string();
     let inode = fields.next()?.parse().ok()?;
@@ -67,6 +70,7 @@ fn parse_mapping(line: &str) -> Option<Mapping> {
         end: u64::from_str_radix(end, 16).ok()?,
         offset,
         executable,
+        writable,
         dev,
         inode,
         path,

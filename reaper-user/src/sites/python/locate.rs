@@ -31,14 +31,17 @@ fn may_be_python(path: &str) -> bool {
     name.starts_with("python3") || name.starts_with("libpython3")
 }
 
-/// Whether the dynamic loader has mapped a `libpython3` into process `pid` (or it is gone).
+/// Whether the dynamic loader has mapped a `libpython3` into process `pid`, its data
+/// included (or the process is gone). The loader first maps an object's whole span read-only,
+/// then each segment in place: until then `_PyRuntime` is not where it will be.
 pub fn loaded_libpython(pid: u32) -> bool {
     mappings(pid).map_or(true, |maps| {
         maps.iter().any(|m| {
-            m.path
-                .rsplit('/')
-                .next()
-                .is_some_and(|n| n.starts_with("libpython3"))
+            m.writable
+                && m.path
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("libpython3"))
         })
     })
 }
@@ -71,12 +74,17 @@ pub fn find(inspector: &Inspector, pid: u32, start: u64) -> Result<Option<Interp
             .with_context(|| format!("reading _PyRuntime from {}", m.path))?;
         let offsets = versions::offsets(major, minor, &head)
             .with_context(|| format!("{name} ({})", m.path))?;
-        let address = maps
+        let data = maps
             .iter()
             .filter(|o| o.path == m.path)
             .find(|o| (o.offset..o.offset + (o.end - o.start)).contains(&file_offset))
-            .map(|o| o.start + (file_offset - o.offset))
             .with_context(|| format!("{name}: _PyRuntime is not mapped"))?;
+        // Still the loader's read-only span, before the data segment is mapped in place
+        // (see `loaded_libpython`): looked at again.
+        if !data.writable {
+            return Ok(None);
+        }
+        let address = data.start + (file_offset - data.offset);
         let (pidns_dev, pidns_ino) = pid_namespace(pid)?;
         let probe = PyLayout {
             start,
