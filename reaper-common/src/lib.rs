@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod copy;
+pub mod native;
 pub mod python;
 
 /// Names of the maps and load-time globals in the kernel object, as the loader asks for them.
@@ -32,13 +33,15 @@ pub mod names {
     pub const PY_WALK: &str = "PY_WALK";
     pub const JIT_HOSTS: &str = "JIT_HOSTS";
     pub const FORK_SCRATCH: &str = "FORK_SCRATCH";
+    pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
     /// The maps each load has of its own: scratch space.
-    pub const SCRATCH: [&str; 5] = [
+    pub const SCRATCH: [&str; 6] = [
         EXEC_SCRATCH,
         PATH_SCRATCH,
         PY_SCRATCH,
         PY_WALK,
         FORK_SCRATCH,
+        STACK_SCRATCH,
     ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
@@ -140,7 +143,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 3;
+pub const LAYOUT: u8 = 4;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -185,10 +188,11 @@ pub struct ForkEvent {
     /// Thread id of the thread that called fork/clone/vfork (the spawner's main thread, or
     /// another of its threads: an event loop's, a worker's).
     pub spawner_tid: u32,
-    /// The spawning thread's user stack at the fork, as `STACKS`' id + 1 (`--spawn-stacks`);
-    /// 0: none taken (capture off, the stack could not be kept, or a JIT host's was copied
+    pub _pad: u32,
+    /// The spawning thread's user stack at the fork, as `STACKS`' key (a hash of its frames:
+    /// see [`native`]); 0: none taken (capture off, the store full, or a JIT host's was copied
     /// instead: see [`copy`]).
-    pub stack: u32,
+    pub stack: u64,
     /// The spawning thread's Python frames at the fork, as `PY_STACKS`' key (a hash of the
     /// frames); 0: none read (not a Python spawner, capture of interpreter frames off, or
     /// the interpreter's state not found).
@@ -403,7 +407,8 @@ pub struct ProbeConfig {
     pub spawn_stacks: u64,
 }
 
-/// [`ProbeConfig::spawn_stacks`] bit: the native user stack, by frame pointers.
+/// [`ProbeConfig::spawn_stacks`] bit: the native user stack, by frame pointers (see
+/// [`native`]).
 pub const SPAWN_STACKS_NATIVE: u64 = 1;
 /// [`ProbeConfig::spawn_stacks`] bit: a Python spawner's own frames (see [`python`]).
 pub const SPAWN_STACKS_PYTHON: u64 = 2;
@@ -420,4 +425,5 @@ mod pod {
     unsafe impl aya::Pod for super::ReaderMark {}
     unsafe impl aya::Pod for super::python::PyLayout {}
     unsafe impl aya::Pod for super::python::PyStack {}
+    unsafe impl aya::Pod for super::native::NativeStack {}
 }

@@ -12,6 +12,7 @@
 mod copy;
 mod emit;
 mod maps;
+mod native;
 mod probes;
 mod python;
 mod task;

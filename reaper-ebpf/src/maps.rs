@@ -3,11 +3,12 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use reaper_common::{
     ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
     copy::ForkCopyEvent,
+    native::NativeStack,
     python::{PyLayout, PyStack},
 };
 
@@ -35,10 +36,16 @@ pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static READER: Array<ReaderMark> = Array::with_max_entries(1, 0);
 
-/// Tracked spawners' user stacks at fork, each distinct stack kept once (by its hash).
-/// User space sets the real capacity at load (`--spawn-stacks`; 1 when off).
+/// Tracked spawners' user stacks at fork (see `native`), each distinct stack kept once (by a
+/// hash of its frames). Allocated as used; user space sets the capacity at load
+/// (`--spawn-stacks`).
 #[map]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
+pub static STACKS: HashMap<u64, NativeStack> =
+    HashMap::with_max_entries(1, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// Scratch space for a native stack being taken, too large for the 512-byte stack.
+#[map]
+pub static STACK_SCRATCH: PerCpuArray<NativeStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// Tracked Python interpreters, by tgid: where each keeps its frames. Written by user space
 /// once per exec of an interpreter; removed here at the process's next exec and at its free.

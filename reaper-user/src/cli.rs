@@ -138,7 +138,8 @@ pub struct Cli {
     pub setsid_hook: SetsidHookArg,
 
     /// Take a tracked spawner's stack at each fork, and name the code that spawned each
-    /// flagged process (`spawned_at`): `native` walks frame pointers; `auto` adds a Python
+    /// flagged process (`spawned_at`): `native` walks frame pointers (each frame taken as its
+    /// object's build id and offset, so a spawner gone by the flag is named); `auto` adds a Python
     /// spawner's own frames (CPython 3.11 to 3.14), read from its interpreter, and copies a
     /// Node host's stack to unwind it (its JavaScript named from its perf map, under
     /// NODE_OPTIONS=--perf-basic-prof); `off` takes nothing.

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capture::loader::LossCounts;
 use crate::lineage::graph::saved::SavedNode;
+use crate::sites::build_ids::SavedBuildId;
 use reaper_common::{LAYOUT, ReaderMark};
 
 pub mod pins;
@@ -44,6 +45,10 @@ pub struct Checkpoint {
     /// Boot-time ns when it was written.
     pub written: u64,
     pub nodes: Vec<SavedNode>,
+    /// The files of the build ids the run learned (`--spawn-stacks`): the next run names the
+    /// frames of spawners gone in between.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub build_ids: Vec<SavedBuildId>,
     /// The kernel side it was written beside; none from a run whose kernel side was not kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelKept>,

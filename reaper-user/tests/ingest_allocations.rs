@@ -104,6 +104,7 @@ impl Records {
             uid: 0,
             flags: 0,
             spawner_tid: GATEWAY,
+            _pad: 0,
             stack: 0,
             py_stack: 0,
             cgroup_id: 1,

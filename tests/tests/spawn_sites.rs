@@ -36,6 +36,14 @@ fn an_orphans_flag_names_the_function_and_file_that_spawned_it() {
             .is_some_and(|o| o.ends_with("reaper-shapes")),
         "{innermost}"
     );
+    // Named by the kernel by build id: a frame holds what names it offline too.
+    let build_id = reaper_user::sites::build_ids::build_id_of(&reaper_tests::shapes());
+    assert!(build_id.is_some(), "reaper-shapes has a build id");
+    assert_eq!(
+        innermost["build_id"].as_str(),
+        build_id.as_deref(),
+        "{innermost}"
+    );
 }
 
 #[test]
@@ -55,8 +63,8 @@ fn without_spawn_stacks_a_flag_names_no_code() {
 /// The entries of the stack stores the reaper-trace whose command line names `gateway` holds:
 /// (native stacks, Python stacks), read from its maps by id; none while it is not found.
 fn stacks_kept(gateway: u32) -> Option<(usize, usize)> {
-    use aya::maps::{HashMap, Map, MapData, StackTraceMap};
-    use reaper_common::python::PyStack;
+    use aya::maps::{HashMap, Map, MapData};
+    use reaper_common::{native::NativeStack, python::PyStack};
     let needle = format!("\0{gateway}\0");
     let tracer = std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -79,8 +87,8 @@ fn stacks_kept(gateway: u32) -> Option<(usize, usize)> {
         let name = data.info().ok()?.name_as_str().unwrap_or("").to_owned();
         match name.as_str() {
             "STACKS" => {
-                let map = StackTraceMap::try_from(Map::StackTraceMap(data)).ok()?;
-                native = Some(map.stack_ids().count());
+                let map = HashMap::<_, u64, NativeStack>::try_from(Map::HashMap(data)).ok()?;
+                native = Some(map.keys().count());
             }
             "PY_STACKS" => {
                 let map = HashMap::<_, u64, PyStack>::try_from(Map::HashMap(data)).ok()?;
@@ -149,4 +157,120 @@ fn an_untracked_fork_takes_no_stack_and_a_tracked_one_does() {
     );
     let (native, _) = tracked.expect("the stores read after the gateway's fork");
     assert_eq!(native, 1, "the gateway's fork kept its stack");
+}
+
+/// A spawn whose spawner, and every process that ran the spawner's code, is gone before the
+/// flag, with a restart of reaper-trace in between (`--state-dir`): the gateway's child A forks
+/// B from a named function and exits, and the gateway executes `dd` (`spawn-site-gap`). The
+/// fork is read by the run after the restart (`in_gap`: it waits in the ring) or by the one
+/// before, whose long `--orphan-grace` leaves the flag to the next run. Either way the next
+/// run names B's spawn site from the build ids and files the first run learned.
+fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
+    use reaper_tests::{
+        Then, checkpointed, end_once_checkpointed, kept_run, read_json, release_state,
+        run_reaper_until, shapes, state_test, wait_for_file, wait_until,
+    };
+    use std::process::{Command, Stdio};
+    let Some((dir, state)) = state_test(test) else {
+        return;
+    };
+    let (truth, release) = (dir.join("truth.json"), dir.join("release"));
+    let mut gateway = Command::new(shapes())
+        .arg("spawn-site-gap")
+        .arg(&truth)
+        .env("REAPER_SHAPES_RELEASE", &release)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the gateway");
+    let gw = u64::from(gateway.id());
+    let first = kept_run(
+        &state,
+        &dir.join("first.ndjson"),
+        gw,
+        &["--orphan-grace", "1h"],
+    );
+    let b_truth = dir.join("truth.json.b");
+    let spawn = || {
+        std::fs::write(&release, b"").expect("release the gateway");
+        wait_for_file(&b_truth, reaper_tests::patience());
+        let b = pid(&read_json(&b_truth)["b"]);
+        wait_until("the gateway to run dd", || {
+            std::fs::read_link(format!("/proc/{gw}/exe")).is_ok_and(|e| e.ends_with("dd"))
+        });
+        b
+    };
+    let b = match in_gap {
+        // The first run learns the gateway's objects, and stops; the probes stay attached
+        // and B's fork waits in the ring.
+        true => {
+            end_once_checkpointed(first, &state, gw, libc::SIGTERM);
+            spawn()
+        }
+        // The first run reads B's fork, keeps it in its checkpoint, and stops.
+        false => {
+            wait_until("the checkpoint to hold the gateway", || {
+                checkpointed(&state).contains(&gw)
+            });
+            let b = spawn();
+            end_once_checkpointed(first, &state, b, libc::SIGTERM);
+            b
+        }
+    };
+    let mut server_input = gateway.stdin.take();
+    let args = [
+        "--gateway-pid",
+        &gw.to_string(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let second = run_reaper_until(
+        &args,
+        &[],
+        &dir.join("end"),
+        ("B flagged orphaned", Then::Interrupt),
+        |events| {
+            let flagged = events
+                .iter()
+                .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned");
+            if flagged {
+                server_input.take();
+            }
+            flagged
+        },
+    );
+    drop(server_input);
+    let _ = gateway.wait();
+    release_state(&state);
+    let f = flag(&second, b, "orphaned");
+    let frames = f["spawned_at"].as_array().expect("spawned_at");
+    let innermost = &frames[0];
+    assert!(
+        innermost["function"]
+            .as_str()
+            .is_some_and(|f| f.contains("start_stdio_server_by_syscall")),
+        "named from the file its build id names, with no process left running it: \
+         {innermost}\nall: {frames:?}"
+    );
+    assert_eq!(
+        innermost["build_id"].as_str(),
+        reaper_user::sites::build_ids::build_id_of(&shapes()).as_deref(),
+        "{innermost}"
+    );
+}
+
+#[test]
+fn a_spawn_read_once_its_spawner_and_gateway_are_gone_is_named_by_build_id() {
+    spawn_site_across_a_restart(
+        "a_spawn_read_once_its_spawner_and_gateway_are_gone_is_named_by_build_id",
+        true,
+    );
+}
+
+#[test]
+fn a_spawn_read_before_a_restart_is_named_by_the_run_after_it() {
+    spawn_site_across_a_restart(
+        "a_spawn_read_before_a_restart_is_named_by_the_run_after_it",
+        false,
+    );
 }

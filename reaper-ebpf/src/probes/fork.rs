@@ -1,9 +1,9 @@
 //! `sched_process_fork`: a tracked process made a new process.
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_USER_STACK},
+    bindings::BPF_ANY,
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid},
     macros::btf_tracepoint,
-    programs::{BtfTracePointContext, tracing::StackIdContext as _},
+    programs::BtfTracePointContext,
 };
 use reaper_common::{
     EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_COPY, SPAWN_STACKS_NATIVE,
@@ -15,8 +15,8 @@ use crate::{
     copy,
     emit::{header, send},
     global,
-    maps::{STACKS, TRACKED, count_loss, tracked_current},
-    python,
+    maps::{TRACKED, count_loss, tracked_current},
+    native, python,
     task::Task,
 };
 
@@ -61,17 +61,13 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         ev.flags = flags;
         // This runs in the calling thread: the low half is its thread id.
         ev.spawner_tid = bpf_get_current_pid_tgid() as u32;
+        ev._pad = 0;
         // The spawner's own code, still on its stack: this runs in the forking thread,
         // inside the fork syscall. Taken here, only for a record that goes to the ring (not
-        // while another generation records, nor past --state-keep). Frame pointers only; a
-        // stack whose hash collides with another's is not kept (no id) rather than replace
-        // one a flag may still name.
+        // while another generation records, nor past --state-keep). Frame pointers only.
         ev.stack = match (capture & SPAWN_STACKS_NATIVE, copying) {
             (0, _) | (_, true) => 0,
-            _ => match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-                Ok(id) => id as u32 + 1,
-                Err(_) => 0,
-            },
+            _ => native::stack(&ctx),
         };
         // A Python spawner's own frames, when user space found its interpreter.
         ev.py_stack = match capture & SPAWN_STACKS_PYTHON {

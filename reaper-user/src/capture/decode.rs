@@ -38,8 +38,8 @@ pub struct KernelEvent {
 /// The spawning thread's stacks at a fork (`--spawn-stacks`), as the kernel keeps them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpawnStack {
-    /// Its user stack: `STACKS`' id.
-    pub native: Option<u32>,
+    /// Its user stack: `STACKS`' key.
+    pub native: Option<u64>,
     /// Its Python frames: `PY_STACKS`' key.
     pub python: Option<u64>,
 }
@@ -177,7 +177,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
                 comm: Comm::from_c(&ev.comm),
                 spawner_tid: ev.spawner_tid,
                 stack: SpawnStack {
-                    native: ev.stack.checked_sub(1),
+                    native: (ev.stack != 0).then_some(ev.stack),
                     python: (ev.py_stack != 0).then_some(ev.py_stack),
                 },
                 copy: match ev.flags & FORK_STACK_COPIED {
@@ -292,6 +292,7 @@ mod tests {
             uid: 0,
             flags: FORK_UNTRACKED,
             spawner_tid: 41,
+            _pad: 0,
             stack: 3,
             py_stack: 0xabc1,
             cgroup_id: 5,
@@ -313,11 +314,7 @@ mod tests {
                     (spawner, ppid, comm.as_bytes(), spawner_tid, untracked),
                     (40, 1, &b"bash"[..], 41, true)
                 );
-                assert_eq!(
-                    stack.native,
-                    Some(2),
-                    "the record carries the stack's id + 1"
-                );
+                assert_eq!(stack.native, Some(3), "the record carries the stack's key");
                 assert_eq!(stack.python, Some(0xabc1));
             }
             other => panic!("{other:?}"),

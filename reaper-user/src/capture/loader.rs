@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
 use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, Tracked, names};
@@ -369,7 +369,7 @@ impl Probes {
             },
             reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
             stacks: Some(StackMaps {
-                native: StackTraceMap::try_from(map(&mut ebpf, names::STACKS)?)?,
+                native: HashMap::try_from(map(&mut ebpf, names::STACKS)?)?,
                 interpreters: HashMap::try_from(map(&mut ebpf, names::PYTHONS)?)?,
                 python: HashMap::try_from(map(&mut ebpf, names::PY_STACKS)?)?,
                 jit_hosts: HashMap::try_from(map(&mut ebpf, names::JIT_HOSTS)?)?,

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use reaper_common::native::NativeStack;
 use reaper_common::python::{PyLayout, PyStack};
 use reaper_common::{EventKind, LossSlot, ReaderMark};
 
@@ -138,7 +139,7 @@ impl LossCounts {
 /// The maps of `--spawn-stacks`: the native stacks, the Python interpreters the probe reads
 /// frames from, and the Python stacks it read.
 pub struct StackMaps {
-    pub native: StackTraceMap<MapData>,
+    pub native: HashMap<MapData, u64, NativeStack>,
     pub interpreters: HashMap<MapData, u32, PyLayout>,
     pub python: HashMap<MapData, u64, PyStack>,
     pub jit_hosts: HashMap<MapData, u32, u64>,

@@ -6,8 +6,9 @@ use reaper_common::{SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON, names};
 use super::loader::LoadOptions;
 use crate::state::pins::PinDir;
 
-/// Distinct spawn stacks the kernel keeps (each up to 127 frames: ~1 KiB of kernel memory).
-const STACKS_KEPT: u32 = 4096;
+/// Distinct spawn stacks the kernel keeps (each up to 32 frames with their build ids: ~1 KiB,
+/// allocated as used).
+const STACKS_KEPT: u32 = 16384;
 /// Distinct Python stacks the kernel keeps (528 bytes each, allocated as used).
 const PY_STACKS_KEPT: u32 = 16384;
 

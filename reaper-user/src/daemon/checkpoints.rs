@@ -105,6 +105,7 @@ impl Checkpoints {
             selectors: self.selectors.clone(),
             written: boottime_now(),
             nodes: run.saved(),
+            build_ids: run.saved_build_ids(),
             // Encoded between two batches: it holds exactly the records taken so far.
             kernel: Some(KernelKept {
                 layout: reaper_common::LAYOUT,

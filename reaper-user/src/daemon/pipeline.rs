@@ -20,7 +20,7 @@ use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
-use crate::lineage::graph::{LineageGraph, Seed, SpawnStack};
+use crate::lineage::graph::{LineageGraph, NodeId, Seed, SpawnStack};
 use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
@@ -87,28 +87,32 @@ impl Pipeline {
         self.sites = Some(sites);
     }
 
-    /// Locates a fork's stack in its spawner's mappings, while a process holding them runs
-    /// (see [`SpawnSites::locate`]): the spawner, then each spawner up the lineage that it
-    /// shares its code with (none of them exec'd since its fork).
-    fn locate_spawn_site(&mut self, stack: u32, spawner: u32) {
-        let (Some(sites), Some(spawner)) = (self.sites.as_mut(), self.graph.current(spawner))
-        else {
-            return;
-        };
-        let key = (stack, spawner.id);
-        if sites.knows(key) {
-            return;
+    /// Locates a fork's native stack (see [`SpawnSites::locate`]), once per spawner.
+    fn locate_spawn_site(&mut self, stack: u64, spawner: NodeId) {
+        let key = (stack, spawner);
+        let holders = self.code_holders(spawner);
+        if let Some(sites) = self.sites.as_mut()
+            && !sites.knows(key)
+        {
+            sites.locate(key, &holders);
         }
+    }
+
+    /// The live processes that run `spawner`'s code: itself, then each spawner up the lineage
+    /// that it shares its code with (none of them exec'd since its fork).
+    fn code_holders(&self, spawner: NodeId) -> Vec<u32> {
         let mut holders = Vec::new();
-        let mut node = Some(spawner);
+        let mut node = self.graph.node(spawner);
         while let Some(n) = node {
-            holders.push(n.pid);
+            if n.alive() {
+                holders.push(n.pid);
+            }
             if n.execs > 0 || n.seeded {
                 break;
             }
             node = n.spawner.and_then(|s| self.graph.node(s));
         }
-        sites.locate(key, &holders);
+        holders
     }
 
     /// Looks at the program process `pid` runs (new, or just exec'd): a Python interpreter's
@@ -137,8 +141,8 @@ impl Pipeline {
         stack: SpawnStack,
         copy: Option<&CopiedStack>,
     ) {
-        if let Some(native) = stack.native {
-            self.locate_spawn_site(native, spawner);
+        if let (Some(native), Some(node)) = (stack.native, self.graph.current(spawner)) {
+            self.locate_spawn_site(native, node.id);
         }
         let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
             return;
@@ -158,10 +162,14 @@ impl Pipeline {
     /// The frames that spawned process `pid`, when its fork's stacks were taken: its
     /// spawner's Python frames (named while the spawner runs), then its native ones.
     fn spawned_at(&mut self, pid: u32) -> Vec<Frame> {
-        let (Some(sites), Some(node)) = (self.sites.as_mut(), self.graph.current(pid)) else {
+        let Some(node) = self.graph.current(pid) else {
             return Vec::new();
         };
         let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
+            return Vec::new();
+        };
+        let holders = self.code_holders(spawner.id);
+        let Some(sites) = self.sites.as_mut() else {
             return Vec::new();
         };
         if let Some(frames) = sites.unwound_frames(node.id, spawner.pid, spawner.alive()) {
@@ -172,7 +180,7 @@ impl Pipeline {
             frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
         }
         if let Some(native) = node.spawn_stack.native {
-            frames.extend(sites.frames((native, spawner.id)));
+            frames.extend(sites.frames((native, spawner.id), &holders));
         }
         frames
     }
@@ -212,6 +220,9 @@ impl Pipeline {
             return Ok(());
         };
         let gateway = self.gateways.on_record(&mut self.graph, &ev, node);
+        if gateway.is_some() {
+            self.learn_gateway_code(ev.pid);
+        }
         if let Some(mut event) = Event::from_kernel(&ev) {
             if let Event::Exec(exec) = &mut event {
                 exec.interpreter = interpreter;
@@ -290,8 +301,17 @@ impl Pipeline {
         let found = self
             .gateways
             .announce(&self.graph, id, selector, boottime_now());
+        self.learn_gateway_code(pid);
         self.write(found)?;
         Ok(true)
+    }
+
+    /// Learns the objects gateway `pid` runs, so the code of its spawns is named after it
+    /// (and every process sharing its code) is gone.
+    fn learn_gateway_code(&mut self, pid: u32) {
+        if let Some(sites) = self.sites.as_mut() {
+            sites.gateway_found(pid);
+        }
     }
 
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.

@@ -23,6 +23,13 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// The file offset address `addr` maps to, if this mapping holds it.
+    pub fn file_offset(&self, addr: u64) -> Option<u64> {
+        (self.start..self.end)
+            .contains(&addr)
+            .then(|| addr - self.start + self.offset)
+    }
+
     /// The mapped file, where this process can open it: the path as `maps` shows it (which
     /// is relative to the reader's root, so it holds for a chroot'd process), else the same
     /// path under the process's own root (another mount namespace: a container). The inode
@@ -92,6 +99,8 @@ mod tests {
             (0x7f1c2a000000, 0x7f1c2a200000, 0x1000, true, 1234)
         );
         assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
+        assert_eq!(m.file_offset(0x7f1c2a000010), Some(0x1010));
+        assert_eq!(m.file_offset(0x7f1c2a200000), None, "the end is not in it");
         assert!(parse_mapping("7ffd-7ffe rw-p 00000000 00:00 0 [stack]").is_none());
         let data = parse_mapping("7f00-7f10 r--p 00000000 08:01 7 /usr/bin/node").unwrap();
         assert!(!data.executable);

@@ -1,19 +1,13 @@
 //! The code that spawned each process (`--spawn-stacks`). The kernel keeps the spawning
 //! thread's user stack at each tracked fork, once per distinct stack, and a Python spawner's
-//! own frames (see [`python`]); a fork record names both. Here each native stack is located
-//! once per spawner, while a process holding the spawner's mappings still runs (addresses
-//! become an object and an offset in it: ASLR and the spawner's exit no longer matter), and
-//! named only when a flag needs it; Python frames are named then, from the spawner's memory.
+//! own frames (see [`python`]); a fork record names both. Each native frame names its object
+//! by build id and a file offset (see [`native`]), and is named only when a flag needs it;
+//! Python frames are named then, from the spawner's memory.
 //! A JIT host's stack is copied instead and unwound here (see [`jit`]).
-use std::collections::HashMap;
-use std::path::PathBuf;
-
-use aya::maps::{MapData, StackTraceMap};
-use blazesym::Pid;
-use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
-use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::symbolize::Symbolizer;
+use build_ids::SavedBuildId;
 use jit::JitStacks;
+use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
 
 use crate::capture::decode::CopiedStack;
@@ -22,53 +16,31 @@ use crate::lineage::graph::NodeId;
 use crate::procfs::proc_path;
 use crate::stream::evidence::Frame;
 
+pub mod build_ids;
 mod jit;
 mod mappings;
+mod native;
 pub mod python;
 mod referrers;
 
-use referrers::Referrers;
-
-/// One frame of a stack, located in its object.
-#[derive(Clone, Debug)]
-struct Located {
-    object: Option<PathBuf>,
-    /// The file offset in `object`, or the raw address when there is none.
-    offset: u64,
-}
-
-/// A stack as one spawner took it: the kernel's stack id and the spawner's node (never reused:
-/// a pid reused by another program is another node).
-pub type SiteKey = (u32, NodeId);
-
-/// Spawn stacks, by [`SiteKey`].
+/// Spawn stacks: native ones, Python spawners' frames, JIT hosts' copies.
 pub struct SpawnSites {
-    stacks: StackTraceMap<MapData>,
+    native: NativeStacks,
     /// `--spawn-stacks auto`: Python spawners' frames.
     pub python: Option<PythonStacks>,
     /// `--spawn-stacks auto`: JIT hosts' frames.
     jit: Option<JitStacks>,
-    normalizer: Normalizer,
     symbolizer: Symbolizer,
-    located: HashMap<SiteKey, Vec<Located>>,
-    named: HashMap<SiteKey, Vec<Frame>>,
-    /// The processes each kept native stack spawned (a stack none of the graph's names is
-    /// freed: its id may then name another stack).
-    spawned: Referrers<u32>,
 }
 
 impl SpawnSites {
     /// `interpreters`: read Python spawners' and JIT hosts' frames too.
     pub fn new(maps: StackMaps, interpreters: bool) -> SpawnSites {
         SpawnSites {
-            stacks: maps.native,
+            native: NativeStacks::new(maps.native),
             python: interpreters.then(|| PythonStacks::new(maps.interpreters, maps.python)),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
-            normalizer: Normalizer::new(),
             symbolizer: Symbolizer::new(),
-            located: HashMap::new(),
-            named: HashMap::new(),
-            spawned: Referrers::default(),
         }
     }
 
@@ -110,20 +82,14 @@ impl SpawnSites {
     }
 
     /// Notes that native stack `stack` spawned process `child`.
-    pub fn spawned(&mut self, stack: u32, child: NodeId) {
-        self.spawned.note(stack, child);
+    pub fn spawned(&mut self, stack: u64, child: NodeId) {
+        self.native.spawned(stack, child);
     }
 
     /// Forgets the stacks of spawners the graph no longer holds (no flag can name them), and
     /// frees in the kernel the stacks that spawned no process it holds.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
-        self.located.retain(|&(_, node), _| holds(node));
-        self.named.retain(|&(_, node), _| holds(node));
-        for id in self.spawned.retain(&holds) {
-            let _ = self.stacks.remove(&id);
-            self.located.retain(|&(stack, _), _| stack != id);
-            self.named.retain(|&(stack, _), _| stack != id);
-        }
+        self.native.retain(&holds);
         if let Some(jit) = self.jit.as_mut() {
             jit.retain(&holds);
         }
@@ -132,70 +98,34 @@ impl SpawnSites {
         }
     }
 
-    /// Whether the stack of `key` was located.
+    /// Whether the native stack of `key` was located.
     pub fn knows(&self, key: SiteKey) -> bool {
-        self.located.contains_key(&key)
+        self.native.knows(key)
     }
 
-    /// Locates the stack of `key` in the mappings of the first of `holders` still running
-    /// (the spawner, then the processes it shares its code with: a process that has not
-    /// exec'd since its fork runs its spawner's).
+    /// Locates the native stack of `key` (see [`NativeStacks::locate`]).
     pub fn locate(&mut self, key: SiteKey, holders: &[u32]) {
-        let Ok(trace) = self.stacks.get(&key.0, 0) else {
-            return;
-        };
-        let addrs: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
-        let opts = NormalizeOpts {
-            map_files: false,
-            ..Default::default()
-        };
-        let located = holders.iter().find_map(|&pid| {
-            let out = self
-                .normalizer
-                .normalize_user_addrs_opts(Pid::from(pid), &addrs, &opts)
-                .ok()?;
-            Some(
-                out.outputs
-                    .iter()
-                    .zip(&addrs)
-                    .map(|(&(offset, meta), &addr)| match out.meta.get(meta) {
-                        Some(UserMeta::Elf(elf)) => Located {
-                            object: Some(elf.path.clone()),
-                            offset,
-                        },
-                        _ => Located {
-                            object: None,
-                            offset: addr,
-                        },
-                    })
-                    .collect(),
-            )
-        });
-        // Unlocated (every holder gone): the raw addresses, so the flag still says so.
-        let located = located.unwrap_or_else(|| {
-            addrs
-                .iter()
-                .map(|&addr| Located {
-                    object: None,
-                    offset: addr,
-                })
-                .collect()
-        });
-        self.located.insert(key, located);
+        self.native.locate(key, holders);
     }
 
-    /// The frames of the stack of `key`, named from their objects' symbols and debug
-    /// information (once; later flags reuse them).
-    pub fn frames(&mut self, key: SiteKey) -> Vec<Frame> {
-        if let Some(named) = self.named.get(&key) {
-            return named.clone();
-        }
-        let Some(located) = self.located.get(&key) else {
-            return Vec::new();
-        };
-        let named: Vec<Frame> = located.iter().map(|l| name(&self.symbolizer, l)).collect();
-        self.named.insert(key, named.clone());
-        named
+    /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
+    pub fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Vec<Frame> {
+        self.native.frames(&self.symbolizer, key, holders)
+    }
+
+    /// Learns the objects a gateway runs, so its spawns are named after it is gone.
+    pub fn gateway_found(&mut self, pid: u32) {
+        self.native.build_ids.learn(pid);
+    }
+
+    /// The build ids learned, for the checkpoint.
+    pub fn save_build_ids(&self) -> Vec<SavedBuildId> {
+        self.native.build_ids.save()
+    }
+
+    /// Takes back a checkpoint's build ids.
+    pub fn restore_build_ids(&mut self, saved: &[SavedBuildId]) {
+        self.native.build_ids.restore(saved);
     }
 }
 
@@ -205,30 +135,4 @@ fn executable_name(pid: u32) -> String {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default()
-}
-
-fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {
-    let mut frame = Frame {
-        object: l.object.as_ref().map(|p| p.display().to_string()),
-        offset: l.offset,
-        ..Frame::default()
-    };
-    let Some(object) = &l.object else {
-        return frame;
-    };
-    let source = Source::Elf(Elf::new(object));
-    if let Ok(Symbolized::Sym(sym)) =
-        symbolizer.symbolize_single(&source, Input::FileOffset(l.offset))
-    {
-        frame.function = Some(sym.name.to_string());
-        if let Some(code) = sym.code_info {
-            let file = match &code.dir {
-                Some(dir) => dir.join(&*code.file).display().to_string(),
-                None => PathBuf::from(&*code.file).display().to_string(),
-            };
-            frame.file = Some(file);
-            frame.line = code.line;
-        }
-    }
-    frame
 }

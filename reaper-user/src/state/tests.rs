@@ -29,6 +29,8 @@ fn node(pid: u32) -> SavedNode {
         is_gateway: true,
         seeded: false,
         called_setsid: false,
+        native_stack: None,
+        python_stack: None,
     }
 }
 
@@ -45,6 +47,7 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
         selectors: vec!["pid".into()],
         written: 5,
         nodes: vec![node(10)],
+        build_ids: Vec::new(),
         kernel: None,
     };
     state
@@ -75,6 +78,7 @@ fn other_selectors_or_format_are_refused_naming_release_state_another_boot_is_st
         selectors: vec!["pid".into()],
         written: 5,
         nodes: Vec::new(),
+        build_ids: Vec::new(),
         kernel: None,
     };
     let Verdict::Stale(why) = check(&checkpoint, &dir, &["pid".into()]).unwrap() else {

@@ -157,10 +157,15 @@ pub struct Frame {
     pub file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
-    /// The executable or library the frame is in; none when its spawner's mappings could not
-    /// be read (it and every process sharing them gone), and for a Python or JavaScript frame.
+    /// The executable or library the frame is in; none when its file was not found (by its
+    /// build id, or for an address, in a mapping of a process running the spawner's code),
+    /// and for a Python or JavaScript frame.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// The object's build id (hex), when the kernel could read it: with `offset`, what names
+    /// the frame offline (`debuginfod`, `eu-addr2line`) when `object` is not there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
     /// The offset in `object`; for a Python frame, the instruction's offset in its code
     /// object's bytecode; for a JavaScript frame, its address in the host.
     pub offset: u64,

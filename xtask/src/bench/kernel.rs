@@ -62,28 +62,35 @@ pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 }
 
 /// The reader's CPU when every spawner is new (`--spawn-stacks`: each stack is located once per
-/// spawner, a /proc maps read): a gateway that runs `sh -c '/bin/true & wait'` N/2 times, so
-/// half its processes each fork once; reaper-trace's `cpu_ns` with the stacks taken and
-/// without, interleaved.
+/// spawner): a gateway that runs `sh -c '/bin/true & wait'` N/2 times, so half its processes
+/// each fork once; reaper-trace's `cpu_ns` with the stacks taken and without, interleaved,
+/// whole and net of its start-up (its `cpu_ns` tracing `true` with the same option: loading
+/// and verifying the programs, which `auto` makes longer).
 pub(crate) fn spawner_cost(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let n = opts.procs / 2;
     let script =
         format!("i=0; while [ $i -lt {n} ]; do /bin/sh -c '/bin/true & wait'; i=$((i+1)); done");
-    let mut cpu: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let cpu_ns = |stacks: &str, command: &[&str]| -> Result<f64> {
+        let out = Command::new(&bins.reaper)
+            .args(["--json", "--quiet", "--spawn-stacks", stacks, "--"])
+            .args(command)
+            .output()?;
+        let summary = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains(r#""event":"summary""#))
+            .map(str::to_owned)
+            .context("no summary")?;
+        let v: serde_json::Value = serde_json::from_str(&summary)?;
+        v["cpu_ns"].as_f64().context("cpu_ns")
+    };
+    let mut whole: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut net: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..opts.reps {
         for (i, stacks) in ["auto", "off"].iter().enumerate() {
-            let out = Command::new(&bins.reaper)
-                .args(["--json", "--quiet", "--spawn-stacks", stacks])
-                .args(["--", "sh", "-c", &script])
-                .output()?;
-            let summary = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .find(|l| l.contains(r#""event":"summary""#))
-                .map(str::to_owned)
-                .context("no summary")?;
-            let v: serde_json::Value = serde_json::from_str(&summary)?;
-            let ns = v["cpu_ns"].as_f64().context("cpu_ns")?;
-            cpu[i].push(ns / (2 * n) as f64 / 1e3);
+            let start_up = cpu_ns(stacks, &["true"])?;
+            let ns = cpu_ns(stacks, &["sh", "-c", &script])?;
+            whole[i].push(ns / (2 * n) as f64 / 1e3);
+            net[i].push((ns - start_up) / (2 * n) as f64 / 1e3);
         }
     }
     println!(
@@ -91,9 +98,13 @@ pub(crate) fn spawner_cost(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         2 * n,
         opts.reps
     );
-    println!("| --spawn-stacks | reaper-trace CPU per process |\n|---|---|");
+    println!("| --spawn-stacks | reaper-trace CPU per process | net of start-up |\n|---|---|---|");
     for (i, stacks) in ["auto", "off"].iter().enumerate() {
-        println!("| {stacks} | {:.1} µs |", median(&mut cpu[i]));
+        println!(
+            "| {stacks} | {:.1} µs | {:.1} µs |",
+            median(&mut whole[i]),
+            median(&mut net[i])
+        );
     }
     Ok(())
 }

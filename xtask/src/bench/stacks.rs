@@ -1,6 +1,6 @@
 //! `--spawn-stacks` for a Python spawner: the fork probe's kernel cost with the interpreter's
 //! frames read, the native stack only, and nothing; the bytes of a fork record; and the
-//! kernel memory of the stack stores once 10,000 distinct Python stacks were taken.
+//! kernel memory of the stack stores at 10,000 distinct stacks.
 use std::{
     fs,
     process::{Command, Stdio},
@@ -16,7 +16,8 @@ use super::*;
 const PYTHON: &str = "/usr/bin/python3.11";
 
 /// A Python gateway that forks N children from one function (one stack), or from N functions
-/// of their own (N distinct stacks), writes DONE, then lingers for the stats to be read.
+/// of their own (N distinct stacks), writes DONE, then lingers for the stats to be read, until
+/// DONE.end exists (a minute at most).
 const GATEWAY: &str = r#"
 import os, sys, time
 n, distinct, done = int(sys.argv[1]), sys.argv[2] == "distinct", sys.argv[3]
@@ -34,7 +35,9 @@ else:
     for _ in range(n):
         spawn()
 open(done, "w").close()
-time.sleep(5)
+t = time.time()
+while not os.path.exists(done + ".end") and time.time() - t < 60:
+    time.sleep(0.05)
 "#;
 
 /// Runs the Python gateway under reaper-trace with `stacks`; returns reaper-trace once DONE is
@@ -73,6 +76,13 @@ fn traced_gateway(
     Ok((tracer, done))
 }
 
+/// Lets the gateway of [`traced_gateway`] end, and waits for reaper-trace.
+fn finish(mut tracer: std::process::Child, done: &std::path::Path) -> Result<()> {
+    fs::write(format!("{}.end", done.display()), b"")?;
+    tracer.wait()?;
+    Ok(())
+}
+
 /// The kernel cost of a tracked Python spawner's fork with each `--spawn-stacks`, the fork
 /// record's size, and the stack stores' memory at 10,000 distinct Python stacks.
 pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
@@ -86,7 +96,7 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     fs::write(sysctl, "1").context("enabling kernel.bpf_stats_enabled")?;
     let result = (|| -> Result<()> {
         for stacks in ["auto", "native", "off"] {
-            let (mut tracer, _) = traced_gateway(bins, stacks, opts.procs, false)?;
+            let (tracer, done) = traced_gateway(bins, stacks, opts.procs, false)?;
             thread::sleep(Duration::from_millis(500));
             let fork = prog_stats(tracer.id())?
                 .into_iter()
@@ -94,7 +104,7 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
             if let Some((_, runs, ns)) = fork {
                 println!("| {stacks} | {:.0} |", ns as f64 / runs.max(1) as f64);
             }
-            tracer.wait()?;
+            finish(tracer, &done)?;
         }
         Ok(())
     })();
@@ -107,22 +117,78 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     );
 
     let n = 10_000;
-    let (mut tracer, _) = traced_gateway(bins, "auto", n, true)?;
+    let (tracer, done) = traced_gateway(bins, "auto", n, true)?;
     thread::sleep(Duration::from_millis(500));
     println!("\n### The stack stores after {n} forks from {n} distinct Python functions\n");
     println!("| map | entries kept | kernel memory |\n|---|---|---|");
-    for (name, entries, bytes) in map_usage(tracer.id(), &["PY_STACKS", "STACKS"])? {
+    let usage = map_usage(tracer.id(), &["PY_STACKS", "STACKS"])?;
+    for (name, entries, bytes) in &usage {
         println!(
             "| {name} | {entries} | {:.2} MiB |",
-            bytes as f64 / (1 << 20) as f64
+            *bytes as f64 / (1 << 20) as f64
         );
     }
-    tracer.wait()?;
+    // Debian's python3 keeps no frame pointers: its forks share one native stack. The native
+    // store filled to N entries of the probe's own size measures its memory there.
+    if let Some(id) = map_id(tracer.id(), "STACKS")? {
+        fill_native_store(&id, n)?;
+        for (name, entries, bytes) in map_usage(tracer.id(), &["STACKS"])? {
+            println!(
+                "| {name}, filled to {n} | {entries} | {:.2} MiB |",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    finish(tracer, &done)
+}
+
+/// The id of map `name` that process `pid` holds.
+fn map_id(pid: u32, name: &str) -> Result<Option<String>> {
+    Ok(maps_of(pid)?
+        .into_iter()
+        .find(|(_, n, _)| n == name)
+        .map(|(id, _, _)| id))
+}
+
+/// Adds distinct native stacks to the store `id` (`bpftool batch`) until it holds `n`: each
+/// a full stack of the probe's size, keyed as the probe keys them (odd).
+fn fill_native_store(id: &str, n: usize) -> Result<()> {
+    use reaper_common::native::{NATIVE_FRAMES_MAX, NativeStack};
+    let value_len = size_of::<NativeStack>();
+    let mut batch = String::new();
+    for i in 0..n as u64 {
+        let key = (i << 1 | 1 | 1 << 63).to_le_bytes();
+        let mut value = vec![0u8; value_len];
+        value[..4].copy_from_slice(&(NATIVE_FRAMES_MAX as u32).to_le_bytes());
+        value[8..16].copy_from_slice(&i.to_le_bytes());
+        let hex = |bytes: &[u8]| {
+            bytes
+                .iter()
+                .map(|b| format!("0x{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        batch.push_str(&format!(
+            "map update id {id} key {} value {}\n",
+            hex(&key),
+            hex(&value)
+        ));
+    }
+    let file = std::env::temp_dir().join(format!("reaper-bench-fill-{}", std::process::id()));
+    fs::write(&file, batch)?;
+    let status = Command::new("bpftool")
+        .arg("batch")
+        .arg("file")
+        .arg(&file)
+        .stdout(Stdio::null())
+        .status()?;
+    let _ = fs::remove_file(&file);
+    anyhow::ensure!(status.success(), "bpftool batch: {status}");
     Ok(())
 }
 
-/// (name, entries, memlock bytes) of each map named in `names` that process `pid` holds.
-fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
+/// (id, name, memlock bytes) of each map process `pid` holds.
+fn maps_of(pid: u32) -> Result<Vec<(String, String, u64)>> {
     let mut out = Vec::new();
     for text in fdinfos(pid)? {
         let field = |k: &str| fdinfo_field(&text, k);
@@ -134,6 +200,15 @@ fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
             .output()?;
         let info: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap_or_default();
         let name = info["name"].as_str().unwrap_or("").to_owned();
+        out.push((id, name, memlock.parse().unwrap_or(0)));
+    }
+    Ok(out)
+}
+
+/// (name, entries, memlock bytes) of each map named in `names` that process `pid` holds.
+fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
+    let mut out: Vec<(String, usize, u64)> = Vec::new();
+    for (id, name, memlock) in maps_of(pid)? {
         if !names.contains(&name.as_str()) || out.iter().any(|(n, _, _)| *n == name) {
             continue;
         }
@@ -144,7 +219,7 @@ fn map_usage(pid: u32, names: &[&str]) -> Result<Vec<(String, usize, u64)>> {
             .ok()
             .and_then(|v| v.as_array().map(Vec::len))
             .unwrap_or(0);
-        out.push((name, entries, memlock.parse().unwrap_or(0)));
+        out.push((name, entries, memlock));
     }
     out.sort();
     Ok(out)

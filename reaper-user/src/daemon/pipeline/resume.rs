@@ -4,9 +4,10 @@ use anyhow::Result;
 
 use super::Pipeline;
 use crate::capture::loader::{LossCounts, TakeOver};
-use crate::lineage::graph::{Start, saved::SavedNode};
+use crate::lineage::graph::{NodeId, SpawnStack, Start, saved::SavedNode};
 use crate::lineage::seed::{self, TrackedMap};
 use crate::procfs::{self, Stat};
+use crate::sites::build_ids::SavedBuildId;
 use crate::stream::Stamped;
 use crate::stream::events::{Event, Reparent};
 
@@ -44,6 +45,42 @@ impl Pipeline {
     /// The lineage a checkpoint keeps: the live processes and their ancestors.
     pub fn saved(&self) -> Vec<SavedNode> {
         self.graph.save()
+    }
+
+    /// The build ids learned so far, with their files (see [`SpawnSites::save_build_ids`]).
+    pub fn saved_build_ids(&self) -> Vec<SavedBuildId> {
+        self.sites
+            .as_ref()
+            .map(|s| s.save_build_ids())
+            .unwrap_or_default()
+    }
+
+    /// Takes back the build ids a checkpoint learned, and the stacks the processes it held
+    /// alive (the graph, before /proc is looked at) were spawned at. A stack's key is a hash
+    /// of its frames, so a key the kernel holds (its store pinned with the state) names that
+    /// very stack; a Python spawner adopted so is looked at when a flag names its frames.
+    pub fn resume_spawn_sites(&mut self, build_ids: &[SavedBuildId]) {
+        let Some(sites) = self.sites.as_mut() else {
+            return;
+        };
+        sites.restore_build_ids(build_ids);
+        let restored: Vec<(SpawnStack, Option<NodeId>, NodeId)> = self
+            .graph
+            .alive()
+            .map(|n| (n.spawn_stack, n.spawner, n.id))
+            .collect();
+        for (stack, spawner, child) in restored {
+            let Some(sites) = self.sites.as_mut() else {
+                return;
+            };
+            if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
+                python.spawned(key, child);
+            }
+            if let (Some(key), Some(spawner)) = (stack.native, spawner) {
+                sites.spawned(key, child);
+                self.locate_spawn_site(key, spawner);
+            }
+        }
     }
 
     /// Losses reported so far (a checkpoint keeps them, so the next run reports only new

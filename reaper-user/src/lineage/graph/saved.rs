@@ -5,7 +5,7 @@
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use serde::{Deserialize, Serialize};
 
-use super::{ExitInfo, LineageGraph, NodeId, Start};
+use super::{ExitInfo, LineageGraph, NodeId, SpawnStack, Start};
 use crate::text::{Args, Comm};
 
 /// Bytes from a process (a name, an argument), saved as base64: exact and compact.
@@ -58,6 +58,12 @@ pub struct SavedNode {
     pub is_gateway: bool,
     pub seeded: bool,
     pub called_setsid: bool,
+    /// The keys of the stacks it was spawned at (`--spawn-stacks`), in the pinned stores:
+    /// native, and its spawner's Python frames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_stack: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_stack: Option<u64>,
 }
 
 /// [`Start`], as saved.
@@ -142,6 +148,8 @@ impl LineageGraph {
                 is_gateway: n.is_gateway,
                 seeded: n.seeded,
                 called_setsid: n.called_setsid,
+                native_stack: n.spawn_stack.native,
+                python_stack: n.spawn_stack.python,
             })
             .collect()
     }
@@ -205,6 +213,10 @@ impl LineageGraph {
             node.is_gateway = s.is_gateway;
             node.seeded = s.seeded;
             node.called_setsid = s.called_setsid;
+            node.spawn_stack = SpawnStack {
+                native: s.native_stack,
+                python: s.python_stack,
+            };
             let id = self.insert(node);
             ids[i] = Some(id);
             match (s.exited, alive_now[i]) {

@@ -316,7 +316,15 @@ fn a_saved_lineage_comes_back_through_a_dead_ancestor_and_forgets_dead_leaves() 
     let mut g = LineageGraph::new(100);
     gateway(&mut g, 100);
     let a = node_of(g.apply(&fork(200, 5_000, 100, 100)));
-    node_of(g.apply(&fork(300, 6_000, 200, 200)));
+    let spawned_at = SpawnStack {
+        native: Some(0x71),
+        python: Some(0x93),
+    };
+    let mut c = fork(300, 6_000, 200, 200);
+    if let What::Fork { stack, .. } = &mut c.what {
+        *stack = spawned_at;
+    }
+    node_of(g.apply(&c));
     node_of(g.apply(&fork(400, 7_000, 100, 100)));
     // A exits (its child lives on); the other child exits and is reaped.
     g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
@@ -339,6 +347,11 @@ fn a_saved_lineage_comes_back_through_a_dead_ancestor_and_forgets_dead_leaves() 
     let c = restored.alive[0];
     assert_eq!(next.lineage(c), [100, 200, 300], "the lineage survives");
     assert_eq!(next.node(c).unwrap().comm, Comm::from_c(b"c"));
+    assert_eq!(
+        next.node(c).unwrap().spawn_stack,
+        spawned_at,
+        "the stacks it was spawned at (their stores are pinned)"
+    );
     assert_eq!(next.live_count(), 1);
     assert_eq!(next.zombie_count(), 0, "the dead are not zombies");
     let a = next.current(200).unwrap();

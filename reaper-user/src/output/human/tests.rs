@@ -232,6 +232,7 @@ fn a_flag_names_the_spawners_own_frames_past_its_libcs_fork() {
         file: (!file.is_empty()).then(|| file.into()),
         line,
         object: Some(object.into()),
+        build_id: None,
         offset: 0,
         language: None,
     };

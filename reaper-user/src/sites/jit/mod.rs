@@ -14,7 +14,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use blazesym::symbolize::Symbolizer;
 
 use super::mappings::{self, Mapping};
-use super::{Located, name};
+use super::native::{Located, name};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
@@ -103,6 +103,7 @@ impl JitStacks {
             let located = frames
                 .iter()
                 .map(|&(m, offset)| Located {
+                    build_id: None,
                     object: m.and_then(|m| {
                         files
                             .entry(m.path.as_str())

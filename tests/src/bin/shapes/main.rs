@@ -47,6 +47,7 @@ fn main() {
         "tree" => tree(truth),
         "leak-orphan" => leak_orphan(truth),
         "leak-spawn-site" => spawn_site::leak_spawn_site(truth),
+        "spawn-site-gap" => spawn_site::spawn_site_gap(truth),
         "orphan-later" => orphan_later(truth, false),
         "spawn-later" => orphan_later(truth, true),
         "leak-idle" => leak_idle(truth),

@@ -4,6 +4,8 @@
 //! function itself: the kernel's frame-pointer walk then starts inside it whatever libc was
 //! built with (Debian's libc keeps no frame pointers, so a fork() through it shows only its
 //! own `_Fork`).
+use std::time::{Duration, Instant};
+
 use serde_json::{Value, json};
 
 use super::sys::*;
@@ -43,4 +45,30 @@ pub(crate) fn leak_spawn_site(truth: &str) -> Value {
     found["function"] = json!("start_stdio_server_by_syscall");
     found["file"] = json!(file!());
     found
+}
+
+/// The same leak made while no reaper-trace runs (a restart test), with nothing left that ran
+/// the spawning code once it is made: when `REAPER_SHAPES_RELEASE` exists, A calls setsid()
+/// and forks B from [`start_stdio_server_by_syscall`] on the gateway's stdin (a pipe the test
+/// holds the write end of), writes B's pid to `TRUTH.b` and exits; then the gateway executes
+/// `dd` on the same stdin. B and `dd` read until the test closes the pipe.
+pub(crate) fn spawn_site_gap(truth: &str) -> ! {
+    let release = std::env::var("REAPER_SHAPES_RELEASE").unwrap_or_default();
+    let cap = Instant::now() + patience();
+    while !std::path::Path::new(&release).exists() && Instant::now() < cap {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let b_truth = format!("{truth}.b");
+    let a = fork_then(move || {
+        // SAFETY: plain syscalls in the child; the copy of stdin becomes B's.
+        let stdin = unsafe {
+            libc::setsid();
+            libc::dup(0)
+        };
+        let b = start_stdio_server_by_syscall(stdin, &[]);
+        write_truth(&b_truth, &json!({ "b": b }));
+        0
+    });
+    wait_for(a);
+    exec("/bin/dd", &["dd", "of=/dev/null", "status=none"])
 }

@@ -1,0 +1,164 @@
+//! Which file each build id names. The kernel names a native frame by its object's build id
+//! and the offset in that object's file (see `reaper_common::native`); naming the frame needs
+//! the file. Files are learned from the mappings of processes that run them (a spawner, the
+//! processes it shares its code with, each gateway when found), each file's build id read
+//! once, so a frame is named after every process that mapped its object is gone. The index
+//! is kept in the checkpoint (`--state-dir`): the next run names what this one learned.
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+
+use object::{Object as _, ReadCache};
+use reaper_common::native::BUILD_ID_LEN;
+use serde::{Deserialize, Serialize};
+
+use super::mappings::{Mapping, mappings};
+
+/// A build id as the kernel keeps it: padded with zeros to [`BUILD_ID_LEN`].
+pub type BuildId = [u8; BUILD_ID_LEN];
+
+/// The files build ids name, and the build id of each file read.
+#[derive(Default)]
+pub struct BuildIds {
+    /// Each file's build id (none: it has none, or could not be read), by (device, inode).
+    files: HashMap<(String, u64), Option<BuildId>>,
+    /// Where each build id's file can be opened.
+    paths: HashMap<BuildId, PathBuf>,
+}
+
+/// One build id and its file, as the checkpoint keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedBuildId {
+    /// In hex, as `readelf -n` and the NDJSON show it.
+    pub build_id: String,
+    pub path: PathBuf,
+}
+
+impl BuildIds {
+    /// Learns the build ids of the code process `pid` maps. Returns its file-backed mappings,
+    /// or `None` once it is gone.
+    pub fn learn(&mut self, pid: u32) -> Option<Vec<Mapping>> {
+        let maps = mappings(pid).ok()?;
+        for m in maps.iter().filter(|m| m.executable) {
+            self.build_id(pid, m);
+        }
+        Some(maps)
+    }
+
+    /// The build id of the file `m` maps in process `pid` (read once per file).
+    pub fn build_id(&mut self, pid: u32, m: &Mapping) -> Option<BuildId> {
+        let key = (m.dev.clone(), m.inode);
+        if let Some(known) = self.files.get(&key) {
+            return *known;
+        }
+        let path = m.file(pid);
+        let id = path.as_ref().and_then(|p| read_build_id(p));
+        if let (Some(id), Some(path)) = (id, path) {
+            self.paths.entry(id).or_insert(path);
+        }
+        self.files.insert(key, id);
+        id
+    }
+
+    /// Whether the file of `id` is known.
+    pub fn knows(&self, id: &BuildId) -> bool {
+        self.paths.contains_key(id)
+    }
+
+    /// The file of `id`, while it is still that file (an upgrade may have replaced it).
+    pub fn path(&self, id: &BuildId) -> Option<PathBuf> {
+        let path = self.paths.get(id)?;
+        (read_build_id(path).as_ref() == Some(id)).then(|| path.clone())
+    }
+
+    /// The index, for the checkpoint.
+    pub fn save(&self) -> Vec<SavedBuildId> {
+        let mut saved: Vec<SavedBuildId> = self
+            .paths
+            .iter()
+            .map(|(id, path)| SavedBuildId {
+                build_id: hex(id),
+                path: path.clone(),
+            })
+            .collect();
+        saved.sort_by(|a, b| a.build_id.cmp(&b.build_id));
+        saved
+    }
+
+    /// Takes back a checkpoint's index (entries that do not parse are left out).
+    pub fn restore(&mut self, saved: &[SavedBuildId]) {
+        for s in saved {
+            if let Some(id) = parse_hex(&s.build_id) {
+                self.paths.entry(id).or_insert_with(|| s.path.clone());
+            }
+        }
+    }
+}
+
+/// The build id of the ELF file at `path` (its `.note.gnu.build-id`), padded as the kernel
+/// pads it.
+fn read_build_id(path: &std::path::Path) -> Option<BuildId> {
+    let file = File::open(path).ok()?;
+    let cache = ReadCache::new(&file);
+    let elf = object::File::parse(&cache).ok()?;
+    let bytes = elf.build_id().ok()??;
+    let mut id = [0; BUILD_ID_LEN];
+    id.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some(id)
+}
+
+/// The build id of the ELF file at `path`, in hex as frames show it.
+pub fn build_id_of(path: &std::path::Path) -> Option<String> {
+    read_build_id(path).as_ref().map(hex)
+}
+
+/// `id` in hex, its padding left out (a 16-byte id is shown as 16 bytes). Trailing zero
+/// bytes of a 20-byte id are left out too: the kernel keeps no length, so they are taken for
+/// padding, and [`parse_hex`] pads them back.
+pub fn hex(id: &BuildId) -> String {
+    let len = id.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    id[..len].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A build id from [`hex`]'s text.
+fn parse_hex(text: &str) -> Option<BuildId> {
+    if !text.len().is_multiple_of(2) || text.len() > 2 * BUILD_ID_LEN {
+        return None;
+    }
+    let mut id = [0; BUILD_ID_LEN];
+    for (i, byte) in id.iter_mut().take(text.len() / 2).enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_id_goes_to_hex_and_back() {
+        let mut id = [0; BUILD_ID_LEN];
+        id[..16].copy_from_slice(&[0xab; 16]);
+        assert_eq!(hex(&id), "ab".repeat(16));
+        assert_eq!(parse_hex(&hex(&id)), Some(id));
+        assert_eq!(parse_hex("abc"), None);
+        assert_eq!(parse_hex(&"00".repeat(21)), None);
+    }
+
+    #[test]
+    fn this_test_binary_is_found_by_its_own_build_id() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let Some(id) = read_build_id(&exe) else {
+            panic!("{} has a build id (the linker's default)", exe.display());
+        };
+        let mut ids = BuildIds::default();
+        let maps = ids.learn(std::process::id()).expect("own mappings");
+        assert!(maps.iter().any(|m| m.executable));
+        assert!(ids.knows(&id));
+        assert_eq!(ids.path(&id), Some(exe.clone()));
+        let mut next = BuildIds::default();
+        next.restore(&ids.save());
+        assert_eq!(next.path(&id), Some(exe), "taken back from a checkpoint");
+    }
+}
