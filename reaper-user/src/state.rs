@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capture::loader::LossCounts;
 use crate::lineage::graph::saved::SavedNode;
+use crate::sites::SavedUnwound;
 use crate::sites::build_ids::SavedBuildId;
 use reaper_common::{LAYOUT, ReaderMark};
 
@@ -49,6 +50,9 @@ pub struct Checkpoint {
     /// frames of spawners gone in between.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub build_ids: Vec<SavedBuildId>,
+    /// The live processes' spawn stacks unwound from copies (a Node host's children).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unwound: Vec<SavedUnwound>,
     /// The kernel side it was written beside; none from a run whose kernel side was not kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelKept>,

@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::{Then, pid, run_reaper_until_in, scratch};
+use crate::{
+    Then, checkpointed, end_once_checkpointed, kept_run, parent_of, pid, release_state,
+    run_reaper_until, run_reaper_until_in, scratch, state_test, wait_until,
+};
 
 /// Writes `trigger` once `events` hold the exec of a host's warm-up child (`true`): it is
 /// written once reaper-trace looked at the host's own exec (an interpreter found, a Node host
@@ -83,9 +86,99 @@ pub fn node_spawned_at(test: &str, how: &str, node_options: &str) -> (Vec<Value>
     (frames, interpreter)
 }
 
+/// Starts `tests/node/spawning_host.js` (`how`: see its header) on its own, under the perf map
+/// options, in `dir` (where node writes its V8 log); it spawns its server once `dir/trigger`
+/// exists and ends once `dir/release` does.
+pub fn start_node_host(dir: &Path, how: &str) -> std::process::Child {
+    std::process::Command::new("node")
+        .arg(spawning_host())
+        .arg(how)
+        .arg(dir.join("trigger"))
+        .arg(dir.join("release"))
+        .env("NODE_OPTIONS", PERF_MAP)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start node")
+}
+
 /// Whether `event` flags the server (`dd`, idle: it waits on the host, which never writes).
 fn server_flag(event: &Value) -> bool {
-    event["event"] == "flag" && event["reason"] == "idle" && event["comm"] == "dd"
+    idle_flag(event, "dd")
+}
+
+/// Whether `event` flags process `comm` idle.
+fn idle_flag(event: &Value, comm: &str) -> bool {
+    event["event"] == "flag" && event["reason"] == "idle" && event["comm"] == comm
+}
+
+/// A host's spawn read by one run of reaper-trace and flagged by the next (`--state-dir`):
+/// `start` starts the host in the scratch directory it is given, where it spawns its server
+/// (`comm`, which waits on it) once `trigger` exists there and ends once `release` does. The
+/// first run finds the host, reads the spawn, keeps it in its checkpoint and stops before the
+/// server has been idle long enough to flag (`--idle-after 1h`); the second is run until it
+/// flags the server idle. Returns that flag's `spawned_at`; none when skipped (see
+/// `require_root`).
+pub fn spawned_at_across_a_restart(
+    test: &str,
+    start: impl FnOnce(&Path) -> std::process::Child,
+    comm: &str,
+) -> Option<Vec<Value>> {
+    let (dir, state) = state_test(test)?;
+    let mut host = start(&dir);
+    let gw = u64::from(host.id());
+    let first = kept_run(
+        &state,
+        &dir.join("first.ndjson"),
+        gw,
+        &["--idle-after", "1h"],
+    );
+    wait_until("the checkpoint to hold the host", || {
+        checkpointed(&state).contains(&gw)
+    });
+    std::fs::write(dir.join("trigger"), b"").expect("trigger the spawn");
+    let mut server = None;
+    wait_until("the host's server", || {
+        server = std::fs::read_dir("/proc").ok().and_then(|d| {
+            d.flatten().find_map(|e| {
+                let p: u64 = e.file_name().to_str()?.parse().ok()?;
+                let name = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
+                (parent_of(p) == Some(gw) && name.trim() == comm).then_some(p)
+            })
+        });
+        server.is_some()
+    });
+    end_once_checkpointed(first, &state, server.unwrap(), libc::SIGTERM);
+    let args = [
+        "--gateway-pid",
+        &gw.to_string(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--idle-after",
+        "1s",
+        "--scan-interval",
+        "250ms",
+    ];
+    let second = run_reaper_until(
+        &args,
+        &[],
+        &dir.join("release"),
+        (
+            "the server flagged by the run after the restart",
+            Then::Release,
+        ),
+        |events| events.iter().any(|e| idle_flag(e, comm)),
+    );
+    let _ = host.wait();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{gw}.map"));
+    release_state(&state);
+    let proven = second.until_proof();
+    let flag = proven.all("flag").into_iter().find(|f| idle_flag(f, comm));
+    let flag = flag.unwrap_or_else(|| panic!("no server flag: {:?}", second.events));
+    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    eprintln!("{test}: {frames:#?}");
+    Some(frames)
 }
 
 /// The first frame in `frames` naming `function`.

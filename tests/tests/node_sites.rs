@@ -76,3 +76,15 @@ fn a_spawn_near_the_top_of_the_stack_is_unwound_whole() {
     frame(&frames, "uv_spawn");
     frame(&frames, "main");
 }
+
+#[test]
+fn a_node_hosts_spawn_unwound_before_a_restart_is_named_by_the_run_after_it() {
+    let test = "a_node_hosts_spawn_unwound_before_a_restart_is_named_by_the_run_after_it";
+    let start = |dir: &std::path::Path| reaper_tests::start_node_host(dir, "spawn");
+    let Some(frames) = reaper_tests::spawned_at_across_a_restart(test, start, "dd") else {
+        return;
+    };
+    let own = frame(&frames, "startServer");
+    assert_eq!(own["language"], "javascript", "{own}");
+    frame(&frames, "uv_spawn");
+}

@@ -252,3 +252,28 @@ fn a_forked_copy_of_the_interpreter_spawns_with_its_frames() {
         "{caller}"
     );
 }
+
+#[test]
+fn a_python_spawn_read_before_a_restart_is_named_by_the_run_after_it() {
+    let test = "a_python_spawn_read_before_a_restart_is_named_by_the_run_after_it";
+    let start = |dir: &Path| {
+        std::fs::copy(host_script(), dir.join("mcp_host.py")).unwrap();
+        std::process::Command::new("/usr/bin/python3.11")
+            .arg(dir.join("mcp_host.py"))
+            .arg("popen")
+            .arg(dir.join("trigger"))
+            .arg(dir.join("release"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start python3")
+    };
+    let Some(frames) = reaper_tests::spawned_at_across_a_restart(test, start, "cat") else {
+        return;
+    };
+    // Its Python frames, read in the kernel at the fork while the first run recorded, and
+    // named by the second from the host's memory.
+    let own = frame(&frames, "start_stdio_server");
+    assert_eq!(own["language"], "python", "{own}");
+    assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+}

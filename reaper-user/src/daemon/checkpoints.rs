@@ -106,6 +106,7 @@ impl Checkpoints {
             written: boottime_now(),
             nodes: run.saved(),
             build_ids: run.saved_build_ids(),
+            unwound: run.saved_unwound(),
             // Encoded between two batches: it holds exactly the records taken so far.
             kernel: Some(KernelKept {
                 layout: reaper_common::LAYOUT,

@@ -364,7 +364,7 @@ fn resume(
             (checkpoint, took, unsaved, true)
         }
     };
-    run.resume_spawn_sites(&checkpoint.build_ids);
+    run.resume_spawn_sites(&checkpoint.build_ids, &checkpoint.unwound);
     let resumed = Resumed {
         state_dir: dir.path().display().to_string(),
         gap_ns: t0.saturating_sub(checkpoint.written),

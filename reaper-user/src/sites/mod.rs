@@ -7,12 +7,15 @@
 use blazesym::symbolize::Symbolizer;
 use build_ids::SavedBuildId;
 use jit::JitStacks;
+pub use native::Located;
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
+use serde::{Deserialize, Serialize};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
+use crate::lineage::graph::saved::SavedStart;
 use crate::procfs::proc_path;
 use crate::stream::evidence::Frame;
 
@@ -22,6 +25,15 @@ mod mappings;
 mod native;
 pub mod python;
 mod referrers;
+
+/// A live process's unwound spawn stack (see [`jit`]), as the checkpoint keeps it: the next run
+/// names it as this one would have.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedUnwound {
+    pub pid: u32,
+    pub start: SavedStart,
+    pub frames: Vec<Located>,
+}
 
 /// Spawn stacks: native ones, Python spawners' frames, JIT hosts' copies.
 pub struct SpawnSites {
@@ -126,6 +138,19 @@ impl SpawnSites {
     /// Takes back a checkpoint's build ids.
     pub fn restore_build_ids(&mut self, saved: &[SavedBuildId]) {
         self.native.build_ids.restore(saved);
+    }
+
+    /// The located frames `child` was spawned at when they were unwound from a copy (see
+    /// [`jit`]), for the checkpoint.
+    pub fn unwound(&self, child: NodeId) -> Option<Vec<Located>> {
+        Some(self.jit.as_ref()?.unwound(child)?.to_vec())
+    }
+
+    /// Takes back the unwound frames a checkpoint kept for `child`, spawned by `spawner`.
+    pub fn take_back_unwound(&mut self, child: NodeId, spawner: NodeId, frames: Vec<Located>) {
+        if let Some(jit) = self.jit.as_mut() {
+            jit.take_back(child, spawner, frames);
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use aya::maps::{HashMap as KernelMap, MapData};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NativeStack};
+use serde::{Deserialize, Serialize};
 
 use super::build_ids::{BuildId, BuildIds, hex};
 use super::mappings::Mapping;
@@ -16,8 +17,8 @@ use super::referrers::Referrers;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
-/// One frame of a stack, located in its object.
-#[derive(Clone, Debug)]
+/// One frame of a stack, located in its object (as the checkpoint keeps it, too).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Located {
     /// The object's build id, when the kernel could read it.
     pub build_id: Option<BuildId>,

@@ -48,6 +48,7 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
         written: 5,
         nodes: vec![node(10)],
         build_ids: Vec::new(),
+        unwound: Vec::new(),
         kernel: None,
     };
     state
@@ -79,6 +80,7 @@ fn other_selectors_or_format_are_refused_naming_release_state_another_boot_is_st
         written: 5,
         nodes: Vec::new(),
         build_ids: Vec::new(),
+        unwound: Vec::new(),
         kernel: None,
     };
     let Verdict::Stale(why) = check(&checkpoint, &dir, &["pid".into()]).unwrap() else {

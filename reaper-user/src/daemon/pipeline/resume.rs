@@ -4,9 +4,13 @@ use anyhow::Result;
 
 use super::Pipeline;
 use crate::capture::loader::{LossCounts, TakeOver};
-use crate::lineage::graph::{NodeId, SpawnStack, Start, saved::SavedNode};
+use std::collections::HashMap;
+
+use crate::lineage::graph::saved::{SavedNode, SavedStart};
+use crate::lineage::graph::{NodeId, Start};
 use crate::lineage::seed::{self, TrackedMap};
 use crate::procfs::{self, Stat};
+use crate::sites::SavedUnwound;
 use crate::sites::build_ids::SavedBuildId;
 use crate::stream::Stamped;
 use crate::stream::events::{Event, Reparent};
@@ -55,24 +59,46 @@ impl Pipeline {
             .unwrap_or_default()
     }
 
+    /// The live processes' stacks unwound from copies, for the checkpoint.
+    pub fn saved_unwound(&self) -> Vec<SavedUnwound> {
+        let Some(sites) = self.sites.as_ref() else {
+            return Vec::new();
+        };
+        self.graph
+            .alive()
+            .filter_map(|n| {
+                Some(SavedUnwound {
+                    pid: n.pid,
+                    start: n.start.into(),
+                    frames: sites.unwound(n.id)?,
+                })
+            })
+            .collect()
+    }
+
     /// Takes back the build ids a checkpoint learned, and the stacks the processes it held
     /// alive (the graph, before /proc is looked at) were spawned at. A stack's key is a hash
     /// of its frames, so a key the kernel holds (its store pinned with the state) names that
-    /// very stack; a Python spawner adopted so is looked at when a flag names its frames.
-    pub fn resume_spawn_sites(&mut self, build_ids: &[SavedBuildId]) {
+    /// very stack; a Python spawner adopted so is looked at when a flag names its frames; an
+    /// unwound stack comes back located.
+    pub fn resume_spawn_sites(&mut self, build_ids: &[SavedBuildId], unwound: &[SavedUnwound]) {
         let Some(sites) = self.sites.as_mut() else {
             return;
         };
         sites.restore_build_ids(build_ids);
-        let restored: Vec<(SpawnStack, Option<NodeId>, NodeId)> = self
-            .graph
-            .alive()
-            .map(|n| (n.spawn_stack, n.spawner, n.id))
-            .collect();
-        for (stack, spawner, child) in restored {
-            let Some(sites) = self.sites.as_mut() else {
-                return;
+        let mut unwound: HashMap<(u32, SavedStart), &SavedUnwound> =
+            unwound.iter().map(|u| ((u.pid, u.start), u)).collect();
+        let restored: Vec<NodeId> = self.graph.alive().map(|n| n.id).collect();
+        for child in restored {
+            let (Some(node), Some(sites)) = (self.graph.node(child), self.sites.as_mut()) else {
+                continue;
             };
+            let (stack, spawner) = (node.spawn_stack, node.spawner);
+            if let (Some(u), Some(spawner)) =
+                (unwound.remove(&(node.pid, node.start.into())), spawner)
+            {
+                sites.take_back_unwound(child, spawner, u.frames.clone());
+            }
             if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
                 python.spawned(key, child);
             }

@@ -67,7 +67,7 @@ pub struct SavedNode {
 }
 
 /// [`Start`], as saved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SavedStart {
     Exact(u64),

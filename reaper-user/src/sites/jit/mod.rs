@@ -81,12 +81,11 @@ impl JitStacks {
         // Each frame in its mapping (its offset in the mapped file), or an address.
         let frames: Vec<(Option<&Mapping>, u64)> = addrs
             .iter()
-            .map(
-                |&addr| match maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
-                    Some(m) => (Some(m), addr - m.start + m.offset),
-                    None => (None, addr),
-                },
-            )
+            .map(|&addr| {
+                maps.iter()
+                    .find_map(|m| Some((Some(m), m.file_offset(addr)?)))
+                    .unwrap_or((None, addr))
+            })
             .collect();
         if frames.is_empty() {
             return;
@@ -144,6 +143,25 @@ impl JitStacks {
         // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
         self.named.insert(key, frames.clone());
         Some(frames)
+    }
+
+    /// The located frames `child` was spawned at, if its stack was unwound here.
+    pub fn unwound(&self, child: NodeId) -> Option<&[Located]> {
+        self.located
+            .get(self.spawned.get(&child)?)
+            .map(Vec::as_slice)
+    }
+
+    /// Takes back the located frames a checkpoint kept for `child`, spawned by host
+    /// `spawner`: named when a flag needs them, as if unwound by this run.
+    pub fn take_back(&mut self, child: NodeId, spawner: NodeId, frames: Vec<Located>) {
+        let mut hasher = DefaultHasher::new();
+        for f in &frames {
+            (&f.object, f.offset).hash(&mut hasher);
+        }
+        let key = (hasher.finish(), spawner);
+        self.located.entry(key).or_insert(frames);
+        self.spawned.insert(child, key);
     }
 
     /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds
