@@ -263,6 +263,21 @@ pub enum Taken {
     },
 }
 
+impl Taken {
+    /// Whether the lineage taken back holds `pid` as a gateway (alive at the checkpoint, or
+    /// kept dead because what it spawned lives on).
+    pub fn holds_gateway(&self, pid: u32) -> bool {
+        let checkpoint = match self {
+            Taken::Nothing => return false,
+            Taken::Lineage(c) | Taken::Whole { checkpoint: c, .. } => c,
+        };
+        checkpoint
+            .nodes
+            .iter()
+            .any(|n| n.pid == pid && n.is_gateway)
+    }
+}
+
 /// What `--state-dir` holds for a run of `selectors`, with notices for the user. A kernel side
 /// that does not go with the checkpoint (none was written beside it, or it is older) is
 /// released: its records cannot be told apart from what the checkpoint holds.

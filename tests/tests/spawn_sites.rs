@@ -161,10 +161,11 @@ fn an_untracked_fork_takes_no_stack_and_a_tracked_one_does() {
 
 /// A spawn whose spawner, and every process that ran the spawner's code, is gone before the
 /// flag, with a restart of reaper-trace in between (`--state-dir`): the gateway's child A forks
-/// B from a named function and exits, and the gateway executes `dd` (`spawn-site-gap`). The
-/// fork is read by the run after the restart (`in_gap`: it waits in the ring) or by the one
-/// before, whose long `--orphan-grace` leaves the flag to the next run. Either way the next
-/// run names B's spawn site from the build ids and files the first run learned.
+/// B from a named function and exits, then the gateway exits (`spawn-site-gap`). The fork is
+/// read by the run after the restart (`in_gap`: it waits in the ring) or by the one before,
+/// whose long `--orphan-grace` leaves the flag to the next run. Either way the next run, given
+/// the same `--gateway-pid` (its gateway gone), names B's spawn site from the build ids and
+/// files the first run learned.
 fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
     use reaper_tests::{
         Then, checkpointed, end_once_checkpointed, kept_run, read_json, release_state,
@@ -184,6 +185,7 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
         .spawn()
         .expect("start the gateway");
     let gw = u64::from(gateway.id());
+    let mut server_input = gateway.stdin.take();
     let first = kept_run(
         &state,
         &dir.join("first.ndjson"),
@@ -191,14 +193,11 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
         &["--orphan-grace", "1h"],
     );
     let b_truth = dir.join("truth.json.b");
-    let spawn = || {
+    let mut spawn = || {
         std::fs::write(&release, b"").expect("release the gateway");
         wait_for_file(&b_truth, reaper_tests::patience());
-        let b = pid(&read_json(&b_truth)["b"]);
-        wait_until("the gateway to run dd", || {
-            std::fs::read_link(format!("/proc/{gw}/exe")).is_ok_and(|e| e.ends_with("dd"))
-        });
-        b
+        let _ = gateway.wait();
+        pid(&read_json(&b_truth)["b"])
     };
     let b = match in_gap {
         // The first run learns the gateway's objects, and stops; the probes stay attached
@@ -217,7 +216,6 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
             b
         }
     };
-    let mut server_input = gateway.stdin.take();
     let args = [
         "--gateway-pid",
         &gw.to_string(),
@@ -240,8 +238,18 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
         },
     );
     drop(server_input);
-    let _ = gateway.wait();
     release_state(&state);
+    // The gateway's exit came in the gap (from the ring), or was seen by the first run.
+    assert_eq!(
+        second
+            .all("exit")
+            .iter()
+            .filter(|e| pid(&e["pid"]) == gw)
+            .count(),
+        usize::from(in_gap),
+        "{:?}",
+        second.events
+    );
     let f = flag(&second, b, "orphaned");
     let frames = f["spawned_at"].as_array().expect("spawned_at");
     let innermost = &frames[0];

@@ -79,12 +79,18 @@ pub async fn run(cli: Cli) -> Result<i32> {
             );
         }
     }
-    // Check the gateways before touching the kernel: a typo should cost nothing.
-    let pid_gateways = cli
-        .gateway_pid
-        .iter()
-        .map(|&pid| seed::check_gateway(pid, cli.allow_init))
-        .collect::<Result<Vec<_>>>()?;
+    // Check the gateways before touching the kernel: a typo should cost nothing. One that has
+    // exited may be a kept state's gateway that exited while no run read (what it left, and
+    // its exit, wait in the ring): that is decided once the state is read.
+    let mut pid_gateways = Vec::new();
+    let mut exited_gateways = Vec::new();
+    for &pid in &cli.gateway_pid {
+        match seed::check_gateway(pid, cli.allow_init) {
+            Ok(stat) => pid_gateways.push(stat),
+            Err(e) if seed::exited(pid) => exited_gateways.push((pid, e)),
+            Err(e) => return Err(e),
+        }
+    }
     let mut selectors = Selectors::from_cli(&cli)?;
     selectors.check_pidfiles()?;
     // A state that cannot be taken back stops the run before the kernel is touched.
@@ -101,6 +107,12 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         None => Taken::Nothing,
     };
+    if let Some((_, e)) = exited_gateways
+        .into_iter()
+        .find(|&(pid, _)| !taken.holds_gateway(pid))
+    {
+        return Err(e);
+    }
     let kept = match &state {
         Some(dir) => Some(Kept {
             pins: dir.pins()?,

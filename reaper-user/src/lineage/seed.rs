@@ -42,6 +42,11 @@ pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
     Ok(stat)
 }
 
+/// Whether process `pid` has exited (gone, or a zombie).
+pub fn exited(pid: u32) -> bool {
+    procfs::read_stat(pid).map_or(true, |s| s.state == b'Z')
+}
+
 /// Puts `stat`'s process in the tracked map, then checks it is still the same process; a
 /// process that exited in between is taken out again (its pid could be reused).
 pub fn track(map: &mut TrackedMap, stat: &Stat) -> Result<bool> {

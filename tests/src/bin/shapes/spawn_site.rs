@@ -50,9 +50,9 @@ pub(crate) fn leak_spawn_site(truth: &str) -> Value {
 /// The same leak made while no reaper-trace runs (a restart test), with nothing left that ran
 /// the spawning code once it is made: when `REAPER_SHAPES_RELEASE` exists, A calls setsid()
 /// and forks B from [`start_stdio_server_by_syscall`] on the gateway's stdin (a pipe the test
-/// holds the write end of), writes B's pid to `TRUTH.b` and exits; then the gateway executes
-/// `dd` on the same stdin. B and `dd` read until the test closes the pipe.
-pub(crate) fn spawn_site_gap(truth: &str) -> ! {
+/// holds the write end of), writes B's pid to `TRUTH.b` and exits; then the gateway exits. B
+/// reads until the test closes the pipe.
+pub(crate) fn spawn_site_gap(truth: &str) -> Value {
     let release = std::env::var("REAPER_SHAPES_RELEASE").unwrap_or_default();
     let cap = Instant::now() + patience();
     while !std::path::Path::new(&release).exists() && Instant::now() < cap {
@@ -70,5 +70,5 @@ pub(crate) fn spawn_site_gap(truth: &str) -> ! {
         0
     });
     wait_for(a);
-    exec("/bin/dd", &["dd", "of=/dev/null", "status=none"])
+    json!({ "a": a })
 }
