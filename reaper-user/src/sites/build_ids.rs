@@ -22,14 +22,14 @@ pub type BuildId = [u8; BUILD_ID_LEN];
 pub struct BuildIds {
     /// Each file's build id (none: it has none, or could not be read), by (device, inode).
     files: HashMap<(String, u64), Option<BuildId>>,
-    /// Where each build id's file can be opened.
-    paths: HashMap<BuildId, PathBuf>,
+    /// Where each build id's file can be opened, and the id's own length there.
+    paths: HashMap<BuildId, (PathBuf, usize)>,
 }
 
 /// One build id and its file, as the checkpoint keeps them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedBuildId {
-    /// In hex, as `readelf -n` and the NDJSON show it.
+    /// In hex, as `readelf -n` and the NDJSON show it (its own length).
     pub build_id: String,
     pub path: PathBuf,
 }
@@ -53,9 +53,10 @@ impl BuildIds {
         }
         let path = m.file(pid);
         let id = path.as_ref().and_then(|p| read_build_id(p));
-        if let (Some(id), Some(path)) = (id, path) {
-            self.paths.entry(id).or_insert(path);
+        if let (Some((id, len)), Some(path)) = (id, path) {
+            self.paths.entry(id).or_insert((path, len));
         }
+        let id = id.map(|(id, _)| id);
         self.files.insert(key, id);
         id
     }
@@ -67,8 +68,15 @@ impl BuildIds {
 
     /// The file of `id`, while it is still that file (an upgrade may have replaced it).
     pub fn path(&self, id: &BuildId) -> Option<PathBuf> {
-        let path = self.paths.get(id)?;
-        (read_build_id(path).as_ref() == Some(id)).then(|| path.clone())
+        let (path, _) = self.paths.get(id)?;
+        (read_build_id(path).map(|(read, _)| read) == Some(*id)).then(|| path.clone())
+    }
+
+    /// `id` in hex, at its own length when its file is known; else as the kernel gave it
+    /// (20 bytes: a shorter id is then followed by the kernel's zeros).
+    pub fn show(&self, id: &BuildId) -> String {
+        let len = self.paths.get(id).map_or(BUILD_ID_LEN, |&(_, len)| len);
+        hex(id.get(..len).unwrap_or(id))
     }
 
     /// The index, for the checkpoint.
@@ -76,8 +84,8 @@ impl BuildIds {
         let mut saved: Vec<SavedBuildId> = self
             .paths
             .iter()
-            .map(|(id, path)| SavedBuildId {
-                build_id: hex(id),
+            .map(|(id, (path, len))| SavedBuildId {
+                build_id: hex(id.get(..*len).unwrap_or(id)),
                 path: path.clone(),
             })
             .collect();
@@ -89,38 +97,39 @@ impl BuildIds {
     pub fn restore(&mut self, saved: &[SavedBuildId]) {
         for s in saved {
             if let Some(id) = parse_hex(&s.build_id) {
-                self.paths.entry(id).or_insert_with(|| s.path.clone());
+                let len = s.build_id.len() / 2;
+                self.paths
+                    .entry(id)
+                    .or_insert_with(|| (s.path.clone(), len));
             }
         }
     }
 }
 
 /// The build id of the ELF file at `path` (its `.note.gnu.build-id`), padded as the kernel
-/// pads it.
-fn read_build_id(path: &std::path::Path) -> Option<BuildId> {
+/// pads it (a longer one cut, as the kernel cuts it), and its own length.
+fn read_build_id(path: &std::path::Path) -> Option<(BuildId, usize)> {
     let file = File::open(path).ok()?;
     let cache = ReadCache::new(&file);
     let elf = object::File::parse(&cache).ok()?;
     let bytes = elf.build_id().ok()??;
+    let len = bytes.len().min(BUILD_ID_LEN);
     let mut id = [0; BUILD_ID_LEN];
-    id.get_mut(..bytes.len())?.copy_from_slice(bytes);
-    Some(id)
+    id[..len].copy_from_slice(&bytes[..len]);
+    Some((id, len))
 }
 
 /// The build id of the ELF file at `path`, in hex as frames show it.
 pub fn build_id_of(path: &std::path::Path) -> Option<String> {
-    read_build_id(path).as_ref().map(hex)
+    read_build_id(path).map(|(id, len)| hex(&id[..len]))
 }
 
-/// `id` in hex, its padding left out (a 16-byte id is shown as 16 bytes). Trailing zero
-/// bytes of a 20-byte id are left out too: the kernel keeps no length, so they are taken for
-/// padding, and [`parse_hex`] pads them back.
-pub fn hex(id: &BuildId) -> String {
-    let len = id.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    id[..len].iter().map(|b| format!("{b:02x}")).collect()
+/// `bytes` in hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A build id from [`hex`]'s text.
+/// A build id from [`hex`]'s text, padded.
 fn parse_hex(text: &str) -> Option<BuildId> {
     if !text.len().is_multiple_of(2) || text.len() > 2 * BUILD_ID_LEN {
         return None;
@@ -137,19 +146,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_build_id_goes_to_hex_and_back() {
+    fn a_build_id_goes_to_hex_and_back_at_its_own_length() {
         let mut id = [0; BUILD_ID_LEN];
         id[..16].copy_from_slice(&[0xab; 16]);
-        assert_eq!(hex(&id), "ab".repeat(16));
-        assert_eq!(parse_hex(&hex(&id)), Some(id));
+        assert_eq!(parse_hex(&"ab".repeat(16)), Some(id), "padded");
         assert_eq!(parse_hex("abc"), None);
         assert_eq!(parse_hex(&"00".repeat(21)), None);
+        let mut ids = BuildIds::default();
+        let unknown = [0x5a; BUILD_ID_LEN];
+        assert_eq!(ids.show(&unknown), "5a".repeat(20), "as the kernel gave it");
+        ids.restore(&[SavedBuildId {
+            build_id: "ab".repeat(16),
+            path: PathBuf::from("/nonexistent"),
+        }]);
+        assert_eq!(ids.show(&id), "ab".repeat(16), "a known file's length");
+        // A 20-byte id may end in a zero byte: it is not taken for padding.
+        let mut ends_in_zero = [0x11; BUILD_ID_LEN];
+        ends_in_zero[19] = 0;
+        assert_eq!(ids.show(&ends_in_zero), format!("{}00", "11".repeat(19)));
     }
 
     #[test]
     fn this_test_binary_is_found_by_its_own_build_id() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let Some(id) = read_build_id(&exe) else {
+        let Some((id, _)) = read_build_id(&exe) else {
             panic!("{} has a build id (the linker's default)", exe.display());
         };
         let mut ids = BuildIds::default();

@@ -11,7 +11,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NativeStack};
 use serde::{Deserialize, Serialize};
 
-use super::build_ids::{BuildId, BuildIds, hex};
+use super::build_ids::{BuildId, BuildIds};
 use super::mappings::Mapping;
 use super::referrers::Referrers;
 use crate::lineage::graph::NodeId;
@@ -86,7 +86,8 @@ impl NativeStacks {
         let frames = stack.frames.get(..stack.len as usize).unwrap_or_default();
         let wanted = frames.iter().any(|f| match f.status {
             FRAME_BUILD_ID => !self.build_ids.knows(&f.build_id),
-            _ => true,
+            FRAME_ADDRESS => true,
+            _ => false,
         });
         let maps = match wanted {
             true => holders
@@ -147,15 +148,19 @@ impl NativeStacks {
         }
         let named: Vec<Frame> = located
             .iter()
-            .map(|l| match (l.build_id, &l.object) {
-                (Some(id), None) => name(
-                    symbolizer,
-                    &Located {
-                        object: self.build_ids.path(&id),
-                        ..l.clone()
-                    },
-                ),
-                _ => name(symbolizer, l),
+            .map(|l| {
+                let mut frame = match (l.build_id, &l.object) {
+                    (Some(id), None) => name(
+                        symbolizer,
+                        &Located {
+                            object: self.build_ids.path(&id),
+                            ..l.clone()
+                        },
+                    ),
+                    _ => name(symbolizer, l),
+                };
+                frame.build_id = l.build_id.map(|id| self.build_ids.show(&id));
+                frame
             })
             .collect();
         self.named.insert(key, named.clone());
@@ -163,12 +168,11 @@ impl NativeStacks {
     }
 }
 
-/// A frame named from its object's symbols (no object: the frame says only its build id and
-/// offset, or its address).
+/// A frame named from its object's symbols (no object: the frame says only its offset, or its
+/// address; the caller adds the build id).
 pub fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {
     let mut frame = Frame {
         object: l.object.as_ref().map(|p| p.display().to_string()),
-        build_id: l.build_id.as_ref().map(hex),
         offset: l.offset,
         ..Frame::default()
     };

@@ -163,7 +163,8 @@ pub struct Frame {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
     /// The object's build id (hex), when the kernel could read it: with `offset`, what names
-    /// the frame offline (`debuginfod`, `eu-addr2line`) when `object` is not there.
+    /// the frame offline (`debuginfod`, `eu-addr2line`) when `object` is not there. At its own
+    /// length when the file was found; else the kernel's 20 bytes (a shorter id padded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
     /// The offset in `object`; for a Python frame, the instruction's offset in its code
