@@ -79,18 +79,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             );
         }
     }
-    // Check the gateways before touching the kernel: a typo should cost nothing. One that has
-    // exited may be a kept state's gateway that exited while no run read (what it left, and
-    // its exit, wait in the ring): that is decided once the state is read.
-    let mut pid_gateways = Vec::new();
-    let mut exited_gateways = Vec::new();
-    for &pid in &cli.gateway_pid {
-        match seed::check_gateway(pid, cli.allow_init) {
-            Ok(stat) => pid_gateways.push(stat),
-            Err(e) if seed::exited(pid) => exited_gateways.push((pid, e)),
-            Err(e) => return Err(e),
-        }
-    }
+    // Check the gateways before touching the kernel: a typo should cost nothing.
+    let (pid_gateways, exited_gateways) = seed::check_gateways(&cli.gateway_pid, cli.allow_init)?;
     let mut selectors = Selectors::from_cli(&cli)?;
     selectors.check_pidfiles()?;
     // A state that cannot be taken back stops the run before the kernel is touched.

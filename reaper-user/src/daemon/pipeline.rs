@@ -90,10 +90,12 @@ impl Pipeline {
     /// Locates a fork's native stack (see [`SpawnSites::locate`]), once per spawner.
     fn locate_spawn_site(&mut self, stack: u64, spawner: NodeId) {
         let key = (stack, spawner);
+        // A spawner forking the same way again: nothing to read, no lineage walk.
+        if self.sites.as_ref().is_none_or(|s| s.knows(key)) {
+            return;
+        }
         let holders = self.code_holders(spawner);
-        if let Some(sites) = self.sites.as_mut()
-            && !sites.knows(key)
-        {
+        if let Some(sites) = self.sites.as_mut() {
             sites.locate(key, &holders);
         }
     }

@@ -42,9 +42,25 @@ pub fn check_gateway(pid: u32, allow_init: bool) -> Result<Stat> {
     Ok(stat)
 }
 
-/// Whether process `pid` has exited (gone, or a zombie).
-pub fn exited(pid: u32) -> bool {
-    procfs::read_stat(pid).map_or(true, |s| s.state == b'Z')
+/// A `--gateway-pid` that has exited, and the error it gives when nothing vouches for it.
+pub type ExitedGateway = (u32, anyhow::Error);
+
+/// Checks each `--gateway-pid` (see [`check_gateway`]): returns the running ones' stats, and
+/// the ones that have exited with the error they give. One of those may be a kept state's
+/// gateway that exited while no run read (what it left, and its exit, wait in the ring):
+/// that is decided once the state is read.
+pub fn check_gateways(pids: &[u32], allow_init: bool) -> Result<(Vec<Stat>, Vec<ExitedGateway>)> {
+    let (mut running, mut exited) = (Vec::new(), Vec::new());
+    for &pid in pids {
+        match check_gateway(pid, allow_init) {
+            Ok(stat) => running.push(stat),
+            Err(e) if procfs::read_stat(pid).map_or(true, |s| s.state == b'Z') => {
+                exited.push((pid, e))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((running, exited))
 }
 
 /// Puts `stat`'s process in the tracked map, then checks it is still the same process; a
