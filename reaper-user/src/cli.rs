@@ -78,6 +78,12 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", conflicts_with = "state_dir")]
     pub release_state: Option<PathBuf>,
 
+    /// Mount bpffs at /sys/fs/bpf unless one is there, and exit: what --state-dir needs of a
+    /// host, done by a privileged step (CAP_SYS_ADMIN) before a run that keeps only its own
+    /// capabilities, such as the DaemonSet's init container (see docs/operations.md).
+    #[arg(long, conflicts_with_all = ["state_dir", "release_state"])]
+    pub mount_bpffs: bool,
+
     /// Write NDJSON events to stdout (one object per line); readable lines go to stderr, and
     /// CMD's own stdout is sent to stderr so the stream stays clean.
     #[arg(long)]
@@ -369,6 +375,12 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 impl Cli {
     /// Checks what clap cannot: there is something to trace.
     pub fn validate(&self) -> Result<(), String> {
+        if self.mount_bpffs {
+            return match self.gateway_pid.is_empty() && self.command.is_empty() {
+                true => Ok(()),
+                false => Err("--mount-bpffs only mounts bpffs: it traces nothing".into()),
+            };
+        }
         if self.release_state.is_some() {
             return match self.gateway_pid.is_empty() && self.command.is_empty() {
                 true => Ok(()),

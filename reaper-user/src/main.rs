@@ -24,6 +24,17 @@ fn main() {
         eprintln!("reaper-trace: error: {e}");
         std::process::exit(exit_status::USAGE);
     }
+    if cli.mount_bpffs {
+        match reaper_user::state::pins::mount_bpffs() {
+            Ok(Some(note)) => eprintln!("reaper-trace: {note}"),
+            Ok(None) => eprintln!("reaper-trace: bpffs is already mounted at /sys/fs/bpf"),
+            Err(e) => {
+                eprintln!("reaper-trace: error: {e:#}");
+                std::process::exit(exit_status::FAILURE);
+            }
+        }
+        return;
+    }
     if let Some(dir) = &cli.release_state {
         match reaper_user::state::release(dir) {
             Ok(removed) => {

@@ -183,3 +183,212 @@ fn every_option_the_readme_names_exists() {
         );
     }
 }
+
+/// `--option` (value) in `text`: each option a rules row names with the default it gives.
+fn options_with_values(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("`--") {
+        let rest = &text[at + 1..];
+        let Some(end) = rest.find('`') else { continue };
+        let Some(value) = rest[end + 1..].strip_prefix(" (") else {
+            continue;
+        };
+        let Some(close) = value.find(')') else {
+            continue;
+        };
+        found.push((rest[..end].to_owned(), value[..close].to_owned()));
+    }
+    found
+}
+
+/// A duration or count as both the docs (`10 min`, `2 s`) and the parser (`10m`, `2s`) write it.
+fn normalized(value: &str) -> String {
+    value.replace(' ', "").replace("min", "m").to_lowercase()
+}
+
+#[test]
+fn the_rules_tables_give_each_options_default_as_the_parser_has_it() {
+    let defaults = parser_options(Cli::command());
+    for (doc, name, header) in [
+        (README, "README.md", "| reason | flagged when |"),
+        (
+            LEAKS_DOC,
+            "docs/leaks.md",
+            "| reason | flagged when | cleared when |",
+        ),
+    ] {
+        let mut checked = 0;
+        for row in table_rows(doc, header) {
+            for (option, value) in options_with_values(&row.join(" | ")) {
+                let (_, default) = defaults
+                    .iter()
+                    .find(|(o, _)| *o == option)
+                    .unwrap_or_else(|| panic!("{name} names {option}, which the parser lacks"));
+                assert_eq!(
+                    normalized(&value),
+                    normalized(default),
+                    "{name}'s rules table gives {option} as ({value})"
+                );
+                checked += 1;
+            }
+        }
+        // --orphan-grace, --max-instances, --idle-after, --zombie-after at least.
+        assert!(checked >= 4, "{name}: only {checked} defaults found");
+    }
+}
+
+#[test]
+fn the_schemas_reason_enum_is_reason_all() {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../schema/events.schema.json")).unwrap();
+    let listed: Vec<&str> = schema["$defs"]["reason"]["enum"]
+        .as_array()
+        .expect("$defs.reason.enum")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let code: Vec<&str> = Reason::ALL.iter().map(|r| r.name()).collect();
+    assert_eq!(listed, code, "schema/events.schema.json's reason enum");
+}
+
+/// The `.rs` files of a folder of the workspace.
+fn rust_files(dir: &str) -> BTreeSet<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_dir(root.join(dir))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs"))
+        .collect()
+}
+
+#[test]
+fn docs_testing_md_names_every_test_file_and_no_other() {
+    let doc = include_str!("../../docs/testing.md");
+    let section = doc
+        .split("## What each test file proves")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/testing.md has a `What each test file proves` section");
+    let named: BTreeSet<String> = quoted(section)
+        .into_iter()
+        .filter(|w| w.ends_with(".rs") && !w.contains('/'))
+        .map(str::to_owned)
+        .collect();
+    let files: BTreeSet<String> = rust_files("tests/tests")
+        .into_iter()
+        .chain(rust_files("reaper-user/tests"))
+        .collect();
+    assert_eq!(named, files, "the test files docs/testing.md names");
+}
+
+/// Every file and folder under the workspace's source trees, as paths from the root.
+fn source_tree() -> Vec<String> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            out.push(path.to_string_lossy().into_owned());
+            if path.is_dir() {
+                walk(&path, out);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out = Vec::new();
+    for dir in [
+        "reaper-user",
+        "reaper-ebpf",
+        "reaper-common",
+        "tests",
+        "xtask",
+        "contrib",
+        "fuzz",
+        "examples",
+        "schema",
+        "docs",
+    ] {
+        out.push(root.join(dir).to_string_lossy().into_owned());
+        walk(&root.join(dir), &mut out);
+    }
+    out
+}
+
+#[test]
+fn every_source_path_docs_design_md_names_exists() {
+    let doc = include_str!("../../docs/design.md");
+    let tree = source_tree();
+    let mut checked = 0;
+    for word in quoted(doc) {
+        let looks_like_source = word.contains('/')
+            && !word.contains(['{', ' ', '<', '*', ':'])
+            && (word.ends_with(".rs") || word.ends_with('/'));
+        if !looks_like_source {
+            continue;
+        }
+        // A path is whole, or relative to the folder its sentence is about (`graph/events`
+        // in `lineage/`): it names the end of some real path.
+        let tail = format!("/{}", word.trim_end_matches('/'));
+        assert!(
+            tree.iter().any(|p| p.ends_with(&tail)),
+            "docs/design.md names `{word}`, which does not exist"
+        );
+        checked += 1;
+    }
+    assert!(checked > 20, "only {checked} paths checked");
+}
+
+/// Sentences once in the docs that the code contradicts, each with the fact that refutes it:
+/// put back, they fail here.
+const REFUTED: &[(&str, &str)] = &[
+    (
+        "within the host's network namespace",
+        "a TCP channel's other end is in the process's own network namespace \
+         (procfs/sockets.rs reads /proc/PID/net/tcp)",
+    ),
+    (
+        "escaped its session",
+        "`escaped` is another session, group or cgroup than the gateway's (ESCAPED_MEANING)",
+    ),
+    (
+        "is true when the process itself called setsid()",
+        "that is `called_setsid` since schema 2; `escaped` is ESCAPED_MEANING",
+    ),
+    (
+        "The data path is a straight line",
+        "a fork record goes to the graph, the spawn sites, upkeep and the announcer in turn",
+    ),
+    (
+        "is its rule in `leaks/` and its row in the rules tables",
+        "a reason touches the files docs/design.md lists",
+    ),
+];
+
+#[test]
+fn no_doc_says_what_the_code_refutes() {
+    let docs = [
+        ("README.md", README),
+        ("docs/cli.md", CLI_DOC),
+        ("docs/leaks.md", LEAKS_DOC),
+        ("docs/events.md", include_str!("../../docs/events.md")),
+        ("docs/design.md", include_str!("../../docs/design.md")),
+        (
+            "docs/operations.md",
+            include_str!("../../docs/operations.md"),
+        ),
+        ("report/html.rs", include_str!("../src/report/html.rs")),
+    ];
+    for (name, text) in docs {
+        // Sentences wrap: compare with the line breaks and indents folded into spaces.
+        let folded = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (claim, fact) in REFUTED {
+            assert!(!folded.contains(claim), "{name} says `{claim}`, but {fact}");
+        }
+    }
+}
+
+#[test]
+fn the_readable_outputs_say_escaped_in_the_words_the_docs_use() {
+    use reaper_user::stream::evidence::ESCAPED_MEANING;
+    assert!(README.contains(&format!("escaped ({ESCAPED_MEANING})")));
+    assert!(LEAKS_DOC.contains(&format!("escaped ({ESCAPED_MEANING})")));
+}

@@ -41,9 +41,13 @@ fn the_daemonset_validates_against_the_kubernetes_schemas() {
     assert!(!ok, "a misspelt field passed: {text}");
 }
 
-/// The container's `args:` list.
+/// The tracer container's `args:` list.
 fn container_args(yaml: &str) -> Vec<String> {
-    let mut lines = yaml.lines().skip_while(|l| l.trim() != "args:").skip(1);
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "- name: reaper-trace")
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1);
     let mut args = Vec::new();
     for line in lines.by_ref() {
         let Some(arg) = line.trim().strip_prefix("- ") else {
@@ -88,4 +92,25 @@ fn the_daemonsets_arguments_and_capabilities_are_reaper_traces() {
     unit_caps.sort();
     pod_caps.sort();
     assert_eq!(pod_caps, unit_caps);
+}
+
+/// The init container runs reaper-trace's own `--mount-bpffs` (exit 2 would be a usage error),
+/// and only it is privileged: the tracer keeps its four capabilities.
+#[test]
+fn the_daemonsets_init_container_mounts_bpffs_with_reaper_traces_own_option() {
+    let yaml = std::fs::read_to_string(manifest()).unwrap();
+    let init = yaml
+        .split("initContainers:")
+        .nth(1)
+        .expect("an initContainers section");
+    assert!(init.contains(r#"args: ["--mount-bpffs"]"#), "{init}");
+    assert!(init.contains("mountPropagation: Bidirectional"), "{init}");
+    assert_eq!(yaml.matches("privileged: true").count(), 1, "{yaml}");
+    let out = Command::new(reaper_trace())
+        .args(["--mount-bpffs", "--gateway-pid", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let help = Command::new(reaper_trace()).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--mount-bpffs"));
 }

@@ -17,38 +17,44 @@ pub fn have(bin: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// [`ensure`], or an error naming what is missing.
-pub fn require(bin: &str, pkg: &str, why: &str) -> Result<()> {
-    if !ensure(bin, pkg, why) {
-        bail!("{bin} is missing and `apt-get install {pkg}` did not provide it");
+/// Installs `packages` from Debian in one `apt-get install` (after `apt-get update` when the
+/// machine has no package lists yet, or the first try fails). What is still missing after it
+/// is for the caller to name ([`crate::prereqs::install`]).
+pub fn install(packages: &[&str]) {
+    if packages.is_empty() {
+        return;
     }
-    Ok(())
-}
-
-/// Installs `pkg` from Debian unless `bin` is already there, saying so. Returns whether `bin`
-/// is there afterwards.
-pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
-    if have(bin) {
-        return true;
-    }
-    eprintln!("xtask: installing {pkg} from Debian for {why} (apt-get install {pkg})");
     let install = || {
         Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends", pkg])
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !install() {
-        // A fresh machine may have no package lists yet.
+    let update = || {
         let _ = Command::new("apt-get")
             .args(["update", "-qq"])
             .stdout(Stdio::null())
             .status();
+    };
+    if !has_package_lists() {
+        update();
+    }
+    if !install() {
+        // The lists may be old (a package moved to a newer version).
+        update();
         install();
     }
-    have(bin)
+}
+
+/// Whether apt has package lists (a fresh machine has none until `apt-get update`).
+fn has_package_lists() -> bool {
+    fs::read_dir("/var/lib/apt/lists").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"))
+    })
 }
 
 /// Where fetched kernels and Debian roots are kept: outside the repository, across runs.

@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo_env, debian, setup};
+use crate::{cargo_env, setup};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -39,9 +39,6 @@ pub fn dir(root: &Path) -> PathBuf {
 
 pub fn run(root: &Path) -> Result<Artifacts> {
     setup::ensure_all()?;
-    for (bin, pkg) in [("dpkg-deb", "dpkg"), ("umoci", "umoci")] {
-        debian::require(bin, pkg, "cargo xtask dist")?;
-    }
     let out = dir(root);
     if out.exists() {
         fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;

@@ -1,8 +1,9 @@
 //! `cargo xtask`: set-up, build, demo, run and test helpers for reaper.
 //!
-//! Everything a fresh machine needs is installed by `setup` (which the other commands run
-//! first): the nightly toolchain's `rust-src`, and `bpf-linker` built against the nightly
-//! toolchain's own LLVM. It is idempotent and takes well under a second when all is there.
+//! Everything a fresh machine needs is installed before a command's first step: the programs
+//! of [`prereqs::TOOLS`] that the command needs, then `setup`'s toolchain (the nightly
+//! toolchain's `rust-src`, and `bpf-linker` built against the nightly toolchain's own LLVM).
+//! Both are idempotent and take well under a second when all is there.
 mod bench;
 mod bench_before;
 mod debian;
@@ -10,6 +11,7 @@ mod dist;
 mod fuzz;
 mod initramfs;
 mod npm;
+mod prereqs;
 mod pypi;
 mod report_bench;
 mod setup;
@@ -29,6 +31,8 @@ usage: cargo xtask <command>
 
 commands:
   setup            install what the eBPF build needs (nightly rust-src, bpf-linker)
+  prereqs          the table of every program the commands and tests run, and where each
+                   comes from (each command installs its rows first)
   build [--release]  build reaper-trace (eBPF object embedded)
   dist             target/dist/: a static binary in a tarball (man pages, completions, unit,
                    schema, README, licences), a Debian package and an OCI image archive
@@ -74,12 +78,17 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
     let root = workspace_root();
     match args.first().map(String::as_str) {
         Some("setup") => setup::ensure_all().map(|_| ExitCode::SUCCESS),
+        Some("prereqs") => {
+            print!("{}", prereqs::markdown());
+            Ok(ExitCode::SUCCESS)
+        }
         Some("build") => {
             setup::ensure_all()?;
             build(&root, args.iter().any(|a| a == "--release"))?;
             Ok(ExitCode::SUCCESS)
         }
         Some("dist") => {
+            prereqs::install(&[prereqs::Need::Dist])?;
             dist::run(&root)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -97,6 +106,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         Some("bench") => {
             let opts = bench::BenchOptions::parse(&args[1..])?;
+            prereqs::install(&[prereqs::Need::Bench])?;
             setup::ensure_all()?;
             build(&root, true)?;
             bench::run(&root, &opts)?;
@@ -111,6 +121,11 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
                     other => bail!("unknown argument to test: {other}"),
                 }
             }
+            // Every program any step runs, before the first step runs.
+            let mut needs = vec![prereqs::Need::Test];
+            needs.extend(dist.then_some(prereqs::Need::Dist));
+            needs.extend(vm.then_some(prereqs::Need::Vm));
+            prereqs::install(&needs)?;
             setup::ensure_all()?;
             test(&root, vm, dist)?;
             Ok(ExitCode::SUCCESS)
@@ -156,6 +171,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
                     .map(|k| vmtest::Kernel::parse(k))
                     .collect::<Result<Vec<_>>>()?,
             };
+            prereqs::install(&[prereqs::Need::Vm])?;
             setup::ensure_all()?;
             let outcomes = vmtest::run(&root, &kernels, test_args)?;
             Ok(match outcomes.iter().all(vmtest::Outcome::ok) {
@@ -227,26 +243,6 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     clippy_ebpf(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
-    // The report's test loads the page in a real browser.
-    debian::require("chromium", "chromium", "the report's browser test")?;
-    // The Node host tests run a real Node MCP host and its servers.
-    debian::require("node", "nodejs", "the Node host tests")?;
-    // The metrics pipeline's tests run a real Prometheus and promtool.
-    debian::require("promtool", "prometheus", "the Prometheus tests")?;
-    // The DaemonSet is validated against the Kubernetes schemas.
-    if !pypi::ensure(
-        "kubernetes-validate",
-        "kubernetes-validate",
-        "the DaemonSet test",
-    ) {
-        bail!(
-            "kubernetes-validate is missing and `pip install kubernetes-validate` did not provide it"
-        );
-    }
-    // The service unit is read as systemd reads it.
-    debian::require("systemd-analyze", "systemd", "the service unit test")?;
-    // `--junit` reports are validated against the JUnit schema CI systems read.
-    debian::require("xmllint", "libxml2-utils", "the JUnit report test")?;
     pypi::junit_schema(root)?;
     // The real Hermes gateway, with stdio MCP servers written with the mcp SDK.
     let hermes = pypi::hermes_venv(root, pypi::HERMES, "hermes-venv")?;
@@ -254,7 +250,6 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     // CPython 3.13 and 3.14 for the Python spawn-site tests.
     let python_root = debian::python_root()?;
     // The MCP TypeScript SDK for the Node MCP host's spawn-site test.
-    debian::require("npm", "nodejs", "the Node MCP host test")?;
     let mcp_sdk = npm::mcp_sdk(root)?;
     // The artifacts' tests get this run's artifacts by name, never whatever lies in
     // target/dist; without them (`--no-dist`) they are left out, not skipped.
@@ -275,14 +270,6 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     if dist {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
         // image under podman.
-        for (bin, pkg) in [
-            ("lintian", "lintian"),
-            ("podman", "podman"),
-            ("runc", "runc"),
-            ("mmdebstrap", "mmdebstrap"),
-        ] {
-            debian::require(bin, pkg, "the tests of what `cargo xtask dist` makes")?;
-        }
         let made = dist::run(root)?;
         env.extend([
             ("REAPER_DIST_TARBALL", made.tarball.into_os_string()),

@@ -8,15 +8,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::debian;
-
-/// Installs `pkg` from PyPI unless `bin` is already there, saying so. Returns whether `bin`
-/// is there now.
-pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
-    if debian::have(bin) {
-        return true;
-    }
-    eprintln!("xtask: installing {pkg} from PyPI for {why} (pip install {pkg})");
+/// Installs `pkg` from PyPI (its programs land on the PATH of the `python3` that runs pip).
+pub fn install(pkg: &str) {
     let _ = Command::new("python3")
         .args(["-m", "pip", "install", "-q", pkg])
         .status();
@@ -24,7 +17,6 @@ pub fn ensure(bin: &str, pkg: &str, why: &str) -> bool {
     let _ = Command::new("sh")
         .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
         .status();
-    debian::have(bin)
 }
 
 /// The Hermes agent release the real-gateway tests drive, with the `mcp` SDK its stdio

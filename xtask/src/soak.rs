@@ -64,7 +64,7 @@ fn scrape(port: u16) -> String {
 }
 
 pub fn run(reaper: &Path, minutes: u64) -> Result<()> {
-    if !crate::debian::ensure("curl", "curl", "the soak bench's scrapes") {
+    if !crate::prereqs::ensure("curl") {
         bail!("curl is missing");
     }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();

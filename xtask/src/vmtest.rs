@@ -9,6 +9,12 @@
 //! root, /tmp included: the workspace may live under /tmp), brings up loopback (for
 //! `/metrics`), loads the module, runs the tests with `CI=true` (so nothing may skip), prints
 //! their exit status and powers off. tracefs is left unmounted, as on a fresh host.
+//!
+//! The guests run under single-threaded TCG, one host core each, so two run at once (one per
+//! core of the machines this project runs on), and each supported kernel's test binaries are
+//! split into two guests of about equal test counts: the matrix takes about half of what one
+//! guest after another took. A guest's time limit follows from its work: a boot allowance
+//! plus an allowance per test it runs (see [`guest_limit`]).
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
@@ -31,8 +37,21 @@ pub const DEFAULT_KERNELS: [&str; 3] = ["5.10", "6.1", "6.12"];
 const EXIT_MARK: &str = "reaper-vmtest: exit ";
 const KERNEL_MARK: &str = "reaper-vmtest: kernel ";
 
-/// Longest a guest may take to boot and run the tests.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// What a guest may take to boot (the kernel under TCG, the initramfs unpacked) and to power
+/// off, besides its tests.
+const BOOT_ALLOWANCE: Duration = Duration::from_secs(240);
+/// What one test may take in a guest, on average: the slowest kernel (6.1) ran its 83 tests
+/// in about 1000 s alone, 12 s a test (docs/testing.md); this is 2.5 times that.
+const PER_TEST_ALLOWANCE: Duration = Duration::from_secs(30);
+/// Guests booted at once: each is one TCG thread, one host core.
+const LANES: usize = 2;
+/// Guests a supported kernel's tests are split into.
+const PARTS: usize = 2;
+
+/// How long a guest running `tests` tests may take before it is stopped.
+fn guest_limit(tests: usize) -> Duration {
+    BOOT_ALLOWANCE + PER_TEST_ALLOWANCE * tests as u32
+}
 
 /// A kernel to test on.
 #[derive(Clone, Debug)]
@@ -57,6 +76,17 @@ impl Kernel {
         })
     }
 
+    /// Whether it is older than the oldest supported kernel (5.12), where only the refusal is
+    /// tested. A bzImage's release is known only once it boots: it runs every test.
+    fn is_before_support(&self) -> bool {
+        let Kernel::Debian(series) = self else {
+            return false;
+        };
+        let mut parts = series.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) < (5, 12)
+    }
+
     fn label(&self) -> String {
         match self {
             Kernel::Host => "host".into(),
@@ -76,6 +106,8 @@ pub struct Outcome {
     /// Why the run did not finish, if it did not.
     pub problem: Option<String>,
     pub secs: f64,
+    /// The time limit it ran under (none on the host).
+    pub limit: Option<Duration>,
 }
 
 impl Outcome {
@@ -84,10 +116,19 @@ impl Outcome {
     }
 }
 
-/// Builds what the guests need, runs the tests on every kernel, prints the table.
+/// One guest to boot: a kernel image and the test binaries it runs (indices into the
+/// initramfs's list).
+struct Guest {
+    label: String,
+    image: PathBuf,
+    runs: Vec<usize>,
+    tests: usize,
+}
+
+/// Builds what the guests need, runs the tests on every kernel (the guests [`LANES`] at a
+/// time, then the host), prints the table.
 pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<Outcome>> {
     let test_exes = build(root)?;
-    let needs_vm = kernels.iter().any(|k| !matches!(k, Kernel::Host));
     let initrd = root.join("target/vmtest/initramfs.cpio");
     // Every Debian kernel first: the one initramfs carries each one's unix_diag module.
     let mut debian_kernels = Vec::new();
@@ -97,14 +138,8 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
             debian_kernels.push((series.clone(), debian::kernel(&pkg, series)?));
         }
     }
-    if needs_vm {
-        for (bin, pkg) in [
-            ("qemu-system-x86_64", "qemu-system-x86"),
-            ("busybox", "busybox-static"),
-            ("node", "nodejs"),
-        ] {
-            debian::require(bin, pkg, "the kernel matrix")?;
-        }
+    let mut guests = Vec::new();
+    if kernels.iter().any(|k| !matches!(k, Kernel::Host)) {
         std::fs::create_dir_all(initrd.parent().unwrap())?;
         let mut guest = guest_root(root, &test_exes, test_args)?;
         for (_, k) in &debian_kernels {
@@ -112,25 +147,119 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
             guest.host_file_at(Path::new(&at), &k.unix_diag)?;
         }
         guest.write(&initrd)?;
-    }
-    let mut outcomes = Vec::new();
-    for kernel in kernels {
-        let started = Instant::now();
-        let (log, problem) = match kernel {
-            Kernel::Host => run_host(root, &test_exes, test_args)?,
-            Kernel::Debian(series) => {
-                let (_, k) = debian_kernels
+        let counts = test_counts(&test_exes, test_args)?;
+        for kernel in kernels {
+            let image = match kernel {
+                Kernel::Host => continue,
+                Kernel::Debian(series) => debian_kernels
                     .iter()
                     .find(|(s, _)| s == series)
-                    .context("a Debian kernel not fetched")?;
-                boot(&k.image, &initrd, &format!("[{series}] "))?
-            }
-            Kernel::Image(image) => boot(image, &initrd, "[vm] ")?,
-        };
-        outcomes.push(outcome(kernel.label(), &log, problem, started.elapsed()));
+                    .map(|(_, k)| k.image.clone())
+                    .context("a Debian kernel not fetched")?,
+                Kernel::Image(image) => image.clone(),
+            };
+            guests.extend(split(kernel, &image, &test_exes, &counts));
+        }
+    }
+    // Longest first, so that the lanes end together.
+    guests.sort_by_key(|g| std::cmp::Reverse(g.tests));
+    let mut outcomes = boot_all(&guests, &initrd)?;
+    if kernels.iter().any(|k| matches!(k, Kernel::Host)) {
+        let started = Instant::now();
+        let (log, problem) = run_host(root, &test_exes, test_args)?;
+        outcomes.push(outcome(
+            Kernel::Host.label(),
+            &log,
+            problem,
+            started.elapsed(),
+        ));
     }
     print_table(&outcomes);
     Ok(outcomes)
+}
+
+/// How many tests each binary runs with `test_args` (its `--list`, on the host).
+fn test_counts(exes: &[PathBuf], test_args: &[String]) -> Result<Vec<usize>> {
+    exes.iter()
+        .map(|exe| {
+            let out = Command::new(exe)
+                .args(["--list", "--format", "terse"])
+                .args(test_args)
+                .output()
+                .with_context(|| format!("listing the tests of {}", exe.display()))?;
+            Ok(String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.ends_with(": test"))
+                .count())
+        })
+        .collect()
+}
+
+/// `kernel`'s guests: on a kernel older than the oldest supported one, one guest running only
+/// the test that it is refused by name (the others would only show that it is); otherwise
+/// [`PARTS`] guests sharing the binaries, the largest binary first to the guest with the
+/// fewest tests so far.
+fn split(kernel: &Kernel, image: &Path, exes: &[PathBuf], counts: &[usize]) -> Vec<Guest> {
+    let label = kernel.label();
+    if kernel.is_before_support() {
+        let runs: Vec<usize> = (0..exes.len())
+            .filter(|&i| is_support_test(&exes[i]))
+            .collect();
+        let tests = runs.iter().map(|&i| counts[i]).sum();
+        return vec![Guest {
+            label,
+            image: image.to_owned(),
+            runs,
+            tests,
+        }];
+    }
+    let mut order: Vec<usize> = (0..exes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(counts[i]));
+    let mut guests: Vec<Guest> = (0..PARTS)
+        .map(|p| Guest {
+            label: format!("{label} ({}/{PARTS})", p + 1),
+            image: image.to_owned(),
+            runs: Vec::new(),
+            tests: 0,
+        })
+        .collect();
+    for i in order {
+        let lightest = guests
+            .iter_mut()
+            .min_by_key(|g| g.tests)
+            .expect("PARTS > 0");
+        lightest.runs.push(i);
+        lightest.tests += counts[i];
+    }
+    guests.retain(|g| !g.runs.is_empty());
+    guests
+}
+
+/// Boots every guest, [`LANES`] at a time; their outcomes in the order given.
+fn boot_all(guests: &[Guest], initrd: &Path) -> Result<Vec<Outcome>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..LANES.min(guests.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(guest) = guests.get(i) else { break };
+                    let limit = guest_limit(guest.tests);
+                    let started = Instant::now();
+                    let result = boot(guest, initrd, limit).map(|(log, problem)| {
+                        let mut o = outcome(guest.label.clone(), &log, problem, started.elapsed());
+                        o.limit = Some(limit);
+                        o
+                    });
+                    results.lock().unwrap().push((i, result));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Whether `exe` is the `kernel_support` test (cargo names it `kernel_support-HASH`).
@@ -227,21 +356,22 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         fs.host_file_at(&script, &script)?;
     }
     let args: Vec<String> = test_args.iter().map(|a| shell_quote(a)).collect();
-    // Every test binary runs; the status is the first failure's, or 0. On a kernel older than
-    // the oldest supported one, only the test that it is refused by name (the others would
-    // only show that it is).
+    // Every test binary the kernel command line names (`reaper.run=0,3,...`, indices into this
+    // list) runs; the status is the first failure's, or 0.
     let runs: Vec<String> = test_exes
         .iter()
-        .map(|exe| {
-            let run = format!(
-                "{} --test-threads=2 {} || status=$?",
+        .enumerate()
+        .map(|(i, exe)| {
+            // A bzImage older than the oldest supported kernel runs only the refusal's test.
+            let gate = match is_support_test(exe) {
+                true => "",
+                false => "[ \"$old\" = 1 ] || ",
+            };
+            format!(
+                "case \",$runs,\" in *,{i},*) {gate}{} --test-threads=2 {} || status=$? ;; esac",
                 shell_quote(&exe.to_string_lossy()),
                 args.join(" ")
-            );
-            match is_support_test(exe) {
-                true => run,
-                false => format!("[ \"$old\" = 1 ] || {run}"),
-            }
+            )
         })
         .collect();
     let init = format!(
@@ -257,6 +387,10 @@ busybox ip link set lo up
 busybox insmod /lib/modules/$(busybox uname -r)/unix_diag.ko 2>/dev/null
 echo \"{KERNEL_MARK}$(busybox uname -r)\"
 case \"$(busybox uname -r)\" in 4.*|5.[0-9].*|5.1[01].*) old=1 ;; *) old=0 ;; esac
+runs=
+for word in $(busybox cat /proc/cmdline); do
+    case \"$word\" in reaper.run=*) runs=${{word#reaper.run=}} ;; esac
+done
 cd {tests}
 status=0
 {runs}
@@ -283,9 +417,15 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// Boots `image` with the initramfs, streaming the guest's console with `prefix`. Returns the
-/// console lines, and a problem when the guest did not finish its tests.
-fn boot(image: &Path, initrd: &Path, prefix: &str) -> Result<(Vec<String>, Option<String>)> {
+/// Boots `guest` with the initramfs, streaming its console with its label, stopping it after
+/// `limit`. Returns the console lines, and a problem when the guest did not finish its tests.
+fn boot(guest: &Guest, initrd: &Path, limit: Duration) -> Result<(Vec<String>, Option<String>)> {
+    let prefix = format!("[{}] ", guest.label);
+    let runs: Vec<String> = guest.runs.iter().map(usize::to_string).collect();
+    let append = format!(
+        "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 reaper.run={}",
+        runs.join(",")
+    );
     // TCG by default: nested KVM (this project's CI machines are VMs themselves) hangs the
     // guest kernel right after decompression, while TCG runs a kernel's tests in well under a
     // minute. REAPER_VMTEST_ACCEL=kvm asks for KVM where it works.
@@ -297,13 +437,11 @@ fn boot(image: &Path, initrd: &Path, prefix: &str) -> Result<(Vec<String>, Optio
             false => &["-accel", "tcg,thread=single", "-cpu", "max"][..],
         })
         .arg("-kernel")
-        .arg(image)
+        .arg(&guest.image)
         .arg("-initrd")
         .arg(initrd)
-        .args([
-            "-append",
-            "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3",
-        ])
+        .arg("-append")
+        .arg(&append)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -321,7 +459,7 @@ fn boot(image: &Path, initrd: &Path, prefix: &str) -> Result<(Vec<String>, Optio
             }
         }
     });
-    let deadline = Instant::now() + GUEST_TIMEOUT;
+    let deadline = Instant::now() + limit;
     let mut log = Vec::new();
     let mut problem = None;
     loop {
@@ -332,7 +470,7 @@ fn boot(image: &Path, initrd: &Path, prefix: &str) -> Result<(Vec<String>, Optio
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                problem = Some(format!("timed out after {} s", GUEST_TIMEOUT.as_secs()));
+                problem = Some(format!("timed out after {} s", limit.as_secs()));
                 let _ = child.kill();
                 break;
             }
@@ -404,13 +542,14 @@ fn outcome(label: String, log: &[String], problem: Option<String>, took: Duratio
         failed,
         problem: problem.or(status_problem),
         secs: took.as_secs_f64(),
+        limit: None,
     }
 }
 
 fn print_table(outcomes: &[Outcome]) {
     println!();
-    println!("| kernel | uname -r | passed | failed | result | time |");
-    println!("|---|---|---|---|---|---|");
+    println!("| kernel | uname -r | passed | failed | result | time | limit |");
+    println!("|---|---|---|---|---|---|---|");
     for o in outcomes {
         let result = match (&o.problem, o.ok()) {
             (Some(p), _) => format!("FAIL: {p}"),
@@ -418,9 +557,24 @@ fn print_table(outcomes: &[Outcome]) {
             (None, false) if o.passed == 0 => "FAIL: no test ran".into(),
             (None, false) => "FAIL".into(),
         };
+        let limit = match o.limit {
+            Some(l) => format!("{} s", l.as_secs()),
+            None => "none".into(),
+        };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} s |",
+            "| {} | {} | {} | {} | {} | {:.0} s | {limit} |",
             o.label, o.release, o.passed, o.failed, result, o.secs
         );
+    }
+    // A guest past half its limit is one slow machine away from being cut: say so.
+    for o in outcomes {
+        if let Some(limit) = o.limit.filter(|l| o.secs > l.as_secs_f64() / 2.0) {
+            println!(
+                "warning: {} took {:.0} s, more than half its {} s limit",
+                o.label,
+                o.secs,
+                limit.as_secs()
+            );
+        }
     }
 }

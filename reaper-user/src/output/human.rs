@@ -5,7 +5,7 @@ use crate::stream::events::{
     Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, ProcessLabel, SpawningThread,
     wait_status,
 };
-use crate::stream::evidence::Frame;
+use crate::stream::evidence::{ESCAPED_MEANING, Frame};
 use crate::text::escape_for_terminal;
 
 mod fold;
@@ -225,7 +225,7 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
         line.push_str(&format!(", now a child of {}", detail.ppid));
     }
     if detail.escaped {
-        line.push_str(", escaped (another session, group or cgroup than the gateway's)");
+        line.push_str(&format!(", escaped ({ESCAPED_MEANING})"));
     }
     evidence_text(&mut line, detail);
     line

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES};
 use crate::output::human::{human_duration, human_rss};
+use crate::stream::evidence::ESCAPED_MEANING;
 use crate::text::{escape_for_terminal, escape_markup};
 
 mod plots;
@@ -239,15 +240,14 @@ fn leak_table(h: &mut String, a: &Audit) {
 
 fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
     let d = &f.flag.detail;
+    let escaped = match d.escaped {
+        true => format!("<br>escaped ({})", esc(ESCAPED_MEANING)),
+        false => String::new(),
+    };
     let process = format!(
-        "<b>{}</b><br><code>{}</code>{}",
+        "<b>{}</b><br><code>{}</code>{escaped}",
         esc(&d.comm.text()),
         esc(&short(&d.argv.text())),
-        if d.escaped {
-            "<br>escaped its session"
-        } else {
-            ""
-        }
     );
     let mut lineage = String::new();
     for anc in &d.ancestors {

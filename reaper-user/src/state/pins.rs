@@ -174,8 +174,9 @@ fn detach(path: &Path) -> Result<()> {
         .with_context(|| format!("unpinning {}", path.display()))
 }
 
-/// Mounts bpffs at /sys/fs/bpf unless it is there.
-fn mount_bpffs() -> Result<Option<String>> {
+/// Mounts bpffs at /sys/fs/bpf unless it is there (`--mount-bpffs`, and every `--state-dir`
+/// run). Returns a note when it mounted it.
+pub fn mount_bpffs() -> Result<Option<String>> {
     if is_bpffs(Path::new(BPFFS)) {
         return Ok(None);
     }
@@ -188,7 +189,13 @@ fn mount_bpffs() -> Result<Option<String>> {
             | nix::mount::MsFlags::MS_NOEXEC,
         Some("mode=0700"),
     )
-    .map_err(|e| anyhow!("bpffs is not mounted and mounting it at {BPFFS} failed: {e}"))?;
+    .map_err(|e| {
+        anyhow!(
+            "bpffs is not mounted and mounting it at {BPFFS} failed: {e} (--state-dir pins the \
+             probes there: mount it first, e.g. with `reaper-trace --mount-bpffs` as root, as the \
+             DaemonSet's init container does)"
+        )
+    })?;
     if !is_bpffs(Path::new(BPFFS)) {
         bail!("mounted bpffs at {BPFFS} but it is not there");
     }

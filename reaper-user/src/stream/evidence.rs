@@ -10,6 +10,12 @@ use crate::procfs::placement::Placement;
 // The evidence types are read back by the audit report too: every field has a default, so an
 // odd line loses only what it lacks.
 
+/// What `escaped` says, in the words every readable output uses (the flag's line, the
+/// report): the process is in another session, process group or cgroup than its gateway's
+/// (by its own setsid() or an ancestor's, a setpgid(), a move). False when no gateway is on its
+/// chain to compare with. Calling setsid() itself is `called_setsid`, a fact of its own.
+pub const ESCAPED_MEANING: &str = "another session, group or cgroup than the gateway's";
+
 /// How an event names a process: its pid, its name and its command line (`{pid, comm,
 /// argv}`, with the `*_b64` twins when the bytes are not UTF-8). One type wherever an event
 /// lists processes: a flag's `ancestors` and `chain`, the summary's `alive`.
@@ -117,7 +123,8 @@ pub struct LeakDetail {
     pub rss_kib: Option<u64>,
     /// Its real parent now: init or a subreaper once the one that forked it exited.
     pub ppid: u32,
-    /// Out of its gateway's session, process group or cgroup (informational).
+    /// Out of its gateway's session, process group or cgroup (informational): see
+    /// [`ESCAPED_MEANING`].
     pub escaped: bool,
     /// Its pid inside its pid namespace (`nspid`, when it differs), cgroup and container.
     #[serde(flatten)]

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 
-use crate::debian;
+use crate::prereqs;
 
 use super::*;
 
@@ -28,11 +28,12 @@ impl Peer {
             Peer::Perf => "perf record (sched tracepoints)",
         }
     }
-    pub(crate) fn package(self) -> (&'static str, &'static str) {
+    /// Its program (its package: [`crate::prereqs::TOOLS`]).
+    pub(crate) fn program(self) -> &'static str {
         match self {
-            Peer::Bpftrace => ("bpftrace", "bpftrace"),
-            Peer::Forkstat => ("forkstat", "forkstat"),
-            Peer::Perf => ("perf", "linux-perf"),
+            Peer::Bpftrace => "bpftrace",
+            Peer::Forkstat => "forkstat",
+            Peer::Perf => "perf",
         }
     }
 }
@@ -196,14 +197,14 @@ impl PeerRun {
 /// Installs the peers from Debian when missing; returns those that are there.
 pub(crate) fn install_peers() -> Vec<Peer> {
     // bpftool only names the programs in the hook-cost table.
-    debian::ensure("bpftool", "bpftool", "the bench");
+    prereqs::ensure("bpftool");
     let mut have = Vec::new();
     for peer in [Peer::Perf, Peer::Forkstat, Peer::Bpftrace] {
-        let (bin, pkg) = peer.package();
-        if debian::ensure(bin, pkg, "the bench") {
+        let bin = peer.program();
+        if prereqs::ensure(bin) {
             have.push(peer);
         } else {
-            println!("(peer {bin} unavailable: `apt-get install {pkg}` failed)");
+            println!("(peer {bin} unavailable: installing it failed)");
         }
     }
     have

@@ -10,7 +10,8 @@ impl LineageGraph {
 
     /// Whether `id` left its gateway's session, process group or cgroup: by its own setsid()
     /// or an ancestor's (a session is inherited), a setpgid(), or a move to another cgroup.
-    /// Without a gateway on its chain, whether it called setsid().
+    /// Without a gateway on its chain there is nothing to compare with: false (whether it
+    /// called setsid() itself is `called_setsid`, never this).
     pub fn escaped(&self, id: NodeId) -> bool {
         let chain = self.chain(id);
         let Some(node) = chain.last() else {
@@ -23,7 +24,7 @@ impl LineageGraph {
                     || node.pgid != g.pgid
                     || matches!((g.cgroup_id, node.cgroup_id), (Some(a), Some(b)) if a != b)
             }
-            None => node.called_setsid,
+            None => false,
         }
     }
 
