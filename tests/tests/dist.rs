@@ -118,11 +118,20 @@ impl Node {
 }
 
 impl Drop for Node {
+    /// Unmounts every mount stacked on the node's directory (the init container's bpffs lies on
+    /// the bind mount made shared), top first, until none is left.
     fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .args(["--recursive", "--lazy"])
-            .arg(&self.bpf)
-            .status();
+        for _ in 0..8 {
+            let unmounted = Command::new("umount")
+                .args(["--recursive", "--lazy"])
+                .arg(&self.bpf)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !unmounted {
+                break;
+            }
+        }
     }
 }
 
@@ -554,7 +563,7 @@ mod installed_artifacts {
             return;
         };
         let node = Node::new(&dir, true);
-        roll(&dir, &node, &image, dirs);
+        roll("with", &dir, &node, &image, dirs);
     }
 
     /// The same roll on a node without bpffs (no systemd to mount it): the init container
@@ -568,7 +577,7 @@ mod installed_artifacts {
         };
         let node = Node::new(&dir, false);
         assert!(!node.has_bpffs(), "the node starts without bpffs");
-        roll(&dir, &node, &image, dirs);
+        roll("without", &dir, &node, &image, dirs);
         assert!(node.has_bpffs(), "the init container's mount is the node's");
     }
 
@@ -581,6 +590,8 @@ mod installed_artifacts {
             return;
         };
         let node = Node::new(&dir, false);
+        let mut gateway = Command::new("sleep").arg("600").spawn().expect("sleep");
+        let gw = gateway.id().to_string();
         let name = format!("reaper-no-bpffs-{}", std::process::id());
         ok(&mut podman_like_the_daemonset(
             &name,
@@ -589,7 +600,7 @@ mod installed_artifacts {
             &image,
             &[
                 "--gateway-pid",
-                "1",
+                &gw,
                 "--quiet",
                 "--state-dir",
                 "/var/lib/reaper-trace",
@@ -597,6 +608,8 @@ mod installed_artifacts {
         ));
         let container = Container(name);
         let (code, said) = container.wait_for_exit();
+        let _ = gateway.kill();
+        let _ = gateway.wait();
         assert_ne!(code, 0, "{said}");
         assert!(
             said.contains("bpffs is not mounted") && said.contains("--mount-bpffs"),
@@ -607,12 +620,13 @@ mod installed_artifacts {
 
     /// Two pods in turn on `node` with `--state-dir`: a helper orphaned while none runs is
     /// flagged by the second with the lineage the first kept; then a pod releases the state.
-    fn roll(dir: &Path, node: &Node, image: &Path, (logs, state): (PathBuf, PathBuf)) {
+    /// `tag` keeps this roll's container names apart from another test's.
+    fn roll(tag: &str, dir: &Path, node: &Node, image: &Path, (logs, state): (PathBuf, PathBuf)) {
         let mut gateway = OrphanLater::start_late(dir);
         let (gw, a) = (gateway.gateway, gateway.a);
         let gw_arg = gw.to_string();
         let pod = |n: u32, out: &str| {
-            let name = format!("reaper-roll-{n}-{}", std::process::id());
+            let name = format!("reaper-roll-{tag}-{n}-{}", std::process::id());
             let args = [
                 "--gateway-pid",
                 &gw_arg,
@@ -659,7 +673,7 @@ mod installed_artifacts {
         assert_eq!(forks.len(), 1, "{forks:?}");
         assert_eq!(events[0]["resumed"]["kernel_kept"], true, "{}", events[0]);
         // A pod with the same mounts releases what the pods kept in the node's bpffs.
-        let release = Container(format!("reaper-roll-release-{}", std::process::id()));
+        let release = Container(format!("reaper-roll-{tag}-release-{}", std::process::id()));
         ok(&mut podman_like_the_daemonset(
             &release.0,
             node,

@@ -8,7 +8,9 @@ mod bench;
 mod bench_before;
 mod debian;
 mod dist;
+mod fixtures;
 mod fuzz;
+mod host_tests;
 mod initramfs;
 mod npm;
 mod prereqs;
@@ -19,9 +21,8 @@ mod soak;
 mod vmtest;
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, ExitCode, Stdio},
+    process::{Command, ExitCode},
 };
 
 use anyhow::{Context, Result, bail};
@@ -38,11 +39,12 @@ commands:
                    schema, README, licences), a Debian package and an OCI image archive
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
-  test [--no-vm] [--no-dist]
+  test [--no-vm] [--no-dist] [--reverse]
                    fmt and clippy checks, unit tests, the kernel integration tests on this
                    kernel, 15 s of each fuzz target; unless --no-dist, `dist` and the tests
                    of its package, binary and image; unless --no-vm, the integration tests
-                   on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu
+                   on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu; with --reverse,
+                   the host's tests each on its own, one at a time, in reverse name order
   fuzz [--secs N] [TARGET...]
                    the cargo-fuzz targets (decode, proc_stat, proc_files, btf, cli_values,
                    audit), N seconds each (default 60); installs cargo-fuzz if missing
@@ -114,10 +116,12 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         Some("test") => {
             let (mut vm, mut dist) = (true, true);
+            let mut order = host_tests::Order::Cargo;
             for flag in &args[1..] {
                 match flag.as_str() {
                     "--no-vm" => vm = false,
                     "--no-dist" => dist = false,
+                    "--reverse" => order = host_tests::Order::Reverse,
                     other => bail!("unknown argument to test: {other}"),
                 }
             }
@@ -127,7 +131,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             needs.extend(vm.then_some(prereqs::Need::Vm));
             prereqs::install(&needs)?;
             setup::ensure_all()?;
-            test(&root, vm, dist)?;
+            test(&root, vm, dist, order)?;
             Ok(ExitCode::SUCCESS)
         }
         Some("fuzz") => {
@@ -237,53 +241,39 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
 /// Seconds each fuzz target runs in `cargo xtask test` (longer runs: `cargo xtask fuzz`).
 const FUZZ_SECS_IN_TEST: u64 = 15;
 
-fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
+fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<()> {
+    let fetching = fixtures::fetch(root, dist, vm);
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     clippy_ebpf(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
-    pypi::junit_schema(root)?;
-    // The real Hermes gateway, with stdio MCP servers written with the mcp SDK.
-    let hermes = pypi::hermes_venv(root, pypi::HERMES, "hermes-venv")?;
-    let leaking = pypi::hermes_venv(root, pypi::HERMES_LEAKING, "hermes-0.14-venv")?;
-    // CPython 3.13 and 3.14 for the Python spawn-site tests.
-    let python_root = debian::python_root()?;
-    // The MCP TypeScript SDK for the Node MCP host's spawn-site test.
-    let mcp_sdk = npm::mcp_sdk(root)?;
     // The artifacts' tests get this run's artifacts by name, never whatever lies in
     // target/dist; without them (`--no-dist`) they are left out, not skipped.
-    let mut env: Vec<(&str, std::ffi::OsString)> = vec![
-        ("REAPER_HERMES_VENV", hermes.into_os_string()),
-        ("REAPER_HERMES_LEAKING_VENV", leaking.into_os_string()),
-        ("REAPER_PYTHON_ROOT", python_root.into_os_string()),
-        ("REAPER_MCP_SDK", mcp_sdk.into_os_string()),
-        // `CI=true`: every prerequisite was installed above, so a test that would skip fails
-        // instead (as it does in the guests, whose init sets it too).
-        ("CI", "true".into()),
-    ];
+    let made = match dist {
+        true => Some(dist::run(root)?),
+        false => None,
+    };
+    let mut env = fixtures::wait(fetching)?;
+    // `CI=true`: every prerequisite was installed above, so a test that would skip fails
+    // instead (as it does in the guests, whose init sets it too).
+    env.push(("CI", "true".into()));
     // Every skip is written here (tests/src/lib.rs `skip`), to be counted apart from passes.
     let skips = root.join("target/test-skips.log");
     let _ = std::fs::remove_file(&skips);
     env.push(("REAPER_SKIP_LOG", skips.clone().into_os_string()));
     let mut filters = Vec::new();
-    if dist {
+    match made {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
         // image under podman.
-        let made = dist::run(root)?;
-        env.extend([
+        Some(made) => env.extend([
             ("REAPER_DIST_TARBALL", made.tarball.into_os_string()),
             ("REAPER_DIST_DEB", made.deb.into_os_string()),
             ("REAPER_DIST_IMAGE", made.image.into_os_string()),
-            (
-                "REAPER_DEBIAN_ROOT",
-                debian::test_root(root)?.into_os_string(),
-            ),
-        ]);
-    } else {
-        filters.extend(["--skip", "installed_artifacts::"]);
+        ]),
+        None => filters.extend(["--skip", "installed_artifacts::"]),
     }
-    let (mut passed, mut failed) = cargo_test(root, &env, &filters)?;
+    let (mut passed, mut failed) = host_tests::run(root, &env, &filters, order)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
@@ -291,11 +281,7 @@ fn test(root: &Path, vm: bool, dist: bool) -> Result<()> {
     failed += crashed.len() as u64;
     let mut broken = Vec::new();
     if vm {
-        let kernels = vmtest::DEFAULT_KERNELS
-            .iter()
-            .map(|k| vmtest::Kernel::parse(k))
-            .collect::<Result<Vec<_>>>()?;
-        for o in vmtest::run(root, &kernels, &[])? {
+        for o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
             passed += o.passed;
             failed += o.failed;
             if let Some(p) = &o.problem {
@@ -357,68 +343,4 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
         bail!("clippy on reaper-ebpf failed ({status})");
     }
     Ok(())
-}
-
-/// Runs `cargo test`, passing its output through, and adds up its `test result:` lines.
-fn cargo_test(
-    root: &Path,
-    env: &[(&str, std::ffi::OsString)],
-    filters: &[&str],
-) -> Result<(u64, u64)> {
-    // Every test binary runs, whatever an earlier one found.
-    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["test", "--no-fail-fast", "--", "--test-threads=2"])
-        .args(filters)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(root)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("running cargo test")?;
-    let (mut passed, mut failed) = (0, 0);
-    for line in BufReader::new(child.stdout.take().context("cargo test stdout")?).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            passed += count_before(rest, " passed");
-            failed += count_before(rest, " failed");
-        }
-    }
-    let status = child.wait()?;
-    if !status.success() && failed == 0 {
-        bail!("`cargo test` failed ({status})");
-    }
-    Ok((passed, failed))
-}
-
-/// In `ok. 10 passed; 0 failed; ...`, the number before `word`.
-fn count_before(text: &str, word: &str) -> u64 {
-    text.split(';')
-        .find_map(|part| {
-            part.trim()
-                .trim_start_matches("ok. ")
-                .trim_start_matches("FAILED. ")
-                .strip_suffix(word.trim_start())
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::count_before;
-
-    #[test]
-    fn counts_cargo_test_result_lines() {
-        let ok = "ok. 10 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 2.1s";
-        assert_eq!(
-            (count_before(ok, " passed"), count_before(ok, " failed")),
-            (10, 0)
-        );
-        let bad = "FAILED. 9 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
-        assert_eq!(
-            (count_before(bad, " passed"), count_before(bad, " failed")),
-            (9, 2)
-        );
-        assert_eq!(count_before("garbage", " passed"), 0);
-    }
 }

@@ -26,7 +26,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::{count_before, debian, initramfs::Initramfs};
+use crate::{debian, host_tests::count_before, initramfs::Initramfs};
 
 /// The kernels of the matrix besides the running one.
 /// 5.10 is older than the oldest supported kernel (5.12): there the tests check that it is
@@ -116,6 +116,23 @@ impl Outcome {
     }
 }
 
+/// The matrix `cargo xtask test` runs.
+pub fn default_kernels() -> Result<Vec<Kernel>> {
+    DEFAULT_KERNELS.iter().map(|k| Kernel::parse(k)).collect()
+}
+
+/// The Debian kernels among `kernels`, each fetched (once: they are cached) by its series.
+pub fn debian_kernels(kernels: &[Kernel]) -> Result<Vec<(String, debian::DebianKernel)>> {
+    let mut fetched = Vec::new();
+    for kernel in kernels {
+        if let Kernel::Debian(series) = kernel {
+            let pkg = debian::newest_kernel_package(series)?;
+            fetched.push((series.clone(), debian::kernel(&pkg, series)?));
+        }
+    }
+    Ok(fetched)
+}
+
 /// One guest to boot: a kernel image and the test binaries it runs (indices into the
 /// initramfs's list).
 struct Guest {
@@ -131,13 +148,7 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
     let test_exes = build(root)?;
     let initrd = root.join("target/vmtest/initramfs.cpio");
     // Every Debian kernel first: the one initramfs carries each one's unix_diag module.
-    let mut debian_kernels = Vec::new();
-    for kernel in kernels {
-        if let Kernel::Debian(series) = kernel {
-            let pkg = debian::newest_kernel_package(series)?;
-            debian_kernels.push((series.clone(), debian::kernel(&pkg, series)?));
-        }
-    }
+    let debian_kernels = debian_kernels(kernels)?;
     let mut guests = Vec::new();
     if kernels.iter().any(|k| !matches!(k, Kernel::Host)) {
         std::fs::create_dir_all(initrd.parent().unwrap())?;

@@ -1,0 +1,52 @@
+//! What the tests use besides programs (see [`crate::prereqs`]): the JUnit schema, the Hermes
+//! venvs, the MCP SDK, the Debian roots and the matrix's kernels, each made once and cached.
+//! They are fetched on a thread of their own while the lints and builds run: fetching waits
+//! on the network and the build on the CPU, so on a fresh machine the two overlap instead of
+//! adding up (about four minutes).
+use std::{ffi::OsString, path::Path, thread::JoinHandle};
+
+use anyhow::{Context, Result};
+
+use crate::{debian, npm, pypi, vmtest};
+
+/// The variables that name the fixtures to the tests.
+pub type TestEnv = Vec<(&'static str, OsString)>;
+
+/// Starts fetching; `dist` and `vm` as for `cargo xtask test`.
+pub fn fetch(root: &Path, dist: bool, vm: bool) -> JoinHandle<Result<TestEnv>> {
+    let root = root.to_owned();
+    std::thread::spawn(move || {
+        pypi::junit_schema(&root)?;
+        let mut env: TestEnv = vec![
+            // The real Hermes gateway, with stdio MCP servers written with the mcp SDK.
+            (
+                "REAPER_HERMES_VENV",
+                pypi::hermes_venv(&root, pypi::HERMES, "hermes-venv")?.into(),
+            ),
+            (
+                "REAPER_HERMES_LEAKING_VENV",
+                pypi::hermes_venv(&root, pypi::HERMES_LEAKING, "hermes-0.14-venv")?.into(),
+            ),
+            // CPython 3.13 and 3.14 for the Python spawn-site tests.
+            ("REAPER_PYTHON_ROOT", debian::python_root()?.into()),
+            // The MCP TypeScript SDK for the Node MCP host's spawn-site test.
+            ("REAPER_MCP_SDK", npm::mcp_sdk(&root)?.into()),
+        ];
+        if dist {
+            // A fresh Debian root for the package's tests.
+            env.push(("REAPER_DEBIAN_ROOT", debian::test_root(&root)?.into()));
+        }
+        if vm {
+            vmtest::debian_kernels(&vmtest::default_kernels()?)?;
+        }
+        Ok(env)
+    })
+}
+
+/// Waits for [`fetch`] to end.
+pub fn wait(fetching: JoinHandle<Result<TestEnv>>) -> Result<TestEnv> {
+    fetching
+        .join()
+        .map_err(|_| anyhow::anyhow!("the fixtures' thread panicked"))?
+        .context("preparing the tests' fixtures")
+}

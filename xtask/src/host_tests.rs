@@ -1,0 +1,180 @@
+//! The workspace's tests on this host: all of them through `cargo test`, or (`cargo xtask test
+//! --reverse`) each test on its own, one at a time, in reverse name order, which shows a test
+//! that passes only because another ran before it (a mount it made, a file it left).
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// The order the tests run in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// `cargo test`'s: the binaries one after another, two tests at a time within each.
+    Cargo,
+    /// The binaries in reverse name order, and within each its tests in reverse name order,
+    /// one test per run of the binary (`--exact`), one at a time. Doc tests are left out.
+    Reverse,
+}
+
+/// Runs the tests with `env` and the test-binary `filters` (`--skip ...`); returns (passed,
+/// failed), added up from the `test result:` lines.
+pub fn run(
+    root: &Path,
+    env: &[(&str, std::ffi::OsString)],
+    filters: &[&str],
+    order: Order,
+) -> Result<(u64, u64)> {
+    match order {
+        Order::Cargo => {
+            // Every test binary runs, whatever an earlier one found.
+            let mut cargo = Command::new(cargo_program());
+            cargo
+                .args(["test", "--no-fail-fast", "--", "--test-threads=2"])
+                .args(filters)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .current_dir(root);
+            let (passed, failed, ok) = counted(&mut cargo)?;
+            if !ok && failed == 0 {
+                bail!("`cargo test` failed");
+            }
+            Ok((passed, failed))
+        }
+        Order::Reverse => reverse(root, env, filters),
+    }
+}
+
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Runs `cmd`, passing its output through; returns the passed and failed counts of its `test
+/// result:` lines and whether it succeeded.
+fn counted(cmd: &mut Command) -> Result<(u64, u64, bool)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cmd:?}"))?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().context("test stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            passed += count_before(rest, " passed");
+            failed += count_before(rest, " failed");
+        }
+    }
+    Ok((passed, failed, child.wait()?.success()))
+}
+
+/// A test executable cargo built, and the folder cargo runs it in (its package's).
+struct TestBinary {
+    name: String,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+/// The workspace's test executables (unit and integration), as `cargo test` builds them.
+fn test_binaries(root: &Path) -> Result<Vec<TestBinary>> {
+    let out = Command::new(cargo_program())
+        .args(["test", "--no-run", "--message-format=json"])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the tests")?;
+    if !out.status.success() {
+        bail!("building the tests failed ({})", out.status);
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let (Some(exe), Some(manifest)) = (v["executable"].as_str(), v["manifest_path"].as_str())
+        else {
+            continue;
+        };
+        let package = v["package_id"].as_str().unwrap_or("");
+        binaries.push(TestBinary {
+            name: format!("{package} {}", v["target"]["name"].as_str().unwrap_or("")),
+            exe: PathBuf::from(exe),
+            dir: Path::new(manifest).parent().context("manifest dir")?.into(),
+        });
+    }
+    Ok(binaries)
+}
+
+fn reverse(
+    root: &Path,
+    env: &[(&str, std::ffi::OsString)],
+    filters: &[&str],
+) -> Result<(u64, u64)> {
+    let mut binaries = test_binaries(root)?;
+    binaries.sort_by(|a, b| b.name.cmp(&a.name));
+    let (mut passed, mut failed) = (0, 0);
+    for binary in &binaries {
+        let listed = Command::new(&binary.exe)
+            .args(["--list", "--format", "terse"])
+            .args(filters)
+            .current_dir(&binary.dir)
+            .output()
+            .with_context(|| format!("listing {}", binary.exe.display()))?;
+        let mut names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_owned)
+            .collect();
+        names.sort_by(|a, b| b.cmp(a));
+        for name in names {
+            println!("reverse order: {} {name}", binary.name);
+            let (p, f, _) = counted(
+                Command::new(&binary.exe)
+                    .args(["--exact", &name, "--test-threads=1"])
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .current_dir(&binary.dir),
+            )?;
+            passed += p;
+            failed += f;
+        }
+    }
+    Ok((passed, failed))
+}
+
+/// In `ok. 10 passed; 0 failed; ...`, the number before `word`.
+pub fn count_before(text: &str, word: &str) -> u64 {
+    text.split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word.trim_start())
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_before;
+
+    #[test]
+    fn counts_cargo_test_result_lines() {
+        let ok = "ok. 10 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 2.1s";
+        assert_eq!(
+            (count_before(ok, " passed"), count_before(ok, " failed")),
+            (10, 0)
+        );
+        let bad = "FAILED. 9 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!(
+            (count_before(bad, " passed"), count_before(bad, " failed")),
+            (9, 2)
+        );
+        assert_eq!(count_before("garbage", " passed"), 0);
+    }
+}
