@@ -53,26 +53,42 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, V
             bail!("no fuzz target `{t}` (targets: {})", TARGETS.join(", "));
         }
     }
+    // Built once, then the targets run two at a time: each libFuzzer run is one process on
+    // one core, and these machines have two.
+    let built = Command::new("rustup")
+        .args(["run", NIGHTLY, "cargo", "fuzz", "build"])
+        .current_dir(root.join("fuzz"))
+        .status()
+        .context("running cargo fuzz build")?;
+    if !built.success() {
+        bail!("`cargo fuzz build` failed ({built})");
+    }
     let (mut clean, mut crashed) = (Vec::new(), Vec::new());
-    for target in targets {
-        let corpus = root.join("target/fuzz/corpus").join(target);
-        let artifacts = root.join("target/fuzz/artifacts").join(target);
-        fs::create_dir_all(&corpus)?;
-        fs::create_dir_all(&artifacts)?;
-        eprintln!("xtask: fuzzing {target} for {secs} s");
-        let status = Command::new("rustup")
-            .args(["run", NIGHTLY, "cargo", "fuzz", "run", target])
-            .arg(&corpus)
-            .arg("--")
-            .arg(format!("-max_total_time={secs}"))
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .args(["-rss_limit_mb=2048", "-print_final_stats=1"])
-            .current_dir(root.join("fuzz"))
-            .status()
-            .with_context(|| format!("running cargo fuzz on {target}"))?;
-        match status.success() {
-            true => clean.push(target.clone()),
-            false => crashed.push(target.clone()),
+    for pair in targets.chunks(2) {
+        let mut running = Vec::new();
+        for target in pair {
+            let corpus = root.join("target/fuzz/corpus").join(target);
+            let artifacts = root.join("target/fuzz/artifacts").join(target);
+            fs::create_dir_all(&corpus)?;
+            fs::create_dir_all(&artifacts)?;
+            eprintln!("xtask: fuzzing {target} for {secs} s");
+            let child = Command::new("rustup")
+                .args(["run", NIGHTLY, "cargo", "fuzz", "run", target])
+                .arg(&corpus)
+                .arg("--")
+                .arg(format!("-max_total_time={secs}"))
+                .arg(format!("-artifact_prefix={}/", artifacts.display()))
+                .args(["-rss_limit_mb=2048", "-print_final_stats=1"])
+                .current_dir(root.join("fuzz"))
+                .spawn()
+                .with_context(|| format!("running cargo fuzz on {target}"))?;
+            running.push((target, child));
+        }
+        for (target, mut child) in running {
+            match child.wait()?.success() {
+                true => clean.push(target.clone()),
+                false => crashed.push(target.clone()),
+            }
         }
     }
     println!(
