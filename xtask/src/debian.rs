@@ -49,11 +49,12 @@ pub fn install(packages: &[&str]) {
     }
 }
 
-/// Whether apt has package lists (a fresh machine has none until `apt-get update`).
+/// Whether apt has package lists (a fresh machine has none until `apt-get update`; apt may
+/// keep them compressed, `..._Packages.lz4`).
 fn has_package_lists() -> bool {
     fs::read_dir("/var/lib/apt/lists").is_ok_and(|d| {
         d.flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"))
+            .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
     })
 }
 
@@ -174,8 +175,9 @@ fn private_apt(release: &str) -> Result<Vec<String>> {
     opts.extend(opt("Dir::State::Lists", &lists));
     opts.extend(["-o".into(), "Dir::Cache::pkgcache=".into()]);
     opts.extend(["-o".into(), "Dir::Cache::srcpkgcache=".into()]);
+    // Compressed or not (`..._Packages.lz4`).
     let has_lists = fs::read_dir(&lists)?
-        .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with("_Packages")));
+        .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().contains("_Packages")));
     if !has_lists {
         eprintln!("xtask: fetching Debian {release}'s package lists (for its kernel)");
         let ok = Command::new("apt-get")

@@ -23,6 +23,22 @@ pub enum Need {
     Vm,
     /// `bench`.
     Bench,
+    /// `bench`'s peer tracers: each one compared when it installs, left out (and said so)
+    /// when it does not, so none is installed before the first step.
+    BenchPeer,
+}
+
+impl Need {
+    /// As docs/testing.md's table names it.
+    fn name(self) -> &'static str {
+        match self {
+            Test => "test",
+            Dist => "dist",
+            Vm => "vm",
+            Bench => "bench",
+            BenchPeer => "bench (if it installs)",
+        }
+    }
 }
 
 /// Where a program comes from.
@@ -70,262 +86,63 @@ const ALL: &[Need] = &[Test, Dist, Vm, Bench];
 
 /// The table. Base-system programs are listed too: a minimal image may lack any of them, and
 /// the tests would otherwise fail on the first that is missing instead of installing it.
+#[rustfmt::skip]
 pub const TOOLS: &[Tool] = &[
     // The toolchain and the installers.
     tool("cargo", Rustup, ALL, "every build"),
-    tool(
-        "rustup",
-        Rustup,
-        ALL,
-        "the nightly toolchain of the eBPF build and the fuzzers",
-    ),
-    tool(
-        "bpf-linker",
-        Crate("bpf-linker"),
-        ALL,
-        "links the eBPF programs (`cargo xtask setup`)",
-    ),
-    tool(
-        "apt-get",
-        Debian("apt"),
-        ALL,
-        "installs this table's Debian packages and fetches kernels",
-    ),
-    tool(
-        "apt-cache",
-        Debian("apt"),
-        &[Vm],
-        "finds the newest kernel of each series",
-    ),
-    tool(
-        "git",
-        Debian("git"),
-        &[Test, Dist, Bench],
-        "the commit `--version` names; `bench --before` worktrees",
-    ),
-    tool(
-        "python3",
-        Debian("python3"),
-        &[Test],
-        "pip, the Hermes venvs, the JUnit schema's download",
-    ),
+    tool("rustup", Rustup, ALL, "the nightly toolchain of the eBPF build and the fuzzers"),
+    tool("bpf-linker", Crate("bpf-linker"), ALL, "links the eBPF programs (`cargo xtask setup`)"),
+    tool("apt-get", Debian("apt"), ALL, "installs this table's Debian packages and fetches kernels"),
+    tool("apt-cache", Debian("apt"), &[Vm], "finds the newest kernel of each series"),
+    tool("git", Debian("git"), &[Test, Dist, Bench], "the commit `--version` names; `bench --before` worktrees"),
+    tool("python3", Debian("python3"), &[Test], "pip, the Hermes venvs, the JUnit schema's download"),
     // Programs the tests and shapes run on the host (and, for some, in the guests).
-    tool(
-        "sh",
-        Debian("dash"),
-        ALL,
-        "scripts of the tests, shapes and helpers",
-    ),
-    tool(
-        "true",
-        Debian("coreutils"),
-        &[Test, Vm],
-        "the input tests' command",
-    ),
-    tool(
-        "/bin/true",
-        Debian("coreutils"),
-        &[Test, Vm],
-        "the spawn-site tests' exec target",
-    ),
-    tool(
-        "sleep",
-        Debian("coreutils"),
-        &[Test, Vm],
-        "long-lived helpers in the leak and restart tests",
-    ),
-    tool(
-        "cat",
-        Debian("coreutils"),
-        &[Dist],
-        "the package test reads dpkg's conffiles",
-    ),
-    tool(
-        "dd",
-        Debian("coreutils"),
-        &[Test, Vm],
-        "the full-disk audit test fills a tmpfs",
-    ),
+    tool("sh", Debian("dash"), ALL, "scripts of the tests, shapes and helpers"),
+    tool("true", Debian("coreutils"), &[Test, Vm], "the input tests' command"),
+    tool("/bin/true", Debian("coreutils"), &[Test, Vm], "the spawn-site tests' exec target"),
+    tool("sleep", Debian("coreutils"), &[Test, Vm], "long-lived helpers in the leak and restart tests"),
+    tool("cat", Debian("coreutils"), &[Dist], "the package test reads dpkg's conffiles"),
+    tool("dd", Debian("coreutils"), &[Test, Vm], "the full-disk audit test fills a tmpfs"),
     tool("seq", Debian("coreutils"), &[Vm], "the guests' shapes"),
     tool("rm", Debian("coreutils"), &[Vm], "the guests' shapes"),
-    tool(
-        "chroot",
-        Debian("coreutils"),
-        &[Dist],
-        "the package and tarball tests in a Debian root",
-    ),
-    tool(
-        "date",
-        Debian("coreutils"),
-        &[Dist],
-        "the package's changelog date outside a checkout",
-    ),
-    tool(
-        "du",
-        Debian("coreutils"),
-        &[Dist],
-        "the package's installed size",
-    ),
-    tool(
-        "mkfifo",
-        Debian("coreutils"),
-        &[Bench],
-        "the latency bench's gateway",
-    ),
-    tool(
-        "mount",
-        Debian("mount"),
-        &[Test, Dist, Vm],
-        "tmpfs, bind mounts and bpffs in the tests",
-    ),
-    tool(
-        "umount",
-        Debian("mount"),
-        &[Test, Dist, Vm],
-        "undoes the tests' mounts",
-    ),
-    tool(
-        "unshare",
-        Debian("util-linux"),
-        &[Test, Dist],
-        "private mount namespaces",
-    ),
-    tool(
-        "pkill",
-        Debian("procps"),
-        &[Test, Dist],
-        "ends helpers a failed test left",
-    ),
-    tool(
-        "tar",
-        Debian("tar"),
-        &[Test, Dist],
-        "the tarball, the Debian root, the JUnit schema",
-    ),
-    tool(
-        "gzip",
-        Debian("gzip"),
-        &[Dist],
-        "the man pages and the tarball",
-    ),
-    tool(
-        "zcat",
-        Debian("gzip"),
-        &[Dist],
-        "the package test reads the man page",
-    ),
-    tool(
-        "ldd",
-        Debian("libc-bin"),
-        &[Vm],
-        "the guests' shared libraries",
-    ),
+    tool("chroot", Debian("coreutils"), &[Dist], "the package and tarball tests in a Debian root"),
+    tool("date", Debian("coreutils"), &[Dist], "the package's changelog date outside a checkout"),
+    tool("du", Debian("coreutils"), &[Dist], "the package's installed size"),
+    tool("mkfifo", Debian("coreutils"), &[Bench], "the latency bench's gateway"),
+    tool("mount", Debian("mount"), &[Test, Dist, Vm], "tmpfs, bind mounts and bpffs in the tests"),
+    tool("umount", Debian("mount"), &[Test, Dist, Vm], "undoes the tests' mounts"),
+    tool("unshare", Debian("util-linux"), &[Test, Dist], "private mount namespaces"),
+    tool("pkill", Debian("procps"), &[Test, Dist], "ends helpers a failed test left"),
+    tool("tar", Debian("tar"), &[Test, Dist], "the tarball, the Debian root, the JUnit schema"),
+    tool("gzip", Debian("gzip"), &[Dist], "the man pages and the tarball"),
+    tool("zcat", Debian("gzip"), &[Dist], "the package test reads the man page"),
+    tool("ldd", Debian("libc-bin"), &[Vm], "the guests' shared libraries"),
     tool("xz", Debian("xz-utils"), &[Vm], "Debian's kernel modules"),
     tool("zstd", Debian("zstd"), &[Vm], "Debian's kernel modules"),
-    tool(
-        "node",
-        Debian("nodejs"),
-        &[Test, Vm, Bench],
-        "the Node host tests and the Node spawner bench",
-    ),
-    tool(
-        "npm",
-        Debian("nodejs"),
-        &[Test],
-        "the MCP TypeScript SDK of the Node MCP host test",
-    ),
-    tool(
-        "/usr/bin/python3.11",
-        Debian("python3.11"),
-        &[Test],
-        "Debian's CPython in the Python spawn-site tests",
-    ),
-    tool(
-        "chromium",
-        Debian("chromium"),
-        &[Test],
-        "the report's browser test",
-    ),
-    tool(
-        "prometheus",
-        Debian("prometheus"),
-        &[Test],
-        "a real Prometheus scraping a run",
-    ),
-    tool(
-        "promtool",
-        Debian("prometheus"),
-        &[Test],
-        "the alerting rules' unit tests, metrics checks",
-    ),
-    tool(
-        "xmllint",
-        Debian("libxml2-utils"),
-        &[Test],
-        "the JUnit report against the JUnit schema",
-    ),
-    tool(
-        "systemd-analyze",
-        Debian("systemd"),
-        &[Test],
-        "the service unit, read as systemd reads it",
-    ),
-    tool(
-        "kubernetes-validate",
-        PyPi("kubernetes-validate"),
-        &[Test],
-        "the DaemonSet against the Kubernetes schemas",
-    ),
-    tool(
-        "mmdebstrap",
-        Debian("mmdebstrap"),
-        &[Test, Dist],
-        "the sid root (CPython 3.13, 3.14) and the package's Debian root",
-    ),
+    tool("node", Debian("nodejs"), &[Test, Vm, Bench], "the Node host tests and the Node spawner bench"),
+    tool("npm", Debian("nodejs"), &[Test], "the MCP TypeScript SDK of the Node MCP host test"),
+    tool("/usr/bin/python3.11", Debian("python3.11"), &[Test], "Debian's CPython in the Python spawn-site tests"),
+    tool("chromium", Debian("chromium"), &[Test], "the report's browser test"),
+    tool("prometheus", Debian("prometheus"), &[Test], "a real Prometheus scraping a run"),
+    tool("promtool", Debian("prometheus"), &[Test], "the alerting rules' unit tests, metrics checks"),
+    tool("xmllint", Debian("libxml2-utils"), &[Test], "the JUnit report against the JUnit schema"),
+    tool("systemd-analyze", Debian("systemd"), &[Test], "the service unit, read as systemd reads it"),
+    tool("kubernetes-validate", PyPi("kubernetes-validate"), &[Test], "the DaemonSet against the Kubernetes schemas"),
+    tool("mmdebstrap", Debian("mmdebstrap"), &[Test, Dist], "the sid root (CPython 3.13, 3.14) and the package's Debian root"),
     // What `dist` makes and its tests.
-    tool(
-        "dpkg-deb",
-        Debian("dpkg"),
-        &[Dist, Vm],
-        "builds the package; unpacks Debian's kernels",
-    ),
+    tool("dpkg-deb", Debian("dpkg"), &[Dist, Vm], "builds the package; unpacks Debian's kernels"),
     tool("umoci", Debian("umoci"), &[Dist], "builds the OCI image"),
     tool("lintian", Debian("lintian"), &[Dist], "checks the package"),
-    tool(
-        "podman",
-        Debian("podman"),
-        &[Dist],
-        "runs the image as the DaemonSet does",
-    ),
-    tool(
-        "runc",
-        Debian("runc"),
-        &[Dist],
-        "podman's runtime in the image tests",
-    ),
+    tool("podman", Debian("podman"), &[Dist], "runs the image as the DaemonSet does"),
+    tool("runc", Debian("runc"), &[Dist], "podman's runtime in the image tests"),
     // The kernel matrix.
-    tool(
-        "qemu-system-x86_64",
-        Debian("qemu-system-x86"),
-        &[Vm],
-        "boots each kernel of the matrix",
-    ),
-    tool(
-        "busybox",
-        Debian("busybox-static"),
-        &[Vm],
-        "the guests' init",
-    ),
+    tool("qemu-system-x86_64", Debian("qemu-system-x86"), &[Vm], "boots each kernel of the matrix"),
+    tool("busybox", Debian("busybox-static"), &[Vm], "the guests' init"),
     // The bench and its peers.
-    tool(
-        "bpftool",
-        Debian("bpftool"),
-        &[Bench],
-        "names the programs in the hook-cost table; map sizes",
-    ),
-    tool("perf", Debian("linux-perf"), &[Bench], "a peer tracer"),
-    tool("forkstat", Debian("forkstat"), &[Bench], "a peer tracer"),
-    tool("bpftrace", Debian("bpftrace"), &[Bench], "a peer tracer"),
+    tool("bpftool", Debian("bpftool"), &[Bench], "names the programs in the hook-cost table; map sizes"),
+    tool("perf", Debian("linux-perf"), &[BenchPeer], "a peer tracer"),
+    tool("forkstat", Debian("forkstat"), &[BenchPeer], "a peer tracer"),
+    tool("bpftrace", Debian("bpftrace"), &[BenchPeer], "a peer tracer"),
     tool("curl", Debian("curl"), &[Bench], "the soak bench's scrapes"),
 ];
 
@@ -346,11 +163,7 @@ impl Source {
 pub fn markdown() -> String {
     let mut out = String::from("| program | from | needed by | why |\n|---|---|---|---|\n");
     for t in TOOLS {
-        let needs: Vec<String> = t
-            .needed_by
-            .iter()
-            .map(|n| format!("{n:?}").to_lowercase())
-            .collect();
+        let needs: Vec<&str> = t.needed_by.iter().map(|n| n.name()).collect();
         out.push_str(&format!(
             "| `{}` | {} | {} | {} |\n",
             t.program,
@@ -401,7 +214,7 @@ fn install_tools<'a>(tools: impl IntoIterator<Item = &'a Tool>) -> Result<()> {
         match t.source {
             Debian(pkg) => {
                 eprintln!(
-                    "xtask: installing {pkg} from Debian: {}, for {}",
+                    "xtask: installing {pkg} from Debian for {} ({})",
                     t.program, t.why
                 );
                 if !packages.contains(&pkg) {
@@ -410,7 +223,7 @@ fn install_tools<'a>(tools: impl IntoIterator<Item = &'a Tool>) -> Result<()> {
             }
             PyPi(pkg) => {
                 eprintln!(
-                    "xtask: installing {pkg} from PyPI: {}, for {}",
+                    "xtask: installing {pkg} from PyPI for {} ({})",
                     t.program, t.why
                 );
                 pypi::install(pkg);

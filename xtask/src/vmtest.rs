@@ -41,7 +41,8 @@ const KERNEL_MARK: &str = "reaper-vmtest: kernel ";
 /// off, besides its tests.
 const BOOT_ALLOWANCE: Duration = Duration::from_secs(240);
 /// What one test may take in a guest, on average: the slowest kernel (6.1) ran its 83 tests
-/// in about 1000 s alone, 12 s a test (docs/testing.md); this is 2.5 times that.
+/// in 860 s (two guests side by side, 433 s and 427 s), 10.4 s a test (docs/testing.md); this
+/// is about three times that.
 const PER_TEST_ALLOWANCE: Duration = Duration::from_secs(30);
 /// Guests booted at once: each is one TCG thread, one host core.
 const LANES: usize = 2;
