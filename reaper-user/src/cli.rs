@@ -375,16 +375,16 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 impl Cli {
     /// Checks what clap cannot: there is something to trace.
     pub fn validate(&self) -> Result<(), String> {
-        if self.mount_bpffs {
+        // The options that do one thing to the host and exit.
+        let one_shot = match (self.mount_bpffs, &self.release_state) {
+            (true, _) => Some("--mount-bpffs only mounts bpffs"),
+            (false, Some(_)) => Some("--release-state DIR only removes a state"),
+            (false, None) => None,
+        };
+        if let Some(what) = one_shot {
             return match self.gateway_pid.is_empty() && self.command.is_empty() {
                 true => Ok(()),
-                false => Err("--mount-bpffs only mounts bpffs: it traces nothing".into()),
-            };
-        }
-        if self.release_state.is_some() {
-            return match self.gateway_pid.is_empty() && self.command.is_empty() {
-                true => Ok(()),
-                false => Err("--release-state DIR only removes a state: it traces nothing".into()),
+                false => Err(format!("{what}: it traces nothing")),
             };
         }
         let selectors = self.gateway_exe.len()

@@ -109,11 +109,7 @@ impl Node {
 
     /// Whether a bpffs is mounted on the node's /sys/fs/bpf now.
     fn has_bpffs(&self) -> bool {
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        let path = std::ffi::CString::new(self.bpf.to_str().unwrap()).unwrap();
-        // SAFETY: a valid path and a buffer of the right type.
-        let done = unsafe { libc::statfs(path.as_ptr(), &mut fs) } == 0;
-        done && fs.f_type == 0xcafe4a11
+        reaper_user::state::pins::is_bpffs(&self.bpf)
     }
 }
 

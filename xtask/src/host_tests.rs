@@ -71,16 +71,21 @@ fn counted(cmd: &mut Command) -> Result<(u64, u64, bool)> {
 }
 
 /// A test executable cargo built, and the folder cargo runs it in (its package's).
-struct TestBinary {
-    name: String,
-    exe: PathBuf,
-    dir: PathBuf,
+pub struct TestBinary {
+    /// Its package and target, as a sort key.
+    pub name: String,
+    /// Its target's name (`lineage`) and kind (`test` for an integration test).
+    pub target: String,
+    pub kind: String,
+    pub exe: PathBuf,
+    pub dir: PathBuf,
 }
 
-/// The workspace's test executables (unit and integration), as `cargo test` builds them.
-fn test_binaries(root: &Path) -> Result<Vec<TestBinary>> {
+/// The test executables `cargo test ARGS` builds (`args`: a profile, packages, targets).
+pub fn test_binaries(root: &Path, args: &[&str]) -> Result<Vec<TestBinary>> {
     let out = Command::new(cargo_program())
         .args(["test", "--no-run", "--message-format=json"])
+        .args(args)
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
@@ -101,8 +106,11 @@ fn test_binaries(root: &Path) -> Result<Vec<TestBinary>> {
             continue;
         };
         let package = v["package_id"].as_str().unwrap_or("");
+        let target = v["target"]["name"].as_str().unwrap_or("").to_owned();
         binaries.push(TestBinary {
-            name: format!("{package} {}", v["target"]["name"].as_str().unwrap_or("")),
+            name: format!("{package} {target}"),
+            target,
+            kind: v["target"]["kind"][0].as_str().unwrap_or("").to_owned(),
             exe: PathBuf::from(exe),
             dir: Path::new(manifest).parent().context("manifest dir")?.into(),
         });
@@ -115,7 +123,7 @@ fn reverse(
     env: &[(&str, std::ffi::OsString)],
     filters: &[&str],
 ) -> Result<(u64, u64)> {
-    let mut binaries = test_binaries(root)?;
+    let mut binaries = test_binaries(root, &[])?;
     binaries.sort_by(|a, b| b.name.cmp(&a.name));
     let (mut passed, mut failed) = (0, 0);
     for binary in &binaries {

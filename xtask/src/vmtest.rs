@@ -24,9 +24,12 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
-use crate::{debian, host_tests::count_before, initramfs::Initramfs};
+use crate::{
+    debian,
+    host_tests::{self, count_before},
+    initramfs::Initramfs,
+};
 
 /// The kernels of the matrix besides the running one.
 /// 5.10 is older than the oldest supported kernel (5.12): there the tests check that it is
@@ -300,29 +303,12 @@ const HOST_ONLY_TESTS: &[&str] = &[
 /// executables.
 fn build(root: &Path) -> Result<Vec<PathBuf>> {
     crate::cargo(root, &["build", "--release", "--bins"])?;
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "test",
-            "--release",
-            "--package",
-            "reaper-tests",
-            "--tests",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("building the integration tests")?;
-    if !out.status.success() {
-        bail!("building the integration tests failed ({})", out.status);
-    }
-    let exes: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["kind"][0] == "test")
-        .filter(|v| !HOST_ONLY_TESTS.contains(&v["target"]["name"].as_str().unwrap_or("")))
-        .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
+    let built =
+        host_tests::test_binaries(root, &["--release", "--package", "reaper-tests", "--tests"])?;
+    let exes: Vec<PathBuf> = built
+        .into_iter()
+        .filter(|b| b.kind == "test" && !HOST_ONLY_TESTS.contains(&b.target.as_str()))
+        .map(|b| b.exe)
         .collect();
     if exes.is_empty() {
         bail!("cargo reported no integration test executables");

@@ -202,7 +202,8 @@ pub fn mount_bpffs() -> Result<Option<String>> {
     Ok(Some(format!("mounted bpffs at {BPFFS} (left mounted)")))
 }
 
-fn is_bpffs(path: &Path) -> bool {
+/// Whether a bpffs is mounted at `path`.
+pub fn is_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
 }
 
