@@ -1,9 +1,31 @@
 //! A copy of a spawner's user stack at fork, for user space to unwind with its objects' call
-//! frame information. For spawners that run code compiled at run time (a Node host): their
-//! native code keeps no frame pointers, so the kernel's frame-pointer walk stops in the C
-//! library's `fork`, below the C++ and the JavaScript that called it. User space marks such
-//! spawners (`JIT_HOSTS`, by tgid); only their tracked forks pay for a copy.
+//! frame information, where the kernel's frame-pointer walk stops short: in the C library's
+//! `fork` (Debian's keeps no frame pointers), or in code built without them (a Rust binary's).
+//! - A JIT host (a Node host): its stacks are copied at each tracked fork, since its native
+//!   code and the JavaScript over it look the same to a frame-pointer walk from any site.
+//!   User space marks such spawners (`JIT_HOSTS`, by tgid).
+//! - Any other spawner whose Python frames are not read (C, Rust, Go...): its stack is copied
+//!   once per site, the first time it forks from there (`COPIED_SITES`). A site is the
+//!   frame-pointer walk's frames and the executable's code addresses found in the first
+//!   [`SCAN_BYTES`] above the stack pointer (return addresses, which tell apart callers the
+//!   walk cannot see past); the fork record's `stack` names it, and user space keeps the
+//!   unwound frames under that key.
 use crate::ForkEvent;
+
+/// Bytes above the stack pointer scanned for code addresses of the executable.
+pub const SCAN_BYTES: usize = 1024;
+
+/// `COPIED_SITES`' key: a site a spawner's stack was copied at.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CopiedSite {
+    /// The fork record's `stack`.
+    pub stack: u64,
+    /// The spawner's identity.
+    pub start: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
 
 /// Bytes copied per read, a page: reads start at the page of the stack pointer, so the last
 /// one that succeeds ends at the stack's top (a page boundary), and the next one fails whole.

@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod copy;
+pub mod interpreter;
 pub mod native;
 pub mod python;
 
@@ -34,14 +35,17 @@ pub mod names {
     pub const JIT_HOSTS: &str = "JIT_HOSTS";
     pub const FORK_SCRATCH: &str = "FORK_SCRATCH";
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
-    /// The maps each load has of its own: scratch space.
-    pub const SCRATCH: [&str; 6] = [
+    pub const COPIED_SITES: &str = "COPIED_SITES";
+    /// The maps each load has of its own: scratch space, and the sites whose stacks were
+    /// copied (the unwound frames live in the reader: a new run copies each site again).
+    pub const SCRATCH: [&str; 7] = [
         EXEC_SCRATCH,
         PATH_SCRATCH,
         PY_SCRATCH,
         PY_WALK,
         FORK_SCRATCH,
         STACK_SCRATCH,
+        COPIED_SITES,
     ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
@@ -143,7 +147,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 4;
+pub const LAYOUT: u8 = 5;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -219,6 +223,9 @@ pub struct ExecEvent {
     pub filename_len: u32,
     pub argv_len: u32,
     pub comm: [u8; COMM_LEN],
+    /// The name of the file the new program runs from (its first [`COMM_LEN`] - 1 bytes,
+    /// NUL-padded): the interpreter of a `#!` script, where `filename` names the script.
+    pub program: [u8; COMM_LEN],
     pub filename: [u8; FILENAME_MAX],
     /// NUL-separated arguments as laid out in the new mm (`arg_start..arg_end`).
     pub argv: [u8; ARGV_MAX],
@@ -371,6 +378,12 @@ pub struct KernelOffsets {
     pub inode_ino: u64,
     pub inode_sb: u64,
     pub super_block_dev: u64,
+    /// Offset of `file::f_path.dentry`, and of `dentry::d_name.name`: the executable's name.
+    pub file_dentry: u64,
+    pub dentry_name: u64,
+    /// Offsets of `mm_struct::start_code` and `end_code`: the executable's text.
+    pub mm_start_code: u64,
+    pub mm_end_code: u64,
     pub kernfs_node_parent: u64,
     /// Offset of `cgroup::root` (the hierarchy a cgroup is in).
     pub cgroup_root: u64,
@@ -426,4 +439,5 @@ mod pod {
     unsafe impl aya::Pod for super::python::PyLayout {}
     unsafe impl aya::Pod for super::python::PyStack {}
     unsafe impl aya::Pod for super::native::NativeStack {}
+    unsafe impl aya::Pod for super::copy::CopiedSite {}
 }

@@ -1,4 +1,5 @@
-//! A JIT host's stack at fork, copied for user space to unwind (see `reaper_common::copy`).
+//! A spawner's stack at fork, copied for user space to unwind (see `reaper_common::copy`):
+//! a JIT host's at each fork, any other native spawner's once per site.
 use core::ffi::c_void;
 
 use aya_ebpf::{
@@ -9,18 +10,18 @@ use aya_ebpf::{
     },
 };
 use reaper_common::{
-    EventKind, ForkEvent,
-    copy::{COPY_CHUNK, COPY_CHUNKS, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, StackCopy},
+    copy::{COPY_CHUNK, COPY_CHUNKS, COPY_MAX, CopiedSite, SCAN_BYTES, StackCopy},
+    python::{HASH_SEED, hash_word},
 };
 
 use crate::{
-    emit::{recording, send_prefix},
-    maps::{FORK_SCRATCH, JIT_HOSTS},
+    maps::{COPIED_SITES, JIT_HOSTS},
+    task::Task,
 };
 
 /// Whether process `tgid` (started at `start`) is a JIT host whose stacks are copied.
 #[inline(always)]
-pub fn wanted(tgid: u32, start: u64) -> bool {
+pub fn jit_host(tgid: u32, start: u64) -> bool {
     // SAFETY: the value is read at once, not kept.
     match unsafe { JIT_HOSTS.get(tgid) } {
         // 0: found in /proc, before the kernel knew the process's start (its free removes
@@ -30,33 +31,17 @@ pub fn wanted(tgid: u32, start: u64) -> bool {
     }
 }
 
-/// Sends the fork record `fill` writes, with the forking thread's stack after it.
-#[inline(always)]
-pub fn send_fork(fill: impl FnOnce(&mut ForkEvent)) {
-    let Some(reader) = recording(EventKind::Fork) else {
-        return;
-    };
-    let Some(record) = FORK_SCRATCH.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: a per-CPU map value, ours alone while this program runs.
-    let record = unsafe { &mut *record };
-    fill(&mut record.fork);
-    record.fork.flags |= FORK_STACK_COPIED;
-    let len = copy_stack(&mut record.copy);
-    // `len` is one of five constants on every path, so the verifier sees the bound.
-    send_prefix(
-        reader,
-        EventKind::Fork,
-        record,
-        FORK_COPY_FIXED_LEN as u64 + len,
-    );
+/// The forking thread's user registers, as the kernel saved them at syscall entry.
+#[derive(Clone, Copy)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
 }
 
-/// Copies the current thread's user registers and its stack from the stack pointer's page up,
-/// a page at a time until a read fails (past the stack's top). Returns the bytes copied.
+/// Reads the current thread's user registers; none when they cannot be read.
 #[inline(always)]
-fn copy_stack(copy: &mut StackCopy) -> u64 {
+pub fn user_regs() -> Option<UserRegs> {
     // SAFETY: plain helper calls; the task pointer is the verifier-checked current task.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     // SAFETY: reads of the user registers the kernel saved at syscall entry; they fault
@@ -70,14 +55,75 @@ fn copy_stack(copy: &mut StackCopy) -> u64 {
             &raw const (*regs).rbp,
         )
     };
-    let (Ok(ip), Ok(sp), Ok(bp)) = (read(fields.0), read(fields.1), read(fields.2)) else {
-        copy.len = 0;
-        return 0;
+    Some(UserRegs {
+        ip: read(fields.0).ok()?,
+        sp: read(fields.1).ok()?,
+        bp: read(fields.2).ok()?,
+    })
+}
+
+/// Words scanned for a site.
+const SCAN_WORDS: usize = SCAN_BYTES / 8;
+const _: () = assert!(SCAN_BYTES <= COPY_MAX);
+
+/// A hash of the executable's code addresses in the first [`SCAN_BYTES`] above `sp` (its
+/// callers' return addresses, mostly), read into `scratch`; 0 when none could be read. Two
+/// callers of the same fork wrapper differ here where a frame-pointer walk that stops in the
+/// wrapper sees them alike.
+#[inline(always)]
+pub fn site_salt(scratch: &mut [u8; COPY_MAX], sp: u64) -> u64 {
+    let (start, end) = Task::current().code_range();
+    // SAFETY: the helper writes at most SCAN_BYTES ≤ COPY_MAX bytes; it faults safely.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            scratch.as_mut_ptr() as *mut c_void,
+            SCAN_BYTES as u32,
+            sp as *const c_void,
+        )
     };
-    let base = sp & !(COPY_CHUNK as u64 - 1);
-    copy.ip = ip;
-    copy.sp = sp;
-    copy.bp = bp;
+    if rc != 0 || start >= end {
+        return 0;
+    }
+    let words = scratch.as_ptr() as *const u64;
+    let mut hash = HASH_SEED;
+    for i in 0..SCAN_WORDS {
+        // SAFETY: within the scratch array (SCAN_WORDS words ≤ its length); unaligned-safe
+        // as the array starts a map value.
+        let word = unsafe { *words.add(i) };
+        if (start..end).contains(&word) {
+            hash = hash_word(hash, word);
+        }
+    }
+    hash
+}
+
+/// Whether native stack `stack` (a site: see `reaper_common::copy`) of spawner `tgid`
+/// (started at `start`) is copied now: the first time the spawner forks from there.
+#[inline(always)]
+pub fn first_at_site(stack: u64, tgid: u32, start: u64) -> bool {
+    let site = CopiedSite {
+        stack,
+        start,
+        tgid,
+        _pad: 0,
+    };
+    // SAFETY: the value is not kept.
+    if unsafe { COPIED_SITES.get(&site) }.is_some() {
+        return false;
+    }
+    // Two CPUs racing here both copy: the reader keeps the first it unwinds.
+    let _ = COPIED_SITES.insert(&site, &1, 0);
+    true
+}
+
+/// Copies the stack of the thread with registers `regs` from the stack pointer's page up, a
+/// page at a time until a read fails (past the stack's top). Returns the bytes copied.
+#[inline(always)]
+pub fn copy_stack(copy: &mut StackCopy, regs: UserRegs) -> u64 {
+    let base = regs.sp & !(COPY_CHUNK as u64 - 1);
+    copy.ip = regs.ip;
+    copy.sp = regs.sp;
+    copy.bp = regs.bp;
     copy.base = base;
     // Straight-line reads, each at a constant offset, and the length returned as a constant
     // on each path (not read back from the map value): the verifier sees the record's bound.

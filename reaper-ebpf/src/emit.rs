@@ -77,11 +77,15 @@ pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
 /// context switch, per record if nothing batches them. So while events stream, the reader
 /// polls the ring on its own every wake-up interval and no record wakes it; only the first
 /// record after the reader said it went idle (or a ring filling up) wakes it, at once. With
-/// no reader (a kept state between runs), nothing wakes anyone.
+/// no reader (a kept state between runs), nothing wakes anyone. A record sent `at_once`
+/// wakes a draining reader whatever the batch.
 #[inline(always)]
-fn submit_flags(reader: Reader) -> u64 {
+fn submit_flags(reader: Reader, at_once: bool) -> u64 {
     if !reader.draining {
         return BPF_RB_NO_WAKEUP as u64;
+    }
+    if at_once {
+        return BPF_RB_FORCE_WAKEUP as u64;
     }
     if global!(CONFIG.batch_wakeups) == 0 {
         return 0;
@@ -107,14 +111,14 @@ fn submit_flags(reader: Reader) -> u64 {
 ///
 /// `size` must be provably at most `size_of::<T>()` to the verifier at the call site.
 #[inline(always)]
-pub fn send_prefix<T>(reader: Reader, kind: EventKind, record: &T, size: u64) {
+pub fn send_prefix<T>(reader: Reader, kind: EventKind, record: &T, size: u64, at_once: bool) {
     // SAFETY: `record` is valid for `size` bytes (the caller's bound); the helper copies them.
     let rc = unsafe {
         bpf_ringbuf_output(
             core::ptr::addr_of!(EVENTS) as *mut c_void,
             record as *const T as *mut c_void,
             size,
-            submit_flags(reader),
+            submit_flags(reader, at_once),
         )
     };
     if rc < 0 {
@@ -133,7 +137,7 @@ pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T)) {
             // SAFETY: `fill` writes every field the reader looks at.
             let record = unsafe { &mut *entry.as_mut_ptr() };
             fill(record);
-            entry.submit(submit_flags(reader));
+            entry.submit(submit_flags(reader, false));
         }
         None => {
             // Consume a sequence number anyway so the gap shows in the stream.

@@ -3,11 +3,11 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use reaper_common::{
     ExeKey, ExecEvent, KernelOffsets, LossSlot, PathKey, ProbeConfig, ReaderMark, Tracked,
-    copy::ForkCopyEvent,
+    copy::{CopiedSite, ForkCopyEvent},
     native::NativeStack,
     python::{PyLayout, PyStack},
 };
@@ -63,6 +63,11 @@ pub static PY_STACKS: HashMap<u64, PyStack> =
 /// host; removed here at the process's next exec and at its free.
 #[map]
 pub static JIT_HOSTS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// The sites each spawner's stack was copied at once (see `reaper_common::copy`): later forks
+/// from there send no copy. Least recently used entries make room.
+#[map]
+pub static COPIED_SITES: LruHashMap<CopiedSite, u8> = LruHashMap::with_max_entries(8192, 0);
 
 /// Scratch space for a fork record with a stack copy, too large for the 512-byte stack.
 #[map]
@@ -134,6 +139,10 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     inode_ino: 0,
     inode_sb: 0,
     super_block_dev: 0,
+    file_dentry: 0,
+    dentry_name: 0,
+    mm_start_code: 0,
+    mm_end_code: 0,
     kernfs_node_parent: 0,
     cgroup_root: 0,
     cgroup_root_hierarchy_id: 0,

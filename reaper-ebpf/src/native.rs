@@ -16,10 +16,11 @@ use crate::maps::{STACK_SCRATCH, STACKS};
 const WORDS: usize = NATIVE_FRAMES_MAX * NATIVE_FRAME_LEN / 8;
 
 /// Takes the current thread's user stack by frame pointers, each frame as a build id and a
-/// file offset where the kernel can read the object's build id, and keeps it in `STACKS`.
+/// file offset where the kernel can read the object's build id, and keeps it in `STACKS`
+/// under a hash of its frames and `salt` (what else tells its site: see `copy::site_salt`).
 /// Returns its key, or 0 when none was taken or the store is full.
 #[inline(always)]
-pub fn stack<C: EbpfContext>(ctx: &C) -> u64 {
+pub fn stack<C: EbpfContext>(ctx: &C, salt: u64) -> u64 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -40,7 +41,7 @@ pub fn stack<C: EbpfContext>(ctx: &C) -> u64 {
     }
     stack.len = got as u32 / NATIVE_FRAME_LEN as u32;
     let words = stack.frames.as_ptr() as *const u64;
-    let mut hash = HASH_SEED;
+    let mut hash = hash_word(HASH_SEED, salt);
     for i in 0..WORDS {
         // SAFETY: within the frames array (WORDS words long).
         hash = hash_word(hash, unsafe { *words.add(i) });

@@ -76,6 +76,17 @@ impl Task {
     pub fn cgroup_id(self) -> u64 {
         self.cgroup().id()
     }
+    /// `(start_code, end_code)` of the task's mm: its executable's text (user addresses).
+    pub fn code_range(self) -> (u64, u64) {
+        let mm = read_ptr(self.0, global!(OFFSETS.task_mm));
+        if mm.is_null() {
+            return (0, 0);
+        }
+        (
+            read(mm, global!(OFFSETS.mm_start_code)),
+            read(mm, global!(OFFSETS.mm_end_code)),
+        )
+    }
     /// `(arg_start, arg_end)` of the task's mm (user addresses).
     pub fn arg_range(self) -> (u64, u64) {
         let mm = read_ptr(self.0, global!(OFFSETS.task_mm));

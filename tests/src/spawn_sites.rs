@@ -181,8 +181,33 @@ pub fn spawned_at_across_a_restart(
     Some(frames)
 }
 
+/// Fails on a frame that names no code: every frame of a `spawned_at` names a function, a
+/// file or an object (a walk that ran into data ends the stack instead, and the flag says so
+/// with `spawned_at_truncated`). Every spawn-site test's frames pass through here.
+pub fn assert_every_frame_names_code(frames: &[Value]) {
+    for f in frames {
+        assert!(
+            ["function", "file", "object"]
+                .iter()
+                .any(|k| f[k].as_str().is_some_and(|s| !s.is_empty())),
+            "a frame that names no code: {f}\nall: {frames:#?}"
+        );
+    }
+}
+
+/// The first frame in `frames` whose function's name holds `function` (a Rust function's
+/// demangled name is its whole path).
+pub fn frame_holding<'a>(frames: &'a [Value], function: &str) -> &'a Value {
+    assert_every_frame_names_code(frames);
+    frames
+        .iter()
+        .find(|f| f["function"].as_str().is_some_and(|n| n.contains(function)))
+        .unwrap_or_else(|| panic!("no frame of {function}: {frames:#?}"))
+}
+
 /// The first frame in `frames` naming `function`.
 pub fn frame<'a>(frames: &'a [Value], function: &str) -> &'a Value {
+    assert_every_frame_names_code(frames);
     frames
         .iter()
         .find(|f| f["function"] == function)

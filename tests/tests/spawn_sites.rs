@@ -1,40 +1,48 @@
 //! The code that spawned a leak (`--spawn-stacks`): the spawner's stack taken at the fork in
 //! the kernel, located while a process holding its mappings runs, and named when the leak is
 //! flagged. Needs root (see `require_root`).
-use reaper_tests::{flag, pid, run_leak};
+use reaper_tests::{flag, frame_holding, pid, run_leak};
+use serde_json::Value;
+
+/// Runs `shape` (B spawned from a named function: see reaper-shapes' `spawn_site`) until B is
+/// flagged orphaned; returns the flag's frames, having checked that every frame names code
+/// and that the frame of the spawning function (TRUTH's `function`) names its file (TRUTH's
+/// `file`) and line, in reaper-shapes. None when skipped (see `require_root`).
+fn spawning_function_named(test: &str, shape: &str) -> Option<(Vec<Value>, Value)> {
+    let (run, truth) = run_leak(test, &["--scan-interval", "250ms"], shape, (1, "orphaned"))?;
+    let f = flag(&run, pid(&truth["b"]), "orphaned");
+    let frames = f["spawned_at"].as_array().expect("spawned_at").clone();
+    eprintln!("{test}: {frames:#?}");
+    let own = frame_holding(&frames, truth["function"].as_str().unwrap());
+    let file = own["file"].as_str().unwrap_or("");
+    assert!(
+        file.ends_with(truth["file"].as_str().unwrap()),
+        "the spawning function's frame names its file: {own}\nall: {frames:#?}"
+    );
+    assert!(own["line"].as_u64().is_some(), "and its line: {own}");
+    assert!(
+        own["object"]
+            .as_str()
+            .is_some_and(|o| o.ends_with("reaper-shapes")),
+        "{own}"
+    );
+    Some((frames, truth))
+}
 
 #[test]
 fn an_orphans_flag_names_the_function_and_file_that_spawned_it() {
-    let Some((run, truth)) = run_leak(
-        "an_orphans_flag_names_the_function_and_file_that_spawned_it",
-        &["--scan-interval", "250ms"],
-        "leak-spawn-site",
-        (1, "orphaned"),
-    ) else {
+    let test = "an_orphans_flag_names_the_function_and_file_that_spawned_it";
+    let Some((frames, truth)) = spawning_function_named(test, "leak-spawn-site") else {
         return;
     };
-    let b = pid(&truth["b"]);
-    let f = flag(&run, b, "orphaned");
     // The spawner (A) exited before the flag: the stack was located through the gateway,
-    // whose code A ran (it never exec'd).
-    let frames = f["spawned_at"].as_array().expect("spawned_at");
+    // whose code A ran (it never exec'd). The fork is the raw syscall: the walk starts in the
+    // spawning function itself.
     let innermost = &frames[0];
     let function = innermost["function"].as_str().unwrap_or("");
-    let file = innermost["file"].as_str().unwrap_or("");
     assert!(
         function.contains(truth["function"].as_str().unwrap()),
         "the innermost frame names the spawning function: {innermost}\nall: {frames:?}"
-    );
-    assert!(
-        file.ends_with(truth["file"].as_str().unwrap()),
-        "and its file: {innermost}"
-    );
-    assert!(innermost["line"].as_u64().is_some(), "{innermost}");
-    assert!(
-        innermost["object"]
-            .as_str()
-            .is_some_and(|o| o.ends_with("reaper-shapes")),
-        "{innermost}"
     );
     // Named by the kernel by build id: a frame holds what names it offline too.
     let build_id = reaper_user::sites::build_ids::build_id_of(&reaper_tests::shapes());
@@ -44,6 +52,47 @@ fn an_orphans_flag_names_the_function_and_file_that_spawned_it() {
         build_id.as_deref(),
         "{innermost}"
     );
+}
+
+/// A C spawner forking through the C library's fork(), which keeps no frame pointers: the
+/// walk stops there, the stack copied at the site's first fork is unwound by the objects'
+/// call frame information, through the C library and up into the spawner's own code.
+fn a_c_spawner_is_named(test: &str, shape: &str) {
+    let Some((frames, _)) = spawning_function_named(test, shape) else {
+        return;
+    };
+    frame_holding(&frames, "fork");
+    // Past the C function: the Rust code that called it, up to the shape's main.
+    frame_holding(&frames, "start_stdio_server_by_c");
+    frame_holding(&frames, "reaper_shapes::main");
+}
+
+#[test]
+fn a_c_spawner_with_frame_pointers_forking_through_libc_is_named() {
+    a_c_spawner_is_named(
+        "a_c_spawner_with_frame_pointers_forking_through_libc_is_named",
+        "leak-spawn-site-c-fp",
+    );
+}
+
+#[test]
+fn a_c_spawner_without_frame_pointers_forking_through_libc_is_named() {
+    a_c_spawner_is_named(
+        "a_c_spawner_without_frame_pointers_forking_through_libc_is_named",
+        "leak-spawn-site-c-nofp",
+    );
+}
+
+/// A Rust host's `std::process::Command`: posix_spawn's clone, from Rust code built without
+/// frame pointers.
+#[test]
+fn a_rust_spawner_using_command_is_named() {
+    let test = "a_rust_spawner_using_command_is_named";
+    let Some((frames, _)) = spawning_function_named(test, "leak-spawn-site-command") else {
+        return;
+    };
+    frame_holding(&frames, "<std::process::Command>::spawn");
+    frame_holding(&frames, "reaper_shapes::main");
 }
 
 #[test]

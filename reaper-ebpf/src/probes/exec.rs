@@ -7,8 +7,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use reaper_common::{
-    ARGV_MAX, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
-    FILENAME_MAX, MatchedAt, SPAWN_STACKS_COPY, SPAWN_STACKS_PYTHON,
+    ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventKind,
+    FILENAME_MAX, MatchedAt, SPAWN_STACKS_COPY, SPAWN_STACKS_PYTHON, interpreter::Interpreter,
 };
 
 use super::gateway;
@@ -57,6 +57,25 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     ev.old_tid = ctx.arg::<u32>(1);
     ev.comm = task.comm();
     ev.flags = 0;
+    // The file the program runs from (`bprm->file`: the interpreter of a `#!` script, as
+    // `/proc/PID/exe` would name it), read here so user space need not.
+    let file = read_ptr_at(bprm, global!(OFFSETS.bprm_file));
+    let dentry = read_ptr_at(file, global!(OFFSETS.file_dentry));
+    let name = read_ptr_at(dentry, global!(OFFSETS.dentry_name));
+    // SAFETY: the helper bounds the copy by the buffer size and faults safely.
+    let n = unsafe {
+        bpf_probe_read_kernel_str(
+            ev.program.as_mut_ptr() as *mut c_void,
+            COMM_LEN as u32,
+            name as *const c_void,
+        )
+    };
+    if n <= 0 {
+        ev.program = [0; COMM_LEN];
+    }
+    // An interpreter's exec wakes the reader now: it is looked at (its layout given to the
+    // fork probe, a JIT host marked) before it has run far enough to fork.
+    let at_once = capture != 0 && Interpreter::of_program(&ev.program).is_some();
 
     let filename = read_ptr_at(bprm, global!(OFFSETS.bprm_filename));
     // SAFETY: the helper bounds the copy by the buffer size and faults safely.
@@ -95,6 +114,6 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     // Variable length: only the bytes of argv actually read go into the ring.
     // `size` ≤ size_of::<ExecEvent>() as proven by the bounds above.
     let size = EXEC_FIXED_LEN as u64 + (len & (ARGV_MAX as u64 * 2 - 1));
-    send_prefix(reader, EventKind::Exec, ev, size);
+    send_prefix(reader, EventKind::Exec, ev, size, at_once);
     0
 }

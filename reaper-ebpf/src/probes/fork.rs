@@ -8,14 +8,15 @@ use aya_ebpf::{
 use reaper_common::{
     EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_COPY, SPAWN_STACKS_NATIVE,
     SPAWN_STACKS_PYTHON, Tracked,
+    copy::{FORK_COPY_FIXED_LEN, FORK_STACK_COPIED},
 };
 
 use super::gateway;
 use crate::{
     copy,
-    emit::{header, send},
+    emit::{header, recording, send, send_prefix},
     global,
-    maps::{TRACKED, count_loss, tracked_current},
+    maps::{FORK_SCRATCH, TRACKED, count_loss, tracked_current},
     native, python,
     task::Task,
 };
@@ -46,9 +47,6 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     if capture & SPAWN_STACKS_PYTHON != 0 && flags == 0 {
         python::inherit(spawner, pid, start);
     }
-    // A JIT host's stack is copied instead, for user space to unwind: its frame-pointer walk
-    // ends in the C library's fork, so it is not taken.
-    let copying = capture & SPAWN_STACKS_COPY != 0 && copy::wanted(spawner, spawner_start);
     let fill = |ev: &mut ForkEvent| {
         ev.header = header(EventKind::Fork, pid, start);
         ev.spawner = spawner;
@@ -62,25 +60,14 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         // This runs in the calling thread: the low half is its thread id.
         ev.spawner_tid = bpf_get_current_pid_tgid() as u32;
         ev._pad = 0;
-        // The spawner's own code, still on its stack: this runs in the forking thread,
-        // inside the fork syscall. Taken here, only for a record that goes to the ring (not
-        // while another generation records, nor past --state-keep). Frame pointers only.
-        ev.stack = match (capture & SPAWN_STACKS_NATIVE, copying) {
-            (0, _) | (_, true) => 0,
-            _ => native::stack(&ctx),
-        };
-        // A Python spawner's own frames, when user space found its interpreter.
-        ev.py_stack = match capture & SPAWN_STACKS_PYTHON {
-            0 => 0,
-            _ => python::stack(spawner, spawner_start),
-        };
+        ev.stack = 0;
+        ev.py_stack = 0;
         ev.cgroup_id = child.cgroup_id();
         ev.comm = child.comm();
     };
-    if copying {
-        copy::send_fork(fill);
-    } else {
-        send::<ForkEvent>(EventKind::Fork, fill);
+    match capture {
+        0 => send::<ForkEvent>(EventKind::Fork, fill),
+        _ => send_with_stacks(&ctx, capture, (spawner, spawner_start), fill),
     }
     // Counted after the record is submitted: a reader that sees the count and then drains
     // the ring is sure to find the record that names the child.
@@ -88,4 +75,68 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
         count_loss(LossSlot::TRACKED_FULL);
     }
     0
+}
+
+/// Sends the fork record `fill` writes with the spawner's own code, still on its stack: this
+/// runs in the forking thread, inside the fork syscall. Taken here, only for a record that
+/// goes to the ring (not while another generation records, nor past --state-keep).
+/// - its Python frames, when user space found its interpreter;
+/// - a JIT host's stack, copied at each fork for user space to unwind (its frame-pointer walk
+///   ends in the C library's fork, so none is taken);
+/// - any other spawner's stack by frame pointers, keyed by its site, and copied the first
+///   time it forks from that site when its Python frames are not read (see
+///   `reaper_common::copy`).
+#[inline(always)]
+fn send_with_stacks(
+    ctx: &BtfTracePointContext,
+    capture: u64,
+    (spawner, spawner_start): (u32, u64),
+    fill: impl FnOnce(&mut ForkEvent),
+) {
+    let Some(reader) = recording(EventKind::Fork) else {
+        return;
+    };
+    let Some(record) = FORK_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value, ours alone while this program runs.
+    let record = unsafe { &mut *record };
+    fill(&mut record.fork);
+    if capture & SPAWN_STACKS_PYTHON != 0 {
+        record.fork.py_stack = python::stack(spawner, spawner_start);
+    }
+    let copies = capture & SPAWN_STACKS_COPY != 0;
+    let jit = copies && copy::jit_host(spawner, spawner_start);
+    let regs = if copies { copy::user_regs() } else { None };
+    let native_copy = copies && !jit && record.fork.py_stack == 0;
+    if capture & SPAWN_STACKS_NATIVE != 0 && !jit {
+        let salt = match (native_copy, regs) {
+            (true, Some(regs)) => copy::site_salt(&mut record.copy.bytes, regs.sp),
+            _ => 0,
+        };
+        record.fork.stack = native::stack(ctx, salt);
+    }
+    let copied = match regs {
+        Some(regs)
+            if jit
+                || (native_copy
+                    && record.fork.stack != 0
+                    && copy::first_at_site(record.fork.stack, spawner, spawner_start)) =>
+        {
+            Some(copy::copy_stack(&mut record.copy, regs))
+        }
+        _ => None,
+    };
+    match copied {
+        Some(len) => {
+            record.fork.flags |= FORK_STACK_COPIED;
+            // `len` is one of five constants on every path, so the verifier sees the bound.
+            let size = FORK_COPY_FIXED_LEN as u64 + len;
+            send_prefix(reader, EventKind::Fork, record, size, false);
+        }
+        None => {
+            let size = core::mem::size_of::<ForkEvent>() as u64;
+            send_prefix(reader, EventKind::Fork, &record.fork, size, false);
+        }
+    }
 }

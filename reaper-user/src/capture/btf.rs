@@ -347,6 +347,10 @@ impl KernelBtf {
             inode_ino: self.offset("inode", "i_ino")?,
             inode_sb: self.offset("inode", "i_sb")?,
             super_block_dev: self.offset("super_block", "s_dev")?,
+            file_dentry: self.offset("file", "f_path.dentry")?,
+            dentry_name: self.offset("dentry", "d_name.name")?,
+            mm_start_code: self.offset("mm_struct", "start_code")?,
+            mm_end_code: self.offset("mm_struct", "end_code")?,
             // `__parent` since 6.15, when it became RCU-protected.
             kernfs_node_parent: self
                 .offset("kernfs_node", "parent")

@@ -12,7 +12,7 @@ use reaper_common::copy::{
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
     EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent, LAYOUT,
-    MatchedAt, SetsidEvent,
+    MatchedAt, SetsidEvent, interpreter::Interpreter,
 };
 
 use crate::text::{Args, Comm};
@@ -83,6 +83,9 @@ pub enum What {
         filename: Rc<[u8]>,
         argv: Args,
         truncated: bool,
+        /// The interpreter the program file is, told by its name (see
+        /// `reaper_common::interpreter`).
+        interpreter: Option<Interpreter>,
     },
     Exit {
         /// A wait(2) status.
@@ -247,6 +250,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
         (u32_at(bytes, offset_of!(ExecEvent, filename_len)) as usize).min(FILENAME_MAX);
     let filename_at = offset_of!(ExecEvent, filename);
     let comm_at = offset_of!(ExecEvent, comm);
+    let program_at = offset_of!(ExecEvent, program);
     let (argv, cut) = Args::from_block(&bytes[EXEC_FIXED_LEN..][..argv_len], MAX_ARGS);
     Ok(What::Exec {
         old_tid: u32_at(bytes, offset_of!(ExecEvent, old_tid)),
@@ -254,6 +258,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
         filename: Rc::from(c_bytes(&bytes[filename_at..][..filename_len])),
         argv,
         truncated: cut || flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
+        interpreter: Interpreter::of_program(&bytes[program_at..program_at + COMM_LEN]),
     })
 }
 

@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use reaper_common::interpreter::Interpreter;
 
 use crate::capture::decode::{CopiedStack, What};
 use crate::capture::loader::{Accounting, LossCounts};
@@ -26,10 +27,9 @@ use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
-use crate::sites::SpawnSites;
+use crate::sites::{self, Named, SpawnSites};
 use crate::stream::Stamped;
 use crate::stream::events::Event;
-use crate::stream::evidence::Frame;
 use crate::text::Args;
 
 mod resume;
@@ -119,11 +119,17 @@ impl Pipeline {
 
     /// Looks at the program process `pid` runs (new, or just exec'd): a Python interpreter's
     /// layout goes to the kernel, a Node host is marked for copies of its stacks, and the
-    /// interpreter's name (`python3.12`, `node`) goes to the exec event.
-    fn look_for_interpreter(&mut self, pid: u32, start: u64) -> Option<String> {
+    /// interpreter's name (`python3.12`, `node`) goes to the exec event. `program`: the
+    /// interpreter the program file is (see `reaper_common::interpreter`).
+    fn look_for_interpreter(
+        &mut self,
+        pid: u32,
+        start: u64,
+        program: Option<Interpreter>,
+    ) -> Option<String> {
         let sites = self.sites.as_mut()?;
         let node = self.graph.current(pid)?.id;
-        match sites.exec(node, pid, start) {
+        match sites.exec(node, pid, start, program) {
             Ok(found) => found,
             Err(why) => {
                 self.out.note(&why);
@@ -143,48 +149,66 @@ impl Pipeline {
         stack: SpawnStack,
         copy: Option<&CopiedStack>,
     ) {
-        if let (Some(native), Some(node)) = (stack.native, self.graph.current(spawner)) {
-            self.locate_spawn_site(native, node.id);
+        let spawner = self.graph.current(spawner).map(|n| (n.id, n.pid));
+        if let (Some(native), Some((node, _))) = (stack.native, spawner) {
+            // A native site's stack copied at its first fork: unwound, not walked.
+            if let Some(copy) = copy {
+                let holders = self.code_holders(node);
+                if let Some(sites) = self.sites.as_mut() {
+                    sites.unwind_site((native, node), &holders, copy);
+                }
+            }
+            self.locate_spawn_site(native, node);
         }
         let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
             return;
         };
-        if let (Some(copy), Some(host)) = (copy, self.graph.current(spawner)) {
-            sites.unwind(copy, host.id, host.pid, child.id);
+        // A JIT host's stack, copied at each fork.
+        if let (Some(copy), Some(host), None) = (copy, spawner, stack.native) {
+            sites.unwind(copy, host.0, host.1, child.id);
         }
         if let Some(native) = stack.native {
             sites.spawned(native, child.id);
         }
-        if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
+        if let (Some(key), Some(python), Some(spawner)) =
+            (stack.python, sites.python.as_mut(), spawner)
+        {
             python.spawned(key, child.id);
+            python.name_at_fork(key, spawner);
         }
         self.look_again_for_interpreters();
     }
 
     /// The frames that spawned process `pid`, when its fork's stacks were taken: its
-    /// spawner's Python frames (named while the spawner runs), then its native ones.
-    fn spawned_at(&mut self, pid: u32) -> Vec<Frame> {
+    /// spawner's Python frames (named at the fork), then its native ones.
+    fn spawned_at(&mut self, pid: u32) -> Named {
         let Some(node) = self.graph.current(pid) else {
-            return Vec::new();
+            return Named::default();
         };
         let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
-            return Vec::new();
+            return Named::default();
         };
         let holders = self.code_holders(spawner.id);
         let Some(sites) = self.sites.as_mut() else {
-            return Vec::new();
+            return Named::default();
         };
         if let Some(frames) = sites.unwound_frames(node.id, spawner.pid, spawner.alive()) {
-            return frames;
+            return Named {
+                frames,
+                truncated: false,
+            };
         }
         let mut frames = Vec::new();
         if let (Some(key), Some(python)) = (node.spawn_stack.python, sites.python.as_mut()) {
             frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
         }
-        if let Some(native) = node.spawn_stack.native {
-            frames.extend(sites.frames((native, spawner.id), &holders));
-        }
-        frames
+        let mut named = match node.spawn_stack.native {
+            Some(native) => sites.frames((native, spawner.id), &holders),
+            None => Named::default(),
+        };
+        frames.append(&mut named.frames);
+        named.frames = frames;
+        named
     }
 
     /// The one writer, for what only it does (the status line, the closing tree, flushes).
@@ -215,7 +239,10 @@ impl Pipeline {
                 ref copy,
                 ..
             } => self.note_spawn_stacks(spawner, ev.pid, stack, copy.as_deref()),
-            What::Exec { .. } => interpreter = self.look_for_interpreter(ev.pid, ev.start),
+            What::Exec {
+                interpreter: program,
+                ..
+            } => interpreter = self.look_for_interpreter(ev.pid, ev.start, program),
             _ => {}
         }
         let Some(node) = self.upkeep.on_record(&mut self.graph, &ev, applied) else {
@@ -281,7 +308,8 @@ impl Pipeline {
             if new {
                 // Its start is known to the clock tick only: 0 tells the probe to take the
                 // entry for whatever process has the pid (its free removes it).
-                self.look_for_interpreter(pid, 0);
+                let program = self.sites.as_ref().and_then(|_| sites::program_of(pid));
+                self.look_for_interpreter(pid, 0, program);
                 let found = upkeep::snapshot(&self.graph, id);
                 self.write(found)?;
             }
@@ -394,7 +422,9 @@ impl Pipeline {
             .collect();
         for event in &mut found {
             if let Event::Flag(flag) = event {
-                flag.detail.spawned_at = self.spawned_at(flag.pid);
+                let at = self.spawned_at(flag.pid);
+                (flag.detail.spawned_at, flag.detail.spawned_at_truncated) =
+                    (at.frames, at.truncated);
             }
         }
         if let Some(sites) = self.sites.as_mut() {
@@ -464,7 +494,9 @@ impl Pipeline {
         let (mut verdict, code) = closing.check_verdict(gateway_exit_code);
         if let Event::Check(check) = &mut verdict {
             for leaked in &mut check.leaked {
-                leaked.detail.spawned_at = self.spawned_at(leaked.pid);
+                let at = self.spawned_at(leaked.pid);
+                (leaked.detail.spawned_at, leaked.detail.spawned_at_truncated) =
+                    (at.frames, at.truncated);
             }
         }
         self.out.event(boottime_now(), &verdict)?;

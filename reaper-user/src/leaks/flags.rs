@@ -92,6 +92,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         instances: None,
         newest: None,
         spawned_at: Vec::new(),
+        spawned_at_truncated: false,
     }
 }
 

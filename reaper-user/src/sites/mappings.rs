@@ -50,9 +50,17 @@ pub fn mappings(pid: u32) -> Result<Vec<Mapping>> {
     Ok(parse(&text(pid)?))
 }
 
-/// The text of `/proc/PID/maps`.
+/// The text of `/proc/PID/maps`; an error for a process that maps nothing (one that exited
+/// and awaits its reaping, a zombie, reads as empty): no code of it can be read.
 pub fn text(pid: u32) -> std::io::Result<String> {
-    std::fs::read_to_string(proc_path(pid, "maps"))
+    let text = std::fs::read_to_string(proc_path(pid, "maps"))?;
+    match text.is_empty() {
+        true => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("pid {pid} maps nothing (it exited)"),
+        )),
+        false => Ok(text),
+    }
 }
 
 /// The file-backed mappings `/proc/PID/maps` text `text` lists.

@@ -7,9 +7,10 @@
 use blazesym::symbolize::Symbolizer;
 use build_ids::SavedBuildId;
 use jit::JitStacks;
-pub use native::Located;
+pub use native::{Located, Named};
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
+use reaper_common::interpreter::Interpreter;
 use serde::{Deserialize, Serialize};
 
 use crate::capture::decode::CopiedStack;
@@ -25,6 +26,7 @@ mod mappings;
 mod native;
 pub mod python;
 mod referrers;
+mod unwind;
 
 /// A live process's unwound spawn stack (see [`jit`]), as the checkpoint keeps it: the next run
 /// names it as this one would have.
@@ -42,6 +44,8 @@ pub struct SpawnSites {
     pub python: Option<PythonStacks>,
     /// `--spawn-stacks auto`: JIT hosts' frames.
     jit: Option<JitStacks>,
+    /// The objects copies were unwound with (JIT hosts' and native spawners').
+    objects: unwind::Objects,
     symbolizer: Symbolizer,
 }
 
@@ -52,27 +56,34 @@ impl SpawnSites {
             native: NativeStacks::new(maps.native),
             python: interpreters.then(|| PythonStacks::new(maps.interpreters, maps.python)),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
+            objects: unwind::Objects::default(),
             symbolizer: Symbolizer::new(),
         }
     }
 
     /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
-    /// runs: a Python interpreter's layout goes to the kernel, a Node host is marked for
-    /// copies of its stacks. Returns the interpreter's name for the exec event (`python3.12`,
-    /// `node`). `Err` says why a Python process's frames will not be read.
+    /// runs, the interpreter `program` (the exec record's, or [`program_of`]'s): a Python
+    /// interpreter's layout goes to the kernel, a Node host is marked for copies of its
+    /// stacks. Returns the interpreter's name for the exec event (`python3.12`, `node`).
+    /// `Err` says why a Python process's frames will not be read.
     ///
-    /// Only an executable named like one is looked into (one readlink per exec; mappings are
-    /// read only then): a program embedding libpython under another name gives native frames.
-    pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
-        let program = executable_name(pid);
+    /// Only an executable named like one is looked into (its mappings read only then): a
+    /// program embedding libpython under another name gives native frames.
+    pub fn exec(
+        &mut self,
+        node: NodeId,
+        pid: u32,
+        start: u64,
+        program: Option<Interpreter>,
+    ) -> Result<Option<String>, String> {
         if let Some(python) = self.python.as_mut() {
-            if program.starts_with("python3") {
+            if program == Some(Interpreter::Python) {
                 return python.exec(node, pid, start);
             }
             python.forget(node);
         }
         match self.jit.as_mut() {
-            Some(jit) if jit::is_node(&program) => jit.host(pid, start),
+            Some(jit) if program == Some(Interpreter::Node) => jit.host(pid, start),
             _ => Ok(None),
         }
     }
@@ -80,7 +91,25 @@ impl SpawnSites {
     /// Unwinds a JIT host's stack copied at the fork of `child` (see [`jit`]).
     pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
         if let Some(jit) = self.jit.as_mut() {
-            jit.unwind(copy, spawner, pid, child);
+            jit.unwind(&mut self.objects, copy, (spawner, pid), child);
+        }
+    }
+
+    /// Unwinds the stack of native site `key` copied at its first fork from there (see
+    /// `reaper_common::copy`), in the mappings of the first of `holders` still running (they
+    /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
+    /// is gone by now, its parent is not): the site's frames from now on. With none left,
+    /// the site keeps its frame-pointer walk.
+    pub fn unwind_site(&mut self, key: SiteKey, holders: &[u32], copy: &CopiedStack) {
+        if self.native.knows(key) {
+            return;
+        }
+        // Read once per site: the unwinder is not kept (the objects it read are).
+        let unwound = holders
+            .iter()
+            .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)));
+        if let Some((pid, unwound)) = unwound {
+            self.native.take_unwound(key, pid, &unwound);
         }
     }
 
@@ -121,7 +150,7 @@ impl SpawnSites {
     }
 
     /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
-    pub fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Vec<Frame> {
+    pub fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
         self.native.frames(&self.symbolizer, key, holders)
     }
 
@@ -154,10 +183,9 @@ impl SpawnSites {
     }
 }
 
-/// The file name of the executable process `pid` runs (empty when it cannot be read).
-fn executable_name(pid: u32) -> String {
-    std::fs::read_link(proc_path(pid, "exe"))
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default()
+/// The interpreter process `pid` runs, told by its executable's file name, for a process
+/// whose exec this run did not see (found in /proc at start).
+pub fn program_of(pid: u32) -> Option<Interpreter> {
+    let exe = std::fs::read_link(proc_path(pid, "exe")).ok()?;
+    Interpreter::of_program(exe.file_name()?.as_encoded_bytes())
 }

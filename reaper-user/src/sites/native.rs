@@ -2,18 +2,27 @@
 //! id and file offset is located as it is; a frame it gave as an address is located in the
 //! mappings of a process holding the spawner's code, while one runs (ASLR and the spawner's
 //! exit no longer matter after that). Frames are named only when a flag needs them.
+//!
+//! A site whose stack was copied (see `reaper_common::copy`) is located from the copy instead,
+//! unwound with its objects' call frame information: the frame-pointer walk stops in code
+//! built without frame pointers (the C library's fork, a Rust binary).
+//!
+//! Every frame kept is code: a frame-pointer walk that ran off its stack into data (an
+//! address in no executable mapping, or an object no build id names) ends there, and the
+//! stack says it was cut ([`Site::truncated`]).
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use aya::maps::{HashMap as KernelMap, MapData};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
-use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NativeStack};
+use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeStack};
 use serde::{Deserialize, Serialize};
 
 use super::build_ids::{BuildId, BuildIds};
 use super::mappings::Mapping;
 use super::referrers::Referrers;
+use super::unwind::Unwound;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
@@ -32,12 +41,27 @@ pub struct Located {
 /// a pid reused by another program is another node). Address frames differ by spawner.
 pub type SiteKey = (u64, NodeId);
 
+/// A site's stack, located.
+struct Site {
+    frames: Vec<Located>,
+    /// Whether frames past the last were dropped: not code, or past the cap.
+    truncated: bool,
+}
+
+/// A site's stack, named: what a flag's `spawned_at` shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Named {
+    pub frames: Vec<Frame>,
+    /// Whether the stack was cut (see [`Site::truncated`]).
+    pub truncated: bool,
+}
+
 /// The native stacks of spawns, by [`SiteKey`].
 pub struct NativeStacks {
     store: KernelMap<MapData, u64, NativeStack>,
     pub build_ids: BuildIds,
-    located: HashMap<SiteKey, Vec<Located>>,
-    named: HashMap<SiteKey, Vec<Frame>>,
+    located: HashMap<SiteKey, Site>,
+    named: HashMap<SiteKey, Named>,
     /// The processes each kept stack spawned (a stack none of the graph's names is freed).
     spawned: Referrers<u64>,
 }
@@ -95,74 +119,111 @@ impl NativeStacks {
                 .find_map(|&pid| Some((pid, self.build_ids.learn(pid)?))),
             false => None,
         };
-        let located = frames
-            .iter()
-            .filter_map(|f| match f.status {
+        let mut located = Vec::new();
+        let mut truncated = stack.len as usize == frames.len() && frames.len() == NATIVE_FRAMES_MAX;
+        for f in frames {
+            let frame = match f.status {
                 FRAME_BUILD_ID => Some(Located {
                     build_id: Some(f.build_id),
                     object: None,
                     offset: f.offset,
                 }),
-                FRAME_ADDRESS => Some(self.address(f.offset, maps.as_ref())),
-                _ => None,
-            })
-            .collect();
-        self.located.insert(key, located);
+                FRAME_ADDRESS => self.address(f.offset, maps.as_ref()),
+                _ => continue,
+            };
+            // Past a frame that is no code, the walk read data as frame pointers.
+            let Some(frame) = frame else {
+                truncated = true;
+                break;
+            };
+            located.push(frame);
+        }
+        self.located.insert(
+            key,
+            Site {
+                frames: located,
+                truncated,
+            },
+        );
     }
 
-    /// An address frame, located in the mappings of `holder` (pid, mappings) when it has one.
-    fn address(&mut self, addr: u64, holder: Option<&(u32, Vec<Mapping>)>) -> Located {
-        let unlocated = Located {
-            build_id: None,
-            object: None,
-            offset: addr,
-        };
-        let Some((pid, maps)) = holder else {
-            return unlocated;
-        };
-        let Some((m, offset)) = maps.iter().find_map(|m| Some((m, m.file_offset(addr)?))) else {
-            return unlocated;
-        };
-        Located {
+    /// Keeps `unwound`, the copy of site `key` unwound in its spawner's mappings (process
+    /// `pid`), as the site's stack: the frames up to the first that is no file's code.
+    pub fn take_unwound(&mut self, key: SiteKey, pid: u32, unwound: &Unwound) {
+        let mut frames = Vec::new();
+        let mut truncated = unwound.capped;
+        for &(m, offset) in &unwound.frames {
+            let Some(m) = m.map(|i| &unwound.maps[i]).filter(|m| m.executable) else {
+                truncated = true;
+                break;
+            };
+            frames.push(Located {
+                build_id: self.build_ids.build_id(pid, m),
+                object: m.file(pid),
+                offset,
+            });
+        }
+        if !frames.is_empty() {
+            self.located.insert(key, Site { frames, truncated });
+            self.named.remove(&key);
+        }
+    }
+
+    /// An address frame, located in the executable mappings of `holder` (pid, mappings);
+    /// none when no holder runs or no executable mapping holds it (it is no code).
+    fn address(&mut self, addr: u64, holder: Option<&(u32, Vec<Mapping>)>) -> Option<Located> {
+        let (pid, maps) = holder?;
+        let (m, offset) = maps
+            .iter()
+            .filter(|m| m.executable)
+            .find_map(|m| Some((m, m.file_offset(addr)?)))?;
+        Some(Located {
             build_id: self.build_ids.build_id(*pid, m),
             object: m.file(*pid),
             offset,
-        }
+        })
     }
 
     /// The frames of the stack of `key`, named from their objects' symbols and debug
     /// information (once; later flags reuse them). `holders` as for [`NativeStacks::locate`]:
-    /// objects not known yet are looked for in theirs.
-    pub fn frames(&mut self, symbolizer: &Symbolizer, key: SiteKey, holders: &[u32]) -> Vec<Frame> {
+    /// objects not known yet are looked for in theirs. A frame whose object is not found by
+    /// its build id ends the stack (its walk may have read data: nothing tells).
+    pub fn frames(&mut self, symbolizer: &Symbolizer, key: SiteKey, holders: &[u32]) -> Named {
         if let Some(named) = self.named.get(&key) {
             return named.clone();
         }
-        let Some(located) = self.located.get(&key) else {
-            return Vec::new();
+        let Some(site) = self.located.get(&key) else {
+            return Named::default();
         };
         let unknown = |l: &Located| l.build_id.is_some_and(|id| !self.build_ids.knows(&id));
-        if located.iter().any(unknown) {
+        if site.frames.iter().any(unknown) {
             for &pid in holders {
                 self.build_ids.learn(pid);
             }
         }
-        let named: Vec<Frame> = located
-            .iter()
-            .map(|l| {
-                let mut frame = match (l.build_id, &l.object) {
-                    (Some(id), None) => name(
-                        symbolizer,
-                        &Located {
-                            object: self.build_ids.path(&id),
-                            ..l.clone()
-                        },
-                    ),
-                    _ => name(symbolizer, l),
-                };
-                frame.build_id = l.build_id.map(|id| self.build_ids.show(&id));
-                frame
-            })
-            .collect();
+        let mut named = Named {
+            frames: Vec::new(),
+            truncated: site.truncated,
+        };
+        for l in &site.frames {
+            let object = match (l.build_id, &l.object) {
+                (Some(id), None) => self.build_ids.path(&id),
+                _ => l.object.clone(),
+            };
+            if object.is_none() {
+                named.truncated = true;
+                break;
+            }
+            let mut frame = name(
+                symbolizer,
+                &Located {
+                    object,
+                    ..l.clone()
+                },
+            );
+            frame.build_id = l.build_id.map(|id| self.build_ids.show(&id));
+            named.frames.push(frame);
+        }
         self.named.insert(key, named.clone());
         named
     }

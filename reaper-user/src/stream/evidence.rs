@@ -150,6 +150,11 @@ pub struct LeakDetail {
     /// innermost first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub spawned_at: Vec<Frame>,
+    /// `spawned_at` ends before the spawner's outermost frame: the walk ran into what is no
+    /// code (a frame pointer into data, an object no build id names), or reached the cap.
+    /// Absent when false.
+    #[serde(skip_serializing_if = "is_false")]
+    pub spawned_at_truncated: bool,
 }
 
 /// A frame of the code that spawned a process.

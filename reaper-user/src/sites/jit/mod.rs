@@ -13,14 +13,13 @@ use std::path::PathBuf;
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use blazesym::symbolize::Symbolizer;
 
-use super::mappings::{self, Mapping};
 use super::native::{Located, name};
+use super::unwind::{self, Objects};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
 mod perf_map;
-mod unwind;
 
 /// A stack as one host took it: a hash of its located frames, and the host's node.
 type Key = (u64, NodeId);
@@ -28,7 +27,6 @@ type Key = (u64, NodeId);
 /// The kernel's list of JIT hosts, and the stacks unwound from their copies.
 pub struct JitStacks {
     hosts: BpfHashMap<MapData, u32, u64>,
-    objects: unwind::Objects,
     /// Each host's unwinder, kept while its mappings stay the same.
     unwinders: HashMap<NodeId, unwind::HostUnwinder>,
     /// Each distinct stack, located.
@@ -38,19 +36,10 @@ pub struct JitStacks {
     spawned: HashMap<NodeId, Key>,
 }
 
-/// Whether an executable's file name is Node's (`node`, Debian's `nodejs`, `node22`).
-pub fn is_node(exe: &str) -> bool {
-    let rest = exe
-        .strip_prefix("nodejs")
-        .or_else(|| exe.strip_prefix("node"));
-    rest.is_some_and(|r| r.chars().all(|c| c.is_ascii_digit() || c == '.'))
-}
-
 impl JitStacks {
     pub fn new(hosts: BpfHashMap<MapData, u32, u64>) -> JitStacks {
         JitStacks {
             hosts,
-            objects: unwind::Objects::default(),
             unwinders: HashMap::new(),
             located: HashMap::new(),
             named: HashMap::new(),
@@ -67,25 +56,27 @@ impl JitStacks {
         }
     }
 
-    /// Unwinds `copy`, the stack host `spawner` (process `pid`) spawned `child` at, and keeps
-    /// it located. A host already gone leaves the child without frames.
-    pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
-        let Ok(text) = mappings::text(pid) else {
+    /// Unwinds `copy`, the stack host `spawner` (process `pid`) spawned `child` at, with the
+    /// objects read so far, and keeps it located. A host already gone leaves the child
+    /// without frames.
+    pub fn unwind(
+        &mut self,
+        objects: &mut Objects,
+        copy: &CopiedStack,
+        (spawner, pid): (NodeId, u32),
+        child: NodeId,
+    ) {
+        let kept = self.unwinders.remove(&spawner);
+        let Some((unwound, unwinder)) = objects.unwind(pid, copy, kept) else {
             return;
         };
-        let maps = mappings::parse(&text);
-        let kept = self.unwinders.remove(&spawner);
-        let mut unwinder = self.objects.unwinder(pid, text, &maps, kept);
-        let addrs = unwinder.unwind(copy);
         self.unwinders.insert(spawner, unwinder);
         // Each frame in its mapping (its offset in the mapped file), or an address.
-        let frames: Vec<(Option<&Mapping>, u64)> = addrs
+        let maps = &unwound.maps;
+        let frames: Vec<_> = unwound
+            .frames
             .iter()
-            .map(|&addr| {
-                maps.iter()
-                    .find_map(|m| Some((Some(m), m.file_offset(addr)?)))
-                    .unwrap_or((None, addr))
-            })
+            .map(|&(m, offset)| (m.map(|i| &maps[i]), offset))
             .collect();
         if frames.is_empty() {
             return;
@@ -172,20 +163,5 @@ impl JitStacks {
         let kept: HashSet<Key> = self.spawned.values().copied().collect();
         self.located.retain(|key, _| kept.contains(key));
         self.named.retain(|key, _| kept.contains(key));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn node_is_told_by_its_executables_name() {
-        for exe in ["node", "nodejs", "node22", "node20.11"] {
-            assert!(is_node(exe), "{exe}");
-        }
-        for exe in ["nodemon", "python3", "node-gyp", "noder"] {
-            assert!(!is_node(exe), "{exe}");
-        }
     }
 }

@@ -1,7 +1,9 @@
 //! Python spawners' own frames (`--spawn-stacks auto`). Once per exec of an interpreter its
 //! layout goes to the kernel (`PYTHONS`), so the fork probe can walk the forking thread's
 //! frames; the stacks it reads are kept in the kernel (`PY_STACKS`, once per distinct stack)
-//! and named here only when a flag needs them, from the spawner's memory while it runs.
+//! and named here when the first fork from one is read, from the spawner's memory while it
+//! still runs the code that forked (a flag raised after the spawner is gone, as `--check`'s
+//! are, names them all the same).
 use std::collections::{HashMap, HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -29,6 +31,8 @@ pub struct PythonStacks {
     interpreters: HashMap<NodeId, Interpreter>,
     /// The processes each kept stack spawned (a stack none of the graph's names is freed).
     spawned: Referrers<u64>,
+    /// Each stack's frames as named from its spawner's memory, by (stack, spawner).
+    named: HashMap<(u64, NodeId), Vec<Frame>>,
     /// Why interpreters were not read, each said once.
     refused: HashSet<String>,
     /// Interpreters to look at again (see [`PythonStacks::exec`]).
@@ -59,6 +63,7 @@ impl PythonStacks {
             inspector: Inspector::new(),
             interpreters: HashMap::new(),
             spawned: Referrers::default(),
+            named: HashMap::new(),
             refused: HashSet::new(),
             pending: HashMap::new(),
         }
@@ -141,13 +146,27 @@ impl PythonStacks {
         self.spawned.note(key, child);
     }
 
+    /// Names stack `key`, which spawner `(node, pid)` just forked from, the first time it does:
+    /// its memory holds the code objects now.
+    pub fn name_at_fork(&mut self, key: u64, (spawner, pid): (NodeId, u32)) {
+        if !self.named.contains_key(&(key, spawner)) {
+            let frames = self.frames(key, spawner, pid, true);
+            // Unnamed (the spawner gone already): a flag tries again, as for a stack adopted.
+            if frames.iter().any(|f| f.function.is_some()) {
+                self.named.insert((key, spawner), frames);
+            }
+        }
+    }
+
     /// Forgets what concerns processes the graph no longer holds, and the kernel's copies of
     /// stacks that spawned none of those it does.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.interpreters.retain(|&node, _| holds(node));
         self.pending.retain(|&node, _| holds(node));
+        self.named.retain(|&(_, spawner), _| holds(spawner));
         for key in self.spawned.retain(holds) {
             let _ = self.stacks.remove(&key);
+            self.named.retain(|&(stack, _), _| stack != key);
         }
     }
 
@@ -155,6 +174,9 @@ impl PythonStacks {
     /// (process `pid`) while it runs (`alive`); unnamed frames once it is gone. A spawner this
     /// run did not see exec (found in /proc, or adopted from the run before) is looked at now.
     pub fn frames(&mut self, key: u64, spawner: NodeId, pid: u32, alive: bool) -> Vec<Frame> {
+        if let Some(named) = self.named.get(&(key, spawner)) {
+            return named.clone();
+        }
         let Ok(stack) = self.stacks.get(&key, 0) else {
             return Vec::new();
         };

@@ -1,9 +1,12 @@
-//! A leak spawned from a named function (`--spawn-stacks`): the gateway's child A calls
-//! setsid() and forks B from [`start_stdio_server_by_syscall`], then exits; B waits on the
-//! read end of the gateway's pipe and is orphaned. The fork is the raw syscall, made in that
-//! function itself: the kernel's frame-pointer walk then starts inside it whatever libc was
-//! built with (Debian's libc keeps no frame pointers, so a fork() through it shows only its
-//! own `_Fork`).
+//! Leaks spawned from a named function (`--spawn-stacks`): the gateway's child A calls
+//! setsid() and forks B from a named function, then exits; B waits on the read end of the
+//! gateway's pipe and is orphaned. The function forks by:
+//! - the raw syscall ([`start_stdio_server_by_syscall`]): the kernel's frame-pointer walk
+//!   starts inside it whatever libc was built with;
+//! - the C library's fork(), from C built with and without frame pointers (`spawner.c`):
+//!   Debian's libc keeps none, so the walk stops in its `_Fork` and the stack is copied;
+//! - `std::process::Command` ([`start_stdio_server_by_command`]), as a Rust host does:
+//!   posix_spawn's clone, in Rust code without frame pointers.
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -25,19 +28,87 @@ fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
         );
     }
     match pid {
-        0 => {
-            as_stdin(rd);
-            for fd in close.iter().chain([&rd]) {
-                // SAFETY: closing the child's copies.
-                unsafe { libc::close(*fd) };
-            }
-            read_stdin_to_eof();
-            // SAFETY: the child ends here, as fork_then's do.
-            unsafe { libc::_exit(0) }
-        }
+        0 => serve_stdin(rd as i32, close),
         pid if pid < 0 => panic!("fork: {pid}"),
         pid => pid as u32,
     }
+}
+
+// `spawner.c`, with frame pointers and without (built by tests/build.rs).
+#[link(name = "spawner_fp", kind = "static")]
+unsafe extern "C" {
+    fn spawn_leaky_helper_fp() -> i32;
+}
+#[link(name = "spawner_nofp", kind = "static")]
+unsafe extern "C" {
+    fn spawn_leaky_helper_nofp() -> i32;
+}
+
+/// What B does: reads the gateway's pipe (`rd`) as its stdin until EOF, then exits.
+fn serve_stdin(rd: i32, close: &[i32]) -> ! {
+    as_stdin(rd);
+    for fd in close.iter().chain([&rd]) {
+        // SAFETY: closing the child's copies.
+        unsafe { libc::close(*fd) };
+    }
+    read_stdin_to_eof();
+    // SAFETY: the child ends here, as fork_then's do.
+    unsafe { libc::_exit(0) }
+}
+
+/// Forks B through the C spawner `spawn`.
+fn start_stdio_server_by_c(spawn: unsafe extern "C" fn() -> i32, rd: i32, close: &[i32]) -> u32 {
+    // SAFETY: fork() through the C library; the child only makes syscalls before it exits.
+    match unsafe { spawn() } {
+        0 => serve_stdin(rd, close),
+        pid if pid < 0 => panic!("fork: {pid}"),
+        pid => pid as u32,
+    }
+}
+
+/// Starts B as a Rust host starts a stdio server: `cat` with the gateway's pipe as its stdin.
+#[inline(never)]
+fn start_stdio_server_by_command(rd: i32, close: &[i32]) -> u32 {
+    use std::os::fd::FromRawFd;
+    for fd in close {
+        // SAFETY: B must not hold the pipe's write end: Command closes nothing it is not told
+        // to, so the ends are made close-on-exec.
+        unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    // SAFETY: `rd` is this process's to give; the Stdio owns it from here.
+    let stdin = unsafe { std::process::Stdio::from_raw_fd(rd) };
+    let child = std::process::Command::new("cat")
+        .stdin(stdin)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn cat");
+    std::hint::black_box(child.id())
+}
+
+/// `leak-spawn-site-c-fp`, `leak-spawn-site-c-nofp`: B forked through the C library from C.
+pub(crate) fn leak_spawn_site_c(truth: &str, frame_pointers: bool) -> Value {
+    let (spawn_b, function): (fn(i32, &[i32]) -> u32, _) = match frame_pointers {
+        true => (
+            |rd, close| start_stdio_server_by_c(spawn_leaky_helper_fp, rd, close),
+            "spawn_leaky_helper_fp",
+        ),
+        false => (
+            |rd, close| start_stdio_server_by_c(spawn_leaky_helper_nofp, rd, close),
+            "spawn_leaky_helper_nofp",
+        ),
+    };
+    let mut found = super::leaks::orphan_spawned_by(truth, spawn_b);
+    found["function"] = json!(function);
+    found["file"] = json!("spawner.c");
+    found
+}
+
+/// `leak-spawn-site-command`: B started by `std::process::Command`.
+pub(crate) fn leak_spawn_site_command(truth: &str) -> Value {
+    let mut found = super::leaks::orphan_spawned_by(truth, start_stdio_server_by_command);
+    found["function"] = json!("start_stdio_server_by_command");
+    found["file"] = json!(file!());
+    found
 }
 
 pub(crate) fn leak_spawn_site(truth: &str) -> Value {

@@ -1,7 +1,7 @@
 //! Unwinding a copied stack (see `reaper_common::copy`) with the call frame information of the
-//! objects its process maps (`.eh_frame`, through `.eh_frame_hdr`). Code no object covers
-//! (a JIT's), and code an object has no such information for (V8's builtins), is unwound by
-//! its frame pointer: V8 keeps one in every frame it makes.
+//! objects its process maps (`.eh_frame`, through `.eh_frame_hdr`), as `perf --call-graph
+//! dwarf` does. Code no object covers (a JIT's), and code an object has no such information
+//! for (V8's builtins), is unwound by its frame pointer: V8 keeps one in every frame it makes.
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
@@ -13,7 +13,7 @@ use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{Object as _, ObjectSection as _, ReadCache};
 
 use crate::capture::decode::CopiedStack;
-use crate::sites::mappings::Mapping;
+use crate::sites::mappings::{self, Mapping};
 
 /// Most frames kept from one unwind (innermost first).
 pub const FRAMES_MAX: usize = 64;
@@ -26,7 +26,9 @@ struct Object {
     eh_frame_hdr_svma: Range<u64>,
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    /// Its loadable segments: file offset and address (as the object states it).
+    /// Its loadable code segments: file offset, address (as the object states it), size.
+    /// Code only: a page may hold the end of one segment and the start of the next, and
+    /// only the code one places an executable mapping (lld lays them out so).
     loads: Vec<(u64, u64, u64)>,
 }
 
@@ -45,6 +47,7 @@ impl Object {
             .elf_program_headers()
             .iter()
             .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+            .filter(|p| p.p_flags(endian) & object::elf::PF_X != 0)
             .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
             .collect();
         Some(Object {
@@ -59,7 +62,7 @@ impl Object {
     }
 
     /// Where address 0 of the object sits in a process that maps file offset `offset` at
-    /// `start`.
+    /// `start`, executable.
     fn base(&self, start: u64, offset: u64) -> Option<u64> {
         let &(p_offset, p_vaddr, _) = self
             .loads
@@ -86,7 +89,17 @@ impl Object {
     }
 }
 
-/// The objects read so far, by file (device and inode): a host's libraries are read once.
+/// A copy's frames, unwound in the mappings its process had then.
+pub struct Unwound {
+    pub maps: Vec<Mapping>,
+    /// Innermost first: each frame's mapping (an index in `maps`) and its offset in the mapped
+    /// file, or no mapping and its address (code no file maps: a JIT's, or no code at all).
+    pub frames: Vec<(Option<usize>, u64)>,
+    /// Whether the walk stopped at [`FRAMES_MAX`] rather than at the outermost frame.
+    pub capped: bool,
+}
+
+/// The objects read so far, by file (device and inode): a process's libraries are read once.
 #[derive(Default)]
 pub struct Objects {
     read: HashMap<(String, u64), Option<Arc<Object>>>,
@@ -104,7 +117,7 @@ pub struct HostUnwinder {
 impl Objects {
     /// An unwinder over the executable mappings of process `pid`, listed in `text` (parsed:
     /// `maps`); `kept`, when set up from the same text, is the one returned.
-    pub fn unwinder(
+    fn unwinder(
         &mut self,
         pid: u32,
         text: String,
@@ -128,6 +141,39 @@ impl Objects {
             unwinder,
             cache: CacheX86_64::new(),
         }
+    }
+
+    /// Unwinds `copy`, taken in process `pid`, in its mappings now (none once it is gone).
+    /// `kept`: the unwinder set up for the process before, reused while its mappings are the
+    /// same; the one used is returned for the next copy.
+    pub fn unwind(
+        &mut self,
+        pid: u32,
+        copy: &CopiedStack,
+        kept: Option<HostUnwinder>,
+    ) -> Option<(Unwound, HostUnwinder)> {
+        let text = mappings::text(pid).ok()?;
+        let maps = mappings::parse(&text);
+        let mut unwinder = self.unwinder(pid, text, &maps, kept);
+        let addrs = unwinder.unwind(copy);
+        let frames = addrs
+            .iter()
+            .map(|&addr| {
+                maps.iter()
+                    .enumerate()
+                    .find_map(|(i, m)| Some((Some(i), m.file_offset(addr)?)))
+                    .unwrap_or((None, addr))
+            })
+            .collect();
+        let capped = addrs.len() == FRAMES_MAX;
+        Some((
+            Unwound {
+                maps,
+                frames,
+                capped,
+            },
+            unwinder,
+        ))
     }
 
     fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
