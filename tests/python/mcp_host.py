@@ -3,14 +3,16 @@ from a named function, through subprocess.Popen on its main thread or through
 asyncio.create_subprocess_exec on an event-loop thread, and holds the server's pipes until
 released.
 
-    mcp_host.py popen|asyncio|forked TRIGGER RELEASE
+    mcp_host.py popen|asyncio|forked|early TRIGGER RELEASE
 
 `forked`: a forked copy of the host (no exec: a prefork worker's, a double fork's) starts a
 server (`sleep`, its output discarded) and closes its end of the server's stdin: the server
 is deaf, on its own (it shares no channel with the worker).
 
 It runs `true` first (its fork tells the test the interpreter was looked at), waits for
-TRIGGER, starts the server, and ends it once RELEASE exists.
+TRIGGER, starts the server, and ends it once RELEASE exists. `early`: it starts the server
+at once, its first fork (as a gateway that spawns its servers as it starts), and ends it
+once RELEASE exists.
 """
 import asyncio
 import os
@@ -47,6 +49,12 @@ def event_loop(release):
 
 def main():
     mode, trigger, release = sys.argv[1:4]
+    if mode == "early":
+        first = start_stdio_server()
+        wait_for(release)
+        first.kill()
+        first.wait()
+        return
     subprocess.run(["true"], check=True)
     wait_for(trigger)
     if mode == "popen":

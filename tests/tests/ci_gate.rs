@@ -116,6 +116,16 @@ fn a_real_suites_leak_is_a_failed_junit_case_and_a_short_log() {
         xml.contains(r#"<property name="verdict" value="leaked"/>"#),
         "{xml}"
     );
+    // The spawner's own code, named as a flag names it: the test method and its line (the
+    // suite's interpreter was gone by the verdict).
+    let line = SUITE
+        .lines()
+        .position(|l| l.contains("subprocess.Popen("))
+        .unwrap()
+        + 1;
+    let site = format!("spawned at Gateway.test_starts_a_helper (test_gateway.py:{line})");
+    assert!(xml.contains(&site), "{site}:\n{xml}");
+    assert!(log.contains(&site), "{site}:\n{log}");
 }
 
 #[test]

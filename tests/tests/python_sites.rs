@@ -107,13 +107,20 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
     if let Some(root) = &python.root {
         command.extend(["chroot".into(), root.to_str().unwrap().into()]);
     }
-    command.extend([
+    let host = [
         python.path.to_str().unwrap().into(),
         arg("mcp_host.py"),
         mode.into(),
         arg("trigger"),
         arg("release"),
-    ]);
+    ];
+    if mode == "early" {
+        // Started by a shell busy forking, as a gateway's wrapper may be: the records stream
+        // when the interpreter's exec comes, and the reader is polling, not waiting for one.
+        let script = r#"i=0; while [ $i -lt 400 ]; do /bin/true; i=$((i+1)); done; exec "$@""#;
+        command.extend(["sh".into(), "-c".into(), script.into(), "sh".into()]);
+    }
+    command.extend(host);
     let mut args = vec!["--idle-after", "1s", "--scan-interval", "250ms", "--"];
     args.extend(command.iter().map(String::as_str));
     let mut warmed = false;
@@ -276,4 +283,81 @@ fn a_python_spawn_read_before_a_restart_is_named_by_the_run_after_it() {
     let own = frame(&frames, "start_stdio_server");
     assert_eq!(own["language"], "python", "{own}");
     assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+}
+
+/// A gateway that spawns its server as it starts (its first fork, within its first
+/// milliseconds: no warm-up, no trigger) gets its Python frames: the interpreter is known
+/// before it can fork.
+#[test]
+fn a_spawn_at_the_interpreters_start_has_its_python_frames() {
+    let test = "a_spawn_at_the_interpreters_start_has_its_python_frames";
+    if !require_root(test) {
+        return;
+    }
+    for python in interpreters() {
+        let (frames, _) = spawned_at(test, &python, "early");
+        eprintln!("{}: {frames:?}", python.path.display());
+        let own = frame(&frames, "start_stdio_server");
+        assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+        let caller = frame(&frames, "main");
+        assert_eq!(caller["line"], line_of("first = start_stdio_server()"));
+    }
+}
+
+/// A gateway that leaks a helper from a named function and exits.
+const LEAKY_GATEWAY: &str = r#"import subprocess
+
+
+def start_stdio_server():
+    # Its own session, and none of the job's output: the job ends, the helper stays.
+    return subprocess.Popen(["sleep", "3600.25"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+start_stdio_server()
+"#;
+
+/// `--check` names a Python leak's spawner as a flag does: its verdict comes after the
+/// spawner exited, and `check.leaked[].spawned_at` still holds its function, file and line
+/// (named at the fork, from the spawner's memory).
+#[test]
+fn check_names_the_function_that_leaked_a_python_helper() {
+    let test = "check_names_the_function_that_leaked_a_python_helper";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let script = dir.join("leaky_gateway.py");
+    std::fs::write(&script, LEAKY_GATEWAY).unwrap();
+    let args = ["--check", "--settle", "1s", "--", "/usr/bin/python3.11"];
+    let mut args = args.to_vec();
+    args.push(script.to_str().unwrap());
+    let run = reaper_tests::run_reaper(&args);
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", "^sleep 3600.25$"])
+        .status();
+    assert_eq!(run.status.code(), Some(3), "exit 3: leaked\n{}", run.stderr);
+    let check = &run.all("check")[0];
+    let leaked = check["leaked"].as_array().expect("leaked");
+    assert_eq!(leaked.len(), 1, "{check}");
+    let frames = leaked[0]["spawned_at"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    eprintln!("{frames:#?}");
+    let own = frame(&frames, "start_stdio_server");
+    assert_eq!(own["language"], "python", "{own}");
+    assert!(
+        own["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("/leaky_gateway.py")),
+        "{own}"
+    );
+    let line = LEAKY_GATEWAY
+        .lines()
+        .position(|l| l.contains("return subprocess.Popen("))
+        .unwrap() as u64
+        + 1;
+    assert_eq!(own["line"], line, "{own}");
 }

@@ -206,15 +206,26 @@ const SPAWNING_SOURCES: [&str; 6] = [
     "/cross-spawn/",
 ];
 
+/// The functions of Rust's process-spawning libraries (demangled), which a Rust host's binary
+/// holds itself: std's `Command` and tokio's.
+const SPAWNING_FUNCTIONS: [&str; 4] = [
+    "<std::process::Command>::",
+    "<std::sys::process::",
+    "<tokio::process::Command>::",
+    "tokio::process::",
+];
+
 impl Frame {
-    /// Whether the frame is a spawning library's (libc's fork wrapper, Python's `subprocess`)
-    /// rather than the spawner's own code: a spawn site is named past these.
+    /// Whether the frame is a spawning library's (libc's fork wrapper, Python's `subprocess`,
+    /// Rust's `Command`) rather than the spawner's own code: a spawn site is named past these.
     pub fn in_spawning_library(&self) -> bool {
         let object = self.object.as_deref().unwrap_or("");
         let name = object.rsplit('/').next().unwrap_or(object);
         let file = self.file.as_deref().unwrap_or("");
+        let function = self.function.as_deref().unwrap_or("");
         SPAWNING_LIBRARIES.iter().any(|lib| name.starts_with(lib))
             || SPAWNING_SOURCES.iter().any(|src| file.contains(src))
+            || SPAWNING_FUNCTIONS.iter().any(|f| function.starts_with(f))
     }
 }
 

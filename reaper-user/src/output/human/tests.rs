@@ -288,3 +288,39 @@ fn a_python_spawners_line_starts_past_subprocess_and_asyncio() {
         Some("_run_stdio (mcp_tool.py:812) < connect (mcp_tool.py:90)")
     );
 }
+
+#[test]
+fn a_rust_hosts_line_starts_past_std_and_tokios_command() {
+    let frame = |function: &str, file: &str, object: &str| crate::stream::evidence::Frame {
+        function: Some(function.into()),
+        file: Some(file.into()),
+        line: Some(7),
+        object: Some(object.into()),
+        ..Default::default()
+    };
+    let (libc, host) = ("/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/host");
+    let std = "/rustc/0/library/std/src";
+    let frames = vec![
+        frame("__spawni", "./posix/spawni.c", libc),
+        frame(
+            "<std::sys::process::unix::common::Command>::spawn",
+            &format!("{std}/sys/process/unix/common.rs"),
+            host,
+        ),
+        frame(
+            "<std::process::Command>::spawn",
+            &format!("{std}/process.rs"),
+            host,
+        ),
+        frame(
+            "<tokio::process::Command>::spawn",
+            "/tokio/src/process/mod.rs",
+            host,
+        ),
+        frame("host::mcp::start_server", "/src/host/src/mcp.rs", host),
+    ];
+    assert_eq!(
+        super::spawn_site_text(&frames).as_deref(),
+        Some("host::mcp::start_server (mcp.rs:7)")
+    );
+}

@@ -1,14 +1,18 @@
 //! Finding a process's CPython interpreter: the object that holds `_PyRuntime` (the
 //! executable, or `libpython3.N.so`), its version (`Py_Version`), its offsets, and where
-//! `_PyRuntime` sits in the process. Read once per exec, from the object file itself (through
-//! the process's own mapping, so a container's files and a replaced file read right).
+//! `_PyRuntime` sits in the process. Each object file is read once (through the process's own
+//! mapping, so a container's files and a replaced file read right), its exported symbols
+//! first: an interpreter's exec then costs a read of its mappings, and the first one little
+//! more, so its layout is in the kernel before the program gets to fork.
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use blazesym::inspect::Inspector;
 use blazesym::inspect::source::{Elf, Source};
-use blazesym::inspect::{Inspector, SymInfo};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use reaper_common::python::PyLayout;
 
 use super::super::mappings::mappings;
@@ -46,89 +50,154 @@ pub fn loaded_libpython(pid: u32) -> bool {
     })
 }
 
-/// The interpreter process `pid` (started at `start`) runs, if it runs one: `Ok(None)` for a
-/// process that is not Python, an error for one whose interpreter cannot be read.
-pub fn find(inspector: &Inspector, pid: u32, start: u64) -> Result<Option<Interpreter>> {
-    let maps = mappings(pid)?;
-    let mut seen: Vec<&str> = Vec::new();
-    for m in maps.iter().filter(|m| may_be_python(&m.path)) {
-        if seen.contains(&m.path.as_str()) {
-            continue;
-        }
-        seen.push(&m.path);
-        let file = m
-            .file(pid)
-            .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
-        let Some((runtime, version)) = runtime_and_version(inspector, &file)? else {
-            continue;
-        };
-        let (major, minor) = ((version >> 24) as u8, ((version >> 16) & 0xff) as u8);
-        let name = format!("python{major}.{minor}");
-        let object = File::open(&file).with_context(|| format!("opening {}", m.path))?;
-        let file_offset = runtime
-            .file_offset
-            .context("_PyRuntime has no file offset")?;
-        let mut head = vec![0u8; debug_offsets::NEEDED];
-        object
-            .read_exact_at(&mut head, file_offset)
-            .with_context(|| format!("reading _PyRuntime from {}", m.path))?;
-        let offsets = versions::offsets(major, minor, &head)
-            .with_context(|| format!("{name} ({})", m.path))?;
-        let data = maps
-            .iter()
-            .filter(|o| o.path == m.path)
-            .find(|o| (o.offset..o.offset + (o.end - o.start)).contains(&file_offset))
-            .with_context(|| format!("{name}: _PyRuntime is not mapped"))?;
-        // Still the loader's read-only span, before the data segment is mapped in place
-        // (see `loaded_libpython`): looked at again.
-        if !data.writable {
-            return Ok(None);
-        }
-        let address = data.start + (file_offset - data.offset);
-        let (pidns_dev, pidns_ino) = pid_namespace(pid)?;
-        let probe = PyLayout {
-            start,
-            runtime: address,
-            pidns_dev,
-            pidns_ino,
-            ..offsets.probe
-        };
-        return Ok(Some(Interpreter {
-            name,
-            probe,
-            code: offsets.code,
-        }));
-    }
-    Ok(None)
+/// What an object file holds of an interpreter: its name, where `_PyRuntime` is in the file,
+/// and the version's offsets.
+#[derive(Clone)]
+struct Runtime {
+    name: String,
+    file_offset: u64,
+    offsets: versions::Offsets,
 }
 
-/// `_PyRuntime` and the value of `Py_Version` (3.11+'s `PY_VERSION_HEX`) in an object file,
-/// if it has them.
-fn runtime_and_version(
-    inspector: &Inspector,
-    file: &PathBuf,
-) -> Result<Option<(SymInfo<'static>, u64)>> {
+/// The object files looked into so far, by device and inode: `None` for one that holds no
+/// interpreter.
+#[derive(Default)]
+pub struct Files {
+    read: HashMap<(String, u64), Option<Runtime>>,
+    /// For the symbols an object does not export (a `.symtab` only).
+    inspector: Inspector,
+}
+
+impl Files {
+    /// The interpreter process `pid` (started at `start`) runs, if it runs one: `Ok(None)`
+    /// for a process that is not Python, an error for one whose interpreter cannot be read.
+    pub fn find(&mut self, pid: u32, start: u64) -> Result<Option<Interpreter>> {
+        let maps = mappings(pid)?;
+        let mut seen: Vec<&str> = Vec::new();
+        for m in maps.iter().filter(|m| may_be_python(&m.path)) {
+            if seen.contains(&m.path.as_str()) {
+                continue;
+            }
+            seen.push(&m.path);
+            let key = (m.dev.clone(), m.inode);
+            let runtime = match self.read.get(&key) {
+                Some(known) => known.clone(),
+                None => {
+                    let file = m
+                        .file(pid)
+                        .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
+                    let runtime = runtime_of(&self.inspector, &file)
+                        .with_context(|| format!("reading {}", m.path))?;
+                    self.read.insert(key, runtime.clone());
+                    runtime
+                }
+            };
+            let Some(Runtime {
+                name,
+                file_offset,
+                offsets,
+            }) = runtime
+            else {
+                continue;
+            };
+            let data = maps
+                .iter()
+                .filter(|o| o.path == m.path)
+                .find(|o| (o.offset..o.offset + (o.end - o.start)).contains(&file_offset))
+                .with_context(|| format!("{name}: _PyRuntime is not mapped"))?;
+            // Still the loader's read-only span, before the data segment is mapped in place
+            // (see `loaded_libpython`): looked at again.
+            if !data.writable {
+                return Ok(None);
+            }
+            let address = data.start + (file_offset - data.offset);
+            let (pidns_dev, pidns_ino) = pid_namespace(pid)?;
+            let probe = PyLayout {
+                start,
+                runtime: address,
+                pidns_dev,
+                pidns_ino,
+                ..offsets.probe
+            };
+            return Ok(Some(Interpreter {
+                name,
+                probe,
+                code: offsets.code,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+/// The interpreter object file `file` holds, if it holds one: where `_PyRuntime` is, and the
+/// version `Py_Version` (3.11+'s `PY_VERSION_HEX`) names, with its offsets.
+fn runtime_of(inspector: &Inspector, file: &Path) -> Result<Option<Runtime>> {
+    let found = match exported(file)? {
+        Some(found) => Some(found),
+        None => symbol_table(inspector, file)?,
+    };
+    let Some((runtime, version)) = found else {
+        return Ok(None);
+    };
+    let object = File::open(file)?;
+    let mut bytes = [0u8; 8];
+    object.read_exact_at(&mut bytes, version)?;
+    let version = u64::from_le_bytes(bytes) & 0xffff_ffff;
+    if version >> 24 != 3 {
+        bail!("Py_Version reads {version:#x}");
+    }
+    let (major, minor) = ((version >> 24) as u8, ((version >> 16) & 0xff) as u8);
+    let name = format!("python{major}.{minor}");
+    let mut head = vec![0u8; debug_offsets::NEEDED];
+    object
+        .read_exact_at(&mut head, runtime)
+        .context("reading _PyRuntime")?;
+    let offsets = versions::offsets(major, minor, &head).with_context(|| name.clone())?;
+    Ok(Some(Runtime {
+        name,
+        file_offset: runtime,
+        offsets,
+    }))
+}
+
+/// The file offsets of `_PyRuntime` and `Py_Version` among the symbols `file` exports
+/// (`.dynsym`: a libpython's, and an interpreter's built to load extension modules).
+fn exported(file: &Path) -> Result<Option<(u64, u64)>> {
+    let handle = File::open(file)?;
+    // SAFETY: a read-only private mapping, read only here; a file changed meanwhile reads as
+    // garbage at worst, which the version check and the probe's faulting reads survive.
+    let bytes = unsafe { memmap2::Mmap::map(&handle) }?;
+    let elf = object::File::parse(&*bytes).context("not an object file")?;
+    let address = |name: &str| {
+        elf.dynamic_symbols()
+            .find(|s| s.name() == Ok(name) && s.is_definition())
+            .map(|s| s.address())
+    };
+    let (Some(runtime), Some(version)) = (address("_PyRuntime"), address("Py_Version")) else {
+        return Ok(None);
+    };
+    let offset = |address: u64| {
+        elf.segments().find_map(|s| {
+            let (start, (file_start, size)) = (s.address(), s.file_range());
+            (start..start + size)
+                .contains(&address)
+                .then(|| file_start + (address - start))
+        })
+    };
+    Ok(offset(runtime).zip(offset(version)))
+}
+
+/// As [`exported`], from the symbol table (an interpreter that exports nothing).
+fn symbol_table(inspector: &Inspector, file: &Path) -> Result<Option<(u64, u64)>> {
     let src = Source::Elf(Elf {
         debug_syms: false,
         ..Elf::new(file)
     });
     let found = inspector
         .lookup(&src, &["_PyRuntime", "Py_Version"])
-        .with_context(|| format!("reading the symbols of {}", file.display()))?;
-    let first = |i: usize| found.get(i).and_then(|v| v.first()).map(SymInfo::to_owned);
-    let (Some(runtime), Some(version)) = (first(0), first(1)) else {
-        return Ok(None);
-    };
-    let at = version
-        .file_offset
-        .context("Py_Version has no file offset")?;
-    let mut bytes = [0u8; 8];
-    File::open(file)?.read_exact_at(&mut bytes, at)?;
-    let version = u64::from_le_bytes(bytes) & 0xffff_ffff;
-    if version >> 24 != 3 {
-        bail!("Py_Version reads {version:#x}");
-    }
-    Ok(Some((runtime, version)))
+        .context("reading its symbols")?;
+    let offset = |i: usize| found.get(i)?.first()?.file_offset;
+    Ok(offset(0).zip(offset(1)))
 }
 
 /// The pid namespace process `pid` numbers its threads in, when it is not the initial one

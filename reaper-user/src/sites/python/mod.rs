@@ -7,7 +7,6 @@
 use std::collections::{HashMap, HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use blazesym::inspect::Inspector;
 use reaper_common::python::{PyLayout, PyStack};
 
 use super::referrers::Referrers;
@@ -26,7 +25,8 @@ use locate::Interpreter;
 pub struct PythonStacks {
     layouts: BpfHashMap<MapData, u32, PyLayout>,
     stacks: BpfHashMap<MapData, u64, PyStack>,
-    inspector: Inspector,
+    /// The interpreter object files read so far.
+    files: locate::Files,
     /// Each tracked interpreter, by its process's node (until its next exec or its end).
     interpreters: HashMap<NodeId, Interpreter>,
     /// The processes each kept stack spawned (a stack none of the graph's names is freed).
@@ -60,7 +60,7 @@ impl PythonStacks {
         PythonStacks {
             layouts,
             stacks,
-            inspector: Inspector::new(),
+            files: locate::Files::default(),
             interpreters: HashMap::new(),
             spawned: Referrers::default(),
             named: HashMap::new(),
@@ -117,7 +117,7 @@ impl PythonStacks {
     }
 
     fn look(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
-        let interpreter = match locate::find(&self.inspector, pid, start) {
+        let interpreter = match self.files.find(pid, start) {
             Ok(Some(found)) => found,
             Ok(None) => return Ok(None),
             // Gone already: nothing to say about a process that ended.
@@ -183,7 +183,7 @@ impl PythonStacks {
         let frames = stack.frames.iter().take(stack.len as usize);
         if alive
             && !self.interpreters.contains_key(&spawner)
-            && let Ok(Some(found)) = locate::find(&self.inspector, pid, 0)
+            && let Ok(Some(found)) = self.files.find(pid, 0)
         {
             self.interpreters.insert(spawner, found);
         }
