@@ -1,7 +1,7 @@
 //! `cargo xtask vmtest`: the kernel integration tests on other kernels, each booted under qemu.
 //!
 //! The guest's root filesystem is an initramfs holding the release test binaries, reaper-trace,
-//! reaper-shapes, the host programs the tests run (sh, true, sleep, seq, node and the Node
+//! reaper-shapes, the host programs the tests run (sh, true, sleep, cat, seq, node and the Node
 //! host tests' scripts) and their shared libraries, at their host paths, plus a static busybox
 //! for the guest's init. Debian kernels boot from it with one module, `unix_diag` (sock_diag
 //! for UNIX sockets, which the Node host tests need; the serial console is built in). The
@@ -336,6 +336,7 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         ("/bin/sh", "sh"),
         ("/bin/true", "true"),
         ("/bin/sleep", "sleep"),
+        ("/bin/cat", "cat"),
         ("/bin/seq", "seq"),
         ("/bin/rm", "rm"),
         ("/bin/dd", "dd"),

@@ -17,6 +17,8 @@ use crate::stream::events::{Delivery, Latency};
 pub struct Reader {
     /// Kernel records received.
     received: u64,
+    /// The ring's bytes those records took, by this run.
+    received_bytes: u64,
     /// Records that did not decode (a build mismatch; never expected).
     undecodable: u64,
     /// Kernel timestamps of the records of the batch being read.
@@ -47,6 +49,7 @@ impl Default for Reader {
     fn default() -> Self {
         Reader {
             received: 0,
+            received_bytes: 0,
             undecodable: 0,
             batch_ts: Vec::new(),
             latency: Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds"),
@@ -76,6 +79,8 @@ impl Reader {
     /// is the second record of an event of the take-over.
     pub fn take(&mut self, bytes: &[u8]) -> Option<KernelEvent> {
         self.received += 1;
+        // As the ring lays a record out: an 8-byte header, the whole rounded up to 8.
+        self.received_bytes += (bytes.len() as u64 + 8).next_multiple_of(8);
         match decode(bytes) {
             Ok(ev) => {
                 if self.overlap.is_some() && self.seen_twice(&ev) {
@@ -142,6 +147,7 @@ impl Reader {
         Delivery {
             kernel_events,
             received: self.received,
+            received_bytes: self.received_bytes,
             dropped,
             tracked_full: losses.tracked_full,
             consistent: kernel_events == self.received + losses.dropped() && self.undecodable == 0,

@@ -151,14 +151,14 @@ impl Pipeline {
     ) {
         let spawner = self.graph.current(spawner).map(|n| (n.id, n.pid));
         if let (Some(native), Some((node, _))) = (stack.native, spawner) {
-            // A native site's stack copied at its first fork: unwound, not walked.
+            self.locate_spawn_site(native, node);
+            // A native site's stack copied at its first fork: unwound too, as deep as it goes.
             if let Some(copy) = copy {
                 let holders = self.code_holders(node);
                 if let Some(sites) = self.sites.as_mut() {
                     sites.unwind_site((native, node), &holders, copy);
                 }
             }
-            self.locate_spawn_site(native, node);
         }
         let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
             return;
@@ -428,6 +428,7 @@ impl Pipeline {
             }
         }
         if let Some(sites) = self.sites.as_mut() {
+            sites.named_all();
             sites.retain(|id| self.graph.node(id).is_some());
         }
         self.out.events(now, &found)?;
@@ -498,6 +499,9 @@ impl Pipeline {
                 (leaked.detail.spawned_at, leaked.detail.spawned_at_truncated) =
                     (at.frames, at.truncated);
             }
+        }
+        if let Some(sites) = self.sites.as_mut() {
+            sites.named_all();
         }
         self.out.event(boottime_now(), &verdict)?;
         Ok((verdict, code))

@@ -46,7 +46,10 @@ pub struct SpawnSites {
     jit: Option<JitStacks>,
     /// The objects copies were unwound with (JIT hosts' and native spawners').
     objects: unwind::Objects,
-    symbolizer: Symbolizer,
+    /// Names frames while flags are being named: its caches (an object's symbols, its debug
+    /// information's line tables, the C library's separate debug file: megabytes) are
+    /// dropped after each round (see [`SpawnSites::named_all`]); each stack is named once.
+    symbolizer: Option<Symbolizer>,
 }
 
 impl SpawnSites {
@@ -57,7 +60,7 @@ impl SpawnSites {
             python: interpreters.then(|| PythonStacks::new(maps.interpreters, maps.python)),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             objects: unwind::Objects::default(),
-            symbolizer: Symbolizer::new(),
+            symbolizer: None,
         }
     }
 
@@ -99,9 +102,9 @@ impl SpawnSites {
     /// `reaper_common::copy`), in the mappings of the first of `holders` still running (they
     /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
     /// is gone by now, its parent is not): the site's frames from now on. With none left,
-    /// the site keeps its frame-pointer walk.
+    /// the site keeps its frame-pointer walk (located first: see [`NativeStacks::take_unwound`]).
     pub fn unwind_site(&mut self, key: SiteKey, holders: &[u32], copy: &CopiedStack) {
-        if self.native.knows(key) {
+        if self.native.unwound(key) {
             return;
         }
         // Read once per site: the unwinder is not kept (the objects it read are).
@@ -117,9 +120,18 @@ impl SpawnSites {
     /// [`jit`]): its host's JavaScript frames, then its native ones. `pid` is the host's,
     /// `alive` whether it still runs.
     pub fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
-        self.jit
-            .as_mut()?
-            .frames(&self.symbolizer, child, pid, alive)
+        self.jit.as_mut()?.frames(
+            self.symbolizer.get_or_insert_with(Symbolizer::new),
+            child,
+            pid,
+            alive,
+        )
+    }
+
+    /// A round of naming is over (a scan's flags, `--check`'s verdict): the symbolizer's
+    /// caches go.
+    pub fn named_all(&mut self) {
+        self.symbolizer = None;
     }
 
     /// Notes that native stack `stack` spawned process `child`.
@@ -151,7 +163,8 @@ impl SpawnSites {
 
     /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
     pub fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
-        self.native.frames(&self.symbolizer, key, holders)
+        let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
+        self.native.frames(symbolizer, key, holders)
     }
 
     /// Learns the objects a gateway runs, so its spawns are named after it is gone.

@@ -46,6 +46,8 @@ struct Site {
     frames: Vec<Located>,
     /// Whether frames past the last were dropped: not code, or past the cap.
     truncated: bool,
+    /// Whether they were unwound from a copy (see [`NativeStacks::take_unwound`]).
+    unwound: bool,
 }
 
 /// A site's stack, named: what a flag's `spawned_at` shows.
@@ -143,12 +145,20 @@ impl NativeStacks {
             Site {
                 frames: located,
                 truncated,
+                unwound: false,
             },
         );
     }
 
+    /// Whether the stack of `key` was unwound from a copy already.
+    pub fn unwound(&self, key: SiteKey) -> bool {
+        self.located.get(&key).is_some_and(|site| site.unwound)
+    }
+
     /// Keeps `unwound`, the copy of site `key` unwound in its spawner's mappings (process
-    /// `pid`), as the site's stack: the frames up to the first that is no file's code.
+    /// `pid`), as the site's stack: the frames up to the first that is no file's code. The
+    /// frame-pointer walk stays when it went as deep (code that keeps frame pointers but
+    /// describes no frame to an unwinder: Go's).
     pub fn take_unwound(&mut self, key: SiteKey, pid: u32, unwound: &Unwound) {
         let mut frames = Vec::new();
         let mut truncated = unwound.capped;
@@ -163,8 +173,15 @@ impl NativeStacks {
                 offset,
             });
         }
-        if !frames.is_empty() {
-            self.located.insert(key, Site { frames, truncated });
+        let walked = self.located.get(&key).map_or(0, |site| site.frames.len());
+        if frames.len() > walked {
+            let unwound = true;
+            let site = Site {
+                frames,
+                truncated,
+                unwound,
+            };
+            self.located.insert(key, site);
             self.named.remove(&key);
         }
     }

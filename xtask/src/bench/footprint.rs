@@ -64,15 +64,68 @@ pub fn rss_kib(pid: u32, key: &str) -> u64 {
 /// reaper-trace with `n` quiet tracked sleepers as its gateway's children, once all of them
 /// are forked; they exit after `secs` seconds, and so does the run.
 pub(crate) fn start_sleepers(bins: &Bins, name: &str, n: usize, secs: f64) -> Result<Child> {
+    start_sleepers_with(bins, name, n, secs, "auto", Spawner::Shapes)
+}
+
+/// Who forks the sleepers.
+#[derive(Clone, Copy)]
+pub(crate) enum Spawner {
+    /// reaper-shapes' `sleepers` (Rust, through the C library's fork).
+    Shapes,
+    /// A python3 gateway, each sleeper a `subprocess.Popen` of `sleep` reading the gateway's
+    /// pipe (as a Python MCP host starts its servers).
+    Python,
+}
+
+/// The Python gateway of [`Spawner::Python`]: `n` sleepers, TRUTH.ready once all run, then
+/// `secs` seconds and the end of them all.
+const PYTHON_SLEEPERS: &str = r#"import os, subprocess, sys, time
+truth, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+rd, wr = os.pipe()
+def start_sleeper():
+    return subprocess.Popen(["sleep", "3600"], stdin=rd, stdout=subprocess.DEVNULL)
+sleepers = [start_sleeper() for _ in range(n)]
+open(truth + ".ready", "w").close()
+time.sleep(secs)
+for s in sleepers:
+    s.kill()
+for s in sleepers:
+    s.wait()
+"#;
+
+/// As [`start_sleepers`], with `--spawn-stacks stacks`, the sleepers forked by `spawner`.
+pub(crate) fn start_sleepers_with(
+    bins: &Bins,
+    name: &str,
+    n: usize,
+    secs: f64,
+    stacks: &str,
+    spawner: Spawner,
+) -> Result<Child> {
     let truth = bins.scratch.join(format!("{name}.json"));
     let ready = bins.scratch.join(format!("{name}.json.ready"));
-    let gateway = format!(
-        "{} sleepers {} {n} {secs}",
-        bins.shapes.display(),
-        truth.display()
-    );
+    let _ = fs::remove_file(&ready);
+    let gateway: Vec<String> = match spawner {
+        Spawner::Shapes => {
+            let shape = format!(
+                "{} sleepers {} {n} {secs}",
+                bins.shapes.display(),
+                truth.display()
+            );
+            vec!["sh".into(), "-c".into(), shape]
+        }
+        Spawner::Python => vec![
+            "python3".into(),
+            "-c".into(),
+            PYTHON_SLEEPERS.into(),
+            truth.display().to_string(),
+            n.to_string(),
+            secs.to_string(),
+        ],
+    };
     let tracer = Command::new(&bins.reaper)
-        .args(["--json", "--quiet", "--", "sh", "-c", &gateway])
+        .args(["--json", "--quiet", "--spawn-stacks", stacks, "--"])
+        .args(&gateway)
         .stdout(Stdio::null())
         .spawn()?;
     while !ready.exists() {
@@ -81,33 +134,47 @@ pub(crate) fn start_sleepers(bins: &Bins, name: &str, n: usize, secs: f64) -> Re
     Ok(tracer)
 }
 
-/// Peak RSS with many live tracked processes.
+/// RSS with many live tracked processes: the Rust sleepers and a Python gateway's, each with
+/// the spawn stacks taken (`auto`, the default) and without (`off`).
 pub(crate) fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let idle = Bystander::start(bins)?;
     thread::sleep(Duration::from_millis(300));
     let empty = rss_kib(idle.pid(), "VmRSS:");
     idle.stop()?;
-    let mut tracer = start_sleepers(bins, "sleepers", opts.sleepers, 3.0)?;
-    thread::sleep(Duration::from_millis(1500));
-    let peak = rss_kib(tracer.id(), "VmHWM:");
-    let steady = rss_kib(tracer.id(), "VmRSS:");
-    let anon = rss_kib(tracer.id(), "RssAnon:");
-    tracer.wait()?;
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!("\n## Memory\n");
-    println!("| reaper-trace | RSS |\n|---|---|");
-    println!("| tracking one idle process | {:.1} MiB |", mib(empty));
     println!(
-        "| tracking {} live processes | {:.1} MiB (anonymous: {:.1} MiB) |",
-        opts.sleepers,
-        mib(steady),
-        mib(anon)
+        "reaper-trace tracking one idle process: {:.1} MiB\n",
+        mib(empty)
     );
-    println!("| peak (VmHWM), start-up included | {:.1} MiB |", mib(peak));
     println!(
-        "| per tracked process | {:.0} bytes |",
-        (steady.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64
+        "| {} live processes forked by | --spawn-stacks | RSS | anonymous | peak (VmHWM) | per process |",
+        opts.sleepers
     );
+    println!("|---|---|---|---|---|---|");
+    let spawners = [
+        (Spawner::Shapes, "reaper-shapes (Rust)"),
+        (Spawner::Python, "python3"),
+    ];
+    for (spawner, label) in spawners {
+        for stacks in ["auto", "off"] {
+            let mut tracer =
+                start_sleepers_with(bins, "sleepers", opts.sleepers, 3.0, stacks, spawner)?;
+            // Past a scan or two: every sleeper flagged (accumulating) and its spawn named.
+            thread::sleep(Duration::from_millis(2500));
+            let peak = rss_kib(tracer.id(), "VmHWM:");
+            let steady = rss_kib(tracer.id(), "VmRSS:");
+            let anon = rss_kib(tracer.id(), "RssAnon:");
+            tracer.wait()?;
+            println!(
+                "| {label} | {stacks} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.0} bytes |",
+                mib(steady),
+                mib(anon),
+                mib(peak),
+                (steady.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64
+            );
+        }
+    }
     Ok(())
 }
 

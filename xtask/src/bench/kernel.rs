@@ -1,11 +1,5 @@
 //! The kernel side: each hook's cost per run (`kernel.bpf_stats_enabled`).
-use std::{
-    fs,
-    path::Path,
-    process::{Command, Stdio},
-    thread,
-    time::Duration,
-};
+use std::{fs, path::Path, process::Command, thread, time::Duration};
 
 use anyhow::{Context, Result};
 
@@ -33,14 +27,17 @@ pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         }
         bystander.stop()?;
         // Tracked: the storm is the gateway; stats are read while it lingers at the end. With
-        // the spawner's stack taken at each fork (the default) and without.
+        // the spawner's stack taken at each fork (the default) and without; the ring's bytes
+        // per process from each run's summary (`delivery.received_bytes`).
+        let mut ring = Vec::new();
         for (what, stacks) in [("", "auto"), (", --spawn-stacks off", "off")] {
             let (script, truths) = loop_script(bins, Loop::ForkExec, opts.procs, 1, "stats");
             let gateway = format!("{script}; sleep 3");
+            let stream = bins.scratch.join(format!("stats-{stacks}.ndjson"));
             let mut tracer = Command::new(&bins.reaper)
                 .args(["--json", "--quiet", "--spawn-stacks", stacks])
                 .args(["--", "sh", "-c", &gateway])
-                .stdout(Stdio::null())
+                .stdout(fs::File::create(&stream)?)
                 .spawn()?;
             while !truths[0].exists() {
                 thread::sleep(Duration::from_millis(50));
@@ -53,12 +50,36 @@ pub(crate) fn hook_costs(bins: &Bins, opts: &BenchOptions) -> Result<()> {
                 );
             }
             tracer.wait()?;
-            read_truths(&truths)?;
+            let created = read_truths(&truths)?.created;
+            ring.push((stacks, received_bytes(&stream)?, created));
+        }
+        println!("\n### The ring's bytes in the tracked fork+exec storm (one spawning site)\n");
+        println!("| --spawn-stacks | bytes per process | against off |\n|---|---|---|");
+        let per =
+            |(_, bytes, created): &(&str, u64, usize)| *bytes as f64 / (*created).max(1) as f64;
+        let off = ring.iter().find(|r| r.0 == "off").map(per).unwrap_or(0.0);
+        for r in &ring {
+            println!(
+                "| {} | {:.1} | {:.3}x |",
+                r.0,
+                per(r),
+                per(r) / off.max(1.0)
+            );
         }
         Ok(())
     })();
     let _ = fs::write(sysctl, before.trim());
     result
+}
+
+/// `delivery.received_bytes` of the summary in the NDJSON stream `path`.
+fn received_bytes(path: &Path) -> Result<u64> {
+    let text = fs::read_to_string(path)?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["event"] == "summary")
+        .and_then(|v| v["delivery"]["received_bytes"].as_u64())
+        .with_context(|| format!("no summary with received_bytes in {}", path.display()))
 }
 
 /// The reader's CPU when every spawner is new (`--spawn-stacks`: each stack is located once per

@@ -117,7 +117,7 @@ pub(crate) struct Truths {
     /// The pids the loops created.
     pids: HashSet<u64>,
     /// How many processes that was (more than the pids when pids were reused).
-    created: usize,
+    pub(crate) created: usize,
     /// Their CPU time and their children's, in seconds.
     pub(crate) cpu: f64,
 }

@@ -135,6 +135,9 @@ pub struct Delivery {
     pub kernel_events: u64,
     /// Records received.
     pub received: u64,
+    /// The ring's bytes this run's received records took (each with its 8-byte header, as
+    /// the ring lays them out): what a run asks of `--ring-size`.
+    pub received_bytes: u64,
     /// Records the kernel could not reserve, by kind.
     pub dropped: BTreeMap<Name, u64>,
     /// Children not followed because the tracked map was full.
