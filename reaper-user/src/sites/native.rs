@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use aya::maps::{HashMap as KernelMap, MapData};
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeStack};
 use serde::{Deserialize, Serialize};
 
@@ -231,45 +231,58 @@ impl NativeStacks {
                 named.truncated = true;
                 break;
             }
-            let mut frame = name(
-                symbolizer,
-                &Located {
-                    object,
-                    ..l.clone()
-                },
-            );
-            frame.build_id = l.build_id.map(|id| self.build_ids.show(&id));
-            named.frames.push(frame);
+            let build_id = l.build_id.map(|id| self.build_ids.show(&id));
+            for mut frame in name(symbolizer, &Located { object, ..l.clone() }) {
+                frame.build_id = build_id.clone();
+                named.frames.push(frame);
+            }
         }
         self.named.insert(key, named.clone());
         named
     }
 }
 
-/// A frame named from its object's symbols (no object: the frame says only its offset, or its
-/// address; the caller adds the build id).
-pub fn name(symbolizer: &Symbolizer, l: &Located) -> Frame {
-    let mut frame = Frame {
+/// A frame named from its object's symbols and debug information, as the frames it stands
+/// for, innermost first: the functions inlined where it is (each with the line it is at in
+/// that function), then its own function. No object: one frame that says only its offset, or
+/// its address. The caller adds the build id.
+pub fn name(symbolizer: &Symbolizer, l: &Located) -> Vec<Frame> {
+    let frame = Frame {
         object: l.object.as_ref().map(|p| p.display().to_string()),
         offset: l.offset,
         ..Frame::default()
     };
     let Some(object) = &l.object else {
-        return frame;
+        return vec![frame];
     };
     let source = Source::Elf(Elf::new(object));
-    if let Ok(Symbolized::Sym(sym)) =
+    let Ok(Symbolized::Sym(sym)) =
         symbolizer.symbolize_single(&source, Input::FileOffset(l.offset))
-    {
-        frame.function = Some(sym.name.to_string());
-        if let Some(code) = sym.code_info {
+    else {
+        return vec![frame];
+    };
+    let at = |function: &str, code: Option<&CodeInfo>| {
+        let mut named = Frame {
+            function: Some(function.to_string()),
+            ..frame.clone()
+        };
+        if let Some(code) = code {
             let file = match &code.dir {
-                Some(dir) => dir.join(&*code.file).display().to_string(),
-                None => PathBuf::from(&*code.file).display().to_string(),
+                Some(dir) => dir.join(&*code.file),
+                None => PathBuf::from(&*code.file),
             };
-            frame.file = Some(file);
-            frame.line = code.line;
+            named.file = Some(file.display().to_string());
+            named.line = code.line;
         }
-    }
-    frame
+        named
+    };
+    // blazesym lists the inlined functions outermost first, each with where it is in it.
+    let mut frames: Vec<Frame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| at(&f.name, f.code_info.as_ref()))
+        .collect();
+    frames.push(at(&sym.name, sym.code_info.as_deref()));
+    frames
 }

@@ -130,7 +130,7 @@ impl JitStacks {
             true => perf_map::name(symbolizer, pid, &addrs),
             false => addrs.iter().map(|&addr| perf_map::unnamed(addr)).collect(),
         };
-        frames.extend(native.into_iter().map(|l| name(symbolizer, l)));
+        frames.extend(native.into_iter().flat_map(|l| name(symbolizer, l)));
         // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
         self.named.insert(key, frames.clone());
         Some(frames)
