@@ -146,9 +146,11 @@ pub struct Cli {
     /// Take a tracked spawner's stack at each fork, and name the code that spawned each
     /// flagged process (`spawned_at`): `native` walks frame pointers (each frame taken as its
     /// object's build id and offset, so a spawner gone by the flag is named); `auto` adds a Python
-    /// spawner's own frames (CPython 3.11 to 3.14), read from its interpreter, and copies a
-    /// Node host's stack to unwind it (its JavaScript named from its perf map, under
-    /// NODE_OPTIONS=--perf-basic-prof); `off` takes nothing.
+    /// spawner's own frames (CPython 3.11 to 3.14), read from its interpreter, copies a Node
+    /// host's stack at each fork to unwind it (its JavaScript named from its perf map, under
+    /// NODE_OPTIONS=--perf-basic-prof), and any other spawner's once per site, unwound with its
+    /// objects' call frame information (C through the C library, Rust's Command); `off` takes
+    /// nothing.
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = SpawnStacks::Auto)]
     pub spawn_stacks: SpawnStacks,
 

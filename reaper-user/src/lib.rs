@@ -20,6 +20,7 @@ pub mod output;
 pub mod privileges;
 pub mod procfs;
 pub mod report;
+pub mod resident;
 pub mod sites;
 pub mod sockdiag;
 pub mod state;

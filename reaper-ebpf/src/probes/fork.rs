@@ -67,6 +67,11 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     };
     match capture {
         0 => send::<ForkEvent>(EventKind::Fork, fill),
+        // Frame pointers alone: built in place in the ring, as without stacks.
+        SPAWN_STACKS_NATIVE => send::<ForkEvent>(EventKind::Fork, |ev| {
+            fill(ev);
+            ev.stack = native::stack(&ctx, 0);
+        }),
         _ => send_with_stacks(&ctx, capture, (spawner, spawner_start), fill),
     }
     // Counted after the record is submitted: a reader that sees the count and then drains
@@ -107,8 +112,13 @@ fn send_with_stacks(
     }
     let copies = capture & SPAWN_STACKS_COPY != 0;
     let jit = copies && copy::jit_host(spawner, spawner_start);
-    let regs = if copies { copy::user_regs() } else { None };
     let native_copy = copies && !jit && record.fork.py_stack == 0;
+    // The registers only where a copy may follow: a Python spawner's fork reads none.
+    let regs = if jit || native_copy {
+        copy::user_regs()
+    } else {
+        None
+    };
     if capture & SPAWN_STACKS_NATIVE != 0 && !jit {
         let salt = match (native_copy, regs) {
             (true, Some(regs)) => copy::site_salt(&mut record.copy.bytes, regs.sp),

@@ -134,6 +134,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
     for note in &probes.notes {
         eprintln!("reaper-trace: {note}");
     }
+    // Loading parsed the kernel's BTF (some 20 MB, freed now): give those pages back, or the
+    // allocator keeps them resident for the whole run.
+    crate::resident::give_back_freed();
 
     let graph = LineageGraph::new(cli.retain_dead);
     let inspect = InspectOptions {

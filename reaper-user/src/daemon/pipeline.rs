@@ -443,6 +443,8 @@ impl Pipeline {
             kinds: self.inspector.take_census(),
             took: began.elapsed(),
         });
+        // A round's reads of /proc and its naming freed what they used (see `resident`).
+        crate::resident::give_back_freed();
         Ok(())
     }
 

@@ -232,7 +232,13 @@ impl NativeStacks {
                 break;
             }
             let build_id = l.build_id.map(|id| self.build_ids.show(&id));
-            for mut frame in name(symbolizer, &Located { object, ..l.clone() }) {
+            for mut frame in name(
+                symbolizer,
+                &Located {
+                    object,
+                    ..l.clone()
+                },
+            ) {
                 frame.build_id = build_id.clone();
                 named.frames.push(frame);
             }
