@@ -108,11 +108,11 @@ pub fn first_at_site(stack: u64, tgid: u32, start: u64) -> bool {
         _pad: 0,
     };
     // SAFETY: the value is not kept.
-    if unsafe { COPIED_SITES.get(&site) }.is_some() {
+    if unsafe { COPIED_SITES.get(site) }.is_some() {
         return false;
     }
     // Two CPUs racing here both copy: the reader keeps the first it unwinds.
-    let _ = COPIED_SITES.insert(&site, &1, 0);
+    let _ = COPIED_SITES.insert(site, 1, 0);
     true
 }
 
