@@ -8,7 +8,13 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint, links::FdLink},
 };
-use reaper_common::{ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, Tracked, names};
+use reaper_common::copy::COPY_MAX;
+use reaper_common::{
+    ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, SPAWN_STACKS_COPY, Tracked, names,
+};
+
+/// The smallest ring that stacks are copied into: room for 16 of the largest copies.
+const COPY_RING_MIN: u32 = 16 * COPY_MAX as u32;
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
@@ -278,6 +284,18 @@ impl Probes {
         if let Some(kept) = &opts.kept {
             notes.extend(sizes.keep_pinned(&kept.pins)?);
         }
+        // A stack copy is a record of up to 16 KiB: a ring that cannot hold many of them
+        // would lose them, and every record behind them, whenever the reader lags.
+        let mut spawn_stacks = opts.spawn_stacks;
+        if spawn_stacks & SPAWN_STACKS_COPY != 0 && sizes.ring_bytes < COPY_RING_MIN {
+            spawn_stacks &= !SPAWN_STACKS_COPY;
+            notes.push(format!(
+                "--ring-size {} KiB is under {} KiB: no spawner's stack is copied (native \
+                 spawners and Node hosts get their frame-pointer walk only)",
+                sizes.ring_bytes / 1024,
+                COPY_RING_MIN / 1024
+            ));
+        }
         let config = ProbeConfig {
             batch_wakeups: u64::from(opts.batch_wakeups),
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
@@ -288,7 +306,7 @@ impl Probes {
             gateway_paths: u64::from(opts.selectors.paths),
             gateway_cgroups: u64::from(opts.selectors.cgroups),
             generation,
-            spawn_stacks: opts.spawn_stacks,
+            spawn_stacks,
         };
 
         // The loader's own copy of the kernel BTF is only for CO-RE relocations, which this
