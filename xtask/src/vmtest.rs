@@ -297,6 +297,7 @@ const HOST_ONLY_TESTS: &[&str] = &[
     "hermes",
     "service_unit",
     "python_sites",
+    "go_sites",
     "mcp_sdk",
 ];
 

@@ -85,6 +85,10 @@ impl Sampler {
             false => (None, id.still_same()?),
         };
         let pid = id.pid;
+        // The counters before the channels: a read of EOF moves them, and the close that caused
+        // it is then already visible below, so a look never takes a server's last read of a
+        // closed pipe for data moved while its peer still looked open.
+        let io = facts::read_io(pid);
         // Read once per look, and only if a socket is not a UNIX one sock_diag knows.
         let mut tables = None;
         let fds = facts::read_fds(pid)?
@@ -115,7 +119,7 @@ impl Sampler {
             comm: stat.comm,
             state: stat.state,
             rss_kib: None, // read for evidence only
-            io: facts::read_io(pid),
+            io,
             blocked: None,
             fds,
         };

@@ -1,0 +1,107 @@
+//! A Go spawner (`--spawn-stacks auto`): Go keeps frame pointers and forks by a raw clone from
+//! its syscall package, so the frame-pointer walk alone gives its whole stack, named from the
+//! binary's own symbols and line tables (a Go binary carries no GNU build id, only Go's: its
+//! frames are located in the spawner's mappings when the fork record is read). Built here with
+//! the Go toolchain (`go`, see the prerequisites table). Needs root (see `require_root`); host
+//! only (the guests carry no Go toolchain).
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use reaper_tests::{Then, frame, require_root, run_reaper_until, scratch};
+use serde_json::Value;
+
+/// The gateway's source: it holds `cat` on a pipe, started from `startStdioServer`.
+fn gateway_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("go/leaky_gateway.go")
+}
+
+/// The line of the gateway's source that holds `text`.
+fn line_of(text: &str) -> u64 {
+    let source = std::fs::read_to_string(gateway_source()).unwrap();
+    let at = source.lines().position(|l| l.contains(text));
+    at.expect("the line is in the source") as u64 + 1
+}
+
+/// Builds the gateway into `dir` with a Go cache of its own (the same build on a machine that
+/// never built Go before); returns the binary.
+fn build_gateway(dir: &Path) -> PathBuf {
+    let gateway = dir.join("leaky_gateway");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&gateway)
+        .arg(gateway_source())
+        .env("GOCACHE", dir.join("go-cache"))
+        .env("GOPATH", dir.join("go-path"))
+        .env("GO111MODULE", "off")
+        .output()
+        .expect("go: install the prerequisites (`cargo xtask prereqs`)");
+    assert!(
+        built.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    gateway
+}
+
+/// The `idle` flag of the gateway's `cat`: `spawned_at` names the function that started it
+/// (file and line), its caller, and the path through `os/exec` and `syscall` down to the raw
+/// fork, with no frame cut.
+#[test]
+fn a_go_spawner_is_named_down_to_its_raw_fork() {
+    let test = "a_go_spawner_is_named_down_to_its_raw_fork";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let gateway = build_gateway(&dir);
+    let release = dir.join("release");
+    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "idle";
+    let args = [
+        "--idle-after",
+        "1s",
+        "--scan-interval",
+        "250ms",
+        "--",
+        gateway.to_str().unwrap(),
+        release.to_str().unwrap(),
+    ];
+    let run = run_reaper_until(
+        &args,
+        &[],
+        &release,
+        ("the gateway's cat flagged idle", Then::Release),
+        |events| events.iter().any(is_flag),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let proven = run.until_proof();
+    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
+    let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:#?}", run.events));
+    assert_eq!(flag["comm"], "cat", "{flag}");
+    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    eprintln!("{frames:#?}");
+    assert_ne!(
+        flag["spawned_at_truncated"], true,
+        "the walk reached the end of the stack: {frames:#?}"
+    );
+    let own = frame(&frames, "main.startStdioServer");
+    assert!(
+        own["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("go/leaky_gateway.go")),
+        "{own}"
+    );
+    assert_eq!(own["line"], line_of("if err := cmd.Start()"), "{own}");
+    let caller = frame(&frames, "main.main");
+    assert_eq!(
+        caller["line"],
+        line_of("server := startStdioServer()"),
+        "{caller}"
+    );
+    frame(&frames, "os/exec.(*Cmd).Start");
+    frame(&frames, "syscall.forkExec");
+    let innermost = frames[0]["function"].as_str().unwrap_or("");
+    assert!(
+        innermost.starts_with("syscall."),
+        "the walk starts at the raw fork: {frames:#?}"
+    );
+}
