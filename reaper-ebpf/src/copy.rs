@@ -1,6 +1,6 @@
 //! A spawner's stack at fork, copied for user space to unwind (see `reaper_common::copy`):
 //! a JIT host's at each fork, any other native spawner's once per site.
-use core::ffi::c_void;
+use core::{ffi::c_void, mem::offset_of};
 
 use aya_ebpf::{
     bindings::pt_regs,
@@ -42,23 +42,23 @@ pub struct UserRegs {
 /// Reads the current thread's user registers; none when they cannot be read.
 #[inline(always)]
 pub fn user_regs() -> Option<UserRegs> {
+    // `bp`, `ip` and `sp` in one read of the span of `pt_regs` that holds them (one helper
+    // call, not three: this runs on every tracked fork of a native spawner).
+    const FROM: usize = offset_of!(pt_regs, rbp);
+    const TO: usize = offset_of!(pt_regs, rsp) + 8;
+    const WORDS: usize = (TO - FROM) / 8;
+    const _: () = assert!(FROM < offset_of!(pt_regs, rip) && offset_of!(pt_regs, rip) < TO);
     // SAFETY: plain helper calls; the task pointer is the verifier-checked current task.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    // SAFETY: reads of the user registers the kernel saved at syscall entry; they fault
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    // SAFETY: a read of the user registers the kernel saved at syscall entry; it faults
     // safely.
-    let read = |field: *const u64| unsafe { bpf_probe_read_kernel(field) };
-    // SAFETY: field addresses only, not dereferenced here.
-    let fields = unsafe {
-        (
-            &raw const (*regs).rip,
-            &raw const (*regs).rsp,
-            &raw const (*regs).rbp,
-        )
-    };
+    let span: [u64; WORDS] =
+        unsafe { bpf_probe_read_kernel(regs.add(FROM) as *const [u64; WORDS]) }.ok()?;
+    let word = |offset: usize| span[(offset - FROM) / 8];
     Some(UserRegs {
-        ip: read(fields.0).ok()?,
-        sp: read(fields.1).ok()?,
-        bp: read(fields.2).ok()?,
+        ip: word(offset_of!(pt_regs, rip)),
+        sp: word(offset_of!(pt_regs, rsp)),
+        bp: word(offset_of!(pt_regs, rbp)),
     })
 }
 
@@ -85,12 +85,15 @@ pub fn site_salt(scratch: &mut [u8; COPY_MAX], sp: u64) -> u64 {
         return 0;
     }
     let words = scratch.as_ptr() as *const u64;
+    let code_len = end - start;
     let mut hash = HASH_SEED;
     for i in 0..SCAN_WORDS {
         // SAFETY: within the scratch array (SCAN_WORDS words ≤ its length); unaligned-safe
         // as the array starts a map value.
         let word = unsafe { *words.add(i) };
-        if (start..end).contains(&word) {
+        // One unsigned compare for `start <= word < end`, and a branch around the hash (few
+        // words are code): a short loop body, run SCAN_WORDS times on each such fork.
+        if word.wrapping_sub(start) < code_len {
             hash = hash_word(hash, word);
         }
     }

@@ -10,7 +10,7 @@
 //! Every frame kept is code: a frame-pointer walk that ran off its stack into data (an
 //! address in no executable mapping, or an object no build id names) ends there, and the
 //! stack says it was cut ([`Site::truncated`]).
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::PathBuf;
 
 use aya::maps::{HashMap as KernelMap, MapData};
@@ -73,8 +73,8 @@ impl NativeStacks {
         NativeStacks {
             store,
             build_ids: BuildIds::default(),
-            located: HashMap::new(),
-            named: HashMap::new(),
+            located: HashMap::default(),
+            named: HashMap::default(),
             spawned: Referrers::default(),
         }
     }

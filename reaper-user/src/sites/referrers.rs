@@ -1,7 +1,7 @@
 //! Which processes each stack the kernel keeps spawned, so a stack no process of the graph
 //! names any more is freed in the kernel: a day-long audit's stores hold what its flags can
 //! still name, not every stack since the start.
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::hash::Hash;
 
 use crate::lineage::graph::NodeId;
@@ -14,7 +14,7 @@ pub struct Referrers<K> {
 impl<K> Default for Referrers<K> {
     fn default() -> Self {
         Referrers {
-            by_stack: HashMap::new(),
+            by_stack: HashMap::default(),
         }
     }
 }

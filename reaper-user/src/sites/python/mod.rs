@@ -4,7 +4,7 @@
 //! and named here when the first fork from one is read, from the spawner's memory while it
 //! still runs the code that forked (a flag raised after the spawner is gone, as `--check`'s
 //! are, names them all the same).
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use reaper_common::python::{PyLayout, PyStack};
@@ -61,11 +61,11 @@ impl PythonStacks {
             layouts,
             stacks,
             files: locate::Files::default(),
-            interpreters: HashMap::new(),
+            interpreters: HashMap::default(),
             spawned: Referrers::default(),
-            named: HashMap::new(),
-            refused: HashSet::new(),
-            pending: HashMap::new(),
+            named: HashMap::default(),
+            refused: HashSet::default(),
+            pending: HashMap::default(),
         }
     }
 
