@@ -1,4 +1,4 @@
-//! Builds the C spawner of the spawn-site shapes (`src/bin/shapes/spawner.c`) twice: with
+//! Builds the C spawners of the spawn-site shapes (`src/bin/shapes/spawner.c`) twice: with
 //! frame pointers and without, as a C gateway may be built.
 fn main() {
     let source = "src/bin/shapes/spawner.c";
@@ -11,6 +11,10 @@ fn main() {
         cc::Build::new()
             .file(source)
             .define("SPAWN_FN", format!("spawn_leaky_helper_{name}").as_str())
+            .define(
+                "SPAWN_OTHER_FN",
+                format!("spawn_other_helper_{name}").as_str(),
+            )
             .opt_level(2)
             .debug(true)
             .flag(frame_pointers)

@@ -98,6 +98,37 @@ fn a_c_spawner_without_frame_pointers_forking_through_libc_is_named() {
     );
 }
 
+/// Two functions of one C spawner without frame pointers forking through the same C library
+/// `fork()`: the frame-pointer walk stops in the wrapper for both, and each leak still names
+/// its own function (two sites, each copied and unwound), never the other's.
+#[test]
+fn two_callers_of_the_same_fork_wrapper_are_two_sites() {
+    let test = "two_callers_of_the_same_fork_wrapper_are_two_sites";
+    let Some((run, truth)) = run_leak(
+        test,
+        &["--scan-interval", "250ms"],
+        "leak-spawn-site-c-two",
+        (2, "orphaned"),
+    ) else {
+        return;
+    };
+    let functions = truth["functions"].as_array().unwrap();
+    for (i, reader) in truth["spawned"].as_array().unwrap().iter().enumerate() {
+        let f = flag(&run, pid(reader), "orphaned");
+        let frames = f["spawned_at"].as_array().expect("spawned_at");
+        eprintln!("{test}: {reader}: {frames:#?}");
+        let own = functions[i].as_str().unwrap();
+        let other = functions[1 - i].as_str().unwrap();
+        frame_holding(frames, own);
+        assert!(
+            !frames
+                .iter()
+                .any(|f| f["function"].as_str().is_some_and(|n| n.contains(other))),
+            "reader {reader} was spawned by {own}, not {other}: {frames:#?}"
+        );
+    }
+}
+
 /// A Rust host's `std::process::Command`: posix_spawn's clone, from Rust code built without
 /// frame pointers.
 #[test]

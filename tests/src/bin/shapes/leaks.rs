@@ -15,6 +15,12 @@ pub(crate) fn leak_orphan(truth: &str) -> Value {
 
 /// [`leak_orphan`], A forking B with `spawn(read end, fds B must close)`.
 pub(crate) fn orphan_spawned_by(truth: &str, spawn: fn(i32, &[i32]) -> u32) -> Value {
+    orphans_spawned_by(truth, &[&spawn])
+}
+
+/// [`leak_orphan`], A forking one reader with each of `spawns` in turn (`spawned` in TRUTH,
+/// in that order; `b` the first).
+pub(crate) fn orphans_spawned_by(truth: &str, spawns: &[&dyn Fn(i32, &[i32]) -> u32]) -> Value {
     wait_for_go();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
@@ -23,14 +29,21 @@ pub(crate) fn orphan_spawned_by(truth: &str, spawn: fn(i32, &[i32]) -> u32) -> V
     let a = fork_then(move || {
         // SAFETY: plain syscalls in the child.
         unsafe { libc::setsid() };
-        let b = spawn(rd, &[wr, prd, pwr]);
-        send_pid(pwr, b);
+        for spawn in spawns {
+            let reader = spawn(rd, &[wr, prd, pwr]);
+            send_pid(pwr, reader);
+        }
         0
     });
-    let b = recv_pid(prd);
+    let spawned: Vec<u32> = spawns.iter().map(|_| recv_pid(prd)).collect();
     wait_for(a);
-    hold_the_write_end(truth, (rd, wr), json!({ "a": a, "b": b }));
-    json!({ "a": a, "b": b, "write_fd": wr })
+    let b = spawned[0];
+    hold_the_write_end(
+        truth,
+        (rd, wr),
+        json!({ "a": a, "b": b, "spawned": spawned }),
+    );
+    json!({ "a": a, "b": b, "spawned": spawned, "write_fd": wr })
 }
 
 /// Orphaned while no reaper-trace runs (the restart tests): A forks B, which calls setsid()

@@ -49,6 +49,7 @@ fn main() {
         "leak-spawn-site" => spawn_site::leak_spawn_site(truth),
         "leak-spawn-site-c-fp" => spawn_site::leak_spawn_site_c(truth, true),
         "leak-spawn-site-c-nofp" => spawn_site::leak_spawn_site_c(truth, false),
+        "leak-spawn-site-c-two" => spawn_site::leak_spawn_site_c_two(truth),
         "leak-spawn-site-command" => spawn_site::leak_spawn_site_command(truth),
         "spawn-site-gap" => spawn_site::spawn_site_gap(truth),
         "orphan-later" => orphan_later(truth, false),

@@ -42,6 +42,7 @@ unsafe extern "C" {
 #[link(name = "spawner_nofp", kind = "static")]
 unsafe extern "C" {
     fn spawn_leaky_helper_nofp() -> i32;
+    fn spawn_other_helper_nofp() -> i32;
 }
 
 /// What B does: reads the gateway's pipe (`rd`) as its stdin until EOF, then exits.
@@ -101,6 +102,20 @@ pub(crate) fn leak_spawn_site_c(truth: &str, frame_pointers: bool) -> Value {
     };
     let mut found = super::leaks::orphan_spawned_by(truth, spawn_b);
     found["function"] = json!(function);
+    found["file"] = json!("spawner.c");
+    found
+}
+
+/// `leak-spawn-site-c-two`: A forks B from `spawn_leaky_helper_nofp` and then C from
+/// `spawn_other_helper_nofp`, two callers of the same C library `fork()` in C without frame
+/// pointers (two sites the frame-pointer walk sees alike), and exits: both are orphaned.
+pub(crate) fn leak_spawn_site_c_two(truth: &str) -> Value {
+    let by = |spawn: unsafe extern "C" fn() -> i32| {
+        move |rd: i32, close: &[i32]| start_stdio_server_by_c(spawn, rd, close)
+    };
+    let (b, c) = (by(spawn_leaky_helper_nofp), by(spawn_other_helper_nofp));
+    let mut found = super::leaks::orphans_spawned_by(truth, &[&b, &c]);
+    found["functions"] = json!(["spawn_leaky_helper_nofp", "spawn_other_helper_nofp"]);
     found["file"] = json!("spawner.c");
     found
 }
