@@ -3,6 +3,11 @@
 //! the start-up's parse of the kernel's BTF and a round of naming spawn sites (an object's
 //! symbols and line tables) each allocate megabytes they free at once. Those pages go back to
 //! the kernel after each, so a long audit holds what it holds.
+//!
+//! Large blocks are kept out of the heap altogether: glibc raises its mmap threshold each time
+//! a mapped block is freed (up to 32 MiB), so after the BTF parse every later large block (a
+//! debug file's line tables, a grown table) came from the heap, where a long-lived small block
+//! allocated beside it pins its pages once it is freed.
 
 /// Returns the allocator's free pages to the kernel (glibc's `malloc_trim`; other C
 /// libraries give them back as they free).
@@ -13,3 +18,17 @@ pub fn give_back_freed() {
         libc::malloc_trim(0);
     }
 }
+
+/// Serves every block of [`LARGE`] or more from a mapping of its own, unmapped when it is
+/// freed, for the whole run (glibc's `M_MMAP_THRESHOLD`, which also stops the threshold from
+/// rising). Called before anything large is allocated.
+pub fn keep_large_blocks_apart() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets the allocator's own parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE as i32);
+    }
+}
+
+/// What counts as a large block: glibc's own default threshold.
+const LARGE: usize = 128 << 10;

@@ -122,6 +122,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         None => None,
     };
 
+    crate::resident::keep_large_blocks_apart();
     let mut probes = Probes::load(&LoadOptions {
         max_tracked: cli.max_tracked,
         ring_bytes: cli.ring_size,

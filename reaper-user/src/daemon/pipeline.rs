@@ -9,10 +9,12 @@
 //!
 //! Each step returns what it found; only [`Output`] writes. The daemon drives the steps, each
 //! on its own timer, through the methods here and never reaches into a part.
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use reaper_common::interpreter::Interpreter;
+use rustc_hash::FxHashMap;
 
 use crate::capture::decode::{CopiedStack, What};
 use crate::capture::loader::{Accounting, LossCounts};
@@ -30,10 +32,14 @@ use crate::procfs::boottime_now;
 use crate::sites::{self, Named, SpawnSites};
 use crate::stream::Stamped;
 use crate::stream::events::Event;
+use crate::stream::evidence::Frame;
 use crate::text::Args;
 
 mod resume;
 pub use resume::{KeptState, Resumed};
+
+/// The spawn sites one round of flags named, by (spawner, Python stack, native stack).
+type NamedThisRound = FxHashMap<(NodeId, Option<u64>, Option<u64>), (Arc<[Frame]>, bool)>;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -180,35 +186,41 @@ impl Pipeline {
     }
 
     /// The frames that spawned process `pid`, when its fork's stacks were taken: its
-    /// spawner's Python frames (named at the fork), then its native ones.
-    fn spawned_at(&mut self, pid: u32) -> Named {
+    /// spawner's Python frames (named at the fork), then its native ones; and whether they were
+    /// cut. `named` holds what this round named already, by spawner and stacks: the instances
+    /// of one site share one list (a scan can flag thousands of them).
+    fn spawned_at(&mut self, pid: u32, named: &mut NamedThisRound) -> (Arc<[Frame]>, bool) {
         let Some(node) = self.graph.current(pid) else {
-            return Named::default();
+            return Default::default();
         };
         let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
-            return Named::default();
+            return Default::default();
         };
         let holders = self.code_holders(spawner.id);
         let Some(sites) = self.sites.as_mut() else {
-            return Named::default();
+            return Default::default();
         };
+        // A JIT host's stack is copied and unwound for each fork: its own.
         if let Some(frames) = sites.unwound_frames(node.id, spawner.pid, spawner.alive()) {
-            return Named {
-                frames,
-                truncated: false,
-            };
+            return (frames.into(), false);
+        }
+        let stack = node.spawn_stack;
+        let key = (spawner.id, stack.python, stack.native);
+        if let Some(known) = named.get(&key) {
+            return known.clone();
         }
         let mut frames = Vec::new();
-        if let (Some(key), Some(python)) = (node.spawn_stack.python, sites.python.as_mut()) {
+        if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
             frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
         }
-        let mut named = match node.spawn_stack.native {
+        let mut native = match stack.native {
             Some(native) => sites.frames((native, spawner.id), &holders),
             None => Named::default(),
         };
-        frames.append(&mut named.frames);
-        named.frames = frames;
-        named
+        frames.append(&mut native.frames);
+        let found = (Arc::from(frames), native.truncated);
+        named.insert(key, found.clone());
+        found
     }
 
     /// The one writer, for what only it does (the status line, the closing tree, flushes).
@@ -420,11 +432,11 @@ impl Pipeline {
             .iter()
             .filter_map(|change| flags::change_event(&self.graph, change, now))
             .collect();
+        let mut named = NamedThisRound::default();
         for event in &mut found {
             if let Event::Flag(flag) = event {
-                let at = self.spawned_at(flag.pid);
                 (flag.detail.spawned_at, flag.detail.spawned_at_truncated) =
-                    (at.frames, at.truncated);
+                    self.spawned_at(flag.pid, &mut named);
             }
         }
         if let Some(sites) = self.sites.as_mut() {
@@ -496,10 +508,10 @@ impl Pipeline {
         };
         let (mut verdict, code) = closing.check_verdict(gateway_exit_code);
         if let Event::Check(check) = &mut verdict {
+            let mut named = NamedThisRound::default();
             for leaked in &mut check.leaked {
-                let at = self.spawned_at(leaked.pid);
                 (leaked.detail.spawned_at, leaked.detail.spawned_at_truncated) =
-                    (at.frames, at.truncated);
+                    self.spawned_at(leaked.pid, &mut named);
             }
         }
         if let Some(sites) = self.sites.as_mut() {

@@ -91,7 +91,7 @@ pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) ->
         kind: None,
         instances: None,
         newest: None,
-        spawned_at: Vec::new(),
+        spawned_at: Default::default(),
         spawned_at_truncated: false,
     }
 }

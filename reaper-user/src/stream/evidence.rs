@@ -1,6 +1,6 @@
 //! The evidence a leak flag carries (`flag`, `check.leaked`, `summary.leaks`): written by the
 //! tracer and read back by the audit report, one definition for both.
-use std::{borrow::Cow, collections::BTreeMap};
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -147,14 +147,19 @@ pub struct LeakDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub newest: Option<u32>,
     /// The code that spawned it (`--spawn-stacks`): its spawner's frames at the fork,
-    /// innermost first.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub spawned_at: Vec<Frame>,
+    /// innermost first. Shared: the flags of one site's instances (thousands, in a scan that
+    /// flags an accumulating kind) hold one copy.
+    #[serde(skip_serializing_if = "no_frames")]
+    pub spawned_at: Arc<[Frame]>,
     /// `spawned_at` ends before the spawner's outermost frame: the walk ran into what is no
     /// code (a frame pointer into data, an object no build id names), or reached the cap.
     /// Absent when false.
     #[serde(skip_serializing_if = "is_false")]
     pub spawned_at_truncated: bool,
+}
+
+fn no_frames(frames: &Arc<[Frame]>) -> bool {
+    frames.is_empty()
 }
 
 /// A frame of the code that spawned a process.
