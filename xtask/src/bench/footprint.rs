@@ -53,7 +53,18 @@ pub(crate) fn reader_cpu(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 
 /// A `kB` field of /proc/PID/status (`VmRSS:`, `VmHWM:`, ...).
 pub fn rss_kib(pid: u32, key: &str) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
+    kib_field(&format!("/proc/{pid}/status"), key)
+}
+
+/// The proportional set size (`Pss:` of /proc/PID/smaps_rollup), kB: memory counted once
+/// however often it is mapped. The ring's data pages are mapped twice in a row (a record that
+/// wraps reads straight on), so RSS counts them twice and PSS once.
+pub fn pss_kib(pid: u32) -> u64 {
+    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+}
+
+fn kib_field(path: &str, key: &str) -> u64 {
+    fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix(key))
@@ -148,10 +159,10 @@ pub(crate) fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         mib(empty)
     );
     println!(
-        "| {} live processes forked by | --spawn-stacks | RSS | anonymous | peak (VmHWM) | per process |",
+        "| {} live processes forked by | --spawn-stacks | RSS | PSS | anonymous | peak (VmHWM) | per process |",
         opts.sleepers
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let spawners = [
         (Spawner::Shapes, "reaper-shapes (Rust)"),
         (Spawner::Python, "python3"),
@@ -164,11 +175,13 @@ pub(crate) fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
             thread::sleep(Duration::from_millis(2500));
             let peak = rss_kib(tracer.id(), "VmHWM:");
             let steady = rss_kib(tracer.id(), "VmRSS:");
+            let pss = pss_kib(tracer.id());
             let anon = rss_kib(tracer.id(), "RssAnon:");
             tracer.wait()?;
             println!(
-                "| {label} | {stacks} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.0} bytes |",
+                "| {label} | {stacks} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.0} bytes |",
                 mib(steady),
+                mib(pss),
                 mib(anon),
                 mib(peak),
                 (steady.saturating_sub(empty) * 1024) as f64 / opts.sleepers as f64

@@ -18,9 +18,12 @@ pub(crate) fn orphan_spawned_by(truth: &str, spawn: fn(i32, &[i32]) -> u32) -> V
     orphans_spawned_by(truth, &[&spawn])
 }
 
+/// Forks a reader of the gateway's pipe: `spawn(read end, fds it must close)` → its pid.
+pub(crate) type SpawnReader<'a> = &'a dyn Fn(i32, &[i32]) -> u32;
+
 /// [`leak_orphan`], A forking one reader with each of `spawns` in turn (`spawned` in TRUTH,
 /// in that order; `b` the first).
-pub(crate) fn orphans_spawned_by(truth: &str, spawns: &[&dyn Fn(i32, &[i32]) -> u32]) -> Value {
+pub(crate) fn orphans_spawned_by(truth: &str, spawns: &[SpawnReader]) -> Value {
     wait_for_go();
     let (mut rd, mut wr) = (0, 0);
     pipe(&mut rd, &mut wr);
