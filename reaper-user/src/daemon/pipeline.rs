@@ -439,8 +439,9 @@ impl Pipeline {
                     self.spawned_at(flag.pid, &mut named);
             }
         }
+        let mut named = false;
         if let Some(sites) = self.sites.as_mut() {
-            sites.named_all();
+            named = sites.named_all();
             sites.retain(|id| self.graph.node(id).is_some());
         }
         self.out.events(now, &found)?;
@@ -455,8 +456,11 @@ impl Pipeline {
             kinds: self.inspector.take_census(),
             took: began.elapsed(),
         });
-        // A round's reads of /proc and its naming freed what they used (see `resident`).
-        crate::resident::give_back_freed();
+        // Naming read objects' symbols and line tables, megabytes freed at once: their pages
+        // go back (see `resident`; the round's other blocks are small, or mapped apart).
+        if named {
+            crate::resident::give_back_freed();
+        }
         Ok(())
     }
 

@@ -129,9 +129,9 @@ impl SpawnSites {
     }
 
     /// A round of naming is over (a scan's flags, `--check`'s verdict): the symbolizer's
-    /// caches go.
-    pub fn named_all(&mut self) {
-        self.symbolizer = None;
+    /// caches go. Returns whether there were any (the round named native frames).
+    pub fn named_all(&mut self) -> bool {
+        self.symbolizer.take().is_some()
     }
 
     /// Notes that native stack `stack` spawned process `child`.
