@@ -213,3 +213,10 @@ pub fn frame<'a>(frames: &'a [Value], function: &str) -> &'a Value {
         .find(|f| f["function"] == function)
         .unwrap_or_else(|| panic!("no frame of {function}: {frames:#?}"))
 }
+
+/// The line (from 1) of the source file `path` that holds `text`, as a frame names it.
+pub fn line_of(path: &std::path::Path, text: &str) -> u64 {
+    let source = std::fs::read_to_string(path).unwrap();
+    let at = source.lines().position(|l| l.contains(text));
+    at.unwrap_or_else(|| panic!("{text:?} is in {}", path.display())) as u64 + 1
+}

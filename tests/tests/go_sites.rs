@@ -15,11 +15,9 @@ fn gateway_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("go/leaky_gateway.go")
 }
 
-/// The line of the gateway's source that holds `text`.
+/// The line of `gateway_source()` that holds `text`.
 fn line_of(text: &str) -> u64 {
-    let source = std::fs::read_to_string(gateway_source()).unwrap();
-    let at = source.lines().position(|l| l.contains(text));
-    at.expect("the line is in the source") as u64 + 1
+    reaper_tests::line_of(&gateway_source(), text)
 }
 
 /// Builds the gateway into `dir` with a Go cache of its own (the same build on a machine that

@@ -18,9 +18,7 @@ fn host_script() -> PathBuf {
 
 /// The line of `host_script()` that holds `text`.
 fn line_of(text: &str) -> u64 {
-    let script = std::fs::read_to_string(host_script()).unwrap();
-    let at = script.lines().position(|l| l.contains(text));
-    at.expect("the line is in the script") as u64 + 1
+    reaper_tests::line_of(&host_script(), text)
 }
 
 /// A CPython to run the host under: its path, and the root it runs in (a chroot), if not /.
