@@ -439,9 +439,9 @@ impl Pipeline {
                     self.spawned_at(flag.pid, &mut named);
             }
         }
-        let mut named = false;
+        let mut symbolized = false;
         if let Some(sites) = self.sites.as_mut() {
-            named = sites.named_all();
+            symbolized = sites.named_all();
             sites.retain(|id| self.graph.node(id).is_some());
         }
         self.out.events(now, &found)?;
@@ -458,7 +458,7 @@ impl Pipeline {
         });
         // Naming read objects' symbols and line tables, megabytes freed at once: their pages
         // go back (see `resident`; the round's other blocks are small, or mapped apart).
-        if named {
+        if symbolized {
             crate::resident::give_back_freed();
         }
         Ok(())
