@@ -33,6 +33,10 @@ pub struct PythonStacks {
     spawned: Referrers<u64>,
     /// Each stack's frames as named from its spawner's memory, by (stack, spawner).
     named: HashMap<(u64, NodeId), Vec<Frame>>,
+    /// The stacks whose frames named no function at a fork though their spawner's interpreter
+    /// was known (its code objects unreadable): not read again at its next forks from there
+    /// (a flag still tries).
+    unnamed: HashSet<(u64, NodeId)>,
     /// Why interpreters were not read, each said once.
     refused: HashSet<String>,
     /// Interpreters to look at again (see [`PythonStacks::exec`]).
@@ -64,6 +68,7 @@ impl PythonStacks {
             interpreters: HashMap::default(),
             spawned: Referrers::default(),
             named: HashMap::default(),
+            unnamed: HashSet::default(),
             refused: HashSet::default(),
             pending: HashMap::default(),
         }
@@ -73,6 +78,9 @@ impl PythonStacks {
     pub fn forget(&mut self, node: NodeId) {
         self.interpreters.remove(&node);
         self.pending.remove(&node);
+        if !self.unnamed.is_empty() {
+            self.unnamed.retain(|&(_, spawner)| spawner != node);
+        }
     }
 
     /// Looks at the program process `pid` (node `node`, started at `start`; 0: unknown) now
@@ -149,13 +157,18 @@ impl PythonStacks {
     /// Names stack `key`, which spawner `(node, pid)` just forked from, the first time it does:
     /// its memory holds the code objects now.
     pub fn name_at_fork(&mut self, key: u64, (spawner, pid): (NodeId, u32)) {
-        if !self.named.contains_key(&(key, spawner)) {
-            let frames = self.frames(key, spawner, pid, true);
-            // Unnamed (the spawner gone already): a flag tries again, as for a stack adopted.
-            if frames.iter().any(|f| f.function.is_some()) {
-                self.named.insert((key, spawner), frames);
-            }
+        let site = (key, spawner);
+        if self.named.contains_key(&site) || self.unnamed.contains(&site) {
+            return;
         }
+        let frames = self.frames(key, spawner, pid, true);
+        if frames.iter().any(|f| f.function.is_some()) {
+            self.named.insert(site, frames);
+        } else if self.interpreters.contains_key(&spawner) {
+            self.unnamed.insert(site);
+        }
+        // Else the spawner was gone, or its interpreter not found yet: its next fork tries
+        // again, and a flag does, as for a stack adopted.
     }
 
     /// Forgets what concerns processes the graph no longer holds, and the kernel's copies of
@@ -164,9 +177,11 @@ impl PythonStacks {
         self.interpreters.retain(|&node, _| holds(node));
         self.pending.retain(|&node, _| holds(node));
         self.named.retain(|&(_, spawner), _| holds(spawner));
+        self.unnamed.retain(|&(_, spawner)| holds(spawner));
         for key in self.spawned.retain(holds) {
             let _ = self.stacks.remove(&key);
             self.named.retain(|&(stack, _), _| stack != key);
+            self.unnamed.retain(|&(stack, _)| stack != key);
         }
     }
 
