@@ -316,7 +316,15 @@ fn a_sigkilled_node_host_leaves_each_chain_orphaned_once_then_deaf() {
             run.all("flag")
         );
         if s.leaf != s.outer {
-            assert!(run.flags_of(s.leaf).is_empty(), "{}: once", s.spec);
+            assert!(
+                run.flags_of(s.leaf).is_empty(),
+                "{}: once (outer {}, leaf {}); flags: {:?}; cleared: {:?}",
+                s.spec,
+                s.outer,
+                s.leaf,
+                run.all("flag"),
+                run.all("cleared")
+            );
         }
         for f in run.flags_of(s.outer) {
             let stdin = pipe_fd(f, 0);
