@@ -1,6 +1,7 @@
 //! The ingest path allocates nothing per process in steady state: ring-buffer record → decode
 //! → lineage graph → NDJSON line, for fork, exit and free, counted by a counting global
-//! allocator over 10,000 processes (after as many to let the graph's tables reach their size).
+//! allocator over 10,000 processes (after twice as many to let the graph's tables reach their
+//! size: pruning has run for a retention's worth, and the pages of the pids in use moved on).
 //! An exec stores the program's argv and filename for the lineage, so it may allocate for
 //! those, and nothing else. Fed with the kernel's own record layouts (reaper-common), no kernel
 //! needed.
@@ -198,8 +199,8 @@ fn run(
 fn fork_exit_and_free_allocate_nothing_in_steady_state() {
     let mut tracer = tracer();
     let mut records = Records { seq: 0 };
-    run(&mut tracer, &mut records, 0, 10_000, None);
-    let n = allocations(|| run(&mut tracer, &mut records, 10_000, 10_000, None));
+    run(&mut tracer, &mut records, 0, 20_000, None);
+    let n = allocations(|| run(&mut tracer, &mut records, 20_000, 10_000, None));
     assert_eq!(n, 0, "allocations for 10,000 traced fork+exit processes");
     assert_eq!(tracer.undecodable(), 0);
 }
@@ -210,8 +211,8 @@ fn an_exec_allocates_only_what_the_graph_keeps_of_it() {
     let mut records = Records { seq: 0 };
     // SAFETY: an all-zero ExecEvent is a valid value (integers and byte arrays).
     let mut record: Box<ExecEvent> = Box::new(unsafe { std::mem::zeroed() });
-    run(&mut tracer, &mut records, 0, 10_000, Some(&mut record));
-    let n = allocations(|| run(&mut tracer, &mut records, 10_000, 10_000, Some(&mut record)));
+    run(&mut tracer, &mut records, 0, 20_000, Some(&mut record));
+    let n = allocations(|| run(&mut tracer, &mut records, 20_000, 10_000, Some(&mut record)));
     // The argv and the filename the lineage keeps: two blocks an exec, nothing else.
     assert_eq!(n, 2 * 10_000, "allocations for 10,000 fork+exec processes");
     assert_eq!(tracer.undecodable(), 0);

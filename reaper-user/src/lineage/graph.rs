@@ -16,6 +16,7 @@ pub use crate::capture::decode::SpawnStack;
 pub use crate::identity::Start;
 use crate::identity::{ProcessId, boottime_to_ticks};
 use crate::text::{Args, Comm};
+use pids::PidIndex;
 use slab::Nodes;
 
 /// Internal handle of a node; never reused, and ordered by creation (see [`slab`]).
@@ -65,7 +66,7 @@ pub struct Node {
     pub called_setsid: bool,
     /// Part of the graph after an event loss, until re-verified from /proc.
     pub uncertain: bool,
-    /// Processes whose real parent this is (kept for reparent checks at exit).
+    /// Live processes whose real parent this is (to know, at its exit, who is orphaned).
     real_children: HashSet<NodeId>,
     /// How many retained nodes this one spawned: a node with any is kept (lineage must
     /// resolve). A count, not a set: a gateway's thousands of children would cost a hash
@@ -121,9 +122,8 @@ pub struct Seed {
 /// The graph. See the module documentation.
 pub struct LineageGraph {
     nodes: Nodes,
-    /// The newest node of each pid. (A table indexed by pid would take 32 MiB on a host whose
-    /// pid_max is 4194304, as systemd sets it.)
-    current: HashMap<u32, NodeId>,
+    /// The newest node of each pid.
+    current: PidIndex,
     /// Nodes with an exact start time that are no longer their pid's newest: for the events
     /// (a late free) about a process whose pid was reused meanwhile.
     by_identity: HashMap<(u32, u64), NodeId>,
@@ -145,7 +145,7 @@ impl LineageGraph {
     pub fn new(retain_dead: usize) -> Self {
         LineageGraph {
             nodes: Nodes::default(),
-            current: HashMap::default(),
+            current: PidIndex::default(),
             by_identity: HashMap::default(),
             retired: VecDeque::new(),
             retain_dead,
@@ -257,10 +257,7 @@ impl LineageGraph {
     }
 
     fn current_id(&self, pid: u32) -> Option<NodeId> {
-        self.current
-            .get(&pid)
-            .copied()
-            .filter(|&id| self.nodes.contains(id))
+        self.current.get(pid).filter(|&id| self.nodes.contains(id))
     }
 
     /// A node for `pid` with nothing known yet, carrying the id it will be inserted under.
@@ -392,6 +389,13 @@ impl LineageGraph {
             self.zombies += 1;
         }
         node.exited = Some(info);
+        // An exited process is nobody's orphan to be: its real parent stops listing it now,
+        // so that a parent's list holds its live children only (a gateway's thousands of
+        // retained dead children would make every fork's insert a big, cold table's).
+        let ppid = node.ppid;
+        if let Some(parent) = self.current_id(ppid).and_then(|p| self.nodes.get_mut(p)) {
+            parent.real_children.remove(&id);
+        }
     }
 
     fn mark_reaped(&mut self, id: NodeId, ts: u64) {
@@ -424,9 +428,9 @@ impl LineageGraph {
                 continue;
             }
             let node = self.nodes.remove(id).unwrap();
-            match self.current.get(&node.pid) {
-                Some(&newest) if newest == id => {
-                    self.current.remove(&node.pid);
+            match self.current.get(node.pid) {
+                Some(newest) if newest == id => {
+                    self.current.remove(node.pid);
                 }
                 _ => {
                     if let Start::Exact(ns) = node.start {
@@ -440,19 +444,13 @@ impl LineageGraph {
                     self.retired.push_back(parent.id);
                 }
             }
-            if let Some(parent) = self.current_id(node.ppid) {
-                self.nodes
-                    .get_mut(parent)
-                    .unwrap()
-                    .real_children
-                    .remove(&id);
-            }
         }
     }
 }
 
 mod chain;
 mod events;
+mod pids;
 pub mod saved;
 pub mod slab;
 #[cfg(test)]

@@ -102,6 +102,9 @@ impl Upkeep {
 
     /// The live children of an exited process, whose new parents are to be read back.
     fn orphaned(&mut self, graph: &LineageGraph, orphans: Vec<NodeId>) {
+        if orphans.is_empty() {
+            return;
+        }
         let since = Instant::now();
         for orphan in orphans {
             if let Some(n) = graph.node(orphan) {

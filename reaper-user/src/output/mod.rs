@@ -104,7 +104,8 @@ impl Output {
                 body,
             };
             self.line.clear();
-            serde_json::to_writer(&mut self.line, &env).context("serialising an NDJSON event")?;
+            env.write_json(&mut self.line)
+                .context("serialising an NDJSON event")?;
             self.line.push(b'\n');
             for w in &mut self.json {
                 w.write_all(&self.line).context("writing an NDJSON event")?;

@@ -1,14 +1,17 @@
 //! Which processes each stack the kernel keeps spawned, so a stack no process of the graph
 //! names any more is freed in the kernel: a day-long audit's stores hold what its flags can
 //! still name, not every stack since the start.
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 use std::hash::Hash;
 
 use crate::lineage::graph::NodeId;
 
 /// The processes spawned by each kept stack, by the stack's key in its kernel map.
 pub struct Referrers<K> {
-    by_stack: HashMap<K, HashSet<NodeId>>,
+    /// A list, not a set: noting is a push on every fork from a site (a set's insert into
+    /// thousands of retained children was a cold hash table's, per fork); the lists are
+    /// filtered on the scan's timer, and a process noted twice is held or dropped twice.
+    by_stack: HashMap<K, Vec<NodeId>>,
 }
 
 impl<K> Default for Referrers<K> {
@@ -22,7 +25,7 @@ impl<K> Default for Referrers<K> {
 impl<K: Hash + Eq + Copy> Referrers<K> {
     /// Notes that stack `key` spawned process `child`.
     pub fn note(&mut self, key: K, child: NodeId) {
-        self.by_stack.entry(key).or_default().insert(child);
+        self.by_stack.entry(key).or_default().push(child);
     }
 
     /// Forgets the processes the graph no longer holds; returns the stacks that spawned none

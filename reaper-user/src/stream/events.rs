@@ -32,13 +32,37 @@ pub use run::{
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
 /// `event` name, and the event's own fields.
-#[derive(Serialize)]
 pub struct Envelope<'a> {
     pub event: &'static str,
     pub seq: u64,
     pub ts: u64,
-    #[serde(flatten)]
     pub body: &'a Event,
+}
+
+impl Envelope<'_> {
+    /// Appends the line's JSON object (no newline) to `line`: the envelope's fields first,
+    /// then the body's. The body is written as the object it is and joined on (its opening
+    /// brace becomes the comma): serde's `flatten` went through a map serializer for every
+    /// field and was a third of the cost of each line in a fork storm.
+    pub fn write_json(&self, line: &mut Vec<u8>) -> serde_json::Result<()> {
+        line.extend_from_slice(b"{\"event\":");
+        serde_json::to_writer(&mut *line, self.event)?;
+        line.extend_from_slice(b",\"seq\":");
+        serde_json::to_writer(&mut *line, &self.seq)?;
+        line.extend_from_slice(b",\"ts\":");
+        serde_json::to_writer(&mut *line, &self.ts)?;
+        let body = line.len();
+        serde_json::to_writer(&mut *line, self.body)?;
+        // Every body is a struct (see `events!`), so its JSON is an object.
+        debug_assert_eq!(line.get(body), Some(&b'{'), "an event's body is an object");
+        if line[body..] == *b"{}" {
+            line.truncate(body);
+            line.push(b'}');
+        } else {
+            line[body] = b',';
+        }
+        Ok(())
+    }
 }
 
 /// The version of the stream's schema (`schema/events.schema.json`), named by `ready`. It

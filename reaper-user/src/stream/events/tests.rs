@@ -4,15 +4,44 @@ use crate::procfs::placement::Placement;
 use crate::text::{Args, Comm};
 
 fn line(body: &Event) -> serde_json::Value {
-    let s = serde_json::to_string(&Envelope {
+    let mut s = Vec::new();
+    Envelope {
         event: body.name(),
         seq: 3,
         ts: 9,
         body,
-    })
+    }
+    .write_json(&mut s)
     .unwrap();
-    assert!(!s.contains('\n'));
-    serde_json::from_str(&s).unwrap()
+    assert!(!s.contains(&b'\n'));
+    serde_json::from_slice(&s).unwrap()
+}
+
+#[test]
+fn a_line_is_its_envelope_then_its_bodys_fields() {
+    let line = |body: &Event| {
+        let mut s = Vec::new();
+        Envelope {
+            event: body.name(),
+            seq: 3,
+            ts: 9,
+            body,
+        }
+        .write_json(&mut s)
+        .unwrap();
+        String::from_utf8(s).unwrap()
+    };
+    assert_eq!(
+        line(&Event::Setsid(Setsid { pid: 7, sid: 7 })),
+        r#"{"event":"setsid","seq":3,"ts":9,"pid":7,"sid":7}"#
+    );
+    assert_eq!(
+        line(&Event::Reaped(Reaped {
+            pid: 7,
+            from_proc: false
+        })),
+        r#"{"event":"reaped","seq":3,"ts":9,"pid":7}"#
+    );
 }
 
 #[test]

@@ -1,0 +1,125 @@
+//! The newest node of each pid, found by indexing instead of hashing.
+//!
+//! The kernel hands pids out in order, so the processes of a burst have neighbouring pids:
+//! here their entries sit side by side, where a hash table scatters them over its whole
+//! table (every event of a fork storm missed the cache twice in the lookup alone). The table
+//! is paged so that a host whose pid_max is 4194304 (systemd's) pays for the pid ranges in
+//! use, not for the range: a page of [`PAGE`] pids exists while one of its pids names a node.
+//! Emptied pages are kept for the next ones (a few): as pids advance, the range in use moves
+//! page by page, and the steady state allocates nothing.
+use super::NodeId;
+
+const PAGE_BITS: u32 = 6;
+/// Pids per page: 64 ids are 512 bytes, eight cache lines.
+const PAGE: usize = 1 << PAGE_BITS;
+
+// Clone only so that `vec![None; n]` makes the table (zeroed memory, no page cloned).
+#[derive(Clone)]
+struct Page {
+    /// The node of each pid of the page; 0 (no node's id) for none.
+    ids: [NodeId; PAGE],
+    used: u32,
+}
+
+/// How many emptied pages are kept for reuse.
+const SPARE_PAGES: usize = 16;
+/// The kernel's largest pid_max on 64-bit hosts (`PID_MAX_LIMIT`): the table of pages covers
+/// it from the start. It is allocated zeroed and untouched, so only the parts of it whose pids
+/// are in use become resident (4 KiB per 32768 pids), and it never grows on the record's path.
+const PID_LIMIT: usize = 1 << 22;
+
+/// Pid → the newest node with that pid.
+pub struct PidIndex {
+    pages: Vec<Option<Box<Page>>>,
+    /// Emptied pages (all zero), for the next pages needed.
+    #[expect(clippy::vec_box, reason = "a page moves to and from the table without a copy")]
+    spare: Vec<Box<Page>>,
+}
+
+impl Default for PidIndex {
+    fn default() -> Self {
+        PidIndex {
+            pages: vec![None; PID_LIMIT >> PAGE_BITS],
+            spare: Vec::with_capacity(SPARE_PAGES),
+        }
+    }
+}
+
+fn split(pid: u32) -> (usize, usize) {
+    ((pid >> PAGE_BITS) as usize, pid as usize & (PAGE - 1))
+}
+
+impl PidIndex {
+    pub fn get(&self, pid: u32) -> Option<NodeId> {
+        let (page, slot) = split(pid);
+        let id = self.pages.get(page)?.as_ref()?.ids[slot];
+        (id != 0).then_some(id)
+    }
+
+    /// Makes `id` the newest node of `pid`.
+    pub fn insert(&mut self, pid: u32, id: NodeId) {
+        debug_assert_ne!(id, 0, "no node's id is 0");
+        let (page, slot) = split(pid);
+        if self.pages.len() <= page {
+            self.pages.resize_with(page + 1, || None);
+        }
+        let spare = &mut self.spare;
+        let page = self.pages[page].get_or_insert_with(|| {
+            spare.pop().unwrap_or_else(|| {
+                Box::new(Page {
+                    ids: [0; PAGE],
+                    used: 0,
+                })
+            })
+        });
+        if page.ids[slot] == 0 {
+            page.used += 1;
+        }
+        page.ids[slot] = id;
+    }
+
+    /// Forgets `pid`'s node; its page goes with its last pid.
+    pub fn remove(&mut self, pid: u32) {
+        let (index, slot) = split(pid);
+        let Some(Some(page)) = self.pages.get_mut(index) else {
+            return;
+        };
+        if page.ids[slot] == 0 {
+            return;
+        }
+        page.ids[slot] = 0;
+        page.used -= 1;
+        if page.used == 0
+            && let Some(empty) = self.pages[index].take()
+            && self.spare.len() < SPARE_PAGES
+        {
+            self.spare.push(empty);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_names_its_newest_node_until_removed_and_an_empty_page_goes() {
+        let mut index = PidIndex::default();
+        assert_eq!(index.get(4_194_303), None, "beyond the table: nothing");
+        index.insert(100, 7);
+        index.insert(101, 8);
+        index.insert(100, 9);
+        assert_eq!((index.get(100), index.get(101)), (Some(9), Some(8)));
+        assert_eq!(index.get(102), None);
+        index.remove(100);
+        index.remove(100);
+        assert_eq!((index.get(100), index.get(101)), (None, Some(8)));
+        index.remove(101);
+        assert!(
+            index.pages.iter().all(Option::is_none),
+            "the empty page is freed"
+        );
+        index.insert(4_194_303, 1);
+        assert_eq!(index.get(4_194_303), Some(1));
+    }
+}
