@@ -13,9 +13,6 @@ use reaper_common::{
     ExeKey, KernelOffsets, PathKey, ProbeConfig, ReaderMark, SPAWN_STACKS_COPY, Tracked, names,
 };
 
-/// The smallest ring that stacks are copied into: room for 16 of the largest copies.
-const COPY_RING_MIN: u32 = 16 * COPY_MAX as u32;
-
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
 pub use crate::capture::shared::{
@@ -25,6 +22,9 @@ use crate::capture::sizes::MapSizes;
 use crate::capture::tracefs;
 use crate::procfs::boottime_now;
 use crate::state::pins::{self, PinDir};
+
+/// The smallest ring that stacks are copied into: room for 16 of the largest copies.
+const COPY_RING_MIN: u32 = 16 * COPY_MAX as u32;
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/reaper"));

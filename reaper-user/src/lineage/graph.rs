@@ -427,18 +427,19 @@ impl LineageGraph {
             if node.spawned > 0 || node.is_gateway {
                 continue;
             }
-            let node = self.nodes.remove(id).unwrap();
-            match self.current.get(node.pid) {
+            let (pid, start, spawner) = (node.pid, node.start, node.spawner);
+            self.nodes.remove(id);
+            match self.current.get(pid) {
                 Some(newest) if newest == id => {
-                    self.current.remove(node.pid);
+                    self.current.remove(pid);
                 }
                 _ => {
-                    if let Start::Exact(ns) = node.start {
-                        self.by_identity.remove(&(node.pid, ns));
+                    if let Start::Exact(ns) = start {
+                        self.by_identity.remove(&(pid, ns));
                     }
                 }
             }
-            if let Some(parent) = node.spawner.and_then(|s| self.nodes.get_mut(s)) {
+            if let Some(parent) = spawner.and_then(|s| self.nodes.get_mut(s)) {
                 parent.spawned = parent.spawned.saturating_sub(1);
                 if parent.spawned == 0 && parent.reaped_at.is_some() {
                     self.retired.push_back(parent.id);

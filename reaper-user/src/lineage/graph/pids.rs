@@ -32,7 +32,10 @@ const PID_LIMIT: usize = 1 << 22;
 pub struct PidIndex {
     pages: Vec<Option<Box<Page>>>,
     /// Emptied pages (all zero), for the next pages needed.
-    #[expect(clippy::vec_box, reason = "a page moves to and from the table without a copy")]
+    #[expect(
+        clippy::vec_box,
+        reason = "a page moves to and from the table without a copy"
+    )]
     spare: Vec<Box<Page>>,
 }
 

@@ -71,15 +71,19 @@ impl Nodes {
         self.get(id).is_some()
     }
 
-    /// Takes node `id` out; its slot goes to a later node.
-    pub fn remove(&mut self, id: NodeId) -> Option<Node> {
-        let slot = self.slots.get_mut(slot_of(id))?;
+    /// Drops node `id` where it lies (a node is not moved out only to be dropped); its slot
+    /// goes to a later node. Returns whether it was there.
+    pub fn remove(&mut self, id: NodeId) -> bool {
+        let Some(slot) = self.slots.get_mut(slot_of(id)) else {
+            return false;
+        };
         if slot.as_ref().is_none_or(|n| n.id != id) {
-            return None;
+            return false;
         }
+        *slot = None;
         self.free.push(slot_of(id) as u32);
         self.len -= 1;
-        slot.take()
+        true
     }
 
     pub fn len(&self) -> usize {
@@ -110,7 +114,8 @@ mod tests {
         let second = nodes.next_id();
         nodes.insert(graph.blank_for_test(second, 11));
         assert!(second > first, "ids sort by creation");
-        assert_eq!(nodes.remove(first).map(|n| n.pid), Some(10));
+        assert!(nodes.remove(first));
+        assert!(!nodes.remove(first), "removed once");
         let third = nodes.next_id();
         assert_eq!(slot_of(third), slot_of(first), "the freed slot is reused");
         nodes.insert(graph.blank_for_test(third, 12));
