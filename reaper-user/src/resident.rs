@@ -30,5 +30,25 @@ pub fn keep_large_blocks_apart() {
     }
 }
 
+/// Gives back the resident pages of `bytes`, a part of the executable read once (the embedded
+/// eBPF object, once loaded: half a MiB). Its whole pages leave this process's memory; they
+/// stay in the page cache and come back from the file if read again, so nothing is lost.
+pub fn drop_read_once(bytes: &'static [u8]) {
+    // SAFETY: sysconf only reads a system value.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => return,
+    };
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end > start {
+        // SAFETY: the range is whole pages of a read-only mapping of the executable, which
+        // nothing writes: dropped, they read back the same bytes from the file.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}
+
 /// What counts as a large block: glibc's own default threshold.
 const LARGE: usize = 128 << 10;

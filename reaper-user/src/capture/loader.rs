@@ -330,6 +330,7 @@ impl Probes {
         let mut ebpf = loader
             .load(EBPF_OBJECT)
             .context("loading the eBPF object")?;
+        crate::resident::drop_read_once(EBPF_OBJECT);
         let map = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| anyhow!("map {name} missing from the object"))

@@ -92,7 +92,9 @@ impl Watch {
 /// Runs the rules over the graph's live descendants and zombies.
 pub struct Inspector {
     opts: InspectOptions,
-    watches: HashMap<NodeId, Watch>,
+    /// Boxed: a table of 10,000 watches is mostly slack at its load factor, and a slack
+    /// bucket then costs a pointer, not a whole watch (two of the 25 MiB at 10,000 tracked).
+    watches: HashMap<NodeId, Box<Watch>>,
     /// Flagged zombies: pid and since.
     zombies: HashMap<NodeId, (u32, u64)>,
     peers: PeerIndex,
@@ -312,7 +314,7 @@ impl Inspector {
         }
         let watches: Vec<&Watch> = server
             .iter()
-            .filter_map(|id| self.watches.get(id))
+            .filter_map(|id| self.watches.get(id).map(|w| &**w))
             .collect();
         let samples: Vec<&Sample> = watches.iter().filter_map(|w| w.last.as_ref()).collect();
         let Some(top_sample) = self.watches.get(&top).and_then(|w| w.last.clone()) else {
@@ -412,11 +414,13 @@ impl Inspector {
     ) -> Option<Change> {
         let node = graph.node(id).filter(|n| n.alive())?;
         let evidence = self.evidence(graph, node);
-        let w = self.watches.entry(id).or_insert_with(|| Watch {
-            pid: node.pid,
-            next_sample: now,
-            io_since: now,
-            ..Watch::default()
+        let w = self.watches.entry(id).or_insert_with(|| {
+            Box::new(Watch {
+                pid: node.pid,
+                next_sample: now,
+                io_since: now,
+                ..Watch::default()
+            })
         });
         if w.has(reason) {
             return None;

@@ -18,13 +18,16 @@ impl Inspector {
         let mut next_grace_end = None;
         let mut due = HashSet::default();
         for node in graph.alive().filter(|n| !n.is_gateway) {
-            let w = self.watches.entry(node.id).or_insert_with(|| Watch {
-                pid: node.pid,
-                // First looks are spread over a sample period, so that a thousand processes
-                // appearing at once are not read in one burst; a short-lived one is never read.
-                next_sample: now + first_look_delay(node.id, every),
-                io_since: now,
-                ..Watch::default()
+            let w = self.watches.entry(node.id).or_insert_with(|| {
+                Box::new(Watch {
+                    pid: node.pid,
+                    // First looks are spread over a sample period, so that a thousand
+                    // processes appearing at once are not read in one burst; a short-lived
+                    // one is never read.
+                    next_sample: now + first_look_delay(node.id, every),
+                    io_since: now,
+                    ..Watch::default()
+                })
             });
             // The chain counts as broken once the spawner's exit has let go of its files;
             // it is judged for `orphaned` at the first look after the grace.
