@@ -31,9 +31,13 @@ const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// millisecond and a fork+exit storm dozens; one process's fork, exec, exit and free come
 /// in ones and twos a tick (and keep the quiet budget).
 const STREAM_BATCH: usize = 8;
-/// How soon a child whose parent exited, or an interpreter whose libpython the loader had not
-/// mapped yet, is looked at again.
+/// How soon a child whose parent exited is looked at again.
 const LOOK_AGAIN: Duration = Duration::from_millis(5);
+/// How soon an interpreter whose libpython the loader had not mapped yet is looked at again:
+/// the loader maps it a millisecond or two after the exec, and its layout must reach the
+/// kernel before the interpreter's first fork (a gateway that spawns as it starts does so
+/// within some 20 ms). A few extra wake-ups per interpreter started.
+const LOOK_AGAIN_INTERPRETER: Duration = Duration::from_millis(1);
 
 /// What the event loop reads besides its timers and signals.
 pub(super) struct Sources<'a> {
@@ -114,7 +118,12 @@ pub(super) async fn event_loop(
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
         if (run.has_pending_reparents() || run.has_pending_interpreters()) && !look_again_soon {
-            let soon = Instant::now() + LOOK_AGAIN;
+            let wait = if run.has_pending_interpreters() {
+                LOOK_AGAIN_INTERPRETER
+            } else {
+                LOOK_AGAIN
+            };
+            let soon = Instant::now() + wait;
             if soon < house.deadline() {
                 house.as_mut().reset(soon);
                 look_again_soon = true;

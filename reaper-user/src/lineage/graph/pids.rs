@@ -63,6 +63,7 @@ impl PidIndex {
     pub fn insert(&mut self, pid: u32, id: NodeId) {
         debug_assert_ne!(id, 0, "no node's id is 0");
         let (page, slot) = split(pid);
+        // Only a pid over the kernel's limit, which no process has, is past the table.
         if self.pages.len() <= page {
             self.pages.resize_with(page + 1, || None);
         }
@@ -106,9 +107,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pid_names_its_newest_node_until_removed_and_an_empty_page_goes() {
+    fn a_pid_names_its_newest_node_until_removed_and_an_emptied_page_leaves() {
         let mut index = PidIndex::default();
-        assert_eq!(index.get(4_194_303), None, "beyond the table: nothing");
+        assert_eq!(index.get(4_194_303), None, "a pid of no page: nothing");
         index.insert(100, 7);
         index.insert(101, 8);
         index.insert(100, 9);
@@ -120,7 +121,7 @@ mod tests {
         index.remove(101);
         assert!(
             index.pages.iter().all(Option::is_none),
-            "the empty page is freed"
+            "the emptied page left the table"
         );
         index.insert(4_194_303, 1);
         assert_eq!(index.get(4_194_303), Some(1));

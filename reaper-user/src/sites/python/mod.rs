@@ -53,8 +53,8 @@ struct Pending {
 }
 
 /// How many times an interpreter whose libpython is not mapped yet is looked at again (at
-/// each batch's end, its own forks, and a housekeeping look 5 ms on: about a second).
-const PENDING_LOOKS: u32 = 200;
+/// each batch's end, its own forks, and a housekeeping look 1 ms on: about a second).
+const PENDING_LOOKS: u32 = 1000;
 
 impl PythonStacks {
     pub fn new(

@@ -3,7 +3,8 @@ use super::*;
 use crate::procfs::placement::Placement;
 use crate::text::{Args, Comm};
 
-fn line(body: &Event) -> serde_json::Value {
+/// The line `body` is written as (its `seq` 3, its `ts` 9), without the newline.
+fn written(body: &Event) -> String {
     let mut s = Vec::new();
     Envelope {
         event: body.name(),
@@ -14,29 +15,21 @@ fn line(body: &Event) -> serde_json::Value {
     .write_json(&mut s)
     .unwrap();
     assert!(!s.contains(&b'\n'));
-    serde_json::from_slice(&s).unwrap()
+    String::from_utf8(s).unwrap()
+}
+
+fn line(body: &Event) -> serde_json::Value {
+    serde_json::from_str(&written(body)).unwrap()
 }
 
 #[test]
 fn a_line_is_its_envelope_then_its_bodys_fields() {
-    let line = |body: &Event| {
-        let mut s = Vec::new();
-        Envelope {
-            event: body.name(),
-            seq: 3,
-            ts: 9,
-            body,
-        }
-        .write_json(&mut s)
-        .unwrap();
-        String::from_utf8(s).unwrap()
-    };
     assert_eq!(
-        line(&Event::Setsid(Setsid { pid: 7, sid: 7 })),
+        written(&Event::Setsid(Setsid { pid: 7, sid: 7 })),
         r#"{"event":"setsid","seq":3,"ts":9,"pid":7,"sid":7}"#
     );
     assert_eq!(
-        line(&Event::Reaped(Reaped {
+        written(&Event::Reaped(Reaped {
             pid: 7,
             from_proc: false
         })),
