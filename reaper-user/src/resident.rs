@@ -34,11 +34,7 @@ pub fn keep_large_blocks_apart() {
 /// eBPF object, once loaded: half a MiB). Its whole pages leave this process's memory; they
 /// stay in the page cache and come back from the file if read again, so nothing is lost.
 pub fn drop_read_once(bytes: &'static [u8]) {
-    // SAFETY: sysconf only reads a system value.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 => n as usize,
-        _ => return,
-    };
+    let page = crate::procfs::page_size();
     let start = (bytes.as_ptr() as usize).next_multiple_of(page);
     let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
     if end > start {

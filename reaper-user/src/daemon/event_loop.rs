@@ -117,12 +117,14 @@ pub(super) async fn event_loop(
     loop {
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
-        if (run.has_pending_reparents() || run.has_pending_interpreters()) && !look_again_soon {
-            let wait = if run.has_pending_interpreters() {
-                LOOK_AGAIN_INTERPRETER
-            } else {
-                LOOK_AGAIN
-            };
+        let look_again = if run.has_pending_interpreters() {
+            Some(LOOK_AGAIN_INTERPRETER)
+        } else if run.has_pending_reparents() {
+            Some(LOOK_AGAIN)
+        } else {
+            None
+        };
+        if let (Some(wait), false) = (look_again, look_again_soon) {
             let soon = Instant::now() + wait;
             if soon < house.deadline() {
                 house.as_mut().reset(soon);

@@ -276,11 +276,9 @@ pub fn parse_rss_kib(statm: &str, page_kib: u64) -> Option<u64> {
 }
 
 pub fn read_rss_kib(pid: u32) -> Option<u64> {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     parse_rss_kib(
         &fs::read_to_string(super::proc_path(pid, "statm")).ok()?,
-        page / 1024,
+        super::page_size() as u64 / 1024,
     )
 }
 

@@ -67,6 +67,13 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// The kernel's page size in bytes (4096 where the C library cannot say).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(0).max(4096)
+}
+
 /// This process's own pid as the processes' /proc names it (the host's pid, when that /proc
 /// is the host's and this process runs in a pid namespace of its own).
 pub fn own_pid() -> u32 {
