@@ -191,7 +191,7 @@ fn run(
         }
         tracer.record(as_bytes(&records.exit(pid, start))).unwrap();
         tracer.record(as_bytes(&records.free(pid, start))).unwrap();
-        tracer.end_batch();
+        tracer.end_batch().unwrap();
     }
 }
 

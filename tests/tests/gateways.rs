@@ -470,3 +470,54 @@ fn a_pidfile_rewritten_across_a_restart_follows_the_new_instance() {
         serde_json::json!([first.pid()])
     );
 }
+
+/// A pid file rewritten to name a process reaper-trace will not take as a gateway (init) is
+/// told, not the end of the run: a `note` event in the stream for tools (checked against the
+/// schema with every other event), the same text on stderr for people, even with `--quiet`.
+#[test]
+fn a_pidfile_naming_no_gateway_is_a_note_in_the_stream_and_on_stderr() {
+    let test = "a_pidfile_naming_no_gateway_is_a_note_in_the_stream_and_on_stderr";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("gateway-pidfile-note");
+    let pidfile = dir.join("gateway.pid");
+    let mut gateway = std::process::Command::new("sleep")
+        .arg("3600.75")
+        .spawn()
+        .expect("start a gateway");
+    std::fs::write(&pidfile, format!("{}\n", gateway.id())).unwrap();
+    let pidfile_arg = pidfile.to_str().unwrap().to_owned();
+    let told = |e: &Value| {
+        e["event"] == "note"
+            && e["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(&pidfile_arg) && t.contains("waiting for it to change"))
+    };
+    let run = run_reaper_until(
+        &["--gateway-pidfile", &pidfile_arg],
+        &[],
+        &dir.join("release"),
+        ("the note on the pid file", Then::Interrupt),
+        |events| {
+            let last = events.last().unwrap();
+            if last["event"] == "gateway" {
+                std::fs::write(&pidfile, "1\n").unwrap();
+            }
+            told(last)
+        },
+    );
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+    let note = run
+        .all("note")
+        .into_iter()
+        .find(|e| told(e))
+        .expect("the note");
+    let text = note["text"].as_str().unwrap();
+    assert!(
+        run.stderr.contains(&format!("reaper-trace: {text}\n")),
+        "the note's line on stderr:\n{}",
+        run.stderr
+    );
+}

@@ -1,5 +1,6 @@
 //! Loads the embedded eBPF object with this kernel's offsets, attaches the probes, and hands
-//! out the maps user space needs. Dropping [`Probes::programs`] detaches everything.
+//! out the maps user space needs, as parts for their owners. Dropping [`Probes::attached`]
+//! detaches everything.
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -111,21 +112,38 @@ impl SetsidHook {
     }
 }
 
-/// The loaded, attached probes and the maps user space reads.
+/// The loaded, attached probes, as the parts a run hands each of its owners whole: the
+/// attachment (to drop at the stop), the ring and the maps the event loop reads, the
+/// selectors' maps, the stacks' maps (for the spawn sites), and what the load found.
 pub struct Probes {
-    /// Programs and their links: dropping this detaches every probe.
-    pub programs: Option<Ebpf>,
+    pub attached: Attached,
     pub ring: RingBuf<MapData>,
-    pub tracked: HashMap<MapData, u32, Tracked>,
+    pub kernel: KernelMaps,
     pub selector_maps: SelectorMaps,
+    /// Spawners' stacks and the interpreters they are read from (for the run's
+    /// [`crate::sites::SpawnSites`]).
+    pub stacks: StackMaps,
+    pub facts: LoadFacts,
+}
+
+/// The programs and their links: dropping this detaches every probe (the maps stay, for the
+/// last drain).
+pub struct Attached {
+    _ebpf: Ebpf,
+}
+
+/// The maps the event loop reads and writes besides the ring.
+pub struct KernelMaps {
     pub counters: KernelCounters,
+    pub tracked: HashMap<MapData, u32, Tracked>,
     /// The reader's "I went idle, wake me" flag (see `submit_flags` in the probes).
     pub reader_idle: ReaderIdle,
     /// What the reader tells the probes: their generation, its records taken, `--state-keep`.
     pub marks: ReaderMarks,
-    /// Spawners' stacks and the interpreters they are read from (taken by the run's
-    /// [`crate::sites::SpawnSites`]).
-    pub stacks: Option<StackMaps>,
+}
+
+/// What a load found.
+pub struct LoadFacts {
     /// This load's generation (see `ReaderMark::generation`).
     pub generation: u64,
     /// The pinned state this load took over, as the run before left it: it attached its
@@ -375,31 +393,35 @@ impl Probes {
 
         Ok(Probes {
             ring: RingBuf::try_from(map(&mut ebpf, names::EVENTS)?)?,
-            tracked: HashMap::try_from(map(&mut ebpf, names::TRACKED)?)?,
+            kernel: KernelMaps {
+                counters: KernelCounters {
+                    losses: PerCpuArray::try_from(map(&mut ebpf, names::LOSSES)?)?,
+                    seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
+                },
+                tracked: HashMap::try_from(map(&mut ebpf, names::TRACKED)?)?,
+                reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
+                marks,
+            },
             selector_maps: SelectorMaps {
                 exes: HashMap::try_from(map(&mut ebpf, names::GATEWAY_EXES)?)?,
                 paths: HashMap::try_from(map(&mut ebpf, names::GATEWAY_PATHS)?)?,
                 cgroups: HashMap::try_from(map(&mut ebpf, names::GATEWAY_CGROUPS)?)?,
                 cgroup_paths: HashMap::try_from(map(&mut ebpf, names::GATEWAY_CGROUP_PATHS)?)?,
             },
-            counters: KernelCounters {
-                losses: PerCpuArray::try_from(map(&mut ebpf, names::LOSSES)?)?,
-                seq: Array::try_from(map(&mut ebpf, names::SEQ)?)?,
-            },
-            reader_idle: ReaderIdle(Array::try_from(map(&mut ebpf, names::READER_IDLE)?)?),
-            stacks: Some(StackMaps {
+            stacks: StackMaps {
                 native: HashMap::try_from(map(&mut ebpf, names::STACKS)?)?,
                 interpreters: HashMap::try_from(map(&mut ebpf, names::PYTHONS)?)?,
                 python: HashMap::try_from(map(&mut ebpf, names::PY_STACKS)?)?,
                 jit_hosts: HashMap::try_from(map(&mut ebpf, names::JIT_HOSTS)?)?,
-            }),
-            marks,
-            generation,
-            took_over,
-            programs: Some(ebpf),
-            setsid_hook,
-            features,
-            notes,
+            },
+            facts: LoadFacts {
+                generation,
+                took_over,
+                setsid_hook,
+                features,
+                notes,
+            },
+            attached: Attached { _ebpf: ebpf },
         })
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow};
 
 use super::pipeline::Pipeline;
+use crate::output::Output;
 use crate::procfs::boottime_now;
 use crate::state::{CHECKPOINT_EVERY, Checkpoint, FORMAT, KernelKept, StateDir};
 
@@ -53,23 +54,24 @@ impl Checkpoints {
 
     /// Starts writing one if the last is [`CHECKPOINT_EVERY`] old, the lineage changed since
     /// and the last write is done. A failed write (a full disk) does not stop the audit: it is
-    /// said on stderr, once until a write succeeds again, and the next one is tried.
-    pub(super) fn due(&mut self, run: &mut Pipeline) {
+    /// said in a note, once until a write succeeds again, and the next one is tried.
+    pub(super) fn due(&mut self, run: &mut Pipeline) -> Result<()> {
         let changed = self.written != Some(run.output().written());
         if !changed || self.last.elapsed() < CHECKPOINT_EVERY {
-            return;
+            return Ok(());
         }
         if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
-            return;
+            return Ok(());
         }
         let done = self.finish();
-        self.report(done);
+        self.report(done, run.output())?;
         match self.encode(run) {
             Ok(text) => {
                 let dir = self.dir.clone();
                 self.writing = Some(std::thread::spawn(move || dir.write(&text)));
+                Ok(())
             }
-            Err(e) => self.report(Err(e)),
+            Err(e) => self.report(Err(e), run.output()),
         }
     }
 
@@ -82,17 +84,19 @@ impl Checkpoints {
             .context("writing the lineage checkpoint (--state-dir)")
     }
 
-    fn report(&mut self, done: Result<()>) {
+    fn report(&mut self, done: Result<()>, out: &mut Output) -> Result<()> {
         match (done, self.failing) {
             (Ok(()), true) => {
-                eprintln!("reaper-trace: the lineage checkpoint is written again");
                 self.failing = false;
+                out.note("the lineage checkpoint is written again")
             }
             (Err(e), false) => {
-                eprintln!("reaper-trace: warning: {e:#}; a restart now would lose what changed");
                 self.failing = true;
+                out.note(&format!(
+                    "warning: {e:#}; a restart now would lose what changed"
+                ))
             }
-            _ => {}
+            _ => Ok(()),
         }
     }
 

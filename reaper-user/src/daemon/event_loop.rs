@@ -16,12 +16,11 @@ use super::checkpoints::Checkpoints;
 use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
-use crate::capture::loader::{KernelCounters, ReaderIdle, ReaderMarks};
+use crate::capture::loader::{KernelMaps, ReaderMarks};
 use crate::capture::poll_clock::PollClock;
 use crate::cli::Cli;
 use crate::gateways::Selectors;
 use crate::kill::KillReport;
-use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::FREE_LAG;
 use crate::procfs::boottime_now;
 
@@ -40,9 +39,9 @@ const LOOK_AGAIN: Duration = Duration::from_millis(5);
 const LOOK_AGAIN_INTERPRETER: Duration = Duration::from_millis(1);
 
 /// What the event loop reads besides its timers and signals.
-pub(super) struct Sources<'a> {
+pub(super) struct Sources {
     pub(super) ring: AsyncFd<RingBuf<MapData>>,
-    pub(super) kernel: Kernel<'a>,
+    pub(super) kernel: KernelMaps,
     pub(super) command: GatewayCommand,
     /// The kill sequences' reports; none without `--kill`.
     pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
@@ -67,14 +66,6 @@ impl Signals {
     }
 }
 
-/// The maps the event loop uses besides the ring.
-pub(super) struct Kernel<'a> {
-    pub(super) counters: &'a KernelCounters,
-    pub(super) tracked: &'a mut TrackedMap,
-    pub(super) reader_idle: &'a mut ReaderIdle,
-    pub(super) marks: &'a mut ReaderMarks,
-}
-
 /// Streams events until a stop condition: the duration, a signal, or every gateway gone with
 /// no tracked process left alive. Returns which.
 ///
@@ -87,7 +78,7 @@ pub(super) async fn event_loop(
     cli: &Cli,
     selectors: &mut Selectors,
     run: &mut Pipeline,
-    sources: &mut Sources<'_>,
+    sources: &mut Sources,
 ) -> Result<Stop> {
     let Sources {
         ring,
@@ -139,7 +130,7 @@ pub(super) async fn event_loop(
             ready = ring.readable_mut() => {
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
-                drain(ring.get_mut(), run, kernel.marks)?;
+                drain(ring.get_mut(), run, &mut kernel.marks)?;
                 if batching {
                     poll.start().context("starting the poll clock")?;
                 }
@@ -147,10 +138,10 @@ pub(super) async fn event_loop(
             }
             tick = poll.tick(), if poll.ticking() => {
                 tick.context("waiting on the poll clock")?;
-                let mut n = drain(ring.get_mut(), run, kernel.marks)?;
+                let mut n = drain(ring.get_mut(), run, &mut kernel.marks)?;
                 if n == 0 {
                     kernel.reader_idle.going_idle()?;
-                    n = drain(ring.get_mut(), run, kernel.marks)?;
+                    n = drain(ring.get_mut(), run, &mut kernel.marks)?;
                 }
                 match n {
                     0 => poll.stop().context("stopping the poll clock")?,
@@ -162,19 +153,19 @@ pub(super) async fn event_loop(
             }
             _ = &mut house => {
                 let losses = kernel.counters.losses()?;
-                drain(ring.get_mut(), run, kernel.marks)?;
-                run.keep_exact(losses, kernel.tracked)?;
-                run.look_again_for_interpreters();
+                drain(ring.get_mut(), run, &mut kernel.marks)?;
+                run.keep_exact(losses, &kernel.tracked)?;
+                run.look_again_for_interpreters()?;
                 kernel.marks.still_reading()?;
-                follow_pidfiles(selectors, run, kernel.tracked, cli.allow_init)?;
+                follow_pidfiles(selectors, run, &mut kernel.tracked, cli.allow_init)?;
                 if let Some(checkpoints) = checkpoints.as_mut() {
-                    checkpoints.due(run);
+                    checkpoints.due(run)?;
                 }
                 house.as_mut().reset(Instant::now() + HOUSEKEEPING);
                 look_again_soon = false;
             }
             _ = &mut scan => {
-                drain(ring.get_mut(), run, kernel.marks)?;
+                drain(ring.get_mut(), run, &mut kernel.marks)?;
                 run.release_lagging(FREE_LAG)?;
                 run.scan_leaks()?;
                 run.decide_kills()?;
@@ -185,7 +176,7 @@ pub(super) async fn event_loop(
             status = command.wait(), if command.running() => {
                 command.status = Some(status?);
                 // Its exit event may still be in the ring.
-                drain(ring.get_mut(), run, kernel.marks)?;
+                drain(ring.get_mut(), run, &mut kernel.marks)?;
                 if cli.check {
                     settle.as_mut().reset(Instant::now() + cli.settle_time());
                     settling = true;
@@ -237,7 +228,7 @@ pub(super) fn drain(
         run.record(&item)?;
         n += 1;
     }
-    run.end_batch();
+    run.end_batch()?;
     if n > 0 {
         marks.taken(run.received())?;
     }

@@ -17,7 +17,9 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    capture::loader::{Accounting, Kept, KernelCounters, LoadOptions, Probes, ReaderMarks},
+    capture::loader::{
+        Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
+    },
     cli::{Cli, SpawnStacks},
     gateways::Selectors,
     identity,
@@ -38,7 +40,7 @@ use crate::{
     privileges,
     procfs::{self, Stat, boottime_now},
     sites::SpawnSites,
-    state::{self, StateDir, Taken},
+    state::{self, StateDir, StateLock, Taken},
     stream::{
         Stamped,
         events::{Check, Event, Ready, Resumed, SCHEMA_VERSION},
@@ -46,8 +48,9 @@ use crate::{
     text::Args,
 };
 use checkpoints::Checkpoints;
+use command::Stop;
 use command::{GatewayCommand, exit_code, spawn_gateway};
-use event_loop::{Kernel, Signals, Sources, drain, event_loop};
+use event_loop::{Signals, Sources, drain, event_loop};
 use pipeline::{KeptState, Pipeline};
 
 /// Time for probes still running on another CPU to finish after detaching.
@@ -58,6 +61,35 @@ const SETTLE_TRIES: usize = 1000;
 
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
+    let mut tracing = start(&cli).await?;
+    let stop = event_loop(
+        &cli,
+        &mut tracing.selectors,
+        &mut tracing.run,
+        &mut tracing.sources,
+    )
+    .await?;
+    close(&cli, tracing, stop).await
+}
+
+/// A run between its start and its stop: each part with its owner.
+struct Tracing {
+    run: Pipeline,
+    selectors: Selectors,
+    sources: Sources,
+    /// The probes: dropped (detached) at the stop, unless a kept state's go on.
+    attached: Attached,
+    /// `--junit`'s file, written at the stop.
+    junit: Option<JunitFile>,
+    /// When the run started, for `--junit`'s time.
+    started: std::time::Instant,
+    /// `--state-dir`'s lock, held until the run ends.
+    _held: Option<StateLock>,
+}
+
+/// Checks what was asked, takes back the state directory, loads and attaches the probes,
+/// seeds the lineage, starts the `-- CMD` gateway, and writes `ready`.
+async fn start(cli: &Cli) -> Result<Tracing> {
     let t0 = boottime_now();
     if let Some(root) = &cli.proc_root {
         if !root.join("self/stat").exists() {
@@ -81,21 +113,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
     }
     // Check the gateways before touching the kernel: a typo should cost nothing.
     let (pid_gateways, exited_gateways) = seed::check_gateways(&cli.gateway_pid, cli.allow_init)?;
-    let mut selectors = Selectors::from_cli(&cli)?;
+    let mut selectors = Selectors::from_cli(cli)?;
     selectors.check_pidfiles()?;
     // A state that cannot be taken back stops the run before the kernel is touched.
-    let traced = traced(&cli, &selectors);
+    let traced = traced(cli, &selectors);
     let state = cli.state_dir.as_deref().map(StateDir::open).transpose()?;
-    let _held = state.as_ref().map(StateDir::lock).transpose()?;
-    let taken = match &state {
-        Some(dir) => {
-            let (taken, notices) = state::take(dir, &traced)?;
-            for notice in notices {
-                eprintln!("reaper-trace: {notice}");
-            }
-            taken
-        }
-        None => Taken::Nothing,
+    let held = state.as_ref().map(StateDir::lock).transpose()?;
+    let (taken, notices) = match &state {
+        Some(dir) => state::take(dir, &traced)?,
+        None => (Taken::Nothing, Vec::new()),
     };
     if let Some((_, e)) = exited_gateways
         .into_iter()
@@ -114,7 +140,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }),
         None => None,
     };
-    let output = output_for(&cli, t0)?;
+    let mut output = output_for(cli, t0)?;
+    for notice in &notices {
+        output.note(notice)?;
+    }
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
     let started = std::time::Instant::now();
     let metrics_listener = match cli.metrics {
@@ -123,7 +152,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
     };
 
     crate::resident::keep_large_blocks_apart();
-    let mut probes = Probes::load(&LoadOptions {
+    let Probes {
+        attached,
+        ring,
+        mut kernel,
+        mut selector_maps,
+        stacks,
+        facts,
+    } = Probes::load(&LoadOptions {
         max_tracked: cli.max_tracked,
         ring_bytes: cli.ring_size,
         batch_wakeups: !cli.wakeup_interval.is_zero(),
@@ -132,21 +168,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
         kept,
         spawn_stacks: cli.spawn_stacks.bits(),
     })?;
-    for note in &probes.notes {
-        eprintln!("reaper-trace: {note}");
+    for note in &facts.notes {
+        output.note(note)?;
     }
     // Loading parsed the kernel's BTF (some 20 MB, freed now): give those pages back, or the
     // allocator keeps them resident for the whole run.
     crate::resident::give_back_freed();
 
-    let graph = LineageGraph::new(cli.retain_dead);
-    let inspect = InspectOptions {
-        scan_interval: cli.scan_interval,
-        idle_after: cli.idle_after,
-        zombie_after: cli.zombie_after,
-        orphan_grace: cli.orphan_grace,
-        max_instances: cli.max_instances as usize,
-    };
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve::serve(listener, output.metrics.registry()));
     }
@@ -162,23 +190,31 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         false => (None, None),
     };
-    let mut run = Pipeline::new(graph, output, inspect, killer, selectors.labels());
-    if let (SpawnStacks::Native | SpawnStacks::Auto, Some(stacks)) =
-        (cli.spawn_stacks, probes.stacks.take())
-    {
-        run.name_spawn_sites(SpawnSites::new(
-            stacks,
-            cli.spawn_stacks == SpawnStacks::Auto,
-        ));
+    let mut run = Pipeline::new(
+        LineageGraph::new(cli.retain_dead),
+        output,
+        InspectOptions {
+            scan_interval: cli.scan_interval,
+            idle_after: cli.idle_after,
+            zombie_after: cli.zombie_after,
+            orphan_grace: cli.orphan_grace,
+            max_instances: cli.max_instances as usize,
+        },
+        killer,
+        selectors.labels(),
+    );
+    if matches!(cli.spawn_stacks, SpawnStacks::Native | SpawnStacks::Auto) {
+        let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
+        run.name_spawn_sites(SpawnSites::new(stacks, interpreters));
     }
 
     // The lineage of the run before first: /proc then adds only what is new.
-    let (resumed, whole) = resume(&taken, &state, &mut probes, &mut run, t0)?;
+    let (resumed, whole) = resume(&taken, &state, &facts, &mut kernel.tracked, &mut run, t0)?;
     // The kernel looks for new gateways from here on; then /proc for those already running.
     // A state taken back whole needs no look: its probes kept looking, and their records
     // of the gap (new gateways among them) wait in the ring. A look would take what they
     // already know for new (a forked copy of a gateway script looks like one).
-    selectors.arm(&mut probes.selector_maps)?;
+    selectors.arm(&mut selector_maps)?;
     let mut gateways: Vec<(usize, Stat)> = pid_gateways
         .into_iter()
         .filter(|stat| !whole || !run.is_gateway(stat.pid))
@@ -195,14 +231,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
         true => Vec::new(),
         false => run.alive_pids(),
     };
-    let gone = adopt(&gateways, &roots, &mut probes.tracked, &mut run)?;
+    let gone = adopt(&gateways, &roots, &mut kernel.tracked, &mut run)?;
     if let Some(pid) = cli.gateway_pid.iter().find(|p| gone.contains(p)) {
         bail!("--gateway-pid {pid}: the process exited during start-up");
     }
     let child = match cli.command.is_empty() {
         true => None,
         false => {
-            let child = spawn_gateway(&mut probes.tracked, &cli.command, cli.json)?;
+            let child = spawn_gateway(&mut kernel.tracked, &cli.command, cli.json)?;
             run.expect_gateway(
                 child
                     .id()
@@ -215,14 +251,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // Attached and the gateway started: from here on, only what /proc inspection (and --kill)
     // needs. A failure leaves the run correct but less hardened: say so, go on.
     if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(cli.kill)) {
-        eprintln!("reaper-trace: warning: {e:#}; keeping full privileges");
+        let note = format!("warning: {e:#}; keeping full privileges");
+        run.output().note(&note)?;
     }
     let ready = Event::Ready(Ready {
         schema: SCHEMA_VERSION,
         gateway: run.gateway_pids(),
-        tracked: probes.tracked.keys().count(),
-        setsid_hook: probes.setsid_hook.name().into(),
-        kernel: probes.features.release.clone(),
+        tracked: kernel.tracked.keys().count(),
+        setsid_hook: facts.setsid_hook.name().into(),
+        kernel: facts.features.release.clone(),
         resumed,
     });
     let signals = Signals::catch()?;
@@ -231,36 +268,53 @@ pub async fn run(cli: Cli) -> Result<i32> {
     run.write([Stamped::new(ready_at, ready)])?;
     run.output().flush()?;
 
-    let mut sources = Sources {
+    let checkpoints = match state {
+        Some(dir) => {
+            let pins = dir.pins()?.path().to_owned();
+            let boot = state::boot_id()?;
+            Some(Checkpoints::new(dir, traced, boot, facts.generation, pins))
+        }
+        None => None,
+    };
+    let sources = Sources {
         // SAFETY: the RingBuf owns its map fd, open and unchanged for as long as the AsyncFd.
-        ring: unsafe { AsyncFd::register_with_interest(probes.ring, Interest::READABLE) }
+        ring: unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| anyhow!("polling the ring buffer: {e}"))?,
-        kernel: Kernel {
-            counters: &probes.counters,
-            tracked: &mut probes.tracked,
-            reader_idle: &mut probes.reader_idle,
-            marks: &mut probes.marks,
-        },
+        kernel,
         command: GatewayCommand {
             child,
             status: None,
         },
         kill_reports,
-        checkpoints: match state {
-            Some(dir) => Some(Checkpoints::new(
-                dir.clone(),
-                traced,
-                state::boot_id()?,
-                probes.generation,
-                dir.pins()?.path().to_owned(),
-            )),
-            None => None,
-        },
+        checkpoints,
         signals,
     };
-    let stop = event_loop(&cli, &mut selectors, &mut run, &mut sources).await?;
+    Ok(Tracing {
+        run,
+        selectors,
+        sources,
+        attached,
+        junit,
+        started,
+        _held: held,
+    })
+}
+
+/// Stops the run: ends the `-- CMD` gateway if it still runs, detaches the probes (unless a
+/// kept state's go on), takes in the last records, writes the last findings, the verdict and
+/// the summary, and the last checkpoint. Returns the exit status.
+async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
+    let Tracing {
+        mut run,
+        sources,
+        attached,
+        junit,
+        started,
+        ..
+    } = tracing;
     let Sources {
         mut ring,
+        mut kernel,
         mut command,
         mut kill_reports,
         mut checkpoints,
@@ -277,24 +331,24 @@ pub async fn run(cli: Cli) -> Result<i32> {
     // run, and the account is taken where everything numbered was taken in or counted lost.
     let account = match checkpoints.is_some() {
         false => {
-            probes.programs = None; // detaches every probe; the maps stay for the last drain
+            drop(attached); // the maps stay for the last drain
             tokio::time::sleep(DETACH_SETTLE).await;
-            let account = probes.counters.account()?;
-            drain(ring.get_mut(), &mut run, &mut probes.marks)?;
+            let account = kernel.counters.account()?;
+            drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
             account
         }
         true => {
             settle_kept(
                 ring.get_mut(),
                 &mut run,
-                &probes.counters,
-                &mut probes.marks,
+                &kernel.counters,
+                &mut kernel.marks,
             )
             .await?
         }
     };
     let losses = account.losses;
-    run.keep_exact(losses, &probes.tracked)?;
+    run.keep_exact(losses, &kernel.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
     run.scan_leaks()?;
@@ -339,7 +393,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
 fn resume(
     taken: &Taken,
     state: &Option<StateDir>,
-    probes: &mut Probes,
+    facts: &LoadFacts,
+    tracked: &mut TrackedMap,
     run: &mut Pipeline,
     t0: u64,
 ) -> Result<(Option<Resumed>, bool)> {
@@ -349,7 +404,7 @@ fn resume(
     let (checkpoint, took, unsaved, whole) = match taken {
         Taken::Nothing => return Ok((None, false)),
         Taken::Lineage(checkpoint) => {
-            let took = run.resume(&checkpoint.nodes, &mut probes.tracked)?;
+            let took = run.resume(&checkpoint.nodes, tracked)?;
             (checkpoint, took, 0, false)
         }
         Taken::Whole {
@@ -364,7 +419,7 @@ fn resume(
                     received: mark.received,
                     unsaved,
                     reported: kept.losses,
-                    took_over: probes.took_over,
+                    took_over: facts.took_over,
                 },
             );
             (checkpoint, took, unsaved, true)
@@ -432,7 +487,8 @@ pub(super) fn follow_pidfiles(
         let stat = match stat {
             Ok(stat) => stat,
             Err(e) => {
-                eprintln!("reaper-trace: {label}: {e:#}; waiting for it to change");
+                let note = format!("{label}: {e:#}; waiting for it to change");
+                run.output().note(&note)?;
                 continue;
             }
         };
@@ -491,5 +547,8 @@ fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
     let mut out = Output::new(json, human, t0);
     out.set_findings_only(cli.check && !cli.verbose);
     out.set_status(StatusLine::for_stderr(!cli.quiet));
+    // Notes are lines of their own on stderr, whole (`-- CMD` may write there too); with
+    // `--quiet` too: they are about the audit itself (a checkpoint not written), not events.
+    out.set_notes(Some(Box::new(WholeLines::new(std::io::stderr()))));
     Ok(out)
 }

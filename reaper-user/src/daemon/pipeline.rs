@@ -13,23 +13,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use reaper_common::interpreter::Interpreter;
-use rustc_hash::FxHashMap;
 
-use crate::capture::decode::{CopiedStack, What};
+use crate::capture::decode::KernelEvent;
 use crate::capture::loader::{Accounting, LossCounts};
 use crate::capture::reader::Reader;
 use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
-use crate::lineage::graph::{LineageGraph, NodeId, Seed, SpawnStack};
+use crate::lineage::graph::{Change, LineageGraph, Seed};
 use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
-use crate::sites::{self, Named, SpawnSites};
+use crate::sites::{self, NamedThisRound, SpawnSites};
 use crate::stream::Stamped;
 use crate::stream::events::Event;
 use crate::stream::evidence::Frame;
@@ -37,9 +35,6 @@ use crate::text::Args;
 
 mod resume;
 pub use resume::{KeptState, Resumed};
-
-/// The spawn sites one round of flags named, by (spawner, Python stack, native stack).
-type NamedThisRound = FxHashMap<(NodeId, Option<u64>, Option<u64>), (Arc<[Frame]>, bool)>;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -93,134 +88,31 @@ impl Pipeline {
         self.sites = Some(sites);
     }
 
-    /// Locates a fork's native stack (see [`SpawnSites::locate`]), once per spawner.
-    fn locate_spawn_site(&mut self, stack: u64, spawner: NodeId) {
-        let key = (stack, spawner);
-        // A spawner forking the same way again: nothing to read, no lineage walk.
-        if self.sites.as_ref().is_none_or(|s| s.knows(key)) {
-            return;
-        }
-        let holders = self.code_holders(spawner);
-        if let Some(sites) = self.sites.as_mut() {
-            sites.locate(key, &holders);
-        }
-    }
-
-    /// The live processes that run `spawner`'s code: itself, then each spawner up the lineage
-    /// that it shares its code with (none of them exec'd since its fork).
-    fn code_holders(&self, spawner: NodeId) -> Vec<u32> {
-        let mut holders = Vec::new();
-        let mut node = self.graph.node(spawner);
-        while let Some(n) = node {
-            if n.alive() {
-                holders.push(n.pid);
-            }
-            if n.execs > 0 || n.seeded {
-                break;
-            }
-            node = n.spawner.and_then(|s| self.graph.node(s));
-        }
-        holders
-    }
-
-    /// Looks at the program process `pid` runs (new, or just exec'd): a Python interpreter's
-    /// layout goes to the kernel, a Node host is marked for copies of its stacks, and the
-    /// interpreter's name (`python3.12`, `node`) goes to the exec event. `program`: the
-    /// interpreter the program file is (see `reaper_common::interpreter`).
-    fn look_for_interpreter(
-        &mut self,
-        pid: u32,
-        start: u64,
-        program: Option<Interpreter>,
-    ) -> Option<String> {
-        let sites = self.sites.as_mut()?;
-        let node = self.graph.current(pid)?.id;
-        match sites.exec(node, pid, start, program) {
-            Ok(found) => found,
-            Err(why) => {
-                self.out.note(&why);
-                None
-            }
-        }
-    }
-
-    /// A fork's stacks: the native one located in its spawner's mappings (a JIT host's
-    /// copy unwound there), each noted as having spawned the child (a stack is kept while a
-    /// process it spawned is); and interpreters not mapped at their exec looked at again, for
-    /// the spawner's next forks.
-    fn note_spawn_stacks(
-        &mut self,
-        spawner: u32,
-        child: u32,
-        stack: SpawnStack,
-        copy: Option<&CopiedStack>,
-    ) {
-        let spawner = self.graph.current(spawner).map(|n| (n.id, n.pid));
-        if let (Some(native), Some((node, _))) = (stack.native, spawner) {
-            self.locate_spawn_site(native, node);
-            // A native site's stack copied at its first fork: unwound too, as deep as it goes.
-            if let Some(copy) = copy {
-                let holders = self.code_holders(node);
-                if let Some(sites) = self.sites.as_mut() {
-                    sites.unwind_site((native, node), &holders, copy);
-                }
-            }
-        }
-        let (Some(sites), Some(child)) = (self.sites.as_mut(), self.graph.current(child)) else {
-            return;
-        };
-        // A JIT host's stack, copied at each fork.
-        if let (Some(copy), Some(host), None) = (copy, spawner, stack.native) {
-            sites.unwind(copy, host.0, host.1, child.id);
-        }
-        if let Some(native) = stack.native {
-            sites.spawned(native, child.id);
-        }
-        if let (Some(key), Some(python), Some(spawner)) =
-            (stack.python, sites.python.as_mut(), spawner)
-        {
-            python.spawned(key, child.id);
-            python.name_at_fork(key, spawner);
-        }
-        self.look_again_for_interpreters();
-    }
-
-    /// The frames that spawned process `pid`, when its fork's stacks were taken: its
-    /// spawner's Python frames (named at the fork), then its native ones; and whether they were
-    /// cut. `named` holds what this round named already, by spawner and stacks: the instances
-    /// of one site share one list (a scan can flag thousands of them).
-    fn spawned_at(&mut self, pid: u32, named: &mut NamedThisRound) -> (Arc<[Frame]>, bool) {
-        let Some(node) = self.graph.current(pid) else {
-            return Default::default();
-        };
-        let Some(spawner) = node.spawner.and_then(|s| self.graph.node(s)) else {
-            return Default::default();
-        };
-        let holders = self.code_holders(spawner.id);
+    /// What a record's change means for spawn sites (see [`SpawnSites::on_change`]):
+    /// returns an exec's interpreter; what the operator is to know is written.
+    fn spawn_sites(&mut self, change: &Change, ev: &KernelEvent) -> Result<Option<String>> {
         let Some(sites) = self.sites.as_mut() else {
-            return Default::default();
+            return Ok(None);
         };
-        // A JIT host's stack is copied and unwound for each fork: its own.
-        if let Some(frames) = sites.unwound_frames(node.id, spawner.pid, spawner.alive()) {
-            return (frames.into(), false);
+        let seen = sites.on_change(&self.graph, change, ev);
+        self.tell(&seen.notes)?;
+        Ok(seen.interpreter)
+    }
+
+    /// The frames that spawned process `pid` (see [`SpawnSites::spawned_at`]).
+    fn spawned_at(&mut self, pid: u32, named: &mut NamedThisRound) -> (Arc<[Frame]>, bool) {
+        match self.sites.as_mut() {
+            Some(sites) => sites.spawned_at(&self.graph, pid, named),
+            None => Default::default(),
         }
-        let stack = node.spawn_stack;
-        let key = (spawner.id, stack.python, stack.native);
-        if let Some(known) = named.get(&key) {
-            return known.clone();
+    }
+
+    /// Operator notes, written.
+    fn tell(&mut self, notes: &[String]) -> Result<()> {
+        for note in notes {
+            self.out.note(note)?;
         }
-        let mut frames = Vec::new();
-        if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
-            frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
-        }
-        let mut native = match stack.native {
-            Some(native) => sites.frames((native, spawner.id), &holders),
-            None => Named::default(),
-        };
-        frames.append(&mut native.frames);
-        let found = (Arc::from(frames), native.truncated);
-        named.insert(key, found.clone());
-        found
+        Ok(())
     }
 
     /// The one writer, for what only it does (the status line, the closing tree, flushes).
@@ -237,48 +129,33 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Handles one ring-buffer record.
+    /// Takes in one ring-buffer record: the graph applies it and says what changed; the
+    /// record's events are built from that change, once (its own, then the flags its exit
+    /// cleared, then the gateway it announced), and written together. They are written where
+    /// they are built, not returned: a list handed back would move every event once more, a
+    /// tenth of the record's cost in a fork storm.
     pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(ev) = self.reader.take(bytes) else {
             return Ok(());
         };
-        let applied = self.graph.apply(&ev);
-        let mut interpreter = None;
-        match ev.what {
-            What::Fork {
-                spawner,
-                stack,
-                ref copy,
-                ..
-            } => self.note_spawn_stacks(spawner, ev.pid, stack, copy.as_deref()),
-            What::Exec {
-                interpreter: program,
-                ..
-            } => interpreter = self.look_for_interpreter(ev.pid, ev.start, program),
-            _ => {}
-        }
-        let Some(node) = self.upkeep.on_record(&mut self.graph, &ev, applied) else {
-            return Ok(());
-        };
-        let gateway = self.gateways.on_record(&mut self.graph, &ev, node);
+        let change = self.graph.apply(&ev);
+        let interpreter = self.spawn_sites(&change, &ev)?;
+        self.upkeep.on_change(&self.graph, &change, ev.pid);
+        let gateway = self.gateways.on_change(&self.graph, &change, ev.ts);
         if gateway.is_some() {
             self.learn_gateway_code(ev.pid);
         }
-        if let Some(mut event) = Event::from_kernel(&ev) {
-            if let Event::Exec(exec) = &mut event {
-                exec.interpreter = interpreter;
-            }
-            self.out.event(ev.ts, &event)?;
-        }
-        if matches!(ev.what, What::Exit { .. }) {
+        let own = Event::of_change(&self.graph, &change, ev.pid, interpreter);
+        let mut cleared = Vec::new();
+        if let Change::Exited { node, .. } = change {
             self.last_exit = ev.ts;
-            let cleared = self.inspector.exited(node);
-            let found = cleared
-                .iter()
-                .filter_map(|c| flags::change_event(&self.graph, c, ev.ts));
-            for event in found {
-                self.out.event(ev.ts, &event)?;
-            }
+            cleared = self.inspector.exited(node);
+        }
+        let cleared = cleared
+            .iter()
+            .filter_map(|c| flags::change_event(&self.graph, c, ev.ts));
+        for event in own.into_iter().chain(cleared) {
+            self.out.event(ev.ts, &event)?;
         }
         self.write(gateway)
     }
@@ -290,21 +167,15 @@ impl Pipeline {
 
     /// Ends a batch of records (see [`Reader::end_batch`]); interpreters whose library was
     /// not mapped at their exec are looked at again.
-    pub fn end_batch(&mut self) {
+    pub fn end_batch(&mut self) -> Result<()> {
         self.reader.end_batch();
-        self.look_again_for_interpreters();
+        self.look_again_for_interpreters()
     }
 
     /// Interpreters whose library was not mapped at their exec, looked at again.
-    pub fn look_again_for_interpreters(&mut self) {
-        let Some(python) = self.sites.as_mut().and_then(|s| s.python.as_mut()) else {
-            return;
-        };
-        if python.has_pending() {
-            for note in python.look_again() {
-                self.out.note(&note);
-            }
-        }
+    pub fn look_again_for_interpreters(&mut self) -> Result<()> {
+        let notes = self.sites.as_mut().map(|s| s.look_again());
+        self.tell(&notes.unwrap_or_default())
     }
 
     /// Records taken from the ring so far (by every run of a kept state).
@@ -318,10 +189,10 @@ impl Pipeline {
             let pid = seed.pid;
             let (id, new) = self.graph.add_seed(seed);
             if new {
-                // Its start is known to the clock tick only: 0 tells the probe to take the
-                // entry for whatever process has the pid (its free removes it).
-                let program = self.sites.as_ref().and_then(|_| sites::program_of(pid));
-                self.look_for_interpreter(pid, 0, program);
+                if let Some(sites) = self.sites.as_mut() {
+                    let seen = sites.found(id, pid, sites::program_of(pid));
+                    self.tell(&seen.notes)?;
+                }
                 let found = upkeep::snapshot(&self.graph, id);
                 self.write(found)?;
             }
@@ -358,7 +229,8 @@ impl Pipeline {
 
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
     pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
-        self.gateways.expect(pid, argv);
+        self.graph.expect_gateway(pid);
+        self.gateways.expect(argv);
     }
 
     /// Whether the graph holds `pid` as a live gateway.
@@ -394,10 +266,7 @@ impl Pipeline {
 
     /// Interpreters wait to be looked at again (their libpython not mapped at their exec).
     pub fn has_pending_interpreters(&self) -> bool {
-        self.sites
-            .as_ref()
-            .and_then(|s| s.python.as_ref())
-            .is_some_and(|p| p.has_pending())
+        self.sites.as_ref().is_some_and(|s| s.has_pending())
     }
 
     /// Children of an exited process wait to be read back (see [`Upkeep`]).
@@ -432,6 +301,8 @@ impl Pipeline {
             .iter()
             .filter_map(|change| flags::change_event(&self.graph, change, now))
             .collect();
+        let notes = self.inspector.take_notes();
+        self.tell(&notes)?;
         let mut named = NamedThisRound::default();
         for event in &mut found {
             if let Event::Flag(flag) = event {

@@ -6,8 +6,8 @@ use reaper_common::MatchedAt;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Selectors;
-use crate::capture::decode::{KernelEvent, MAX_ARGS, What};
-use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::capture::decode::MAX_ARGS;
+use crate::lineage::graph::{Change, LineageGraph, NodeId};
 use crate::procfs;
 use crate::stream::Stamped;
 use crate::stream::events::{Argv, Event, Gateway, ProcText};
@@ -18,14 +18,12 @@ use crate::text::Args;
 pub struct Announcer {
     /// The selectors' labels, by number.
     labels: Vec<String>,
-    /// Pids that are gateways once their fork event arrives (the `-- CMD` gateway).
-    pending: HashSet<u32>,
     /// The `-- CMD` gateway's command line.
     command: Args,
     /// Gateways the stream has announced.
     announced: HashSet<NodeId>,
     /// Gateways matched at exec, announced after their exec event (with the new argv).
-    at_exec: HashMap<u32, usize>,
+    at_exec: HashMap<NodeId, usize>,
 }
 
 impl Announcer {
@@ -37,39 +35,37 @@ impl Announcer {
         }
     }
 
-    /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
-    pub fn expect(&mut self, pid: u32, argv: Args) {
-        self.pending.insert(pid);
+    /// The `-- CMD` gateway's command line (the graph expects its pid: see
+    /// [`LineageGraph::expect_gateway`]).
+    pub fn expect(&mut self, argv: Args) {
         self.command = argv;
     }
 
-    /// What kernel event `ev`, applied to `graph` as node `node`, means for the gateways: the
-    /// `gateway` event it brings (to be written after `ev`'s own), if any.
-    pub fn on_record(
-        &mut self,
-        graph: &mut LineageGraph,
-        ev: &KernelEvent,
-        node: NodeId,
-    ) -> Option<Stamped> {
-        let selector = match &ev.what {
-            What::Gateway {
+    /// What a record's change to `graph` means for the gateways: the `gateway` event it
+    /// brings (to be written after the record's own), if any.
+    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change, ts: u64) -> Option<Stamped> {
+        let (node, selector) = match *change {
+            Change::Matched {
+                node,
                 selector,
-                matched_at: MatchedAt::Exec,
+                at: MatchedAt::Exec,
+            } => {
+                self.at_exec.insert(node, selector);
+                return None;
+            }
+            Change::Matched { node, selector, .. } => (node, selector),
+            Change::Execed { node, .. } => (node, self.at_exec.remove(&node)?),
+            Change::Forked {
+                node,
+                command: true,
                 ..
             } => {
-                self.at_exec.insert(ev.pid, *selector as usize);
-                None
+                self.at_exec.insert(node, Selectors::COMMAND);
+                return None;
             }
-            What::Gateway { selector, .. } => Some(*selector as usize),
-            What::Exec { .. } => self.at_exec.remove(&ev.pid),
-            What::Fork { .. } if self.pending.remove(&ev.pid) => {
-                graph.set_gateway(node);
-                self.at_exec.insert(ev.pid, Selectors::COMMAND);
-                None
-            }
-            _ => None,
-        }?;
-        self.announce(graph, node, selector, ev.ts)
+            _ => return None,
+        };
+        self.announce(graph, node, selector, ts)
     }
 
     /// The `gateway` event for node `id`, found by selector number `selector`, once.
@@ -115,13 +111,13 @@ impl Announcer {
     /// The gateway pids known so far, with the one not forked yet (for `ready`).
     pub fn pids(&self, graph: &LineageGraph) -> Vec<u32> {
         let mut pids: Vec<u32> = graph.gateways().map(|n| n.pid).collect();
-        pids.extend(self.pending.iter().copied());
+        pids.extend(graph.expected_gateways());
         pids.sort_unstable();
         pids
     }
 
     /// Every gateway has exited (or none is known yet to be alive).
     pub fn all_exited(&self, graph: &LineageGraph) -> bool {
-        self.pending.is_empty() && graph.gateways().all(|n| !n.alive())
+        graph.expected_gateways().next().is_none() && graph.gateways().all(|n| !n.alive())
     }
 }

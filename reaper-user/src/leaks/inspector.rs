@@ -163,6 +163,11 @@ impl Inspector {
         self.census.take()
     }
 
+    /// What the operator is to be told about the scans (see [`Sampler::take_notes`]).
+    pub fn take_notes(&mut self) -> Vec<String> {
+        self.sampler.take_notes()
+    }
+
     /// The flags of a process that just exited, cleared from its exit record (not at the
     /// next scan: a flag must not outlive the process's own `exit` event).
     pub fn exited(&mut self, id: NodeId) -> Vec<Change> {

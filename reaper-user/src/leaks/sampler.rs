@@ -69,9 +69,16 @@ impl Sample {
 pub struct Sampler {
     /// Opened at the first socket; `None` after it could not be (peers then stay unknown).
     diag: Option<Option<SockDiag>>,
+    /// What to tell the operator (why socket peers stay unknown), until taken.
+    notes: Vec<String>,
 }
 
 impl Sampler {
+    /// What the operator is to be told, once each.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
     /// Samples the process `id` while its pid still names it. A socket's peer is taken from
     /// `before` (its previous sample) when the socket is the same.
     pub fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
@@ -153,13 +160,12 @@ impl Sampler {
         if let Some(f) = known {
             return (f.socket, f.peer_inode);
         }
+        let notes = &mut self.notes;
         let diag = self
             .diag
             .get_or_insert_with(|| {
                 SockDiag::open()
-                    .inspect_err(|e| {
-                        eprintln!("reaper-trace: warning: {e}; socket peers stay unknown")
-                    })
+                    .inspect_err(|e| notes.push(format!("warning: {e}; socket peers stay unknown")))
                     .ok()
             })
             .as_mut();

@@ -16,6 +16,7 @@ pub use crate::capture::decode::SpawnStack;
 pub use crate::identity::Start;
 use crate::identity::{ProcessId, boottime_to_ticks};
 use crate::text::{Args, Comm};
+pub use change::Change;
 use pids::PidIndex;
 use slab::Nodes;
 
@@ -91,20 +92,6 @@ impl Node {
     }
 }
 
-/// What a kernel event did to the graph.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Applied {
-    /// The event named a node (created or updated).
-    Node(NodeId),
-    /// An exit: also the live processes whose real parent it was, to be reparented.
-    Exit { node: NodeId, orphans: Vec<NodeId> },
-    /// A process the graph does not know (only after a loss): resync it.
-    Unknown,
-    /// Something already recorded: a kernel free arriving after the release was learnt
-    /// from /proc. Nothing to report.
-    Duplicate,
-}
-
 /// A process found in /proc, for seeding and resyncs.
 #[derive(Clone, Debug)]
 pub struct Seed {
@@ -137,6 +124,8 @@ pub struct LineageGraph {
     gateways: Vec<NodeId>,
     /// The argv of a process whose program is not known yet: one shared empty list.
     no_argv: Args,
+    /// Pids that are gateways once their fork is seen (the `-- CMD` gateway).
+    expected_gateways: HashSet<u32>,
 }
 
 impl LineageGraph {
@@ -153,7 +142,36 @@ impl LineageGraph {
             zombies: 0,
             gateways: Vec::new(),
             no_argv: Args::none(),
+            expected_gateways: HashSet::default(),
         }
+    }
+
+    /// `pid` becomes a gateway when its fork is seen (the `-- CMD` gateway, forked by the run
+    /// itself before its record comes).
+    pub fn expect_gateway(&mut self, pid: u32) {
+        self.expected_gateways.insert(pid);
+    }
+
+    /// The gateways expected whose fork was not seen yet.
+    pub fn expected_gateways(&self) -> impl Iterator<Item = u32> + '_ {
+        self.expected_gateways.iter().copied()
+    }
+
+    /// The live processes that run `spawner`'s code: itself, then each spawner up the lineage
+    /// that it shares its code with (none of them exec'd since its fork).
+    pub fn code_holders(&self, spawner: NodeId) -> Vec<u32> {
+        let mut holders = Vec::new();
+        let mut node = self.node(spawner);
+        while let Some(n) = node {
+            if n.alive() {
+                holders.push(n.pid);
+            }
+            if n.execs > 0 || n.seeded {
+                break;
+            }
+            node = n.spawner.and_then(|s| self.node(s));
+        }
+        holders
     }
 
     pub fn node(&self, id: NodeId) -> Option<&Node> {
@@ -362,7 +380,7 @@ impl LineageGraph {
 
     /// Marks a node whose facts are incomplete (the kernel does not follow it, or it was
     /// re-read from /proc after a loss).
-    pub fn mark_uncertain(&mut self, id: NodeId) {
+    fn mark_uncertain(&mut self, id: NodeId) {
         if let Some(n) = self.nodes.get_mut(id) {
             n.uncertain = true;
         }
@@ -450,6 +468,7 @@ impl LineageGraph {
 }
 
 mod chain;
+mod change;
 mod events;
 mod pids;
 pub mod saved;

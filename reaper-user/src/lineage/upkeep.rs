@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use reaper_common::EventKind;
 use rustc_hash::FxHashSet as HashSet;
 
-use super::graph::{Applied, LineageGraph, NodeId, Seed};
+use super::graph::{Change, LineageGraph, NodeId, Seed};
 use super::seed::{TrackedMap, seed_of};
 
-use crate::capture::decode::{KernelEvent, What};
 use crate::capture::loader::LossCounts;
 use crate::procfs::{self, boottime_now, placement};
 use crate::stream::{
@@ -67,46 +66,34 @@ impl Upkeep {
         self.reported_losses
     }
 
-    /// What kernel event `ev`, applied to `graph` as `applied`, leaves to check later. Returns
-    /// the node it is about, or none when there is nothing to report: a duplicate, or a
-    /// process the graph does not know (re-read from /proc at the next check, unless the
-    /// event is its free: gone, nothing to repair).
-    pub fn on_record(
-        &mut self,
-        graph: &mut LineageGraph,
-        ev: &KernelEvent,
-        applied: Applied,
-    ) -> Option<NodeId> {
-        match (applied, &ev.what) {
-            (Applied::Duplicate, _) | (Applied::Unknown, What::Free) => None,
-            (Applied::Unknown, _) => {
-                self.resync_pids.insert(ev.pid);
-                None
+    /// What a record's change to `graph` leaves to check later: a process the graph did not
+    /// know (re-read from /proc at the next check), one the kernel will not follow, the live
+    /// children of an exit.
+    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change, pid: u32) {
+        match change {
+            Change::Unknown { pid } => {
+                self.resync_pids.insert(*pid);
             }
-            (Applied::Node(id), What::Fork { untracked, .. }) => {
-                if *untracked {
-                    // Forked while the tracked map was full: the kernel will not follow it.
-                    self.untracked_children.push(ev.pid);
-                    self.unfollowed.insert(id);
-                    graph.mark_uncertain(id);
-                }
-                Some(id)
+            Change::Forked {
+                node,
+                untracked: true,
+                ..
+            } => {
+                self.untracked_children.push(pid);
+                self.unfollowed.insert(*node);
             }
-            (Applied::Exit { node, orphans }, _) => {
-                self.orphaned(graph, orphans);
-                Some(node)
-            }
-            (Applied::Node(id), _) => Some(id),
+            Change::Exited { orphans, .. } => self.orphaned(graph, orphans),
+            _ => {}
         }
     }
 
     /// The live children of an exited process, whose new parents are to be read back.
-    fn orphaned(&mut self, graph: &LineageGraph, orphans: Vec<NodeId>) {
+    fn orphaned(&mut self, graph: &LineageGraph, orphans: &[NodeId]) {
         if orphans.is_empty() {
             return;
         }
         let since = Instant::now();
-        for orphan in orphans {
+        for &orphan in orphans {
             if let Some(n) = graph.node(orphan) {
                 self.pending_reparents.push(PendingReparent {
                     node: orphan,

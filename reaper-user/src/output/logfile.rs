@@ -136,7 +136,9 @@ impl Write for LogFile {
     }
 
     /// Writes what is queued. Never fails: a refusing disk is reported on stderr and the
-    /// lines wait (or, past the backlog limit, are dropped and counted).
+    /// lines wait (or, past the backlog limit, are dropped and counted). Said on stderr
+    /// directly, not as a `note`: this is the stream's own outlet failing, and a note would be
+    /// queued behind the lines it cannot write.
     fn flush(&mut self) -> io::Result<()> {
         match self.write_pending() {
             Ok(()) => {

@@ -16,14 +16,17 @@ use anyhow::{Context, Result};
 use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
 use crate::output::status::StatusLine;
-use crate::stream::events::{Counts, Envelope, Event};
+use crate::procfs::boottime_now;
+use crate::stream::events::{Counts, Envelope, Event, Note};
 
 /// Writes the event stream. NDJSON goes to each of `json` (stdout with `--json`, the file of
 /// `--output`); readable lines go to `human` (stdout by default, stderr with `--json`). Every
-/// event is also counted in the metrics.
+/// event is also counted in the metrics. Operator notes go to `notes` (standard error) and, as
+/// `note` events, into the NDJSON stream.
 pub struct Output {
     json: Vec<Box<dyn Write + Send>>,
     human: Option<Box<dyn Write + Send>>,
+    notes: Option<Box<dyn Write + Send>>,
     pub metrics: Metrics,
     /// The lifecycle events written so far, for the summary.
     pub counts: Counts,
@@ -47,6 +50,7 @@ impl Output {
         Output {
             json,
             human,
+            notes: None,
             metrics: Metrics::new(),
             counts: Counts::default(),
             status: None,
@@ -63,9 +67,24 @@ impl Output {
         self.findings_only = on;
     }
 
-    /// Tells the operator something about the run that is no event (on standard error).
-    pub fn note(&mut self, text: &str) {
-        eprintln!("reaper-trace: {text}");
+    /// Where people read operator notes (whole lines; standard error), if anywhere.
+    pub fn set_notes(&mut self, notes: Option<Box<dyn Write + Send>>) {
+        self.notes = notes;
+    }
+
+    /// Tells the operator something about the run that is no process's event: a line for
+    /// people (`reaper-trace: TEXT`, on the notes' outlet at once) and a `note` event in the
+    /// NDJSON stream.
+    pub fn note(&mut self, text: &str) -> Result<()> {
+        if let Some(w) = self.notes.as_mut() {
+            if let Some(s) = self.status.as_mut() {
+                s.clear();
+            }
+            writeln!(w, "reaper-trace: {text}")
+                .and_then(|()| w.flush())
+                .context("writing a note")?;
+        }
+        self.record(boottime_now(), &Note::event(text))
     }
 
     /// Emits one event stamped `ts`.

@@ -12,6 +12,7 @@ use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
 use reaper_common::interpreter::Interpreter;
 use serde::{Deserialize, Serialize};
+pub use spawns::{NamedThisRound, Seen};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
@@ -26,6 +27,7 @@ mod mappings;
 mod native;
 pub mod python;
 mod referrers;
+mod spawns;
 mod unwind;
 
 /// A live process's unwound spawn stack (see [`jit`]), as the checkpoint keeps it: the next run
@@ -41,7 +43,7 @@ pub struct SavedUnwound {
 pub struct SpawnSites {
     native: NativeStacks,
     /// `--spawn-stacks auto`: Python spawners' frames.
-    pub python: Option<PythonStacks>,
+    python: Option<PythonStacks>,
     /// `--spawn-stacks auto`: JIT hosts' frames.
     jit: Option<JitStacks>,
     /// The objects copies were unwound with (JIT hosts' and native spawners').
@@ -72,7 +74,7 @@ impl SpawnSites {
     ///
     /// Only an executable named like one is looked into (its mappings read only then): a
     /// program embedding libpython under another name gives native frames.
-    pub fn exec(
+    fn exec(
         &mut self,
         node: NodeId,
         pid: u32,
@@ -92,7 +94,7 @@ impl SpawnSites {
     }
 
     /// Unwinds a JIT host's stack copied at the fork of `child` (see [`jit`]).
-    pub fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
+    fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
         if let Some(jit) = self.jit.as_mut() {
             jit.unwind(&mut self.objects, copy, (spawner, pid), child);
         }
@@ -103,7 +105,7 @@ impl SpawnSites {
     /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
     /// is gone by now, its parent is not): the site's frames from now on. With none left,
     /// the site keeps its frame-pointer walk (located first: see [`NativeStacks::take_unwound`]).
-    pub fn unwind_site(&mut self, key: SiteKey, holders: &[u32], copy: &CopiedStack) {
+    fn unwind_site(&mut self, key: SiteKey, holders: &[u32], copy: &CopiedStack) {
         if self.native.unwound(key) {
             return;
         }
@@ -119,7 +121,7 @@ impl SpawnSites {
     /// The frames `child` was spawned at, when they were unwound from a copy (see
     /// [`jit`]): its host's JavaScript frames, then its native ones. `pid` is the host's,
     /// `alive` whether it still runs.
-    pub fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
+    fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
         self.jit.as_mut()?.frames(
             self.symbolizer.get_or_insert_with(Symbolizer::new),
             child,
@@ -135,7 +137,7 @@ impl SpawnSites {
     }
 
     /// Notes that native stack `stack` spawned process `child`.
-    pub fn spawned(&mut self, stack: u64, child: NodeId) {
+    fn spawned(&mut self, stack: u64, child: NodeId) {
         self.native.spawned(stack, child);
     }
 
@@ -152,17 +154,17 @@ impl SpawnSites {
     }
 
     /// Whether the native stack of `key` was located.
-    pub fn knows(&self, key: SiteKey) -> bool {
+    fn knows(&self, key: SiteKey) -> bool {
         self.native.knows(key)
     }
 
     /// Locates the native stack of `key` (see [`NativeStacks::locate`]).
-    pub fn locate(&mut self, key: SiteKey, holders: &[u32]) {
+    fn locate(&mut self, key: SiteKey, holders: &[u32]) {
         self.native.locate(key, holders);
     }
 
     /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
-    pub fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
+    fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
         let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
         self.native.frames(symbolizer, key, holders)
     }
@@ -189,7 +191,7 @@ impl SpawnSites {
     }
 
     /// Takes back the unwound frames a checkpoint kept for `child`, spawned by `spawner`.
-    pub fn take_back_unwound(&mut self, child: NodeId, spawner: NodeId, frames: Vec<Located>) {
+    fn take_back_unwound(&mut self, child: NodeId, spawner: NodeId, frames: Vec<Located>) {
         if let Some(jit) = self.jit.as_mut() {
             jit.take_back(child, spawner, frames);
         }

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::capture::decode::{KernelEvent, What};
+use crate::lineage::graph::{Change, LineageGraph};
 
 pub use super::fields::{Argv, ProcBytes, ProcText};
 pub use super::kinds::{Counts, Kind, Lifecycle};
@@ -27,7 +27,8 @@ mod run;
 pub use findings::{Check, Cleared, Flag, Kill, LeakedProcess};
 pub use process::{Exec, Exit, Fork, Reaped, Reparent, Setsid, Snapshot};
 pub use run::{
-    AliveProcess, Delivery, Gateway, Latency, Lost, Name, Ready, Resumed, StopCommand, Summary,
+    AliveProcess, Delivery, Gateway, Latency, Lost, Name, Note, Ready, Resumed, StopCommand,
+    Summary,
 };
 
 /// One line of the stream: `seq` (position in this stream, from 0), `ts` (boot-time ns), the
@@ -145,56 +146,46 @@ events! {
     Cleared(Cleared) = other("cleared", true);
     Check(Check) = other("check", true);
     StopCommand(StopCommand) = other("stop_command", false);
+    Note(Note) = other("note", false);
 }
 
 impl Event {
-    /// The stream's event for a kernel record. A gateway match has none of its own: the tracer
-    /// announces the gateway with its selector's name.
-    pub fn from_kernel(ev: &KernelEvent) -> Option<Event> {
-        let pid = ev.pid;
-        Some(match &ev.what {
-            What::Fork {
-                spawner,
-                ppid,
-                sid,
-                pgid,
-                uid,
-                cgroup_id,
-                comm,
-                spawner_tid,
+    /// The stream's event for what a record about process `pid` changed in `graph`, built
+    /// from the node it names (`interpreter`: an exec's, when its frames are read). A gateway
+    /// match has none of its own: the tracer announces the gateway with its selector's name;
+    /// a record that changed nothing has none.
+    pub fn of_change(
+        graph: &LineageGraph,
+        change: &Change,
+        pid: u32,
+        interpreter: Option<String>,
+    ) -> Option<Event> {
+        let node = change.node().and_then(|id| graph.node(id));
+        Some(match (change, node) {
+            (&Change::Forked { untracked, .. }, Some(n)) => Event::Fork(Fork {
+                pid,
+                ppid: n.ppid,
+                spawner: n.spawner_pid.unwrap_or_default(),
+                comm: ProcText::new("comm", n.comm),
+                start: n.start.boottime_ns(),
+                sid: n.sid,
+                pgid: n.pgid,
+                uid: n.uid.unwrap_or_default(),
+                cgroup_id: n.cgroup_id.unwrap_or_default(),
                 untracked,
-                ..
-            } => Event::Fork(Fork {
-                pid,
-                ppid: *ppid,
-                spawner: *spawner,
-                comm: ProcText::new("comm", *comm),
-                start: ev.start,
-                sid: *sid,
-                pgid: *pgid,
-                uid: *uid,
-                cgroup_id: *cgroup_id,
-                untracked: *untracked,
-                thread: SpawningThread::of(
-                    (spawner_tid != spawner).then_some((*spawner_tid, *comm)),
-                ),
+                thread: SpawningThread::of(n.spawning_thread),
             }),
-            What::Exec {
-                old_tid,
-                filename,
-                argv,
+            (&Change::Execed { tid, truncated, .. }, Some(n)) => Event::Exec(Exec {
+                pid,
+                filename: ProcText::new("filename", n.filename.clone().unwrap_or_default()),
+                argv: Argv::new(n.argv.clone()),
                 truncated,
-                ..
-            } => Event::Exec(Exec {
-                pid,
-                filename: ProcText::new("filename", filename.clone()),
-                argv: Argv::new(argv.clone()),
-                truncated: *truncated,
-                tid: *old_tid,
-                interpreter: None,
+                tid,
+                interpreter,
             }),
-            What::Exit { status } => {
-                let (exit_code, signal, core) = wait_status(*status);
+            (Change::Exited { .. }, Some(n)) => {
+                let status = n.exited.and_then(|e| e.status).unwrap_or_default();
+                let (exit_code, signal, core) = wait_status(status);
                 Event::Exit(Exit {
                     pid,
                     exit_code,
@@ -202,12 +193,13 @@ impl Event {
                     core,
                 })
             }
-            What::Free => Event::Reaped(Reaped {
+            // Its node may be pruned already: the pid is all it says.
+            (Change::Reaped { .. }, _) => Event::Reaped(Reaped {
                 pid,
                 from_proc: false,
             }),
-            What::Setsid { sid } => Event::Setsid(Setsid { pid, sid: *sid }),
-            What::Gateway { .. } => return None,
+            (Change::Setsid { .. }, Some(n)) => Event::Setsid(Setsid { pid, sid: n.sid }),
+            _ => return None,
         })
     }
 

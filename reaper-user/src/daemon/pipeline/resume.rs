@@ -90,22 +90,11 @@ impl Pipeline {
             unwound.iter().map(|u| ((u.pid, u.start), u)).collect();
         let restored: Vec<NodeId> = self.graph.alive().map(|n| n.id).collect();
         for child in restored {
-            let (Some(node), Some(sites)) = (self.graph.node(child), self.sites.as_mut()) else {
-                continue;
-            };
-            let (stack, spawner) = (node.spawn_stack, node.spawner);
-            if let (Some(u), Some(spawner)) =
-                (unwound.remove(&(node.pid, node.start.into())), spawner)
-            {
-                sites.take_back_unwound(child, spawner, u.frames.clone());
-            }
-            if let (Some(key), Some(python)) = (stack.python, sites.python.as_mut()) {
-                python.spawned(key, child);
-            }
-            if let (Some(key), Some(spawner)) = (stack.native, spawner) {
-                sites.spawned(key, child);
-                self.locate_spawn_site(key, spawner);
-            }
+            let kept = self
+                .graph
+                .node(child)
+                .and_then(|n| unwound.remove(&(n.pid, n.start.into())));
+            sites.take_back(&self.graph, child, kept.map(|u| u.frames.clone()));
         }
     }
 

@@ -1,25 +1,33 @@
 //! What each kernel event does to the graph: the fork fixes the lineage edge, exec names the
 //! process, exit and free end it, setsid marks its escape, a gateway record makes a root.
-use super::{Applied, ExitInfo, LineageGraph, NodeId, Start};
+//! Every change a record makes is made here, and said in the [`Change`] returned.
+use super::{Change, ExitInfo, LineageGraph, NodeId, Start};
 use crate::capture::decode::{KernelEvent, What};
+use crate::text::Comm;
 
 impl LineageGraph {
-    /// Applies one kernel event.
-    pub fn apply(&mut self, ev: &KernelEvent) -> Applied {
+    /// Applies one kernel event; returns what it changed.
+    pub fn apply(&mut self, ev: &KernelEvent) -> Change {
         match &ev.what {
             What::Gateway {
+                selector,
+                matched_at,
                 ppid,
                 sid,
                 pgid,
                 cgroup_id,
                 comm,
-                ..
             } => {
+                let (selector, at) = (*selector as usize, *matched_at);
                 // A process already followed (a descendant that executed a selected program,
                 // or one seeded at start) becomes a root of lineage where it is.
                 if let Some(id) = self.find(ev.pid, ev.start) {
                     self.set_gateway(id);
-                    return Applied::Node(id);
+                    return Change::Matched {
+                        node: id,
+                        selector,
+                        at,
+                    };
                 }
                 let mut node = self.blank(ev.pid, Start::Exact(ev.start));
                 node.ppid = *ppid;
@@ -28,7 +36,11 @@ impl LineageGraph {
                 node.cgroup_id = Some(*cgroup_id);
                 node.comm = *comm;
                 node.is_gateway = true;
-                Applied::Node(self.insert(node))
+                Change::Matched {
+                    node: self.insert(node),
+                    selector,
+                    at,
+                }
             }
             What::Fork {
                 spawner,
@@ -40,11 +52,15 @@ impl LineageGraph {
                 comm,
                 spawner_tid,
                 stack,
+                untracked,
                 ..
             } => {
                 let thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
-                // A fork seen after seeding already found the child in /proc: same process.
-                if let Some(id) = self.find(ev.pid, ev.start) {
+                let command = self.expected_gateways.remove(&ev.pid);
+                // A fork seen after seeding already found the child in /proc: same process,
+                // as the fork found it (what /proc said was read after; the records since
+                // follow this one).
+                let id = if let Some(id) = self.find(ev.pid, ev.start) {
                     let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
                     let node = self.nodes.get_mut(id).unwrap();
                     if node.seeded && !node.is_gateway && node.spawner != spawner_node {
@@ -55,51 +71,58 @@ impl LineageGraph {
                     let node = self.nodes.get_mut(id).unwrap();
                     node.seeded = false;
                     node.spawner_pid = Some(*spawner);
+                    node.ppid = *ppid;
+                    node.sid = *sid;
+                    node.pgid = *pgid;
+                    node.comm = *comm;
                     node.forked_at = Some(ev.ts);
                     node.spawning_thread = thread;
                     node.spawn_stack = *stack;
                     node.uid = Some(*uid);
                     node.cgroup_id = Some(*cgroup_id);
-                    return Applied::Node(id);
+                    id
+                } else {
+                    self.insert_forked(ev, thread)
+                };
+                if *untracked {
+                    // Forked while the tracked map was full: the kernel will not follow its
+                    // children.
+                    self.mark_uncertain(id);
                 }
-                let mut node = self.blank(ev.pid, Start::Exact(ev.start));
-                node.spawner = self.current_id(*spawner);
-                node.spawner_pid = Some(*spawner);
-                node.ppid = *ppid;
-                node.sid = *sid;
-                node.pgid = *pgid;
-                node.uid = Some(*uid);
-                node.cgroup_id = Some(*cgroup_id);
-                node.comm = *comm;
-                node.forked_at = Some(ev.ts);
-                node.spawning_thread = thread;
-                node.spawn_stack = *stack;
-                // Until it execs, a child runs its parent's program.
-                if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
-                    node.filename = parent.filename.clone();
-                    node.argv = parent.argv.clone();
+                if command {
+                    self.set_gateway(id);
                 }
-                Applied::Node(self.insert(node))
+                Change::Forked {
+                    node: id,
+                    untracked: *untracked,
+                    command,
+                }
             }
             What::Exec {
                 comm,
                 filename,
                 argv,
+                old_tid,
+                truncated,
                 ..
             } => {
                 let Some(id) = self.find(ev.pid, ev.start) else {
-                    return Applied::Unknown;
+                    return Change::Unknown { pid: ev.pid };
                 };
                 let node = self.nodes.get_mut(id).unwrap();
                 node.comm = *comm;
                 node.filename = Some(filename.clone());
                 node.argv = argv.clone();
                 node.execs += 1;
-                Applied::Node(id)
+                Change::Execed {
+                    node: id,
+                    tid: *old_tid,
+                    truncated: *truncated,
+                }
             }
             What::Exit { status } => {
                 let Some(id) = self.find(ev.pid, ev.start) else {
-                    return Applied::Unknown;
+                    return Change::Unknown { pid: ev.pid };
                 };
                 // The kernel can report one process's exit more than once: when the threads of
                 // a SIGKILLed process exit together, each may find the group dead by the time
@@ -111,7 +134,7 @@ impl LineageGraph {
                     .exited
                     .is_some_and(|e| e.status.is_some())
                 {
-                    return Applied::Duplicate;
+                    return Change::Duplicate;
                 }
                 self.set_exited(
                     id,
@@ -133,29 +156,67 @@ impl LineageGraph {
                             .is_some_and(|n| n.alive() && n.ppid == ev.pid)
                     })
                     .collect();
-                Applied::Exit { node: id, orphans }
+                Change::Exited { node: id, orphans }
             }
             What::Free => {
+                // A free of a process never known says nothing (its exit, if it was one of
+                // ours, was resynced already).
                 let Some(id) = self.find(ev.pid, ev.start) else {
-                    return Applied::Unknown;
+                    return Change::Duplicate;
                 };
                 if self.nodes.get(id).unwrap().reaped_at.is_some() {
-                    return Applied::Duplicate;
+                    return Change::Duplicate;
                 }
                 self.mark_reaped(id, ev.ts);
-                Applied::Node(id)
+                Change::Reaped { node: id }
             }
             What::Setsid { sid } => {
                 let Some(id) = self.find(ev.pid, ev.start) else {
-                    return Applied::Unknown;
+                    return Change::Unknown { pid: ev.pid };
                 };
                 let node = self.nodes.get_mut(id).unwrap();
                 node.sid = *sid;
                 node.pgid = *sid;
                 node.called_setsid = true;
-                Applied::Node(id)
+                Change::Setsid { node: id }
             }
         }
+    }
+
+    /// A new node for the child of fork record `ev`; `thread`: its spawner's thread.
+    fn insert_forked(&mut self, ev: &KernelEvent, thread: Option<(u32, Comm)>) -> NodeId {
+        let What::Fork {
+            spawner,
+            ppid,
+            sid,
+            pgid,
+            uid,
+            cgroup_id,
+            comm,
+            stack,
+            ..
+        } = &ev.what
+        else {
+            unreachable!("a fork record");
+        };
+        let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+        node.spawner = self.current_id(*spawner);
+        node.spawner_pid = Some(*spawner);
+        node.ppid = *ppid;
+        node.sid = *sid;
+        node.pgid = *pgid;
+        node.uid = Some(*uid);
+        node.cgroup_id = Some(*cgroup_id);
+        node.comm = *comm;
+        node.forked_at = Some(ev.ts);
+        node.spawning_thread = thread;
+        node.spawn_stack = *stack;
+        // Until it execs, a child runs its parent's program.
+        if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
+            node.filename = parent.filename.clone();
+            node.argv = parent.argv.clone();
+        }
+        self.insert(node)
     }
 
     /// A node's spawner changed from `from` to `to`: the spawned counts follow.

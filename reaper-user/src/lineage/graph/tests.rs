@@ -49,11 +49,8 @@ fn gateway(g: &mut LineageGraph, pid: u32) -> NodeId {
     .0
 }
 
-fn node_of(a: Applied) -> NodeId {
-    match a {
-        Applied::Node(id) | Applied::Exit { node: id, .. } => id,
-        Applied::Unknown | Applied::Duplicate => panic!("not a new node: {a:?}"),
-    }
+fn node_of(c: Change) -> NodeId {
+    c.node().unwrap_or_else(|| panic!("not a new node: {c:?}"))
 }
 
 #[test]
@@ -63,7 +60,7 @@ fn escaped_grandchild_keeps_its_lineage_after_reparenting_to_init() {
     let child = node_of(g.apply(&fork(200, 5_000, 100, 100)));
     g.apply(&ev(1, 200, 5_000, What::Setsid { sid: 200 }));
     let grandchild = node_of(g.apply(&fork(300, 6_000, 200, 200)));
-    let Applied::Exit { orphans, .. } = g.apply(&ev(2, 200, 5_000, What::Exit { status: 0 }))
+    let Change::Exited { orphans, .. } = g.apply(&ev(2, 200, 5_000, What::Exit { status: 0 }))
     else {
         panic!()
     };
@@ -171,7 +168,7 @@ fn events_for_unknown_processes_ask_for_a_resync() {
     let mut g = LineageGraph::new(100);
     assert_eq!(
         g.apply(&ev(0, 7, 1, What::Exit { status: 0 })),
-        Applied::Unknown
+        Change::Unknown { pid: 7 }
     );
 }
 
@@ -228,9 +225,9 @@ fn a_multithreaded_process_reported_exiting_by_several_threads_exits_once() {
         e.ts = ts;
         e
     };
-    assert!(matches!(g.apply(&exit(1, 6_000)), Applied::Exit { .. }));
-    assert!(matches!(g.apply(&exit(2, 6_100)), Applied::Duplicate));
-    assert!(matches!(g.apply(&exit(3, 6_200)), Applied::Duplicate));
+    assert!(matches!(g.apply(&exit(1, 6_000)), Change::Exited { .. }));
+    assert!(matches!(g.apply(&exit(2, 6_100)), Change::Duplicate));
+    assert!(matches!(g.apply(&exit(3, 6_200)), Change::Duplicate));
     assert_eq!(
         g.node(id).unwrap().exited.unwrap().ts,
         6_000,
@@ -253,7 +250,7 @@ fn a_free_after_a_release_learnt_from_proc_is_a_duplicate() {
     );
     assert!(matches!(
         g.apply(&ev(2, 200, 5_000, What::Free)),
-        Applied::Duplicate
+        Change::Duplicate
     ));
     assert_eq!(g.node(id).unwrap().reaped_at, Some(9_000));
     assert_counts(&g);
@@ -372,4 +369,69 @@ fn a_saved_lineage_comes_back_through_a_dead_ancestor_and_forgets_dead_leaves() 
     let restored = empty.restore(&saved, |_, _| false, 9_000);
     assert_eq!((restored.alive.len(), restored.gone), (0, 2));
     assert!(empty.is_empty());
+}
+
+#[test]
+fn the_command_gateway_becomes_one_at_its_fork_and_the_change_says_so() {
+    let mut g = LineageGraph::new(100);
+    g.expect_gateway(200);
+    assert_eq!(g.expected_gateways().collect::<Vec<_>>(), [200]);
+    let change = g.apply(&fork(200, 5_000, 100, 100));
+    let Change::Forked { node, command, .. } = change else {
+        panic!("a fork: {change:?}");
+    };
+    assert!(command, "{change:?}");
+    assert!(g.node(node).unwrap().is_gateway);
+    assert_eq!(g.gateways().count(), 1);
+    assert_eq!(g.expected_gateways().count(), 0, "expected once");
+    let other = g.apply(&fork(300, 6_000, 200, 200));
+    assert!(
+        matches!(other, Change::Forked { command: false, .. }),
+        "{other:?}"
+    );
+}
+
+#[test]
+fn an_untracked_fork_leaves_an_uncertain_node() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let mut record = fork(200, 5_000, 100, 100);
+    if let What::Fork { untracked, .. } = &mut record.what {
+        *untracked = true;
+    }
+    let change = g.apply(&record);
+    assert!(
+        matches!(
+            change,
+            Change::Forked {
+                untracked: true,
+                ..
+            }
+        ),
+        "{change:?}"
+    );
+    assert!(g.node(node_of(change)).unwrap().uncertain);
+}
+
+#[test]
+fn a_process_found_in_proc_then_seen_forking_takes_the_forks_facts() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let (seeded, _) = g.add_seed(Seed {
+        pid: 200,
+        start_ticks: boottime_to_ticks(5_000),
+        ppid: 1,
+        sid: 7,
+        pgid: 7,
+        comm: Comm::from_c(b"later"),
+        argv: Args::none(),
+        is_gateway: false,
+        uncertain: false,
+    });
+    let id = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    assert_eq!(id, seeded, "the same process");
+    let n = g.node(id).unwrap();
+    assert_eq!((n.ppid, n.sid, n.pgid), (100, 100, 100));
+    assert_eq!(n.comm, Comm::from_c(b"c"));
+    assert_eq!(n.start, Start::Exact(5_000));
 }

@@ -2,7 +2,7 @@
 //! table of event kinds (`stream/events.rs`) cannot gain a kind without one.
 use super::{check_lines, flag_line, thread_text};
 use crate::stream::events::{
-    Check, Cleared, Exec, Exit, Flag, Fork, Gateway, Kill, Lifecycle, Lost, Ready, Reaped,
+    Check, Cleared, Exec, Exit, Flag, Fork, Gateway, Kill, Lifecycle, Lost, Note, Ready, Reaped,
     Reparent, Resumed, Setsid, Snapshot, StopCommand, Summary,
 };
 use crate::stream::kinds::Readable;
@@ -55,6 +55,12 @@ impl Readable for StopCommand {
             because,
         } = self;
         format!("stop     the command {pid} with {signal}: the run ended ({because})")
+    }
+}
+
+impl Readable for Note {
+    fn readable(&self, _: u64) -> String {
+        format!("note     {}", escape_for_terminal(self.text.as_bytes()))
     }
 }
 

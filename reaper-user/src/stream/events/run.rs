@@ -4,7 +4,7 @@ use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Argv, Counts, LeakSummary, ProcText, ProcessLabel};
+use super::{Argv, Counts, Event, LeakSummary, ProcText, ProcessLabel};
 use crate::procfs::placement::Placement;
 
 /// A name the stream writes from a fixed set (a reason, a signal, a kind): borrowed when
@@ -87,6 +87,24 @@ pub struct StopCommand {
     pub signal: Name,
     /// Why the run stopped: "duration", "SIGINT" or "SIGTERM".
     pub because: Name,
+}
+
+/// Something the operator is told about the run that is no process's event: why a Python
+/// spawner's frames will not be read, a checkpoint that cannot be written, a gateway's pid
+/// file that names no process. People see it on standard error (unless `--quiet`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Note {
+    pub text: String,
+}
+
+impl Note {
+    /// The `note` event telling `text`.
+    pub fn event(text: &str) -> Event {
+        Event::Note(Note {
+            text: text.to_owned(),
+        })
+    }
 }
 
 /// The closing summary's fields.

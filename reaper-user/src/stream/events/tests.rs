@@ -274,6 +274,7 @@ fn one_of_each() -> Vec<Event> {
             because: "duration".into(),
         }
         .into(),
+        Note::event("pid 7: its Python frames are not read: \"no libpython\""),
     ]
 }
 

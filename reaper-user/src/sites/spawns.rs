@@ -1,0 +1,197 @@
+//! Spawn sites and the lineage: what a record's change means for them (a fork's stacks noted
+//! and located while its spawner runs, an exec's program looked at), and the frames that
+//! spawned a process, for a flag. The graph is only read here: it answers who runs a
+//! spawner's code ([`LineageGraph::code_holders`]).
+use std::sync::Arc;
+
+use reaper_common::interpreter::Interpreter;
+use rustc_hash::FxHashMap;
+
+use super::native::SiteKey;
+use super::{Located, Named, SpawnSites};
+use crate::capture::decode::{CopiedStack, KernelEvent, What};
+use crate::lineage::graph::{Change, LineageGraph, NodeId, SpawnStack};
+use crate::stream::evidence::Frame;
+
+/// The spawn sites one round of naming (a scan's flags, `--check`'s verdict) named, by
+/// (spawner, Python stack, native stack): the instances of one site share one list (a scan
+/// can flag thousands of them).
+pub type NamedThisRound = FxHashMap<(NodeId, Option<u64>, Option<u64>), (Arc<[Frame]>, bool)>;
+
+/// What a record's change told the spawn sites.
+#[derive(Default)]
+pub struct Seen {
+    /// An exec's interpreter, by name (`python3.12`, `node`), for its event.
+    pub interpreter: Option<String>,
+    /// What to tell the operator (why a Python process's frames will not be read).
+    pub notes: Vec<String>,
+}
+
+impl SpawnSites {
+    /// Takes in record `ev`'s change to `graph`: a fork's stacks, an exec's program.
+    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change, ev: &KernelEvent) -> Seen {
+        let mut seen = Seen::default();
+        match (change, &ev.what) {
+            (
+                &Change::Forked { node, .. },
+                What::Fork {
+                    spawner,
+                    stack,
+                    copy,
+                    ..
+                },
+            ) => {
+                self.forked(graph, node, *spawner, *stack, copy.as_deref());
+                seen.notes = self.look_again();
+            }
+            (&Change::Execed { node, .. }, What::Exec { interpreter, .. }) => {
+                match self.exec(node, ev.pid, ev.start, *interpreter) {
+                    Ok(found) => seen.interpreter = found,
+                    Err(note) => seen.notes.push(note),
+                }
+            }
+            _ => {}
+        }
+        seen
+    }
+
+    /// A fork's stacks: the native one located in its spawner's mappings (a JIT host's
+    /// copy unwound there), each noted as having spawned the child (a stack is kept while a
+    /// process it spawned is).
+    fn forked(
+        &mut self,
+        graph: &LineageGraph,
+        child: NodeId,
+        spawner: u32,
+        stack: SpawnStack,
+        copy: Option<&CopiedStack>,
+    ) {
+        let spawner = graph.current(spawner).map(|n| (n.id, n.pid));
+        if let (Some(native), Some((node, _))) = (stack.native, spawner) {
+            let key = (native, node);
+            self.locate_once(graph, key);
+            // A native site's stack copied at its first fork: unwound too, as deep as it goes.
+            if let Some(copy) = copy {
+                self.unwind_site(key, &graph.code_holders(node), copy);
+            }
+        }
+        // A JIT host's stack, copied at each fork.
+        if let (Some(copy), Some(host), None) = (copy, spawner, stack.native) {
+            self.unwind(copy, host.0, host.1, child);
+        }
+        if let Some(native) = stack.native {
+            self.spawned(native, child);
+        }
+        if let (Some(key), Some(python), Some(spawner)) =
+            (stack.python, self.python.as_mut(), spawner)
+        {
+            python.spawned(key, child);
+            python.name_at_fork(key, spawner);
+        }
+    }
+
+    /// Locates a native stack in the mappings of its spawner's code (see
+    /// [`NativeStacks::locate`]), once: a spawner forking the same way again costs no read
+    /// and no lineage walk.
+    ///
+    /// [`NativeStacks::locate`]: super::native::NativeStacks::locate
+    fn locate_once(&mut self, graph: &LineageGraph, key: SiteKey) {
+        if !self.knows(key) {
+            self.locate(key, &graph.code_holders(key.1));
+        }
+    }
+
+    /// Takes back what a checkpoint kept of the spawn of `child`, a live process: its
+    /// unwound frames, and its stacks as having spawned it (the native one located again
+    /// while its spawner runs).
+    pub fn take_back(
+        &mut self,
+        graph: &LineageGraph,
+        child: NodeId,
+        unwound: Option<Vec<Located>>,
+    ) {
+        let Some(node) = graph.node(child) else {
+            return;
+        };
+        let (stack, spawner) = (node.spawn_stack, node.spawner);
+        if let (Some(frames), Some(spawner)) = (unwound, spawner) {
+            self.take_back_unwound(child, spawner, frames);
+        }
+        if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
+            python.spawned(key, child);
+        }
+        if let (Some(key), Some(spawner)) = (stack.native, spawner) {
+            self.spawned(key, child);
+            self.locate_once(graph, (key, spawner));
+        }
+    }
+
+    /// Looks at the program of process `pid`, found in /proc as node `node` (its exec not
+    /// seen): see [`SpawnSites::exec`].
+    pub fn found(&mut self, node: NodeId, pid: u32, program: Option<Interpreter>) -> Seen {
+        // Its start is known to the clock tick only: 0 tells the probe to take the entry
+        // for whatever process has the pid (its free removes it).
+        match self.exec(node, pid, 0, program) {
+            Ok(interpreter) => Seen {
+                interpreter,
+                notes: Vec::new(),
+            },
+            Err(note) => Seen {
+                interpreter: None,
+                notes: vec![note],
+            },
+        }
+    }
+
+    /// Interpreters whose library was not mapped at their exec, looked at again; returns
+    /// what to tell the operator.
+    pub fn look_again(&mut self) -> Vec<String> {
+        match self.python.as_mut() {
+            Some(python) if python.has_pending() => python.look_again(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Interpreters wait to be looked at again (their libpython not mapped at their exec).
+    pub fn has_pending(&self) -> bool {
+        self.python.as_ref().is_some_and(|p| p.has_pending())
+    }
+
+    /// The frames that spawned process `pid`, when its fork's stacks were taken: its
+    /// spawner's Python frames (named at the fork), then its native ones; and whether they were
+    /// cut. `named` holds what this round named already.
+    pub fn spawned_at(
+        &mut self,
+        graph: &LineageGraph,
+        pid: u32,
+        named: &mut NamedThisRound,
+    ) -> (Arc<[Frame]>, bool) {
+        let Some(node) = graph.current(pid) else {
+            return Default::default();
+        };
+        let Some(spawner) = node.spawner.and_then(|s| graph.node(s)) else {
+            return Default::default();
+        };
+        // A JIT host's stack is copied and unwound for each fork: its own.
+        if let Some(frames) = self.unwound_frames(node.id, spawner.pid, spawner.alive()) {
+            return (frames.into(), false);
+        }
+        let stack = node.spawn_stack;
+        let key = (spawner.id, stack.python, stack.native);
+        if let Some(known) = named.get(&key) {
+            return known.clone();
+        }
+        let mut frames = Vec::new();
+        if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
+            frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
+        }
+        let mut native = match stack.native {
+            Some(native) => self.frames((native, spawner.id), &graph.code_holders(spawner.id)),
+            None => Named::default(),
+        };
+        frames.append(&mut native.frames);
+        let found = (Arc::from(frames), native.truncated);
+        named.insert(key, found.clone());
+        found
+    }
+}
