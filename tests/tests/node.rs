@@ -199,7 +199,7 @@ fn leak_lines(run: &Run) -> Vec<String> {
             let line = flag_line(
                 f["ts"].as_u64().unwrap(),
                 pid(&f["pid"]) as u32,
-                f["reason"].as_str().unwrap(),
+                serde_json::from_value(f["reason"].clone()).unwrap(),
                 f["since"].as_u64().unwrap(),
                 &detail,
             );

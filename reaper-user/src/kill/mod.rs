@@ -97,7 +97,7 @@ impl KillReport {
         let ev = Event::Kill(Kill {
             pid: self.pid,
             comm: ProcText::new("comm", self.comm),
-            reason: self.reason.name().into(),
+            reason: self.reason,
             signal: self.signal.into(),
             result: self.result.name().into(),
             secs: self.secs,

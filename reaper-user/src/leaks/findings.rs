@@ -2,13 +2,19 @@
 //! and the changes (a flag starts or stops holding) it returns to the run.
 use std::rc::Rc;
 
+use serde::{Deserialize, Serialize};
+
 use super::peers::Holder;
 use super::sampler::Sample;
 use crate::lineage::graph::NodeId;
 use crate::procfs::placement::Placement;
 
-/// Why a process is flagged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Why a process is flagged: the `reason` of the `flag`, `cleared` and `kill` events, written
+/// by its name (`orphaned`, ...).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// A process on its spawn chain (the gateway included) exited; it holds pipes or sockets.
     Orphaned,
@@ -24,6 +30,11 @@ pub enum Reason {
     /// One of more than `--max-instances` instances of its kind alive under its gateway
     /// instance, and not one of the newest of them.
     Accumulating,
+    /// A reason this build does not know, read back from a later build's stream; never
+    /// raised (so never written).
+    #[default]
+    #[serde(other)]
+    Other,
 }
 
 impl Reason {
@@ -44,6 +55,7 @@ impl Reason {
             Reason::Zombie => "zombie",
             Reason::Respawning => "respawning",
             Reason::Accumulating => "accumulating",
+            Reason::Other => "other",
         }
     }
 
@@ -57,6 +69,12 @@ impl Reason {
         ]
         .into_iter()
         .find(|r| r.name() == name)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -156,7 +156,7 @@ pub fn change_event(graph: &LineageGraph, change: &Change, now: u64) -> Option<E
             ..
         } => Event::Cleared(Cleared {
             pid: *pid,
-            reason: reason.name().into(),
+            reason: *reason,
             because: (*because).into(),
         }),
     })
@@ -176,7 +176,7 @@ fn flag_event(graph: &LineageGraph, f: &Flagged, now: u64) -> Option<Event> {
     }
     Some(Event::Flag(Flag {
         pid: f.pid,
-        reason: f.reason.name().into(),
+        reason: f.reason,
         since: f.since,
         idle_secs,
         detail: Box::new(detail),

@@ -83,6 +83,7 @@ pub fn cleared_because(reason: Reason, o: &Observed) -> &'static str {
         Reason::Idle => "moved data",
         Reason::Deaf => "its pipe has a writer again",
         Reason::Zombie | Reason::Respawning => "reaped",
+        Reason::Other => "no longer holds",
         Reason::Accumulating => "no more than --max-instances of its kind alive now",
     }
 }

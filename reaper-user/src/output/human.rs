@@ -1,5 +1,6 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
+use crate::leaks::Reason;
 use crate::output::label::command_label;
 use crate::stream::events::{
     Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, ProcessLabel, SpawningThread,
@@ -183,11 +184,11 @@ pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
 }
 
 /// One line a person can act on, for a flag raised at `ts`.
-pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetail) -> String {
+pub fn flag_line(ts: u64, pid: u32, reason: Reason, since: u64, detail: &LeakDetail) -> String {
     let me = who(pid, &detail.comm, &detail.argv);
     let ago = human_duration(ts.saturating_sub(since));
     let why = match reason {
-        "orphaned" => detail
+        Reason::Orphaned => detail
             .ancestors
             .iter()
             .rev()
@@ -207,21 +208,21 @@ pub fn flag_line(ts: u64, pid: u32, reason: &str, since: u64, detail: &LeakDetai
                 ))
             })
             .unwrap_or_else(|| "its spawner exited".into()),
-        "idle" => format!("waiting for input, no I/O for {ago}"),
-        "deaf" => format!("a channel it reads has had no other end for {ago} (EOF ignored)"),
-        "zombie" => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
-        "accumulating" => format!(
+        Reason::Idle => format!("waiting for input, no I/O for {ago}"),
+        Reason::Deaf => format!("a channel it reads has had no other end for {ago} (EOF ignored)"),
+        Reason::Zombie => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
+        Reason::Accumulating => format!(
             "one of {} instances of `{}` alive under gateway {}, older than the newest ({})",
             detail.instances.unwrap_or(0),
             escape_for_terminal(detail.kind.as_ref().map_or("", |k| &k.pattern).as_bytes()),
             detail.lineage.first().copied().unwrap_or(0),
             detail.newest.unwrap_or(0),
         ),
-        other => other.to_owned(),
+        Reason::Respawning | Reason::Other => reason.name().to_owned(),
     };
     let mut line = format!("LEAK {reason} pid {me}: {why}");
     let spawner = detail.lineage.iter().rev().nth(1).copied();
-    if reason != "zombie" && spawner.is_some_and(|s| s != detail.ppid) {
+    if reason != Reason::Zombie && spawner.is_some_and(|s| s != detail.ppid) {
         line.push_str(&format!(", now a child of {}", detail.ppid));
     }
     if detail.escaped {

@@ -174,13 +174,13 @@ impl Metrics {
             }
             Event::Flag(Flag { reason, .. }) => {
                 let label = ReasonLabel {
-                    reason: reason.clone(),
+                    reason: reason.name().into(),
                 };
                 self.flags.get_or_create(&label).inc();
             }
             Event::Kill(Kill { reason, result, .. }) => {
                 let label = KillLabel {
-                    reason: reason.clone(),
+                    reason: reason.name().into(),
                     result: result.clone(),
                 };
                 self.kills.get_or_create(&label).inc();

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use super::crowds::Crowds;
 use super::leak_sites::LeakSites;
 use super::timeline::{Point, Timeline};
+use crate::leaks::Reason;
 use crate::stream::events::{
     Argv, Cleared, Event, Exec, Flag, Fork, Gateway, KINDS, Kill, Lost, ProcText, Ready, Reparent,
     Snapshot,
@@ -31,7 +32,7 @@ struct Head<'a> {
 #[derive(Clone, Debug)]
 pub struct FlagRow {
     pub pid: u32,
-    pub reason: String,
+    pub reason: Reason,
     pub ts: u64,
     /// The flag as the stream carried it.
     pub flag: Flag,
@@ -125,7 +126,7 @@ pub struct Audit {
     /// Where the flagged processes were spawned (`spawned_at`).
     pub leak_sites: LeakSites,
     /// Flags holding now: (pid, reason) → row index or none, and RSS at flag time.
-    holding: HashMap<(u32, String), (Option<usize>, u64)>,
+    holding: HashMap<(u32, Reason), (Option<usize>, u64)>,
     flagged_rss_kib: u64,
 }
 
@@ -241,7 +242,7 @@ impl Audit {
                 reason,
                 because,
             }) => {
-                if let Some((row, rss)) = self.holding.remove(&(pid, reason.into_owned())) {
+                if let Some((row, rss)) = self.holding.remove(&(pid, reason)) {
                     self.flagged_rss_kib = self.flagged_rss_kib.saturating_sub(rss);
                     if let Some(row) = row.and_then(|i| self.flags.get_mut(i)) {
                         row.cleared = Some((ts, because.into_owned()));
@@ -362,11 +363,12 @@ impl Audit {
     }
 
     fn flag(&mut self, ts: u64, flag: Flag) {
-        let (pid, reason) = (flag.pid, flag.reason.to_string());
-        if reason == "accumulating" {
+        let (pid, reason) = (flag.pid, flag.reason);
+        if reason == Reason::Accumulating {
             self.crowds.flag(ts, &flag.detail);
         }
-        self.leak_sites.flag(pid, &reason, &flag.detail.spawned_at);
+        self.leak_sites
+            .flag(pid, reason.name(), &flag.detail.spawned_at);
         let rss = flag.detail.rss_kib.unwrap_or(0);
         let exe = match self.live.get(&pid) {
             Some(p) if !p.exe.is_empty() => p.exe.clone(),
@@ -382,7 +384,7 @@ impl Audit {
             true => {
                 self.flags.push(FlagRow {
                     pid,
-                    reason: reason.clone(),
+                    reason,
                     ts,
                     flag,
                     cleared: None,

@@ -331,7 +331,7 @@ fn flag_row(h: &mut String, a: &Audit, f: &FlagRow) {
         esc(&at(a, f.ts)),
         f.pid,
         f.pid,
-        esc(&f.reason),
+        f.reason.name(),
         human_rss(rss),
     );
 }

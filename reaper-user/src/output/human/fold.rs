@@ -2,6 +2,7 @@
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
 use super::{human_line, human_rss};
+use crate::leaks::Reason;
 use crate::stream::events::{Cleared, Event, Flag};
 use crate::text::escape_for_terminal;
 
@@ -28,14 +29,14 @@ pub fn human_lines(ts: u64, events: &[&Event]) -> Vec<String> {
 /// What an `accumulating` finding folds by: (flag or cleared, gateway, pattern or cause).
 fn fold_key(ev: &Event) -> Option<(bool, u32, &str)> {
     match ev {
-        Event::Flag(Flag { reason, detail, .. }) if reason == "accumulating" => Some((
+        Event::Flag(Flag { reason, detail, .. }) if *reason == Reason::Accumulating => Some((
             true,
             detail.lineage.first().copied().unwrap_or(0),
             detail.kind.as_ref().map_or("", |k| k.pattern.as_str()),
         )),
         Event::Cleared(Cleared {
             reason, because, ..
-        }) if reason == "accumulating" => Some((false, 0, because)),
+        }) if *reason == Reason::Accumulating => Some((false, 0, because)),
         _ => None,
     }
 }
@@ -125,7 +126,7 @@ mod tests {
             d.rss_kib = Some(rss);
             Event::Flag(Flag {
                 pid,
-                reason: "accumulating".into(),
+                reason: Reason::Accumulating,
                 since: 0,
                 idle_secs: None,
                 detail: Box::new(d),
@@ -152,7 +153,7 @@ mod tests {
         let cleared = |pid| {
             Event::Cleared(Cleared {
                 pid,
-                reason: "accumulating".into(),
+                reason: Reason::Accumulating,
                 because: "exited".into(),
             })
         };

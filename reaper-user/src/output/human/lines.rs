@@ -10,7 +10,7 @@ use crate::text::escape_for_terminal;
 
 impl Readable for Flag {
     fn readable(&self, ts: u64) -> String {
-        flag_line(ts, self.pid, &self.reason, self.since, &self.detail)
+        flag_line(ts, self.pid, self.reason, self.since, &self.detail)
     }
 }
 

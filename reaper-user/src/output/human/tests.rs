@@ -1,5 +1,6 @@
 //! Unit tests of `human.rs`.
 use super::*;
+use crate::leaks::Reason;
 use crate::stream::events::{Ancestor, Exec, Peer, Ready, Resumed};
 use crate::text::{Args, Comm};
 
@@ -105,7 +106,7 @@ fn a_node_servers_line_names_the_host_socket_shows_the_chain_and_counts_the_plum
     ];
     d.argv = Argv::new(Args::from_list(["node", "npm", "exec", "srv"]));
     d.rss_kib = None;
-    let line = flag_line(70 * SEC, 4701, "idle", 10 * SEC, &d);
+    let line = flag_line(70 * SEC, 4701, Reason::Idle, 10 * SEC, &d);
     assert_eq!(
         line,
         "LEAK idle pid 4701 (npm exec srv): waiting for input, no I/O for 1m00s; server 4701 \
@@ -129,7 +130,7 @@ fn a_flag_in_a_container_says_where_it_runs() {
             pod_uid: Some("6f1c1a52-1111-4c2e-9a5b-0123456789ab".into()),
         }),
     };
-    let line = flag_line(SEC, 4711, "deaf", 0, &d);
+    let line = flag_line(SEC, 4711, Reason::Deaf, 0, &d);
     assert!(
         line.ends_with(
             ", pid 2 in its pid namespace, in containerd container 0123456789ab of pod \
@@ -149,7 +150,7 @@ fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {
         1,
         true,
     );
-    let line = flag_line(202 * SEC, 4711, "orphaned", 10 * SEC, &d);
+    let line = flag_line(202 * SEC, 4711, Reason::Orphaned, 10 * SEC, &d);
     assert_eq!(
         line,
         "LEAK orphaned pid 4711 (bridge.cjs): spawner 4700 (hermes --tui) exited 3m12s \
@@ -170,10 +171,10 @@ fn an_exited_grandparent_is_an_ancestor_and_zombies_say_how_long() {
         2,
         false,
     );
-    let line = flag_line(5 * SEC, 3, "orphaned", SEC, &d);
+    let line = flag_line(5 * SEC, 3, Reason::Orphaned, SEC, &d);
     assert!(line.contains(": ancestor 1 (gw) exited 4s ago;"), "{line}");
     assert!(!line.contains("now a child"), "{line}");
-    let line = flag_line(65 * SEC, 3, "zombie", 4 * SEC, &d);
+    let line = flag_line(65 * SEC, 3, Reason::Zombie, 4 * SEC, &d);
     assert!(
         line.contains("exited 1m01s ago, not reaped by its parent 2"),
         "{line}"

@@ -2,13 +2,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::{LeakDetail, Name, ProcText};
+use crate::leaks::Reason;
 
 /// A leak flag starts holding.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Flag {
     pub pid: u32,
-    pub reason: Name,
+    pub reason: Reason,
     /// Boot-time ns since when the condition holds.
     pub since: u64,
     /// For `idle`: seconds without I/O.
@@ -23,7 +24,7 @@ pub struct Flag {
 #[serde(default)]
 pub struct Cleared {
     pub pid: u32,
-    pub reason: Name,
+    pub reason: Reason,
     pub because: Name,
 }
 
@@ -34,7 +35,7 @@ pub struct Kill {
     pub pid: u32,
     #[serde(flatten)]
     pub comm: ProcText,
-    pub reason: Name,
+    pub reason: Reason,
     /// "SIGCONT", "SIGTERM" or "SIGKILL".
     pub signal: Name,
     /// "sent", "exited", "identity_changed", "not_in_lineage", "permission_denied" or

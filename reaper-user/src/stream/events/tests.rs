@@ -1,5 +1,6 @@
 //! Unit tests of `events.rs`.
 use super::*;
+use crate::leaks::Reason;
 use crate::procfs::placement::Placement;
 use crate::text::{Args, Comm};
 
@@ -142,7 +143,7 @@ fn the_evidence_reads_back_exactly_as_written() {
     };
     let text = serde_json::to_string(&Event::Flag(Flag {
         pid: 2,
-        reason: "orphaned".into(),
+        reason: Reason::Orphaned,
         since: 1,
         idle_secs: None,
         detail: Box::new(detail.clone()),
@@ -242,7 +243,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         Flag {
             pid: 4,
-            reason: "orphaned".into(),
+            reason: Reason::Orphaned,
             idle_secs: Some(1.5),
             ..Default::default()
         }
@@ -250,7 +251,7 @@ fn one_of_each() -> Vec<Event> {
         Kill {
             pid: 4,
             comm: odd(),
-            reason: "orphaned".into(),
+            reason: Reason::Orphaned,
             signal: "SIGTERM".into(),
             result: "sent".into(),
             secs: None,
@@ -258,7 +259,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         Cleared {
             pid: 4,
-            reason: "orphaned".into(),
+            reason: Reason::Orphaned,
             because: "exited".into(),
         }
         .into(),
@@ -310,4 +311,16 @@ fn every_kind_has_a_readable_line_with_no_raw_control_byte() {
             event.name()
         );
     }
+}
+
+#[test]
+fn a_reason_is_written_by_its_name_and_one_this_build_does_not_know_reads_as_other() {
+    for reason in Reason::ALL {
+        assert_eq!(serde_json::to_value(reason).unwrap(), reason.name());
+        let back: Reason = serde_json::from_value(reason.name().into()).unwrap();
+        assert_eq!(back, reason);
+    }
+    // A later build's reason: the line still reads, with all it says but the reason's name.
+    let flag: Flag = serde_json::from_str(r#"{"pid":7,"reason":"frozen","since":1}"#).unwrap();
+    assert_eq!((flag.pid, flag.reason, flag.since), (7, Reason::Other, 1));
 }
