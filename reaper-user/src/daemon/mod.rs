@@ -15,15 +15,17 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
+        StackMaps,
     },
     cli::{Cli, SpawnStacks},
     gateways::Selectors,
     identity,
-    kill::{KillOptions, Killer},
+    kill::{KillOptions, KillReport, Killer},
     leaks::InspectOptions,
     lineage::{
         graph::LineageGraph,
@@ -178,35 +180,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve::serve(listener, output.metrics.registry()));
     }
-    let (killer, kill_reports) = match cli.kill {
-        true => {
-            let (killer, reports) = Killer::new(KillOptions {
-                reasons: cli.kill_reasons.0.clone(),
-                grace: cli.grace,
-                term_timeout: cli.term_timeout,
-                dry_run: cli.dry_run,
-            });
-            (Some(killer), Some(reports))
-        }
-        false => (None, None),
-    };
-    let mut run = Pipeline::new(
-        LineageGraph::new(cli.retain_dead),
-        output,
-        InspectOptions {
-            scan_interval: cli.scan_interval,
-            idle_after: cli.idle_after,
-            zombie_after: cli.zombie_after,
-            orphan_grace: cli.orphan_grace,
-            max_instances: cli.max_instances as usize,
-        },
-        killer,
-        selectors.labels(),
-    );
-    if matches!(cli.spawn_stacks, SpawnStacks::Native | SpawnStacks::Auto) {
-        let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
-        run.name_spawn_sites(SpawnSites::new(stacks, interpreters));
-    }
+    let (mut run, kill_reports) = pipeline_for(cli, output, stacks, selectors.labels());
 
     // The lineage of the run before first: /proc then adds only what is new.
     let (resumed, whole) = resume(&taken, &state, &facts, &mut kernel.tracked, &mut run, t0)?;
@@ -298,6 +272,47 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         started,
         _held: held,
     })
+}
+
+/// The run's parts as `cli` asks for them, writing to `output`, with the kill sequences'
+/// reports (`--kill`) and the spawn sites read from `stacks` (`--spawn-stacks`);
+/// `selector_labels`: the selectors' names, by number.
+fn pipeline_for(
+    cli: &Cli,
+    output: Output,
+    stacks: StackMaps,
+    selector_labels: Vec<String>,
+) -> (Pipeline, Option<UnboundedReceiver<KillReport>>) {
+    let (killer, kill_reports) = match cli.kill {
+        true => {
+            let (killer, reports) = Killer::new(KillOptions {
+                reasons: cli.kill_reasons.0.clone(),
+                grace: cli.grace,
+                term_timeout: cli.term_timeout,
+                dry_run: cli.dry_run,
+            });
+            (Some(killer), Some(reports))
+        }
+        false => (None, None),
+    };
+    let mut run = Pipeline::new(
+        LineageGraph::new(cli.retain_dead),
+        output,
+        InspectOptions {
+            scan_interval: cli.scan_interval,
+            idle_after: cli.idle_after,
+            zombie_after: cli.zombie_after,
+            orphan_grace: cli.orphan_grace,
+            max_instances: cli.max_instances as usize,
+        },
+        killer,
+        selector_labels,
+    );
+    if matches!(cli.spawn_stacks, SpawnStacks::Native | SpawnStacks::Auto) {
+        let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
+        run.name_spawn_sites(SpawnSites::new(stacks, interpreters));
+    }
+    (run, kill_reports)
 }
 
 /// Stops the run: ends the `-- CMD` gateway if it still runs, detaches the probes (unless a

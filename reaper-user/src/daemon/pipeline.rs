@@ -130,10 +130,10 @@ impl Pipeline {
     }
 
     /// Takes in one ring-buffer record: the graph applies it and says what changed; the
-    /// record's events are built from that change, once (its own, then the flags its exit
-    /// cleared, then the gateway it announced), and written together. They are written where
-    /// they are built, not returned: a list handed back would move every event once more, a
-    /// tenth of the record's cost in a fork storm.
+    /// record's events are built from that change, once, and written here (its own, then the
+    /// flags its exit cleared, then the gateway it announced). They are written where they
+    /// are built, not returned: a list handed back would move every event once more, a tenth
+    /// of the record's cost in a fork storm.
     pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(ev) = self.reader.take(bytes) else {
             return Ok(());
@@ -145,17 +145,16 @@ impl Pipeline {
         if gateway.is_some() {
             self.learn_gateway_code(ev.pid);
         }
-        let own = Event::of_change(&self.graph, &change, ev.pid, interpreter);
-        let mut cleared = Vec::new();
+        if let Some(event) = Event::of_change(&self.graph, &change, ev.pid, interpreter) {
+            self.out.event(ev.ts, &event)?;
+        }
         if let Change::Exited { node, .. } = change {
             self.last_exit = ev.ts;
-            cleared = self.inspector.exited(node);
-        }
-        let cleared = cleared
-            .iter()
-            .filter_map(|c| flags::change_event(&self.graph, c, ev.ts));
-        for event in own.into_iter().chain(cleared) {
-            self.out.event(ev.ts, &event)?;
+            for cleared in self.inspector.exited(node) {
+                if let Some(event) = flags::change_event(&self.graph, &cleared, ev.ts) {
+                    self.out.event(ev.ts, &event)?;
+                }
+            }
         }
         self.write(gateway)
     }

@@ -56,7 +56,9 @@ impl LineageGraph {
                 ..
             } => {
                 let thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
-                let command = self.expected_gateways.remove(&ev.pid);
+                // Nearly always none expected: no hash lookup per fork then.
+                let command =
+                    !self.expected_gateways.is_empty() && self.expected_gateways.remove(&ev.pid);
                 // A fork seen after seeding already found the child in /proc: same process,
                 // as the fork found it (what /proc said was read after; the records since
                 // follow this one).
