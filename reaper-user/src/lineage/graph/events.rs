@@ -1,9 +1,8 @@
 //! What each kernel event does to the graph: the fork fixes the lineage edge, exec names the
 //! process, exit and free end it, setsid marks its escape, a gateway record makes a root.
 //! Every change a record makes is made here, and said in the [`Change`] returned.
-use super::{Change, ExitInfo, LineageGraph, NodeId, Start};
+use super::{Change, ExitInfo, LineageGraph, Node, NodeId, Start};
 use crate::capture::decode::{KernelEvent, What};
-use crate::text::Comm;
 
 impl LineageGraph {
     /// Applies one kernel event; returns what it changed.
@@ -43,48 +42,39 @@ impl LineageGraph {
                 }
             }
             What::Fork {
-                spawner,
-                ppid,
-                sid,
-                pgid,
-                uid,
-                cgroup_id,
-                comm,
-                spawner_tid,
-                stack,
-                untracked,
-                ..
+                spawner, untracked, ..
             } => {
-                let thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
                 // Nearly always none expected: no hash lookup per fork then.
                 let command =
                     !self.expected_gateways.is_empty() && self.expected_gateways.remove(&ev.pid);
                 // A fork seen after seeding already found the child in /proc: same process,
                 // as the fork found it (what /proc said was read after; the records since
                 // follow this one).
-                let id = if let Some(id) = self.find(ev.pid, ev.start) {
-                    let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
-                    let node = self.nodes.get_mut(id).unwrap();
-                    if node.seeded && !node.is_gateway && node.spawner != spawner_node {
-                        let old = node.spawner;
-                        node.spawner = spawner_node;
-                        self.move_spawned(old, spawner_node);
+                let id = match self.find(ev.pid, ev.start) {
+                    Some(id) => {
+                        let spawner_node = self.current_id(*spawner).filter(|&s| s != id);
+                        let node = self.nodes.get_mut(id).unwrap();
+                        if node.seeded && !node.is_gateway && node.spawner != spawner_node {
+                            let old = node.spawner;
+                            node.spawner = spawner_node;
+                            self.move_spawned(old, spawner_node);
+                        }
+                        let node = self.nodes.get_mut(id).unwrap();
+                        node.seeded = false;
+                        take_fork(node, ev);
+                        id
                     }
-                    let node = self.nodes.get_mut(id).unwrap();
-                    node.seeded = false;
-                    node.spawner_pid = Some(*spawner);
-                    node.ppid = *ppid;
-                    node.sid = *sid;
-                    node.pgid = *pgid;
-                    node.comm = *comm;
-                    node.forked_at = Some(ev.ts);
-                    node.spawning_thread = thread;
-                    node.spawn_stack = *stack;
-                    node.uid = Some(*uid);
-                    node.cgroup_id = Some(*cgroup_id);
-                    id
-                } else {
-                    self.insert_forked(ev, thread)
+                    None => {
+                        let mut node = self.blank(ev.pid, Start::Exact(ev.start));
+                        node.spawner = self.current_id(*spawner);
+                        take_fork(&mut node, ev);
+                        // Until it execs, a child runs its parent's program.
+                        if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
+                            node.filename = parent.filename.clone();
+                            node.argv = parent.argv.clone();
+                        }
+                        self.insert(node)
+                    }
                 };
                 if *untracked {
                     // Forked while the tracked map was full: the kernel will not follow its
@@ -185,42 +175,6 @@ impl LineageGraph {
         }
     }
 
-    /// A new node for the child of fork record `ev`; `thread`: its spawner's thread.
-    fn insert_forked(&mut self, ev: &KernelEvent, thread: Option<(u32, Comm)>) -> NodeId {
-        let What::Fork {
-            spawner,
-            ppid,
-            sid,
-            pgid,
-            uid,
-            cgroup_id,
-            comm,
-            stack,
-            ..
-        } = &ev.what
-        else {
-            unreachable!("a fork record");
-        };
-        let mut node = self.blank(ev.pid, Start::Exact(ev.start));
-        node.spawner = self.current_id(*spawner);
-        node.spawner_pid = Some(*spawner);
-        node.ppid = *ppid;
-        node.sid = *sid;
-        node.pgid = *pgid;
-        node.uid = Some(*uid);
-        node.cgroup_id = Some(*cgroup_id);
-        node.comm = *comm;
-        node.forked_at = Some(ev.ts);
-        node.spawning_thread = thread;
-        node.spawn_stack = *stack;
-        // Until it execs, a child runs its parent's program.
-        if let Some(parent) = node.spawner.and_then(|s| self.nodes.get(s)) {
-            node.filename = parent.filename.clone();
-            node.argv = parent.argv.clone();
-        }
-        self.insert(node)
-    }
-
     /// A node's spawner changed from `from` to `to`: the spawned counts follow.
     fn move_spawned(&mut self, from: Option<NodeId>, to: Option<NodeId>) {
         if from == to {
@@ -233,4 +187,34 @@ impl LineageGraph {
             n.spawned += 1;
         }
     }
+}
+
+/// The facts fork record `ev` gives of its child, on its node.
+fn take_fork(node: &mut Node, ev: &KernelEvent) {
+    let What::Fork {
+        spawner,
+        ppid,
+        sid,
+        pgid,
+        uid,
+        cgroup_id,
+        comm,
+        spawner_tid,
+        stack,
+        ..
+    } = &ev.what
+    else {
+        return;
+    };
+    node.spawner_pid = Some(*spawner);
+    node.ppid = *ppid;
+    node.sid = *sid;
+    node.pgid = *pgid;
+    node.uid = Some(*uid);
+    node.cgroup_id = Some(*cgroup_id);
+    node.comm = *comm;
+    node.forked_at = Some(ev.ts);
+    // The thread that forked it, when not its spawner's main one.
+    node.spawning_thread = (spawner_tid != spawner).then_some((*spawner_tid, *comm));
+    node.spawn_stack = *stack;
 }
