@@ -324,3 +324,82 @@ fn a_reason_is_written_by_its_name_and_one_this_build_does_not_know_reads_as_oth
     let flag: Flag = serde_json::from_str(r#"{"pid":7,"reason":"frozen","since":1}"#).unwrap();
     assert_eq!((flag.pid, flag.reason, flag.since), (7, Reason::Other, 1));
 }
+
+/// A record's events are built from what the graph made of it: a fork from another thread of
+/// its spawner (its `thread`), while the tracked map was full (`untracked`), then its exec,
+/// setsid, exit and free, each line byte for byte.
+#[test]
+fn a_records_event_is_built_from_the_graphs_change() {
+    use crate::capture::decode::{KernelEvent, What};
+    use crate::lineage::graph::{LineageGraph, Seed};
+    let mut graph = LineageGraph::new(100);
+    graph.add_seed(Seed {
+        pid: 100,
+        start_ticks: 1,
+        ppid: 1,
+        sid: 100,
+        pgid: 100,
+        comm: Comm::from_c(b"gw"),
+        argv: Args::none(),
+        is_gateway: true,
+        uncertain: false,
+    });
+    let record = |what| KernelEvent {
+        seq: 0,
+        generation: 1,
+        ts: 5,
+        pid: 200,
+        start: 7_000,
+        what,
+    };
+    let mut lines = Vec::new();
+    let mut take = |what, interpreter: Option<&str>| {
+        let ev = record(what);
+        let change = graph.apply(&ev);
+        let event = Event::of_change(&graph, &change, ev.pid, interpreter.map(str::to_owned));
+        lines.push(event.map(|e| written(&e)).unwrap_or_default());
+    };
+    take(
+        What::Fork {
+            spawner: 100,
+            ppid: 100,
+            sid: 100,
+            pgid: 100,
+            uid: 1000,
+            cgroup_id: 42,
+            comm: Comm::from_c(b"gw"),
+            spawner_tid: 101,
+            stack: Default::default(),
+            copy: None,
+            untracked: true,
+        },
+        None,
+    );
+    take(
+        What::Exec {
+            old_tid: 200,
+            comm: Comm::from_c(b"python3.12"),
+            filename: b"/usr/bin/python3.12".as_slice().into(),
+            argv: Args::from_list(["python3", "-m", "server"]),
+            truncated: false,
+            interpreter: None,
+        },
+        Some("python3.12"),
+    );
+    take(What::Setsid { sid: 200 }, None);
+    take(What::Exit { status: 9 }, None);
+    take(What::Free, None);
+    take(What::Free, None);
+    assert_eq!(
+        lines,
+        [
+            r#"{"event":"fork","seq":3,"ts":9,"pid":200,"ppid":100,"spawner":100,"comm":"gw","start":7000,"sid":100,"pgid":100,"uid":1000,"cgroup_id":42,"untracked":true,"thread":{"tid":101,"comm":"gw"}}"#,
+            r#"{"event":"exec","seq":3,"ts":9,"pid":200,"filename":"/usr/bin/python3.12","argv":["python3","-m","server"],"truncated":false,"tid":200,"interpreter":"python3.12"}"#,
+            r#"{"event":"setsid","seq":3,"ts":9,"pid":200,"sid":200}"#,
+            r#"{"event":"exit","seq":3,"ts":9,"pid":200,"exit_code":null,"signal":"SIGKILL","core":false}"#,
+            r#"{"event":"reaped","seq":3,"ts":9,"pid":200}"#,
+            // The second free changed nothing: no event.
+            "",
+        ]
+    );
+}
