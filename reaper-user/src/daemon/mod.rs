@@ -240,6 +240,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     let ready_at = boottime_now();
     run.output().set_t0(ready_at);
     run.write([Stamped::new(ready_at, ready)])?;
+    run.output().ready_written()?;
     run.output().flush()?;
 
     let checkpoints = match state {

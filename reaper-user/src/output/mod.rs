@@ -27,6 +27,10 @@ pub struct Output {
     json: Vec<Box<dyn Write + Send>>,
     human: Option<Box<dyn Write + Send>>,
     notes: Option<Box<dyn Write + Send>>,
+    /// Notes told before `ready` (and when), for the stream: written right after it (see
+    /// [`Output::ready_written`]), so that a tool reading the stream meets `ready` before
+    /// them. A run that fails before `ready` has said them on stderr only.
+    held_notes: Option<Vec<(u64, String)>>,
     pub metrics: Metrics,
     /// The lifecycle events written so far, for the summary.
     pub counts: Counts,
@@ -51,6 +55,7 @@ impl Output {
             json,
             human,
             notes: None,
+            held_notes: Some(Vec::new()),
             metrics: Metrics::new(),
             counts: Counts::default(),
             status: None,
@@ -84,7 +89,22 @@ impl Output {
                 .and_then(|()| w.flush())
                 .context("writing a note")?;
         }
-        self.record(boottime_now(), &Note::event(text))
+        match self.held_notes.as_mut() {
+            Some(held) => {
+                held.push((boottime_now(), text.to_owned()));
+                Ok(())
+            }
+            None => self.record(boottime_now(), &Note::event(text)),
+        }
+    }
+
+    /// `ready` is written: the notes told before it go into the stream now, and later ones
+    /// as they are told.
+    pub fn ready_written(&mut self) -> Result<()> {
+        for (ts, text) in self.held_notes.take().unwrap_or_default() {
+            self.record(ts, &Note::event(&text))?;
+        }
+        Ok(())
     }
 
     /// Emits one event stamped `ts`.
