@@ -229,3 +229,63 @@ impl Output {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::stream::events::{Ready, Setsid};
+
+    /// A writer whose bytes the test reads back.
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Kept {
+        /// The `event` names written so far, and each note's text.
+        fn events(&self) -> Vec<String> {
+            let bytes = self.0.lock().unwrap().clone();
+            String::from_utf8(bytes)
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    match v["event"].as_str().unwrap() {
+                        "note" => format!("note: {}", v["text"].as_str().unwrap()),
+                        name => name.to_owned(),
+                    }
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_note_is_a_line_on_stderr_at_once_and_an_event_after_ready() {
+        let (stream, stderr) = (Kept::default(), Kept::default());
+        let mut out = Output::new(vec![Box::new(stream.clone())], None, 0);
+        out.set_notes(Some(Box::new(stderr.clone())));
+        out.note("at start-up").unwrap();
+        assert_eq!(stream.events(), Vec::<String>::new(), "held until ready");
+        out.event(1, &Event::Ready(Ready::default())).unwrap();
+        out.ready_written().unwrap();
+        out.note("later").unwrap();
+        out.event(2, &Event::Setsid(Setsid { pid: 7, sid: 7 }))
+            .unwrap();
+        assert_eq!(
+            stream.events(),
+            ["ready", "note: at start-up", "note: later", "setsid"]
+        );
+        let said = String::from_utf8(stderr.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(said, "reaper-trace: at start-up\nreaper-trace: later\n");
+    }
+}
