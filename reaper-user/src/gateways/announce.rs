@@ -111,13 +111,13 @@ impl Announcer {
     /// The gateway pids known so far, with the one not forked yet (for `ready`).
     pub fn pids(&self, graph: &LineageGraph) -> Vec<u32> {
         let mut pids: Vec<u32> = graph.gateways().map(|n| n.pid).collect();
-        pids.extend(graph.expected_gateways());
+        pids.extend(graph.expected_gateway());
         pids.sort_unstable();
         pids
     }
 
     /// Every gateway has exited (or none is known yet to be alive).
     pub fn all_exited(&self, graph: &LineageGraph) -> bool {
-        graph.expected_gateways().next().is_none() && graph.gateways().all(|n| !n.alive())
+        graph.expected_gateway().is_none() && graph.gateways().all(|n| !n.alive())
     }
 }

@@ -124,8 +124,8 @@ pub struct LineageGraph {
     gateways: Vec<NodeId>,
     /// The argv of a process whose program is not known yet: one shared empty list.
     no_argv: Args,
-    /// Pids that are gateways once their fork is seen (the `-- CMD` gateway).
-    expected_gateways: HashSet<u32>,
+    /// The pid that is a gateway once its fork is seen (the `-- CMD` gateway: one a run).
+    expected_gateway: Option<u32>,
 }
 
 impl LineageGraph {
@@ -142,19 +142,19 @@ impl LineageGraph {
             zombies: 0,
             gateways: Vec::new(),
             no_argv: Args::none(),
-            expected_gateways: HashSet::default(),
+            expected_gateway: None,
         }
     }
 
     /// `pid` becomes a gateway when its fork is seen (the `-- CMD` gateway, forked by the run
     /// itself before its record comes).
     pub fn expect_gateway(&mut self, pid: u32) {
-        self.expected_gateways.insert(pid);
+        self.expected_gateway = Some(pid);
     }
 
-    /// The gateways expected whose fork was not seen yet.
-    pub fn expected_gateways(&self) -> impl Iterator<Item = u32> + '_ {
-        self.expected_gateways.iter().copied()
+    /// The gateway expected whose fork was not seen yet.
+    pub fn expected_gateway(&self) -> Option<u32> {
+        self.expected_gateway
     }
 
     /// The live processes that run `spawner`'s code: itself, then each spawner up the lineage

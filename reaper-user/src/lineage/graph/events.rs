@@ -44,9 +44,10 @@ impl LineageGraph {
             What::Fork {
                 spawner, untracked, ..
             } => {
-                // Nearly always none expected: no hash lookup per fork then.
-                let command =
-                    !self.expected_gateways.is_empty() && self.expected_gateways.remove(&ev.pid);
+                let command = self.expected_gateway == Some(ev.pid);
+                if command {
+                    self.expected_gateway = None;
+                }
                 // A fork seen after seeding already found the child in /proc: same process,
                 // as the fork found it (what /proc said was read after; the records since
                 // follow this one).
