@@ -367,7 +367,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     run.keep_exact(losses, &kernel.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
-    run.scan_leaks()?;
+    run.clear_ended()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
         run.report_kill(r)?;
     }

@@ -294,9 +294,30 @@ impl Pipeline {
     pub fn scan_leaks(&mut self) -> Result<()> {
         let began = Instant::now();
         let now = boottime_now();
-        let mut found: Vec<Event> = self
-            .inspector
-            .scan(&self.graph, now)
+        let changes = self.inspector.scan(&self.graph, now);
+        self.write_scan(&changes, began, now)
+    }
+
+    /// The stop's last look: clears the flags of processes that ended since the last scan
+    /// and raises none. What a stop leaves is a chain half torn down (its outer process gone,
+    /// its leaf a few milliseconds from its own exit); judged, such a leaf is a new server
+    /// "orphaned" for the time it takes to exit.
+    pub fn clear_ended(&mut self) -> Result<()> {
+        let began = Instant::now();
+        let now = boottime_now();
+        let changes = self.inspector.clear_ended(&self.graph);
+        self.write_scan(&changes, began, now)
+    }
+
+    /// Writes a round's flags that started or stopped holding, and sets the gauges from what
+    /// the round saw.
+    fn write_scan(
+        &mut self,
+        changes: &[crate::leaks::Change],
+        began: Instant,
+        now: u64,
+    ) -> Result<()> {
+        let mut found: Vec<Event> = changes
             .iter()
             .filter_map(|change| flags::change_event(&self.graph, change, now))
             .collect();

@@ -249,6 +249,16 @@ impl Inspector {
         changes
     }
 
+    /// The flags of processes that ended (exited, or were reaped) since the last scan,
+    /// cleared; no rule is applied and no flag raised. The stop's last look: what a stop
+    /// leaves is half torn down, not a state to judge.
+    pub fn clear_ended(&mut self, graph: &LineageGraph) -> Vec<Change> {
+        let mut changes = Vec::new();
+        self.forget_the_dead(graph, &mut changes);
+        self.forget_the_reaped(graph, &mut changes);
+        changes
+    }
+
     /// Clears the flags of descendants that exited.
     fn forget_the_dead(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
         let holders = &mut self.holders;
@@ -374,22 +384,11 @@ impl Inspector {
     }
 
     fn check_zombies(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
-        let after = nanos(self.opts.zombie_after);
-        self.zombies.retain(|id, (pid, _)| {
-            let still = graph.node(*id).is_some_and(Node::zombie);
-            if !still {
-                changes.push(Change::Cleared {
-                    node: *id,
-                    pid: *pid,
-                    reason: Reason::Zombie,
-                    because: "reaped",
-                });
-            }
-            still
-        });
+        self.forget_the_reaped(graph, changes);
         if graph.zombie_count() == 0 {
             return;
         }
+        let after = nanos(self.opts.zombie_after);
         for node in graph.zombies().filter(|n| !n.is_gateway) {
             let Some(exited) = rules::zombie(node, now, after) else {
                 continue;
@@ -407,6 +406,22 @@ impl Inspector {
                 crowd: None,
             })));
         }
+    }
+
+    /// Clears the `zombie` flags of processes no longer zombies (reaped, or pruned).
+    fn forget_the_reaped(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
+        self.zombies.retain(|id, (pid, _)| {
+            let still = graph.node(*id).is_some_and(Node::zombie);
+            if !still {
+                changes.push(Change::Cleared {
+                    node: *id,
+                    pid: *pid,
+                    reason: Reason::Zombie,
+                    because: "reaped",
+                });
+            }
+            still
+        });
     }
 
     /// Raises a flag no rule raises (the killer's `respawning`), held until the process exits.
@@ -446,3 +461,96 @@ impl Inspector {
 mod crowds;
 mod evidence;
 mod looks;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::decode::{KernelEvent, What};
+    use crate::lineage::graph::Seed;
+    use crate::text::{Args, Comm};
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn inspector() -> Inspector {
+        Inspector::new(InspectOptions {
+            scan_interval: Duration::from_secs(1),
+            idle_after: Duration::from_secs(60),
+            zombie_after: Duration::from_secs(1),
+            orphan_grace: Duration::from_secs(1),
+            max_instances: 10,
+        })
+    }
+
+    fn record(g: &mut LineageGraph, ts: u64, pid: u32, what: What) {
+        let start = 5_000;
+        g.apply(&KernelEvent {
+            seq: ts,
+            generation: 1,
+            ts,
+            pid,
+            start,
+            what,
+        });
+    }
+
+    /// A gateway (100) whose child (200) exited at 1 s and is not reaped.
+    fn a_zombie() -> LineageGraph {
+        let mut g = LineageGraph::new(100);
+        g.add_seed(Seed {
+            pid: 100,
+            start_ticks: 1,
+            ppid: 1,
+            sid: 100,
+            pgid: 100,
+            comm: Comm::from_c(b"gw"),
+            argv: Args::none(),
+            is_gateway: true,
+            uncertain: false,
+        });
+        let fork = What::Fork {
+            spawner: 100,
+            ppid: 100,
+            sid: 100,
+            pgid: 100,
+            uid: 0,
+            cgroup_id: 1,
+            comm: Comm::from_c(b"c"),
+            spawner_tid: 100,
+            stack: Default::default(),
+            copy: None,
+            untracked: false,
+        };
+        record(&mut g, 1, 200, fork);
+        record(&mut g, SECOND, 200, What::Exit { status: 0 });
+        g
+    }
+
+    fn reasons(changes: &[Change]) -> Vec<(&'static str, Reason)> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Flag(f) => ("flag", f.reason),
+                Change::Cleared { reason, .. } => ("cleared", *reason),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_stops_last_look_clears_what_ended_and_raises_nothing() {
+        let mut g = a_zombie();
+        let now = 10 * SECOND;
+        assert_eq!(
+            reasons(&inspector().clear_ended(&g)),
+            [],
+            "a zombie past --zombie-after is left to the scans"
+        );
+        let mut scans = inspector();
+        assert_eq!(reasons(&scans.scan(&g, now)), [("flag", Reason::Zombie)]);
+        record(&mut g, 2 * SECOND, 200, What::Free);
+        assert_eq!(
+            reasons(&scans.clear_ended(&g)),
+            [("cleared", Reason::Zombie)]
+        );
+        assert_eq!(reasons(&scans.clear_ended(&g)), [], "cleared once");
+    }
+}
