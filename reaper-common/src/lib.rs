@@ -30,6 +30,7 @@ pub mod names {
     pub const STACKS: &str = "STACKS";
     pub const PYTHONS: &str = "PYTHONS";
     pub const PY_STACKS: &str = "PY_STACKS";
+    pub const PY_BINARIES: &str = "PY_BINARIES";
     pub const PY_SCRATCH: &str = "PY_SCRATCH";
     pub const PY_WALK: &str = "PY_WALK";
     pub const JIT_HOSTS: &str = "JIT_HOSTS";
@@ -49,7 +50,7 @@ pub mod names {
     ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
-    pub const PINNED: [&str; 14] = [
+    pub const PINNED: [&str; 15] = [
         TRACKED,
         EVENTS,
         SEQ,
@@ -63,6 +64,7 @@ pub mod names {
         STACKS,
         PYTHONS,
         PY_STACKS,
+        PY_BINARIES,
         JIT_HOSTS,
     ];
     pub const OFFSETS: &str = "OFFSETS";
@@ -370,6 +372,10 @@ pub struct KernelOffsets {
     pub signal_pids_pgid: u64,
     /// Offset of `pid::numbers[0].nr` (the pid number in the initial namespace).
     pub pid_numbers_nr: u64,
+    /// Offsets of `task_struct::thread_pid` and `pid::level` (how deep in nested pid
+    /// namespaces the task's pid is: 0 in the initial one).
+    pub task_thread_pid: u64,
+    pub pid_level: u64,
     pub mm_arg_start: u64,
     pub mm_arg_end: u64,
     pub bprm_filename: u64,

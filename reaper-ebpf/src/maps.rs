@@ -52,6 +52,12 @@ pub static STACK_SCRATCH: PerCpuArray<NativeStack> = PerCpuArray::with_max_entri
 #[map]
 pub static PYTHONS: HashMap<u32, PyLayout> = HashMap::with_max_entries(4096, 0);
 
+/// Interpreter executables user space has read this run, by inode → their layout, with
+/// `runtime` as the offset of `_PyRuntime` from the start of the executable's text: an exec
+/// of one is given its layout in `PYTHONS` here, before it can fork (see `python::at_exec`).
+#[map]
+pub static PY_BINARIES: HashMap<ExeKey, PyLayout> = HashMap::with_max_entries(64, 0);
+
 /// Tracked Python spawners' frames at fork, each distinct stack kept once (by a hash of its
 /// frames). Allocated as used; user space sets the capacity at load (`--spawn-stacks`).
 #[map]
@@ -131,6 +137,8 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     signal_pids_sid: 0,
     signal_pids_pgid: 0,
     pid_numbers_nr: 0,
+    task_thread_pid: 0,
+    pid_level: 0,
     mm_arg_start: 0,
     mm_arg_end: 0,
     bprm_filename: 0,

@@ -7,12 +7,14 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_ns_current_pid_tgid,
     },
 };
+use reaper_common::ExeKey;
 use reaper_common::python::{
     HASH_SEED, PY_FRAMES_MAX, PY_INTERPRETERS_MAX, PY_NO_CFRAME, PY_STEPS_MAX, PyFrame, PyLayout,
     PyStack, hash_word,
 };
 
-use crate::maps::{PY_SCRATCH, PY_STACKS, PY_WALK, PYTHONS};
+use crate::maps::{PY_BINARIES, PY_SCRATCH, PY_STACKS, PY_WALK, PYTHONS};
+use crate::task::Task;
 
 /// Gives a forked child its parent's interpreter layout (the same memory, copied), if the
 /// parent's is known: until the child execs (which drops it), its forks are read too.
@@ -23,6 +25,29 @@ pub fn inherit(parent: u32, child: u32, start: u64) {
     };
     let copy = PyLayout { start, ..*layout };
     let _ = PYTHONS.insert(child, copy, 0);
+}
+
+/// Gives a process that just executed an interpreter this run has read before (the same
+/// executable file) its layout now, before it can fork: the reader looks at an exec only
+/// once it reads the record, and a program may fork first. The file's layout places
+/// `_PyRuntime` from the start of the executable's text, which this exec just mapped. A
+/// process in another pid namespace numbers its threads there: the reader's look sets it.
+#[inline(always)]
+pub fn at_exec(task: Task, exe: ExeKey, pid: u32, start: u64) {
+    // SAFETY: a plain lookup; the value is copied out at once.
+    let Some(binary) = (unsafe { PY_BINARIES.get(exe) }).copied() else {
+        return;
+    };
+    let (start_code, _) = task.code_range();
+    if start_code == 0 || !task.in_initial_pid_namespace() {
+        return;
+    }
+    let layout = PyLayout {
+        start,
+        runtime: start_code + binary.runtime,
+        ..binary
+    };
+    let _ = PYTHONS.insert(pid, layout, 0);
 }
 
 /// Repeats a block 128 times ([`PY_STEPS_MAX`]).

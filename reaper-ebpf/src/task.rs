@@ -87,6 +87,12 @@ impl Task {
             read(mm, global!(OFFSETS.mm_end_code)),
         )
     }
+    /// Whether the task's pid is in the initial pid namespace (its thread ids are the ones
+    /// the probes see).
+    pub fn in_initial_pid_namespace(self) -> bool {
+        let pid = read_ptr(self.0, global!(OFFSETS.task_thread_pid));
+        !pid.is_null() && read::<u32>(pid, global!(OFFSETS.pid_level)) == 0
+    }
     /// `(arg_start, arg_end)` of the task's mm (user addresses).
     pub fn arg_range(self) -> (u64, u64) {
         let mm = read_ptr(self.0, global!(OFFSETS.task_mm));

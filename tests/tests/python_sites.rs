@@ -108,10 +108,38 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
     let host = [
         python.path.to_str().unwrap().into(),
         arg("mcp_host.py"),
-        mode.into(),
+        if mode == "unread" { "early" } else { mode }.into(),
         arg("trigger"),
         arg("release"),
     ];
+    let mut interpreter_read = true;
+    if mode == "unread" {
+        // reaper-trace (CMD's parent) stopped from before the interpreter's exec until after
+        // its first fork: nothing of either is read in time, whatever the machine's speed.
+        // An interpreter not on PATH is run once first, and its exec read.
+        let mut run_python = command.join(" ");
+        run_python.push(' ');
+        run_python.push_str(python.path.to_str().unwrap());
+        interpreter_read = !on_path(&python.path) || python.root.is_some();
+        let script = format!(
+            r#"if [ "$1" = warm ]; then
+    {run_python} -c pass
+    i=0; while [ ! -e {trigger} ] && [ $i -lt 6000 ]; do sleep 0.05; i=$((i+1)); done
+fi
+shift
+reaper=$PPID host=$$
+kill -STOP $reaper
+(i=0; while ! pgrep -x -P $host cat >/dev/null && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+ kill -CONT $reaper) &
+exec "$@""#,
+            trigger = trigger.display(),
+        );
+        command = vec!["sh".into(), "-c".into(), script, "sh".into()];
+        command.push(if interpreter_read { "warm" } else { "cold" }.into());
+        if let Some(root) = &python.root {
+            command.extend(["chroot".into(), root.to_str().unwrap().into()]);
+        }
+    }
     if mode == "early" {
         // Started by a shell busy forking, as a gateway's wrapper may be: the records stream
         // when the interpreter's exec comes, and the reader is polling, not waiting for one.
@@ -128,7 +156,12 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
         &release,
         ("the server flagged, with its spawn site", Then::Release),
         |events| {
-            trigger_after_warm_up(events, &mut warmed, &trigger);
+            match mode {
+                "unread" if interpreter_read => {
+                    trigger_after_interpreter_read(events, &mut warmed, &trigger)
+                }
+                _ => trigger_after_warm_up(events, &mut warmed, &trigger),
+            }
             events.iter().any(|e| server_flag(mode, e))
         },
     );
@@ -148,6 +181,25 @@ fn spawned_at(test: &str, python: &Python, mode: &str) -> (Vec<Value>, Value) {
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
     assert!(pid(&flag["pid"]) > 0);
     (frames, interpreter)
+}
+
+/// Whether `path` is a file in a directory of this process's `PATH`.
+fn on_path(path: &Path) -> bool {
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&dirs).any(|dir| Some(dir.as_path()) == path.parent())
+}
+
+/// Writes `trigger` once `events` hold the exec of an interpreter run as `-c pass`, named in
+/// the event (the reader looked at it).
+fn trigger_after_interpreter_read(events: &[Value], read: &mut bool, trigger: &Path) {
+    if !*read
+        && events
+            .iter()
+            .any(|e| e["event"] == "exec" && e["argv"][1] == "-c" && e["interpreter"].is_string())
+    {
+        *read = true;
+        std::fs::write(trigger, b"").unwrap();
+    }
 }
 
 /// Whether `event` flags the server: `cat` idle, or in `forked` mode `sleep` deaf (its
@@ -281,6 +333,30 @@ fn a_python_spawn_read_before_a_restart_is_named_by_the_run_after_it() {
     let own = frame(&frames, "start_stdio_server");
     assert_eq!(own["language"], "python", "{own}");
     assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+}
+
+/// A gateway whose first fork comes before its exec is read (the reader stopped from before
+/// the exec to after the fork) gets its Python frames all the same: the kernel places the
+/// interpreter's layout at the exec. An interpreter on PATH is read as reaper-trace starts;
+/// any other (Debian sid's in a chroot) once the reader has seen it run (`-c pass` first).
+/// Not for a shared libpython (pyenv's): the loader maps it after the exec.
+#[test]
+fn a_python_gateway_that_forks_before_its_exec_is_read_has_its_frames() {
+    let test = "a_python_gateway_that_forks_before_its_exec_is_read_has_its_frames";
+    if !require_root(test) {
+        return;
+    }
+    for python in interpreters() {
+        if python.root.is_none() && !on_path(&python.path) {
+            continue;
+        }
+        let (frames, _) = spawned_at(test, &python, "unread");
+        eprintln!("{} ({:?}): {frames:?}", python.path.display(), python.root);
+        let own = frame(&frames, "start_stdio_server");
+        assert_eq!(own["line"], line_of("return subprocess.Popen("), "{own}");
+        let caller = frame(&frames, "main");
+        assert_eq!(caller["line"], line_of("first = start_stdio_server()"));
+    }
 }
 
 /// A gateway that spawns its server as it starts (its first fork, within its first

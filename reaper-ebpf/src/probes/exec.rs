@@ -17,6 +17,7 @@ use crate::{
     emit::{header, recording, send_prefix},
     global,
     maps::{EXEC_SCRATCH, JIT_HOSTS, PYTHONS, tracked_current},
+    python,
     task::{Task, read_ptr_at},
 };
 
@@ -41,6 +42,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     let capture = global!(CONFIG.spawn_stacks);
     if capture & SPAWN_STACKS_PYTHON != 0 {
         let _ = PYTHONS.remove(pid);
+        python::at_exec(task, gateway::exe_key(bprm), pid, start);
     }
     if capture & SPAWN_STACKS_COPY != 0 {
         let _ = JIT_HOSTS.remove(pid);

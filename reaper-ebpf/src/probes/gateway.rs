@@ -27,15 +27,8 @@ use crate::{
 #[inline(always)]
 pub fn exec_selector(bprm: *const u8) -> Option<u32> {
     if global!(CONFIG.gateway_exes) != 0 {
-        let file = read_ptr_at(bprm, global!(OFFSETS.bprm_file));
-        let inode = read_ptr_at(file, global!(OFFSETS.file_inode));
-        let sb = read_ptr_at(inode, global!(OFFSETS.inode_sb));
-        let key = ExeKey {
-            dev: u64::from(read::<u32>(sb, global!(OFFSETS.super_block_dev))),
-            ino: read::<u64>(inode, global!(OFFSETS.inode_ino)),
-        };
         // SAFETY: a plain lookup; the value is copied out at once.
-        if let Some(&selector) = unsafe { GATEWAY_EXES.get(key) } {
+        if let Some(&selector) = unsafe { GATEWAY_EXES.get(exe_key(bprm)) } {
             return Some(selector);
         }
     }
@@ -46,6 +39,18 @@ pub fn exec_selector(bprm: *const u8) -> Option<u32> {
         return unsafe { GATEWAY_PATHS.get(key) }.copied();
     }
     None
+}
+
+/// The executable an exec runs (`bprm->file`: the interpreter of a `#!` script) by its inode.
+#[inline(always)]
+pub fn exe_key(bprm: *const u8) -> ExeKey {
+    let file = read_ptr_at(bprm, global!(OFFSETS.bprm_file));
+    let inode = read_ptr_at(file, global!(OFFSETS.file_inode));
+    let sb = read_ptr_at(inode, global!(OFFSETS.inode_sb));
+    ExeKey {
+        dev: u64::from(read::<u32>(sb, global!(OFFSETS.super_block_dev))),
+        ino: read::<u64>(inode, global!(OFFSETS.inode_ino)),
+    }
 }
 
 /// A kernel string as a map key: zero-filled past its end. `None` if it is unreadable or too

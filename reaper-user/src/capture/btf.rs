@@ -339,6 +339,8 @@ impl KernelBtf {
             signal_pids_sid: self.offset("signal_struct", &format!("pids[{sid}]"))?,
             signal_pids_pgid: self.offset("signal_struct", &format!("pids[{pgid}]"))?,
             pid_numbers_nr: self.offset("pid", "numbers[0].nr")?,
+            task_thread_pid: task("thread_pid")?,
+            pid_level: self.offset("pid", "level")?,
             mm_arg_start: self.offset("mm_struct", "arg_start")?,
             mm_arg_end: self.offset("mm_struct", "arg_end")?,
             bprm_filename: self.offset("linux_binprm", "filename")?,

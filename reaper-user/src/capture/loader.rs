@@ -412,6 +412,7 @@ impl Probes {
                 native: HashMap::try_from(map(&mut ebpf, names::STACKS)?)?,
                 interpreters: HashMap::try_from(map(&mut ebpf, names::PYTHONS)?)?,
                 python: HashMap::try_from(map(&mut ebpf, names::PY_STACKS)?)?,
+                binaries: HashMap::try_from(map(&mut ebpf, names::PY_BINARIES)?)?,
                 jit_hosts: HashMap::try_from(map(&mut ebpf, names::JIT_HOSTS)?)?,
             },
             facts: LoadFacts {

@@ -7,7 +7,7 @@ use anyhow::Result;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use reaper_common::native::NativeStack;
 use reaper_common::python::{PyLayout, PyStack};
-use reaper_common::{EventKind, LossSlot, ReaderMark};
+use reaper_common::{EventKind, ExeKey, LossSlot, ReaderMark};
 
 use crate::procfs::boottime_now;
 
@@ -142,5 +142,7 @@ pub struct StackMaps {
     pub native: HashMap<MapData, u64, NativeStack>,
     pub interpreters: HashMap<MapData, u32, PyLayout>,
     pub python: HashMap<MapData, u64, PyStack>,
+    /// The interpreter executables read, by inode (see `python::Binaries`).
+    pub binaries: HashMap<MapData, ExeKey, PyLayout>,
     pub jit_hosts: HashMap<MapData, u32, u64>,
 }

@@ -109,7 +109,7 @@ pub fn path_key(path: &Path) -> Result<PathKey> {
 /// open of the path yields. stat(2) can show other numbers (btrfs subvolumes, overlayfs report
 /// the underlying file's), so the device comes from the mount's superblock
 /// (`/proc/self/mountinfo`, by the open file's mount id) and the inode from `fdinfo`.
-fn kernel_inode(path: &Path) -> Result<ExeKey> {
+pub fn kernel_inode(path: &Path) -> Result<ExeKey> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = fs::OpenOptions::new()
         .read(true)

@@ -59,7 +59,13 @@ impl SpawnSites {
     pub fn new(maps: StackMaps, interpreters: bool) -> SpawnSites {
         SpawnSites {
             native: NativeStacks::new(maps.native),
-            python: interpreters.then(|| PythonStacks::new(maps.interpreters, maps.python)),
+            python: interpreters.then(|| {
+                let mut python = PythonStacks::new(maps.interpreters, maps.python, maps.binaries);
+                if let Some(path) = std::env::var_os("PATH") {
+                    python.give_interpreters_on(&path);
+                }
+                python
+            }),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             objects: unwind::Objects::default(),
             symbolizer: None,

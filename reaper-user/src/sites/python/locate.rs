@@ -4,7 +4,7 @@
 //! mapping, so a container's files and a replaced file read right), its exported symbols
 //! first: an interpreter's exec then costs a read of its mappings, and the first one little
 //! more, so its layout is in the kernel before the program gets to fork.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use blazesym::inspect::Inspector;
 use blazesym::inspect::source::{Elf, Source};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use reaper_common::ExeKey;
 use reaper_common::python::PyLayout;
 
 use super::super::mappings::mappings;
@@ -27,12 +28,22 @@ pub struct Interpreter {
     pub name: String,
     pub probe: PyLayout,
     pub code: CodeLayout,
+    /// The first time an executable that holds its own `_PyRuntime` (not a shared
+    /// libpython) is found: the executable for the exec probe (see [`Binary`]).
+    pub binary: Option<Binary>,
 }
 
 /// Whether a mapped file may hold an interpreter: `python3.N`, `libpython3.N.so…`.
 fn may_be_python(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.starts_with("python3") || name.starts_with("libpython3")
+}
+
+/// Whether a file's name is a Python interpreter executable's: `python3`, `python3.N`, and
+/// builds of it (`python3.13t`), not its tools (`python3-config`) nor a libpython.
+pub fn names_an_interpreter(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("python3") && !name.contains('-')
 }
 
 /// Whether the dynamic loader has mapped a `libpython3` into process `pid`, its data
@@ -50,12 +61,22 @@ pub fn loaded_libpython(pid: u32) -> bool {
     })
 }
 
-/// What an object file holds of an interpreter: its name, where `_PyRuntime` is in the file,
-/// and the version's offsets.
+/// An interpreter executable as the exec probe knows it (`PY_BINARIES`): its inode as the
+/// kernel's exec sees it, and its layout with `runtime` the offset of `_PyRuntime` from the
+/// start of the text an exec maps (`mm->start_code`).
+#[derive(Clone, Copy, Debug)]
+pub struct Binary {
+    pub key: ExeKey,
+    pub layout: PyLayout,
+}
+
+/// What an object file holds of an interpreter: its name, where `_PyRuntime` is in the file
+/// and from the start of its text when the file is an executable, and the version's offsets.
 #[derive(Clone)]
 struct Runtime {
     name: String,
     file_offset: u64,
+    text_offset: Option<u64>,
     offsets: versions::Offsets,
 }
 
@@ -64,6 +85,9 @@ struct Runtime {
 #[derive(Default)]
 pub struct Files {
     read: HashMap<(String, u64), Option<Runtime>>,
+    /// The executables whose layout was handed out for the kernel (see
+    /// [`Interpreter::binary`]).
+    binaries: HashSet<(String, u64)>,
     /// For the symbols an object does not export (a `.symtab` only).
     inspector: Inspector,
 }
@@ -88,13 +112,14 @@ impl Files {
                         .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
                     let runtime = runtime_of(&self.inspector, &file)
                         .with_context(|| format!("reading {}", m.path))?;
-                    self.read.insert(key, runtime.clone());
+                    self.read.insert(key.clone(), runtime.clone());
                     runtime
                 }
             };
             let Some(Runtime {
                 name,
                 file_offset,
+                text_offset,
                 offsets,
             }) = runtime
             else {
@@ -119,13 +144,63 @@ impl Files {
                 pidns_ino,
                 ..offsets.probe
             };
+            // An executable of its own (a libpython is the loader's, mapped after the exec).
+            let binary = text_offset
+                .filter(|_| names_an_interpreter(&m.path) && self.binaries.insert(key))
+                .and_then(|at| Binary::new(&m.dev, m.inode, &offsets.probe, at));
             return Ok(Some(Interpreter {
                 name,
                 probe,
                 code: offsets.code,
+                binary,
             }));
         }
         Ok(None)
+    }
+
+    /// The interpreter executable at `path`, for the exec probe, before any process runs it
+    /// (see [`Binary`]): `None` for a file that is not one, or was handed out already.
+    pub fn executable(&mut self, path: &Path) -> Result<Option<Binary>> {
+        let key = crate::gateways::exe::kernel_inode(path)?;
+        let (major, minor) = (key.dev >> 20, key.dev & 0xf_ffff);
+        let file = (format!("{major:02x}:{minor:02x}"), key.ino);
+        if self.binaries.contains(&file) {
+            return Ok(None);
+        }
+        let runtime = match self.read.get(&file) {
+            Some(known) => known.clone(),
+            None => {
+                let runtime = runtime_of(&self.inspector, path)?;
+                self.read.insert(file.clone(), runtime.clone());
+                runtime
+            }
+        };
+        let Some((at, offsets)) = runtime.and_then(|r| Some((r.text_offset?, r.offsets))) else {
+            return Ok(None);
+        };
+        self.binaries.insert(file);
+        let layout = PyLayout {
+            runtime: at,
+            ..offsets.probe
+        };
+        Ok(Some(Binary { key, layout }))
+    }
+}
+
+impl Binary {
+    /// The executable mapped as `maps` shows it (`MAJOR:MINOR` and inode: the kernel's own
+    /// numbers; an overlayfs file shows the file under it where the exec sees the overlay's,
+    /// which then matches no exec, and such an exec is looked at when read, as before).
+    fn new(maps_dev: &str, ino: u64, probe: &PyLayout, text_offset: u64) -> Option<Binary> {
+        let key = ExeKey {
+            dev: kernel_dev(maps_dev)?,
+            ino,
+        };
+        let layout = PyLayout {
+            runtime: text_offset,
+            ..*probe
+        };
+        Some(Binary { key, layout })
     }
 }
 
@@ -156,6 +231,7 @@ fn runtime_of(inspector: &Inspector, file: &Path) -> Result<Option<Runtime>> {
     Ok(Some(Runtime {
         name,
         file_offset: runtime,
+        text_offset: text_offset(file, runtime)?,
         offsets,
     }))
 }
@@ -187,6 +263,38 @@ fn exported(file: &Path) -> Result<Option<(u64, u64)>> {
     Ok(offset(runtime).zip(offset(version)))
 }
 
+/// Where file offset `at` of executable `file` lies from the start of its text as an exec
+/// maps it: the kernel's `start_code` is the lowest address of the executable `PT_LOAD`
+/// segments (`load_elf_binary`), moved by the same bias as everything else. `None` for an
+/// object that cannot be run (no `PT_INTERP`).
+fn text_offset(file: &Path, at: u64) -> Result<Option<u64>> {
+    use object::elf::{PF_X, PT_INTERP, PT_LOAD};
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let handle = File::open(file)?;
+    // SAFETY: as in `exported`.
+    let bytes = unsafe { memmap2::Mmap::map(&handle) }?;
+    let elf = ElfFile64::<object::Endianness>::parse(&*bytes).context("not a 64-bit ELF")?;
+    let endian = elf.endian();
+    let headers = elf.elf_program_headers();
+    if !headers.iter().any(|h| h.p_type(endian) == PT_INTERP) {
+        return Ok(None);
+    }
+    let loads = || headers.iter().filter(|h| h.p_type(endian) == PT_LOAD);
+    let text = loads()
+        .filter(|h| h.p_flags(endian) & PF_X != 0)
+        .map(|h| h.p_vaddr(endian))
+        .min();
+    let address = loads().find_map(|h| {
+        let (start, size) = (h.p_offset(endian), h.p_filesz(endian));
+        (start..start + size)
+            .contains(&at)
+            .then(|| h.p_vaddr(endian) + (at - start))
+    });
+    Ok(text
+        .zip(address)
+        .map(|(text, address)| address.wrapping_sub(text)))
+}
+
 /// As [`exported`], from the symbol table (an interpreter that exports nothing).
 fn symbol_table(inspector: &Inspector, file: &Path) -> Result<Option<(u64, u64)>> {
     let src = Source::Elf(Elf {
@@ -198,6 +306,14 @@ fn symbol_table(inspector: &Inspector, file: &Path) -> Result<Option<(u64, u64)>
         .context("reading its symbols")?;
     let offset = |i: usize| found.get(i)?.first()?.file_offset;
     Ok(offset(0).zip(offset(1)))
+}
+
+/// `maps`' `MAJOR:MINOR` (hex) as the kernel's `dev_t` (`major << 20 | minor`).
+fn kernel_dev(maps_dev: &str) -> Option<u64> {
+    let (major, minor) = maps_dev.split_once(':')?;
+    let major = u64::from_str_radix(major, 16).ok()?;
+    let minor = u64::from_str_radix(minor, 16).ok()?;
+    Some(major << 20 | minor)
 }
 
 /// The pid namespace process `pid` numbers its threads in, when it is not the initial one
@@ -219,5 +335,37 @@ mod tests {
         assert!(may_be_python("/usr/lib/libpython3.12.so.1.0"));
         assert!(may_be_python("/usr/bin/python3.11"));
         assert!(!may_be_python("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        for name in ["python3", "/usr/bin/python3.11", "python3.13t"] {
+            assert!(names_an_interpreter(name), "{name}");
+        }
+        for name in [
+            "python3-config",
+            "/usr/lib/libpython3.12.so.1.0",
+            "python2.7",
+        ] {
+            assert!(!names_an_interpreter(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_mappings_device_reads_as_the_kernels() {
+        assert_eq!(kernel_dev("08:01"), Some(8 << 20 | 1));
+        assert_eq!(kernel_dev("103:0a"), Some(0x103 << 20 | 0xa));
+        assert_eq!(kernel_dev("0801"), None);
+    }
+
+    /// The offset from the start of the text the kernel maps, read from the file, is where
+    /// the code is from the `startcode` of a process running it: this test's own function.
+    #[test]
+    fn an_executables_text_offset_is_its_place_from_start_code() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let address =
+            an_executables_text_offset_is_its_place_from_start_code as fn() as usize as u64;
+        let maps = mappings(std::process::id()).unwrap();
+        let at = maps.iter().find_map(|m| m.file_offset(address)).unwrap();
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let start_code: u64 = fields[26 - 3].parse().unwrap();
+        assert_eq!(text_offset(&exe, at).unwrap(), Some(address - start_code));
     }
 }

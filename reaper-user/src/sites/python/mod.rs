@@ -7,6 +7,7 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
+use reaper_common::ExeKey;
 use reaper_common::python::{PyLayout, PyStack};
 
 use super::referrers::Referrers;
@@ -19,12 +20,14 @@ mod locate;
 mod versions;
 
 use code::Memory;
-use locate::Interpreter;
+use locate::{Binary, Interpreter};
 
 /// The kernel's side of Python stacks and what user space knows of each interpreter.
 pub struct PythonStacks {
     layouts: BpfHashMap<MapData, u32, PyLayout>,
     stacks: BpfHashMap<MapData, u64, PyStack>,
+    /// The interpreter executables read, for the exec probe (see `Interpreter::binary`).
+    binaries: BpfHashMap<MapData, ExeKey, PyLayout>,
     /// The interpreter object files read so far.
     files: locate::Files,
     /// Each tracked interpreter, by its process's node (until its next exec or its end).
@@ -60,10 +63,12 @@ impl PythonStacks {
     pub fn new(
         layouts: BpfHashMap<MapData, u32, PyLayout>,
         stacks: BpfHashMap<MapData, u64, PyStack>,
+        binaries: BpfHashMap<MapData, ExeKey, PyLayout>,
     ) -> PythonStacks {
         PythonStacks {
             layouts,
             stacks,
+            binaries,
             files: locate::Files::default(),
             interpreters: HashMap::default(),
             spawned: Referrers::default(),
@@ -144,9 +149,42 @@ impl PythonStacks {
                 interpreter.name
             ));
         }
+        if let Some(binary) = interpreter.binary {
+            self.give(binary);
+        }
         let name = interpreter.name.clone();
         self.interpreters.insert(node, interpreter);
         Ok(Some(name))
+    }
+
+    /// Hands the exec probe an interpreter executable: from here an exec of that file gets
+    /// its layout in the kernel at once, before its program can fork (the reader's look at
+    /// the exec record comes later, and a program may fork first). A full map (64 files)
+    /// leaves the rest to that look.
+    fn give(&mut self, binary: Binary) {
+        let _ = self.binaries.insert(binary.key, binary.layout, 0);
+    }
+
+    /// Hands the exec probe the Python interpreters on `path` (a `PATH` value: `python3` and
+    /// `python3.N` in each directory; a venv's `python` is a link to one), so that a gateway
+    /// started as one, or starting one, gets its Python frames from its first fork. Any
+    /// other interpreter file is handed over once the reader has seen it run.
+    pub fn give_interpreters_on(&mut self, path: &std::ffi::OsStr) {
+        for dir in std::env::split_paths(path) {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if !locate::names_an_interpreter(&name.to_string_lossy()) {
+                    continue;
+                }
+                // A file that cannot be read is looked at when a process runs it, as before.
+                if let Ok(Some(binary)) = self.files.executable(&entry.path()) {
+                    self.give(binary);
+                }
+            }
+        }
     }
 
     /// Notes that stack `key` spawned process `child`.
