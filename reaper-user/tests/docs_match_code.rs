@@ -1,11 +1,11 @@
-//! A doc sentence is a claim: the README's and docs/leaks.md's rules tables name exactly the
-//! reasons a flag can carry, and docs/cli.md's options tables name exactly the options the
-//! parsers take, with the same defaults. A rule or an option added, renamed or re-defaulted
+//! A doc sentence is a claim: the README's and docs/leaks.md's rules tables and the schema's
+//! `reason` enum name exactly the reasons of the rules' table (`leaks::rules::TABLE`), and
+//! docs/cli.md's options tables name exactly the options the parsers take, with the same defaults. A rule or an option added, renamed or re-defaulted
 //! without its doc fails here.
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use reaper_user::{cli::Cli, leaks::Reason, report::ReportCli};
+use reaper_user::{cli::Cli, leaks::rules, report::ReportCli};
 
 const README: &str = include_str!("../../README.md");
 const CLI_DOC: &str = include_str!("../../docs/cli.md");
@@ -41,7 +41,7 @@ fn reasons_of(doc: &str, header: &str) -> Vec<String> {
 
 #[test]
 fn the_rules_tables_name_every_reason_a_flag_can_carry_and_no_other() {
-    let code: BTreeSet<String> = Reason::ALL.iter().map(|r| r.name().to_owned()).collect();
+    let code: BTreeSet<String> = rules::TABLE.iter().map(|a| a.name.to_owned()).collect();
     for (doc, name, header) in [
         (README, "README.md", "| reason | flagged when |"),
         (
@@ -57,7 +57,10 @@ fn the_rules_tables_name_every_reason_a_flag_can_carry_and_no_other() {
             listed.len(),
             "{name} lists a reason twice: {listed:?}"
         );
-        assert_eq!(documented, code, "{name}'s rules table against Reason::ALL");
+        assert_eq!(
+            documented, code,
+            "{name}'s rules table against rules::TABLE"
+        );
     }
 }
 
@@ -237,8 +240,10 @@ fn the_rules_tables_give_each_options_default_as_the_parser_has_it() {
     }
 }
 
+/// A reader that validates against the schema accepts every flag this build writes, and no
+/// other reason.
 #[test]
-fn the_schemas_reason_enum_is_reason_all() {
+fn the_schemas_reason_enum_is_the_rules_table() {
     let schema: serde_json::Value =
         serde_json::from_str(include_str!("../../schema/events.schema.json")).unwrap();
     let listed: Vec<&str> = schema["$defs"]["reason"]["enum"]
@@ -247,8 +252,8 @@ fn the_schemas_reason_enum_is_reason_all() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    let code: Vec<&str> = Reason::ALL.iter().map(|r| r.name()).collect();
-    assert_eq!(listed, code, "schema/events.schema.json's reason enum");
+    let table: Vec<&str> = rules::TABLE.iter().map(|a| a.name).collect();
+    assert_eq!(listed, table, "schema/events.schema.json's reason enum");
 }
 
 /// The `.rs` files of a folder of the workspace.

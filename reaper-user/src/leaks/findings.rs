@@ -2,81 +2,12 @@
 //! and the changes (a flag starts or stops holding) it returns to the run.
 use std::rc::Rc;
 
-use serde::{Deserialize, Serialize};
-
 use super::peers::Holder;
 use super::sampler::Sample;
 use crate::lineage::graph::NodeId;
 use crate::procfs::placement::Placement;
 
-/// Why a process is flagged: the `reason` of the `flag`, `cleared` and `kill` events, written
-/// by its name (`orphaned`, ...).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// A process on its spawn chain (the gateway included) exited; it holds pipes or sockets.
-    Orphaned,
-    /// Waits for input on pipes or sockets whose other end is open, and moved no data for
-    /// `--idle-after`.
-    Idle,
-    /// Holds the read end of a pipe with no writers left (EOF pending) for `--idle-after`.
-    Deaf,
-    /// Exited, and not reaped by its parent for `--zombie-after`.
-    Zombie,
-    /// Respawns what `--kill` killed (raised by the killer, not by a rule).
-    Respawning,
-    /// One of more than `--max-instances` instances of its kind alive under its gateway
-    /// instance, and not one of the newest of them.
-    Accumulating,
-    /// A reason this build does not know, read back from a later build's stream; never
-    /// raised (so never written).
-    #[default]
-    #[serde(other)]
-    Other,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 6] = [
-        Reason::Orphaned,
-        Reason::Idle,
-        Reason::Deaf,
-        Reason::Zombie,
-        Reason::Respawning,
-        Reason::Accumulating,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Orphaned => "orphaned",
-            Reason::Idle => "idle",
-            Reason::Deaf => "deaf",
-            Reason::Zombie => "zombie",
-            Reason::Respawning => "respawning",
-            Reason::Accumulating => "accumulating",
-            Reason::Other => "other",
-        }
-    }
-
-    /// A `--kill-reasons` name: the rules a kill may follow (zombies cannot be killed).
-    pub fn killable(name: &str) -> Option<Reason> {
-        [
-            Reason::Orphaned,
-            Reason::Idle,
-            Reason::Deaf,
-            Reason::Accumulating,
-        ]
-        .into_iter()
-        .find(|r| r.name() == name)
-    }
-}
-
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use super::rules::Reason;
 
 /// The /proc facts about a live process, and who holds the other ends of its pipes.
 #[derive(Clone, Debug)]

@@ -17,16 +17,16 @@
 //! channel end with are one server ([`super::channels`]), looked at together, judged on what
 //! all of them do (a wrapper moves no data while the server under it answers requests) and
 //! flagged once, on the outermost process. A process's internal channels count for nothing.
-use std::rc::Rc;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
 
 use super::channels::{self, Holders};
 use super::findings::{Change, Evidence, Flagged, Reason};
-use super::kinds::Kind;
 use super::peers::PeerIndex;
-use super::rules::{self, Observed};
+use super::rules::accumulating::{Crowds, Verdict, Watched};
+use super::rules::orphaned::Breaks;
+use super::rules::{self, Observed, zombie};
 use super::sampler::{Sample, Sampler};
 use crate::procfs::placement::Placement;
 
@@ -66,21 +66,22 @@ struct Watch {
     io_since: u64,
     /// Since when a pipe read end has had no writers.
     eof_since: Option<u64>,
-    /// Since when its spawn chain is broken (the exit time of the spawner that broke it), once
-    /// that exit has settled.
-    broken_since: Option<u64>,
-    /// It was looked at once the orphan grace after the break was over.
-    grace_looked: bool,
     /// Active flags and since when (on a server's outermost process only).
     flags: Vec<(Reason, u64)>,
     /// The last sample.
     last: Option<Sample>,
-    /// Its kind, formed at the exec it is from (by the graph's exec count).
-    kind: Option<(u32, Rc<Kind>)>,
-    /// The gateway instance it descends from, once looked up (the lineage edge never moves).
-    gateway: Option<Option<NodeId>>,
-    /// Since when it has been one instance too many of its kind (at the looks since).
-    over_since: Option<u64>,
+}
+
+/// The watches as the `accumulating` count asks about them.
+struct Looked<'a>(&'a HashMap<NodeId, Box<Watch>>);
+
+impl Watched for Looked<'_> {
+    fn looked_at(&self, id: NodeId) -> Option<bool> {
+        self.0.get(&id).map(|w| w.last.is_some())
+    }
+    fn flagged(&self, id: NodeId) -> bool {
+        self.0.get(&id).is_some_and(|w| w.has(Reason::Accumulating))
+    }
 }
 
 impl Watch {
@@ -103,28 +104,11 @@ pub struct Inspector {
     sampler: Sampler,
     /// Flags raised so far, by reason.
     raised: [u64; Reason::ALL.len()],
-    /// A watched process exited since instances were last counted.
-    crowd_changed: bool,
-    /// The kinds with the most instances at the last count, taken by the next metrics update.
-    census: Option<Vec<(String, u64)>>,
-    /// When the earliest orphan grace still running ends (boot-time ns).
-    next_grace_end: Option<u64>,
-    /// When the earliest instance one too many has been so for [`CROWD_GRACE`]: instances
-    /// are counted again then.
-    crowd_due: Option<u64>,
+    /// `orphaned`'s breaks waited on.
+    breaks: Breaks,
+    /// `accumulating`'s count across looks.
+    crowds: Crowds,
 }
-
-/// How long a spawner's exit may take to let go of its files before its orphans are judged
-/// anyway (a process stuck in its exit, for one).
-const EXIT_SETTLE_CAP: Duration = Duration::from_secs(10);
-
-/// How long an instance must stay one too many of its kind, at the looks that count it, before
-/// it is flagged `accumulating`: a pool that replaces each worker as the next one starts is
-/// over its limit only for the moment the old worker takes to exit.
-pub const CROWD_GRACE: Duration = Duration::from_secs(2);
-
-/// How many kinds the metrics name; the rest are `other` (a metric's labels must stay few).
-pub const CENSUS_KINDS: usize = 20;
 
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(10);
@@ -139,10 +123,8 @@ impl Inspector {
             holders: Holders::default(),
             sampler: Sampler::default(),
             raised: [0; Reason::ALL.len()],
-            crowd_changed: false,
-            census: None,
-            next_grace_end: None,
-            crowd_due: None,
+            breaks: Breaks::default(),
+            crowds: Crowds::default(),
         }
     }
 
@@ -150,17 +132,17 @@ impl Inspector {
     /// orphan grace still running (boot-time ns). A grace is a rule about time: the scan is
     /// moved to its end, so a confirmed orphan is flagged then, not a scan interval later.
     pub fn next_look(&self) -> Option<u64> {
-        match (self.next_grace_end, self.crowd_due) {
+        match (self.breaks.next_look(), self.crowds.next_look()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
     /// The kinds with the most live instances under one gateway instance, as counted since
-    /// the last call (None when nothing was counted anew): at most [`CENSUS_KINDS`] patterns,
+    /// the last call (None when nothing was counted anew): at most `CENSUS_KINDS` patterns,
     /// the rest as `other`.
     pub fn take_census(&mut self) -> Option<Vec<(String, u64)>> {
-        self.census.take()
+        self.crowds.take_census()
     }
 
     /// What the operator is to be told about the scans (see [`Sampler::take_notes`]).
@@ -175,7 +157,7 @@ impl Inspector {
             return Vec::new();
         };
         let pid = w.pid;
-        self.crowd_changed = true;
+        self.crowds.ended(id);
         w.flags
             .drain(..)
             .map(|(reason, _)| Change::Cleared {
@@ -211,16 +193,18 @@ impl Inspector {
         let mut changes = Vec::new();
         self.forget_the_dead(graph, &mut changes);
         let sampled = self.sample_due(graph, now);
-        let exits = std::mem::take(&mut self.crowd_changed);
-        let crowd_due = self.crowd_due.is_some_and(|t| now >= t);
-        if !sampled.is_empty() || exits || crowd_due {
+        let count = self.crowds.due(now);
+        if !sampled.is_empty() || count {
             let servers = self.servers(graph);
             for server in &servers {
                 if sampled.contains(&server[0]) {
                     self.judge(server, now, &mut changes);
                 }
             }
-            self.judge_crowds(graph, &servers, now, &mut changes);
+            let watched = Looked(&self.watches);
+            let max = self.opts.max_instances;
+            let verdict = self.crowds.judge(graph, &servers, &watched, max, now);
+            self.apply_crowds(verdict, &servers, &mut changes);
         }
         self.check_zombies(graph, now, &mut changes);
         // Who holds the other ends is looked up for the flags whose evidence is a channel; an
@@ -259,14 +243,60 @@ impl Inspector {
         changes
     }
 
+    /// Applies what the `accumulating` count decided to the flags (a raise needs the sample
+    /// its evidence is).
+    fn apply_crowds(
+        &mut self,
+        verdict: Verdict,
+        servers: &[Vec<NodeId>],
+        changes: &mut Vec<Change>,
+    ) {
+        for (id, because) in verdict.clear {
+            let Some(w) = self.watches.get_mut(&id) else {
+                continue;
+            };
+            w.flags.retain(|(r, _)| *r != Reason::Accumulating);
+            changes.push(Change::Cleared {
+                node: id,
+                pid: w.pid,
+                reason: Reason::Accumulating,
+                because,
+            });
+        }
+        let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
+        for (id, since, crowd) in verdict.raise {
+            let Some(w) = self.watches.get_mut(&id) else {
+                continue;
+            };
+            let Some(sample) = w.last.clone() else {
+                continue;
+            };
+            w.flags.push((Reason::Accumulating, since));
+            changes.push(Change::Flag(Box::new(Flagged {
+                node: id,
+                pid: w.pid,
+                reason: Reason::Accumulating,
+                since,
+                evidence: Some(Evidence {
+                    sample,
+                    peers: Vec::new(),
+                    server: server_of.get(&id).map_or(vec![id], |s| s.to_vec()),
+                    placement: Placement::default(),
+                }),
+                crowd: Some(crowd),
+            })));
+        }
+    }
+
     /// Clears the flags of descendants that exited.
     fn forget_the_dead(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
         let holders = &mut self.holders;
-        let crowd_changed = &mut self.crowd_changed;
+        let (crowds, breaks) = (&mut self.crowds, &mut self.breaks);
         self.watches.retain(|id, w| {
             let alive = graph.node(*id).is_some_and(Node::alive);
             if !alive {
-                *crowd_changed = true;
+                crowds.ended(*id);
+                breaks.forget(*id);
                 for (reason, _) in &w.flags {
                     changes.push(Change::Cleared {
                         node: *id,
@@ -315,7 +345,7 @@ impl Inspector {
             let Some(w) = self.watches.get_mut(&inner) else {
                 continue;
             };
-            for (reason, _) in rules::LIVE {
+            for (reason, _) in rules::live() {
                 if w.has(reason) {
                     w.flags.retain(|(r, _)| *r != reason);
                     changes.push(Change::Cleared {
@@ -341,7 +371,7 @@ impl Inspector {
                 && samples.iter().any(|s| s.waits_for_input()),
             has_live_peer: samples.iter().any(|s| s.has_live_peer()),
             idle_held: self.watches.get(&top).is_some_and(|w| w.has(Reason::Idle)),
-            broken_since: self.watches.get(&top).and_then(|w| w.broken_since),
+            broken_since: self.breaks.since(top),
             orphan_grace: nanos(self.opts.orphan_grace),
             io_since: watches.iter().map(|w| w.io_since).max().unwrap_or(now),
             eof_since: watches.iter().filter_map(|w| w.eof_since).min(),
@@ -351,7 +381,7 @@ impl Inspector {
         let Some(w) = self.watches.get_mut(&top) else {
             return;
         };
-        for (reason, rule) in rules::LIVE {
+        for (reason, rule) in rules::live() {
             match (rule(&seen), w.has(reason)) {
                 (Some(since), false) => {
                     w.flags.push((reason, since));
@@ -375,7 +405,7 @@ impl Inspector {
                         node: top,
                         pid: w.pid,
                         reason,
-                        because: rules::cleared_because(reason, &seen),
+                        because: reason.cleared_because(&seen),
                     });
                 }
                 _ => {}
@@ -390,7 +420,7 @@ impl Inspector {
         }
         let after = nanos(self.opts.zombie_after);
         for node in graph.zombies().filter(|n| !n.is_gateway) {
-            let Some(exited) = rules::zombie(node, now, after) else {
+            let Some(exited) = zombie::rule(node, now, after) else {
                 continue;
             };
             if self.zombies.contains_key(&node.id) {
@@ -417,7 +447,7 @@ impl Inspector {
                     node: *id,
                     pid: *pid,
                     reason: Reason::Zombie,
-                    because: "reaped",
+                    because: zombie::REAPED,
                 });
             }
             still
@@ -458,16 +488,14 @@ impl Inspector {
     }
 }
 
-mod crowds;
 mod evidence;
 mod looks;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::decode::{KernelEvent, What};
-    use crate::lineage::graph::Seed;
-    use crate::text::{Args, Comm};
+    use crate::capture::decode::What;
+    use crate::lineage::graph::testing::{fork, gateway, record};
 
     const SECOND: u64 = 1_000_000_000;
 
@@ -481,47 +509,12 @@ mod tests {
         })
     }
 
-    fn record(g: &mut LineageGraph, ts: u64, pid: u32, what: What) {
-        let start = 5_000;
-        g.apply(&KernelEvent {
-            seq: ts,
-            generation: 1,
-            ts,
-            pid,
-            start,
-            what,
-        });
-    }
-
     /// A gateway (100) whose child (200) exited at 1 s and is not reaped.
     fn a_zombie() -> LineageGraph {
         let mut g = LineageGraph::new(100);
-        g.add_seed(Seed {
-            pid: 100,
-            start_ticks: 1,
-            ppid: 1,
-            sid: 100,
-            pgid: 100,
-            comm: Comm::from_c(b"gw"),
-            argv: Args::none(),
-            is_gateway: true,
-            uncertain: false,
-        });
-        let fork = What::Fork {
-            spawner: 100,
-            ppid: 100,
-            sid: 100,
-            pgid: 100,
-            uid: 0,
-            cgroup_id: 1,
-            comm: Comm::from_c(b"c"),
-            spawner_tid: 100,
-            stack: Default::default(),
-            copy: None,
-            untracked: false,
-        };
-        record(&mut g, 1, 200, fork);
-        record(&mut g, SECOND, 200, What::Exit { status: 0 });
+        g.add_seed(gateway(100));
+        record(&mut g, 1, (200, 5_000), fork(100));
+        record(&mut g, SECOND, (200, 5_000), What::Exit { status: 0 });
         g
     }
 
@@ -546,7 +539,7 @@ mod tests {
         );
         let mut scans = inspector();
         assert_eq!(reasons(&scans.scan(&g, now)), [("flag", Reason::Zombie)]);
-        record(&mut g, 2 * SECOND, 200, What::Free);
+        record(&mut g, 2 * SECOND, (200, 5_000), What::Free);
         assert_eq!(
             reasons(&scans.clear_ended(&g)),
             [("cleared", Reason::Zombie)]

@@ -1,14 +1,13 @@
-//! Leaks: the rules that flag a descendant left behind ([`rules`]), the inspector that samples
+//! Leaks: the rules that flag a descendant left behind ([`rules`], one module per reason), the inspector that samples
 //! /proc on a cadence a days-long run can afford ([`inspector`]), who holds the other end of a
 //! pipe ([`peers`]), and the flags as the evidence a person or a tool acts on ([`flags`]).
-mod accumulation;
 mod channels;
 mod findings;
 pub mod flags;
 mod inspector;
 mod kinds;
 mod peers;
-mod rules;
+pub mod rules;
 mod sampler;
 
 pub use findings::*;

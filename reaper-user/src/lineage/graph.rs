@@ -474,4 +474,6 @@ mod pids;
 pub mod saved;
 pub mod slab;
 #[cfg(test)]
+pub mod testing;
+#[cfg(test)]
 mod tests;

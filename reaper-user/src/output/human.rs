@@ -1,6 +1,7 @@
 //! Events for people: one readable line per event, with every string that came from a process
 //! escaped for a terminal, and the few formats (durations, sizes) every human text shares.
 use crate::leaks::Reason;
+use crate::leaks::rules::Why;
 use crate::output::label::command_label;
 use crate::stream::events::{
     Argv, Event, LeakDetail, LeakedProcess, PipeInfo, ProcText, ProcessLabel, SpawningThread,
@@ -10,7 +11,6 @@ use crate::stream::evidence::{ESCAPED_MEANING, Frame};
 use crate::text::escape_for_terminal;
 
 mod fold;
-mod lines;
 pub use fold::human_lines;
 
 /// One line a person reads (see [`Readable`]): every string that came from a process is
@@ -20,7 +20,7 @@ pub fn human_line(ts: u64, ev: &Event) -> String {
 }
 
 /// ` thread 4702 (asyncio_0)`: the spawner's thread that forked a process, if not its main one.
-pub(super) fn thread_text(thread: Option<&SpawningThread>) -> String {
+pub(crate) fn thread_text(thread: Option<&SpawningThread>) -> String {
     thread.map_or_else(String::new, |t| {
         format!(" thread {} ({})", t.tid, t.comm.for_terminal())
     })
@@ -186,40 +186,7 @@ pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
 /// One line a person can act on, for a flag raised at `ts`.
 pub fn flag_line(ts: u64, pid: u32, reason: Reason, since: u64, detail: &LeakDetail) -> String {
     let me = who(pid, &detail.comm, &detail.argv);
-    let ago = human_duration(ts.saturating_sub(since));
-    let why = match reason {
-        Reason::Orphaned => detail
-            .ancestors
-            .iter()
-            .rev()
-            .skip(1)
-            .enumerate()
-            .find_map(|(up, a)| {
-                let exited = a.exited?;
-                Some(format!(
-                    "{} {}{} exited {} ago",
-                    if up == 0 { "spawner" } else { "ancestor" },
-                    who(a.process.pid, &a.process.comm, &a.process.argv),
-                    match up {
-                        0 => thread_text(detail.thread.as_ref()),
-                        _ => String::new(),
-                    },
-                    human_duration(ts.saturating_sub(exited))
-                ))
-            })
-            .unwrap_or_else(|| "its spawner exited".into()),
-        Reason::Idle => format!("waiting for input, no I/O for {ago}"),
-        Reason::Deaf => format!("a channel it reads has had no other end for {ago} (EOF ignored)"),
-        Reason::Zombie => format!("exited {ago} ago, not reaped by its parent {}", detail.ppid),
-        Reason::Accumulating => format!(
-            "one of {} instances of `{}` alive under gateway {}, older than the newest ({})",
-            detail.instances.unwrap_or(0),
-            escape_for_terminal(detail.kind.as_ref().map_or("", |k| &k.pattern).as_bytes()),
-            detail.lineage.first().copied().unwrap_or(0),
-            detail.newest.unwrap_or(0),
-        ),
-        Reason::Respawning | Reason::Other => reason.name().to_owned(),
-    };
+    let why = reason.why(&Why { ts, since, detail });
     let mut line = format!("LEAK {reason} pid {me}: {why}");
     let spawner = detail.lineage.iter().rev().nth(1).copied();
     if reason != Reason::Zombie && spawner.is_some_and(|s| s != detail.ppid) {

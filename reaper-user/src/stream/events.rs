@@ -1,9 +1,9 @@
 //! The public event stream: one JSON object per line (NDJSON), documented in docs/events.md.
 //! Names and fields change only compatibly (new optional fields, new events).
 //!
-//! Each kind of event is one struct (in `events/`), one row of [`events!`] below (its variant,
-//! its wire name, whether it is a lifecycle event or a finding) and its readable line (a
-//! [`Readable`], in `output/human/lines.rs`). The same structs are written by [`crate::output`] and read back by
+//! Each kind of event is one struct with its readable line (a [`Readable`], beside it in
+//! `events/`) and one row of [`events!`] below (its variant, its wire name, whether it is a
+//! lifecycle event or a finding). The same structs are written by [`crate::output`] and read back by
 //! [`crate::report`]: the stream has one schema. Read back, every field has a default, so an
 //! odd line (an older build's, a hand-written one) loses only what it lacks.
 use std::borrow::Cow;

@@ -109,8 +109,8 @@ pub(super) const fn other(name: &'static str, finding: bool) -> Kind {
 
 /// What a person reads for one event: one line (or, for `--check`'s verdict, a line and one
 /// per leaked process), every string that came from a process escaped for a terminal; `ts` is
-/// the event's time (a flag says how long ago its condition started). Each kind's is in
-/// `output/human/lines.rs`; the table of kinds requires one.
+/// the event's time (a flag says how long ago its condition started). Each kind's is beside
+/// its struct (`stream/events/*.rs`); the table of kinds requires one.
 pub trait Readable {
     fn readable(&self, ts: u64) -> String;
 }

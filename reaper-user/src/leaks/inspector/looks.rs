@@ -1,13 +1,13 @@
 //! When the inspector looks at which descendant: first looks spread over a sample period, a
-//! look at the end of an orphan grace, every scan for what is flagged `idle` or `deaf`, and a
+//! look at the end of an orphan grace (see `rules::orphaned::Breaks`), every scan for what is flagged `idle` or `deaf`, and a
 //! server looked at whole; and what a look remembers of the process.
 use rustc_hash::FxHashSet as HashSet;
 
-use super::{EXIT_SETTLE_CAP, Inspector, Watch, nanos};
+use super::{Inspector, Watch, nanos};
 use crate::identity::ProcessId;
 use crate::leaks::channels;
 use crate::leaks::findings::Reason;
-use crate::lineage::graph::{LineageGraph, Node, NodeId};
+use crate::lineage::graph::{LineageGraph, NodeId};
 
 impl Inspector {
     /// Samples the live descendants that are due, with the rest of their servers (a server is
@@ -15,7 +15,7 @@ impl Inspector {
     pub(super) fn sample_due(&mut self, graph: &LineageGraph, now: u64) -> HashSet<NodeId> {
         let every = self.opts.sample_every();
         let grace = nanos(self.opts.orphan_grace);
-        let mut next_grace_end = None;
+        self.breaks.begin_round();
         let mut due = HashSet::default();
         for node in graph.alive().filter(|n| !n.is_gateway) {
             let w = self.watches.entry(node.id).or_insert_with(|| {
@@ -29,32 +29,13 @@ impl Inspector {
                     ..Watch::default()
                 })
             });
-            // The chain counts as broken once the spawner's exit has let go of its files;
-            // it is judged for `orphaned` at the first look after the grace.
-            w.broken_since = match graph.exited_spawner(node.id) {
-                None => None,
-                Some(gone) => w
-                    .broken_since
-                    .or_else(|| exit_settled(gone, now).then(|| gone.exited.map_or(now, |e| e.ts))),
-            };
-            let grace_over = w.broken_since.map(|since| since.saturating_add(grace));
-            let grace_look = match grace_over {
-                Some(end) if !w.grace_looked && now >= end => {
-                    w.grace_looked = true;
-                    true
-                }
-                Some(end) if !w.grace_looked => {
-                    next_grace_end = Some(next_grace_end.map_or(end, |t: u64| t.min(end)));
-                    false
-                }
-                _ => false,
-            };
+            // A broken chain is judged for `orphaned` at the first look after its grace.
+            let grace_look = self.breaks.due(graph, node, now, grace);
             let urgent = grace_look || w.has(Reason::Idle) || w.has(Reason::Deaf);
             if urgent || now >= w.next_sample {
                 due.insert(node.id);
             }
         }
-        self.next_grace_end = next_grace_end;
         if due.is_empty() {
             return due;
         }
@@ -101,13 +82,6 @@ impl Inspector {
         self.holders.replace(id, before, &s.fds);
         w.last = Some(s);
     }
-}
-
-/// Whether the exited spawner `gone` has let go of the channels it held, so that its orphans
-/// are judged on what is left: until then the other ends it held still poll open.
-fn exit_settled(gone: &Node, now: u64) -> bool {
-    let exited = gone.exited.map_or(now, |e| e.ts);
-    gone.process().exit_settled() || now.saturating_sub(exited) >= nanos(EXIT_SETTLE_CAP)
 }
 
 /// A fixed spread of `id` over `[0, period)` ns (Fibonacci hashing).

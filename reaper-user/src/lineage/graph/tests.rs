@@ -14,39 +14,11 @@ fn ev(seq: u64, pid: u32, start: u64, what: What) -> KernelEvent {
 }
 
 fn fork(pid: u32, start: u64, spawner: u32, ppid: u32) -> KernelEvent {
-    ev(
-        0,
-        pid,
-        start,
-        What::Fork {
-            spawner,
-            ppid,
-            sid: spawner,
-            pgid: spawner,
-            uid: 0,
-            cgroup_id: 1,
-            comm: Comm::from_c(b"c"),
-            spawner_tid: spawner,
-            stack: Default::default(),
-            copy: None,
-            untracked: false,
-        },
-    )
+    ev(0, pid, start, super::testing::fork_under(spawner, ppid))
 }
 
 fn gateway(g: &mut LineageGraph, pid: u32) -> NodeId {
-    g.add_seed(Seed {
-        pid,
-        start_ticks: 1,
-        ppid: 1,
-        sid: pid,
-        pgid: pid,
-        comm: Comm::from_c(b"gw"),
-        argv: Args::none(),
-        is_gateway: true,
-        uncertain: false,
-    })
-    .0
+    g.add_seed(super::testing::gateway(pid)).0
 }
 
 fn node_of(c: Change) -> NodeId {

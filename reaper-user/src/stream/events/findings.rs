@@ -3,6 +3,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{LeakDetail, Name, ProcText};
 use crate::leaks::Reason;
+use crate::output::human::{check_lines, flag_line};
+use crate::stream::kinds::Readable;
 
 /// A leak flag starts holding.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -64,4 +66,43 @@ pub struct LeakedProcess {
     pub pid: u32,
     #[serde(flatten)]
     pub detail: LeakDetail,
+}
+
+impl Readable for Flag {
+    fn readable(&self, ts: u64) -> String {
+        flag_line(ts, self.pid, self.reason, self.since, &self.detail)
+    }
+}
+
+impl Readable for Cleared {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "cleared  {} pid {}: {}",
+            self.reason, self.pid, self.because
+        )
+    }
+}
+
+impl Readable for Kill {
+    fn readable(&self, _: u64) -> String {
+        let Kill {
+            pid,
+            comm,
+            reason,
+            signal,
+            result,
+            secs,
+        } = self;
+        let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
+        match secs {
+            Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
+            None => format!("{who}: {signal} {result}"),
+        }
+    }
+}
+
+impl Readable for Check {
+    fn readable(&self, _: u64) -> String {
+        check_lines(&self.verdict, self.gateway_exit_code, &self.leaked)
+    }
 }

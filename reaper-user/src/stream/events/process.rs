@@ -5,7 +5,9 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::{Argv, ProcText, SpawningThread};
+use crate::output::human::thread_text;
 use crate::procfs::placement::Placement;
+use crate::stream::kinds::Readable;
 
 /// A process found in /proc at start (or re-read after a loss).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -92,4 +94,86 @@ pub struct Reparent {
     pub pid: u32,
     pub old_ppid: u32,
     pub new_ppid: u32,
+}
+
+impl Readable for Snapshot {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "found    {} ({}) parent {}: {}",
+            self.pid,
+            self.comm.for_terminal(),
+            self.ppid,
+            self.argv.for_terminal()
+        )
+    }
+}
+
+impl Readable for Fork {
+    fn readable(&self, _: u64) -> String {
+        let parent = match self.ppid == self.spawner {
+            true => String::new(),
+            false => format!(" (parent {})", self.ppid),
+        };
+        let note = match self.untracked {
+            true => "; NOT FOLLOWED: tracked map full",
+            false => "",
+        };
+        format!(
+            "fork     {} ({}) by {}{}{parent}{note}",
+            self.pid,
+            self.comm.for_terminal(),
+            self.spawner,
+            thread_text(self.thread.as_ref())
+        )
+    }
+}
+
+impl Readable for Exec {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "exec     {} {}: {}{}",
+            self.pid,
+            self.filename.for_terminal(),
+            self.argv.for_terminal(),
+            if self.truncated { " [truncated]" } else { "" }
+        )
+    }
+}
+
+impl Readable for Exit {
+    fn readable(&self, _: u64) -> String {
+        let pid = self.pid;
+        match (self.exit_code, &self.signal) {
+            (Some(code), _) => format!("exit     {pid} code {code}"),
+            (None, Some(sig)) => format!(
+                "exit     {pid} killed by {sig}{}",
+                if self.core { " (core dumped)" } else { "" }
+            ),
+            (None, None) => format!("exit     {pid}"),
+        }
+    }
+}
+
+impl Readable for Reaped {
+    fn readable(&self, _: u64) -> String {
+        match self.from_proc {
+            false => format!("reaped   {}", self.pid),
+            true => format!("reaped   {} (gone from /proc)", self.pid),
+        }
+    }
+}
+
+impl Readable for Setsid {
+    fn readable(&self, _: u64) -> String {
+        format!("setsid   {} now leads session {}", self.pid, self.sid)
+    }
+}
+
+impl Readable for Reparent {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "reparent {} parent {} exited; new parent {}",
+            self.pid, self.old_ppid, self.new_ppid
+        )
+    }
 }

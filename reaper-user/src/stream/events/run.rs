@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Argv, Counts, Event, LeakSummary, ProcText, ProcessLabel};
 use crate::procfs::placement::Placement;
+use crate::stream::kinds::{Lifecycle, Readable};
+use crate::text::escape_for_terminal;
 
 /// A name the stream writes from a fixed set (a reason, a signal, a kind): borrowed when
 /// written, owned when read back.
@@ -173,4 +175,117 @@ pub struct Latency {
     pub p50: u64,
     pub p99: u64,
     pub max: u64,
+}
+
+impl Readable for StopCommand {
+    fn readable(&self, _: u64) -> String {
+        let StopCommand {
+            pid,
+            signal,
+            because,
+        } = self;
+        format!("stop     the command {pid} with {signal}: the run ended ({because})")
+    }
+}
+
+impl Readable for Note {
+    fn readable(&self, _: u64) -> String {
+        format!("note     {}", escape_for_terminal(self.text.as_bytes()))
+    }
+}
+
+impl Readable for Gateway {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "gateway  {} ({}) by {}: {}",
+            self.pid,
+            self.comm.for_terminal(),
+            escape_for_terminal(self.selector.as_bytes()),
+            self.argv.for_terminal()
+        )
+    }
+}
+
+impl Readable for Ready {
+    fn readable(&self, _: u64) -> String {
+        let gws: Vec<String> = self.gateway.iter().map(u32::to_string).collect();
+        let gws = match gws.is_empty() {
+            true => "no gateway yet (waiting for the selectors)".to_owned(),
+            false => format!("gateway {}", gws.join(", ")),
+        };
+        let resumed = match &self.resumed {
+            None => String::new(),
+            Some(r) => resumed_text(r),
+        };
+        format!(
+            "ready    tracing {gws} (tracked now: {}; setsid seen by {}; kernel {}){resumed}",
+            self.tracked, self.setsid_hook, self.kernel
+        )
+    }
+}
+
+impl Readable for Lost {
+    fn readable(&self, _: u64) -> String {
+        let kinds: Vec<String> = self.kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let pids: Vec<String> = self.affected.iter().map(u32::to_string).collect();
+        format!(
+            "LOST     {} records ({}); re-read from /proc: {}",
+            self.count,
+            kinds.join(", "),
+            match pids.is_empty() {
+                true => "nothing affected".into(),
+                false => pids.join(", "),
+            }
+        )
+    }
+}
+
+impl Readable for Summary {
+    fn readable(&self, _: u64) -> String {
+        let Summary {
+            counts,
+            delivery,
+            alive,
+            zombies,
+            ..
+        } = self;
+        format!(
+            "summary  {} forks, {} execs, {} exits; {} alive, {} zombies; {} of {} kernel records received, {} dropped{}",
+            counts.get(Lifecycle::Fork),
+            counts.get(Lifecycle::Exec),
+            counts.get(Lifecycle::Exit),
+            alive.len(),
+            zombies.len(),
+            delivery.received,
+            delivery.kernel_events,
+            delivery.dropped.values().sum::<u64>(),
+            match delivery.consistent {
+                true => "",
+                false => " (INCONSISTENT)",
+            }
+        )
+    }
+}
+
+/// What a run took back from `--state-dir`, for the `ready` line.
+fn resumed_text(r: &Resumed) -> String {
+    let gap = r.gap_ns as f64 / 1e9;
+    let how = match r.kernel_kept {
+        true => "its events follow from the kept ring (negative times)".to_owned(),
+        false => format!(
+            "the kernel side was not kept: {} gone, read from /proc",
+            r.gone
+        ),
+    };
+    let unsaved = match r.unsaved {
+        0 => String::new(),
+        n => format!(
+            "; the run before was killed after taking {n} records it did not save: re-read \
+             from /proc"
+        ),
+    };
+    format!(
+        "; resumed {} processes from {} after a {gap:.1}s gap: {how}{unsaved}",
+        r.adopted, r.state_dir
+    )
 }

@@ -331,19 +331,9 @@ fn a_reason_is_written_by_its_name_and_one_this_build_does_not_know_reads_as_oth
 #[test]
 fn a_records_event_is_built_from_the_graphs_change() {
     use crate::capture::decode::{KernelEvent, What};
-    use crate::lineage::graph::{LineageGraph, Seed};
+    use crate::lineage::graph::{LineageGraph, testing::gateway};
     let mut graph = LineageGraph::new(100);
-    graph.add_seed(Seed {
-        pid: 100,
-        start_ticks: 1,
-        ppid: 1,
-        sid: 100,
-        pgid: 100,
-        comm: Comm::from_c(b"gw"),
-        argv: Args::none(),
-        is_gateway: true,
-        uncertain: false,
-    });
+    graph.add_seed(gateway(100));
     let record = |what| KernelEvent {
         seq: 0,
         generation: 1,

@@ -1,19 +1,57 @@
-//! The `accumulating` rule: more than `--max-instances` instances of one kind (see
-//! [`super::kinds`]) alive under one gateway instance. Every instance but the newest N is
-//! flagged; the flag holds until it exits or the count falls back to N.
+//! `accumulating`: more than `--max-instances` instances of one kind (see
+//! [`crate::leaks::kinds`]) alive under one gateway instance. Every instance but the newest N
+//! is flagged, once that held for [`CROWD_GRACE`]; the flag holds until it exits or the count
+//! falls back to N. The count kept across looks is [`Crowds`]; the inspector applies what it
+//! decides to the flags it keeps.
 //!
 //! The symptom in every leak report behind this project (28 `stdio-mcp-binary serve` under one
 //! gateway, one Node bridge per conversation turn, 128 slash workers) is a count, not a state:
 //! a leaked instance that its gateway still pings moves data, so it is never `idle`. This rule
 //! reads no I/O, only the lineage and the kinds. An instance is a server (a process with the
-//! wrappers that share its channel, see [`super::channels`]), counted once, on its outermost
-//! process.
+//! wrappers that share its channel, see [`crate::leaks::channels`]), counted once, on its
+//! outermost process.
 use std::rc::Rc;
+use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::kinds::Kind;
+use super::{About, Reason};
+use crate::leaks::kinds::Kind;
 use crate::lineage::graph::NodeId;
+use crate::text::escape_for_terminal;
+
+mod crowds;
+
+pub use crowds::{Crowds, Verdict, Watched};
+
+pub const ABOUT: About = About {
+    reason: Reason::Accumulating,
+    name: "accumulating",
+    killable: true,
+    live: None,
+    cleared: |_| FELL_BACK,
+    why: |w| {
+        let d = w.detail;
+        format!(
+            "one of {} instances of `{}` alive under gateway {}, older than the newest ({})",
+            d.instances.unwrap_or(0),
+            escape_for_terminal(d.kind.as_ref().map_or("", |k| &k.pattern).as_bytes()),
+            d.lineage.first().copied().unwrap_or(0),
+            d.newest.unwrap_or(0),
+        )
+    },
+};
+
+/// The `cleared` event's `because` once its kind's count fell back to `--max-instances`.
+pub const FELL_BACK: &str = "no more than --max-instances of its kind alive now";
+
+/// How long an instance must stay one too many of its kind, at the looks that count it, before
+/// it is flagged: a pool that replaces each worker as the next one starts is over its limit
+/// only for the moment the old worker takes to exit.
+pub const CROWD_GRACE: Duration = Duration::from_secs(2);
+
+/// How many kinds the metrics name; the rest are `other` (a metric's labels must stay few).
+pub const CENSUS_KINDS: usize = 20;
 
 /// One live instance, as the rule counts it.
 #[derive(Clone, Debug)]

@@ -1,0 +1,289 @@
+//! The count kept across looks: each instance's kind and gateway instance (looked up once),
+//! since when it has been one too many, when instances are next counted, and the census the
+//! metrics take. The inspector calls [`Crowds::judge`] when a look or an exit may have changed
+//! a count, and applies what it decides to the flags it keeps.
+use std::rc::Rc;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use super::{CENSUS_KINDS, CROWD_GRACE, FELL_BACK, Instance, census, groups};
+use crate::leaks::findings::Crowd;
+use crate::leaks::kinds::Kind;
+use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::procfs;
+
+/// What the count remembers of one process it counted.
+#[derive(Default)]
+struct Member {
+    /// Its kind, formed at the exec it is from (by the graph's exec count).
+    kind: Option<(u32, Rc<Kind>)>,
+    /// The gateway instance it descends from, once looked up (the lineage edge never moves).
+    gateway: Option<Option<NodeId>>,
+    /// Since when it has been one instance too many of its kind (at the looks since).
+    over_since: Option<u64>,
+}
+
+/// The `accumulating` count across looks.
+#[derive(Default)]
+pub struct Crowds {
+    members: HashMap<NodeId, Member>,
+    /// A counted process exited since instances were last counted.
+    changed: bool,
+    /// When the earliest instance one too many has been so for [`CROWD_GRACE`].
+    due: Option<u64>,
+    /// The kinds with the most instances at the last count, taken by the next metrics update.
+    census: Option<Vec<(String, u64)>>,
+}
+
+/// What the inspector knows of a server's outermost process that the count needs.
+pub trait Watched {
+    /// Whether it was looked at (a sample of it is held); `None` for a process not watched
+    /// (a gateway, one gone).
+    fn looked_at(&self, id: NodeId) -> Option<bool>;
+    /// It holds an `accumulating` flag.
+    fn flagged(&self, id: NodeId) -> bool;
+}
+
+/// What a count decided: flags to raise (with since when, and the crowd they are part of),
+/// and flags to clear (with why).
+#[derive(Default)]
+pub struct Verdict {
+    pub raise: Vec<(NodeId, u64, Crowd)>,
+    pub clear: Vec<(NodeId, &'static str)>,
+}
+
+impl Crowds {
+    /// A watched process ended: instances are counted again at the next look (a wrapper's
+    /// end changes its server, an instance's its count).
+    pub fn ended(&mut self, id: NodeId) {
+        self.members.remove(&id);
+        self.changed = true;
+    }
+
+    /// Whether instances are to be counted at a look at `now` that sampled nothing new: one
+    /// ended, or an instance's grace is over.
+    pub fn due(&mut self, now: u64) -> bool {
+        std::mem::take(&mut self.changed) || self.due.is_some_and(|t| now >= t)
+    }
+
+    /// When an instance's grace ends (boot-time ns): instances are counted again then.
+    pub fn next_look(&self) -> Option<u64> {
+        self.due
+    }
+
+    /// The census of the last count, if one was taken since the last call.
+    pub fn take_census(&mut self) -> Option<Vec<(String, u64)>> {
+        self.census.take()
+    }
+
+    /// Counts every instance (a server, on its outermost process; `servers` each outermost
+    /// first) by gateway instance and kind: all but the newest `max` of a kind are over, and
+    /// flagged once over for [`CROWD_GRACE`]; a flag whose process is no longer over clears.
+    pub fn judge(
+        &mut self,
+        graph: &LineageGraph,
+        servers: &[Vec<NodeId>],
+        watched: &impl Watched,
+        max: usize,
+        now: u64,
+    ) -> Verdict {
+        let grace = u64::try_from(CROWD_GRACE.as_nanos()).unwrap_or(u64::MAX);
+        let instances: Vec<Instance> = servers
+            .iter()
+            .filter_map(|s| self.instance(graph, s[0], watched))
+            .collect();
+        let groups = groups(instances);
+        self.census = Some(census(&groups, CENSUS_KINDS));
+        // Each instance past the limit, and since when: since the instance `max` places
+        // younger started (from then on it was not one of the newest `max`).
+        let mut over: HashMap<NodeId, u64> = HashMap::default();
+        for g in &groups {
+            for (k, i) in g.older_than_newest(max).iter().enumerate() {
+                over.insert(i.node, g.members[k + max].start);
+            }
+        }
+        // Each stays one too many for the grace before it is flagged (counted again then).
+        self.due = None;
+        for (id, m) in self.members.iter_mut() {
+            match over.contains_key(id) {
+                true => {
+                    let since = *m.over_since.get_or_insert(now);
+                    let due = since.saturating_add(grace);
+                    if !watched.flagged(*id) && now < due {
+                        self.due = Some(self.due.map_or(due, |t| t.min(due)));
+                    }
+                }
+                false => m.over_since = None,
+            }
+        }
+        let mut verdict = Verdict::default();
+        let tops: HashSet<NodeId> = servers.iter().map(|s| s[0]).collect();
+        let mut ended: Vec<NodeId> = self
+            .members
+            .keys()
+            .copied()
+            .filter(|id| watched.flagged(*id) && !over.contains_key(id))
+            .collect();
+        ended.sort_unstable();
+        for id in ended {
+            let because = match tops.contains(&id) {
+                true => FELL_BACK,
+                false => "part of its spawner's server now",
+            };
+            verdict.clear.push((id, because));
+        }
+        for g in &groups {
+            let older = g.older_than_newest(max);
+            if older.is_empty() {
+                continue;
+            }
+            let crowd = Crowd {
+                exe: g.kind().exe().into(),
+                pattern: g.pattern(),
+                instances: g.members.len(),
+                newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
+            };
+            for i in older {
+                let confirmed = self.members.get(&i.node).is_some_and(|m| {
+                    m.over_since
+                        .is_some_and(|since| now >= since.saturating_add(grace))
+                });
+                if confirmed && !watched.flagged(i.node) {
+                    verdict.raise.push((i.node, over[&i.node], crowd.clone()));
+                }
+            }
+        }
+        verdict
+    }
+
+    /// `top` as an instance of its kind, once its server is known: it and its spawner were
+    /// looked at (a wrapper's child looked at before the wrapper would count as an instance of
+    /// its own kind for a moment). None for a process outside any gateway's lineage.
+    fn instance(
+        &mut self,
+        graph: &LineageGraph,
+        top: NodeId,
+        watched: &impl Watched,
+    ) -> Option<Instance> {
+        let node = graph.node(top)?;
+        let spawner_looked = node
+            .spawner
+            .and_then(|s| watched.looked_at(s))
+            .is_none_or(|looked| looked);
+        if watched.looked_at(top) != Some(true) || !spawner_looked {
+            return None;
+        }
+        let m = self.members.entry(top).or_default();
+        let gateway = *m.gateway.get_or_insert_with(|| {
+            graph
+                .chain(top)
+                .first()
+                .filter(|g| g.is_gateway && g.id != top)
+                .map(|g| g.id)
+        });
+        let kind = match &m.kind {
+            Some((execs, kind)) if *execs == node.execs => kind.clone(),
+            _ => {
+                // The program it runs as /proc names it (links resolved), for every instance
+                // alike: one exec'd as /usr/bin/python3 and one found running at start are
+                // the same python3.11. The exec's path if /proc cannot say.
+                let exe = procfs::read_exe(node.pid)
+                    .map(Into::into)
+                    .or_else(|| node.filename.clone())
+                    .unwrap_or_else(|| node.comm.as_bytes().into());
+                let kind = Rc::new(Kind::of(exe, &node.argv));
+                m.kind = Some((node.execs, kind.clone()));
+                kind
+            }
+        };
+        Some(Instance {
+            node: top,
+            start: node.start.boottime_ns(),
+            gateway: gateway?,
+            kind,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::decode::What;
+    use crate::lineage::graph::testing::{fork, gateway, record};
+    use crate::text::{Args, Comm};
+
+    const SEC: u64 = 1_000_000_000;
+    /// Pids above `pid_max` (32768 here): none names a real process whose /proc the kind
+    /// would be read from.
+    const GATEWAY: u32 = 40_000;
+
+    /// A gateway and `n` instances of `srv --session N`, each a server of one process.
+    fn instances(n: u32) -> (LineageGraph, Vec<Vec<NodeId>>) {
+        let mut g = LineageGraph::new(100);
+        g.add_seed(gateway(GATEWAY));
+        for pid in GATEWAY + 1..=GATEWAY + n {
+            let ts = u64::from(pid);
+            record(&mut g, ts, (pid, ts), fork(GATEWAY));
+            let session = (pid - GATEWAY).to_string();
+            let exec = What::Exec {
+                old_tid: pid,
+                comm: Comm::from_c(b"srv"),
+                filename: b"/bin/srv".as_slice().into(),
+                argv: Args::from_list(["srv", "--session", &session]),
+                truncated: false,
+                interpreter: None,
+            };
+            record(&mut g, ts, (pid, ts), exec);
+        }
+        let servers = (GATEWAY + 1..=GATEWAY + n)
+            .map(|pid| vec![g.current(pid).unwrap().id])
+            .collect();
+        (g, servers)
+    }
+
+    /// Every process looked at; the flagged ones as given.
+    struct Flags(Vec<NodeId>);
+
+    impl Watched for Flags {
+        fn looked_at(&self, _: NodeId) -> Option<bool> {
+            Some(true)
+        }
+        fn flagged(&self, id: NodeId) -> bool {
+            self.0.contains(&id)
+        }
+    }
+
+    #[test]
+    fn the_oldest_over_the_limit_are_flagged_after_the_grace_and_cleared_when_the_count_falls() {
+        let (graph, servers) = instances(4);
+        let (oldest, second) = (servers[0][0], servers[1][0]);
+        let mut crowds = Crowds::default();
+        let now = 10 * SEC;
+        let first = crowds.judge(&graph, &servers, &Flags(vec![]), 2, now);
+        assert!(
+            first.raise.is_empty(),
+            "one too many for less than the grace"
+        );
+        let grace = u64::try_from(CROWD_GRACE.as_nanos()).unwrap();
+        assert_eq!(crowds.next_look(), Some(now + grace));
+        assert!(!crowds.due(now + grace - 1) && crowds.due(now + grace));
+
+        let later = crowds.judge(&graph, &servers, &Flags(vec![]), 2, now + grace);
+        let raised: Vec<(NodeId, usize, u32)> = later
+            .raise
+            .iter()
+            .map(|(id, _, crowd)| (*id, crowd.instances, crowd.newest))
+            .collect();
+        assert_eq!(raised, [(oldest, 4, GATEWAY + 4), (second, 4, GATEWAY + 4)]);
+        assert_eq!(
+            crowds.take_census(),
+            Some(vec![("srv --session *".into(), 4)])
+        );
+
+        // The two newest gone: the two oldest are no longer over, and their flags clear.
+        let flagged = Flags(vec![oldest, second]);
+        let fewer = crowds.judge(&graph, &servers[..2], &flagged, 2, now + 2 * grace);
+        assert!(fewer.raise.is_empty());
+        assert_eq!(fewer.clear, [(oldest, FELL_BACK), (second, FELL_BACK)]);
+    }
+}
