@@ -301,9 +301,8 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
                 );
             }
             None => {
-                return Err(format!(
-                    "`{name}` is not a reason to kill (use orphaned, deaf, idle, accumulating)"
-                ));
+                let killable = Reason::killable_names().join(", ");
+                return Err(format!("`{name}` is not a reason to kill (use {killable})"));
             }
         }
     }

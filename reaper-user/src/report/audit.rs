@@ -364,7 +364,7 @@ impl Audit {
 
     fn flag(&mut self, ts: u64, flag: Flag) {
         let (pid, reason) = (flag.pid, flag.reason);
-        if reason == Reason::Accumulating {
+        if reason.counts_a_kind() {
             self.crowds.flag(ts, &flag.detail);
         }
         self.leak_sites

@@ -6,6 +6,7 @@ pub const ABOUT: About = About {
     reason: Reason::Deaf,
     name: "deaf",
     killable: true,
+    counts_a_kind: false,
     live: Some(rule),
     cleared: |_| "its pipe has a writer again",
     why: |w| {

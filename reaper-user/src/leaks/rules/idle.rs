@@ -6,6 +6,7 @@ pub const ABOUT: About = About {
     reason: Reason::Idle,
     name: "idle",
     killable: true,
+    counts_a_kind: false,
     live: Some(rule),
     cleared,
     why: |w| format!("waiting for input, no I/O for {}", w.held()),

@@ -49,6 +49,10 @@ pub struct About {
     pub name: &'static str,
     /// Whether `--kill` may act on it (`--kill-reasons` may name it).
     pub killable: bool,
+    /// Whether its flags name a kind and how many of it are alive (a crowd): the readable
+    /// lines fold one scan's flags of one kind into one line, and the report draws each
+    /// kind's count over time.
+    pub counts_a_kind: bool,
     /// The rule a look at a live server applies, for the reasons that are one.
     pub live: Option<Rule>,
     /// Why its flag stopped holding for a process still alive (the `cleared` event's
@@ -93,6 +97,20 @@ impl Reason {
             .iter()
             .find(|a| a.killable && a.name == name)
             .map(|a| a.reason)
+    }
+
+    /// The `--kill-reasons` names, for a message.
+    pub fn killable_names() -> Vec<&'static str> {
+        TABLE
+            .iter()
+            .filter(|a| a.killable)
+            .map(|a| a.name)
+            .collect()
+    }
+
+    /// Whether its flags name a crowd (see [`About::counts_a_kind`]).
+    pub fn counts_a_kind(self) -> bool {
+        self.about().is_some_and(|a| a.counts_a_kind)
     }
 
     /// Why its flag stopped holding for a process still alive, as seen in `o`.

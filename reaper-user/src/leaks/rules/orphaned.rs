@@ -16,6 +16,7 @@ pub const ABOUT: About = About {
     reason: Reason::Orphaned,
     name: "orphaned",
     killable: true,
+    counts_a_kind: false,
     live: Some(rule),
     cleared: |_| "holds no pipe or socket to another process now",
     why,

@@ -6,6 +6,7 @@ pub const ABOUT: About = About {
     reason: Reason::Respawning,
     name: "respawning",
     killable: false,
+    counts_a_kind: false,
     live: None,
     // Never cleared by a look: its flag goes with its exit.
     cleared: |_| "exited",

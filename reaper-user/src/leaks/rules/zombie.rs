@@ -7,6 +7,7 @@ pub const ABOUT: About = About {
     reason: Reason::Zombie,
     name: "zombie",
     killable: false,
+    counts_a_kind: false,
     live: None,
     cleared: |_| REAPED,
     why: |w| {

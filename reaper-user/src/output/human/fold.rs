@@ -2,7 +2,6 @@
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
 use super::{human_line, human_rss};
-use crate::leaks::Reason;
 use crate::stream::events::{Cleared, Event, Flag};
 use crate::text::escape_for_terminal;
 
@@ -29,14 +28,14 @@ pub fn human_lines(ts: u64, events: &[&Event]) -> Vec<String> {
 /// What an `accumulating` finding folds by: (flag or cleared, gateway, pattern or cause).
 fn fold_key(ev: &Event) -> Option<(bool, u32, &str)> {
     match ev {
-        Event::Flag(Flag { reason, detail, .. }) if *reason == Reason::Accumulating => Some((
+        Event::Flag(Flag { reason, detail, .. }) if reason.counts_a_kind() => Some((
             true,
             detail.lineage.first().copied().unwrap_or(0),
             detail.kind.as_ref().map_or("", |k| k.pattern.as_str()),
         )),
         Event::Cleared(Cleared {
             reason, because, ..
-        }) if *reason == Reason::Accumulating => Some((false, 0, because)),
+        }) if reason.counts_a_kind() => Some((false, 0, because)),
         _ => None,
     }
 }
@@ -93,6 +92,7 @@ fn folded_line(run: &[&Event]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::leaks::Reason;
     use crate::stream::events::{
         Ancestor, Argv, Cleared, Exit, Flag, LeakDetail, ProcText, ProcessLabel,
     };

@@ -28,6 +28,7 @@ pub const ABOUT: About = About {
     reason: Reason::Accumulating,
     name: "accumulating",
     killable: true,
+    counts_a_kind: true,
     live: None,
     cleared: |_| FELL_BACK,
     why: |w| {
