@@ -5,7 +5,6 @@ mod channels;
 mod findings;
 pub mod flags;
 mod inspector;
-mod kinds;
 mod peers;
 pub mod rules;
 mod sampler;

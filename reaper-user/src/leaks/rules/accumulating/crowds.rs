@@ -6,9 +6,9 @@ use std::rc::Rc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::kinds::Kind;
 use super::{CENSUS_KINDS, CROWD_GRACE, FELL_BACK, Instance, census, groups};
 use crate::leaks::findings::Crowd;
-use crate::leaks::kinds::Kind;
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs;
 

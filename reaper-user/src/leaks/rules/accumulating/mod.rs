@@ -1,5 +1,4 @@
-//! `accumulating`: more than `--max-instances` instances of one kind (see
-//! [`crate::leaks::kinds`]) alive under one gateway instance. Every instance but the newest N
+//! `accumulating`: more than `--max-instances` instances of one kind (see [`kinds`]) alive under one gateway instance. Every instance but the newest N
 //! is flagged, once that held for [`CROWD_GRACE`]; the flag holds until it exits or the count
 //! falls back to N. The count kept across looks is [`Crowds`]; the inspector applies what it
 //! decides to the flags it keeps.
@@ -16,11 +15,12 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::{About, Reason};
-use crate::leaks::kinds::Kind;
 use crate::lineage::graph::NodeId;
 use crate::text::escape_for_terminal;
+use kinds::Kind;
 
 mod crowds;
+mod kinds;
 
 pub use crowds::{Crowds, Verdict, Watched};
 
