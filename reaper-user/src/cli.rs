@@ -22,7 +22,8 @@ pub const VERSION: &str = concat!(
 /// status follows CMD's.
 ///
 /// `reaper-trace report AUDIT.ndjson -o report.html` turns an audit (`--json` or `--output`)
-/// into one HTML page: see `reaper-trace report --help`.
+/// into one HTML page: see `reaper-trace report --help`. `reaper-trace why PID` asks the
+/// running audits about one process: see `reaper-trace why --help`.
 #[derive(Debug, Parser)]
 #[command(name = "reaper-trace", version = VERSION)]
 pub struct Cli {
@@ -111,6 +112,12 @@ pub struct Cli {
     /// where told: keep it on loopback unless the port is firewalled.
     #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub metrics: Option<SocketAddr>,
+
+    /// Serve the run's read-only API (asked by `reaper-trace why PID`) on this UNIX socket
+    /// (mode 0600): `auto` is /run/reaper-trace/PID.sock (PID: reaper-trace's own), `off`
+    /// serves none.
+    #[arg(long, value_name = "SOCKET", default_value = "auto", value_parser = parse_api)]
+    pub api: Api,
 
     /// Stop after this long (e.g. 30s, 10m, 2h). Otherwise: on SIGINT/SIGTERM, or when the
     /// gateways have exited and no tracked process is left (never, with a selector other than
@@ -280,6 +287,26 @@ impl SpawnStacks {
             SpawnStacks::Auto => SPAWN_STACKS_NATIVE | SPAWN_STACKS_PYTHON | SPAWN_STACKS_COPY,
         }
     }
+}
+
+/// Where `--api` serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/run/reaper-trace/PID.sock`; a run that cannot make it goes on without (a note says
+    /// why).
+    Auto,
+    Off,
+    /// Where told: a run that cannot listen there fails at start.
+    At(PathBuf),
+}
+
+fn parse_api(s: &str) -> Result<Api, String> {
+    Ok(match s {
+        "auto" => Api::Auto,
+        "off" => Api::Off,
+        "" => return Err("a socket path, `auto` or `off`".into()),
+        path => Api::At(PathBuf::from(path)),
+    })
 }
 
 /// `--kill-reasons`: the flags a kill may follow.

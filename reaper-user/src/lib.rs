@@ -6,6 +6,7 @@
 //! [`output`] (NDJSON, human lines, log file, metrics). [`procfs`] holds every /proc read and
 //! [`identity`] every "is this still the same process" answer. [`daemon`] drives the steps,
 //! each on its own timer; [`report`] reads an audit afterwards.
+pub mod api;
 pub mod capture;
 pub mod cli;
 pub mod closing;

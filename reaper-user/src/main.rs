@@ -1,9 +1,15 @@
-//! `reaper-trace`: see `reaper_user::cli::Cli` for the command line, and
-//! `reaper_user::report::ReportCli` for `reaper-trace report`.
+//! `reaper-trace`: see `reaper_user::cli::Cli` for the command line,
+//! `reaper_user::report::ReportCli` for `reaper-trace report`, and
+//! `reaper_user::api::client::WhyCli` for `reaper-trace why`.
 use clap::Parser;
-use reaper_user::{cli::Cli, daemon, exit_status, report};
+use reaper_user::{api::client::WhyCli, cli::Cli, daemon, exit_status, report};
 
 fn main() {
+    // `why` is a word of its own, as `report` is.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "why") {
+        let args = std::iter::once("reaper-trace why".into()).chain(std::env::args_os().skip(2));
+        std::process::exit(why(&WhyCli::parse_from(args)));
+    }
     // `report` is a word of its own: the tracer's command line ends with an arbitrary CMD.
     if std::env::args_os().nth(1).is_some_and(|a| a == "report") {
         let args = std::iter::once("reaper-trace report".into()).chain(std::env::args_os().skip(2));
@@ -62,6 +68,25 @@ fn main() {
         Err(e) => {
             eprintln!("reaper-trace: error: {e:#}");
             std::process::exit(exit_status::FAILURE);
+        }
+    }
+}
+
+/// `reaper-trace why`: prints the answer; returns the exit status.
+fn why(cli: &WhyCli) -> i32 {
+    let answer = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(reaper_user::api::client::why(cli)));
+    match answer {
+        Ok((text, code)) => {
+            println!("{text}");
+            code
+        }
+        Err(e) => {
+            eprintln!("reaper-trace: error: {e:#}");
+            exit_status::FAILURE
         }
     }
 }

@@ -18,6 +18,19 @@ fn durations() {
 }
 
 #[test]
+fn api_sockets() {
+    assert_eq!(parse_api("auto"), Ok(Api::Auto));
+    assert_eq!(parse_api("off"), Ok(Api::Off));
+    assert_eq!(
+        parse_api("/run/x/api.sock"),
+        Ok(Api::At("/run/x/api.sock".into()))
+    );
+    assert!(parse_api("").is_err());
+    let cli = Cli::try_parse_from(["reaper-trace", "--gateway-pid", "1"]).unwrap();
+    assert_eq!(cli.api, Api::Auto, "served by default");
+}
+
+#[test]
 fn ring_sizes() {
     assert_eq!(parse_ring_size("16MiB"), Ok(16 << 20));
     assert_eq!(parse_ring_size("8M"), Ok(8 << 20));

@@ -8,7 +8,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
-    sync::mpsc::UnboundedReceiver,
+    sync::mpsc::{Receiver, UnboundedReceiver},
     time::{Instant, sleep_until},
 };
 
@@ -16,6 +16,7 @@ use super::checkpoints::Checkpoints;
 use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
+use crate::api::Query;
 use crate::capture::loader::{KernelMaps, ReaderMarks};
 use crate::capture::poll_clock::PollClock;
 use crate::cli::Cli;
@@ -47,6 +48,8 @@ pub(super) struct Sources {
     pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
     /// The lineage checkpoint's writer; none without `--state-dir`.
     pub(super) checkpoints: Option<Checkpoints>,
+    /// The API's questions; none with `--api off`.
+    pub(super) api: Option<Receiver<Query>>,
     pub(super) signals: Signals,
 }
 
@@ -87,6 +90,7 @@ pub(super) async fn event_loop(
         kill_reports,
         checkpoints,
         signals,
+        api,
     } = sources;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     // `--wakeup-interval 0`: every record wakes the reader (the kernel is told not to batch),
@@ -173,6 +177,11 @@ pub(super) async fn event_loop(
                 scan.as_mut().reset(next_scan(cli.scan_interval, run.next_look()));
             }
             Some(report) = next_report(kill_reports) => run.report_kill(report)?,
+            Some(query) = next_query(api) => {
+                // Between batches: what was read so far is in the answer.
+                drain(ring.get_mut(), run, &mut kernel.marks)?;
+                run.answer(query);
+            }
             status = command.wait(), if command.running() => {
                 command.status = Some(status?);
                 // Its exit event may still be in the ring.
@@ -211,6 +220,14 @@ fn next_scan(interval: Duration, grace_end: Option<u64>) -> Instant {
 /// The next step a kill sequence reports; never, without `--kill`.
 async fn next_report(reports: &mut Option<UnboundedReceiver<KillReport>>) -> Option<KillReport> {
     match reports.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The API's next question; never, with `--api off`.
+async fn next_query(api: &mut Option<Receiver<Query>>) -> Option<Query> {
+    match api.as_mut() {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }

@@ -12,17 +12,19 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
+use tokio::net::UnixListener;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
+    api::server::SocketFile,
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
     },
-    cli::{Cli, SpawnStacks},
+    cli::{Api, Cli, SpawnStacks},
     gateways::Selectors,
     identity,
     kill::{KillOptions, KillReport, Killer},
@@ -87,6 +89,32 @@ struct Tracing {
     started: std::time::Instant,
     /// `--state-dir`'s lock, held until the run ends.
     _held: Option<StateLock>,
+    /// The API's socket, removed when the run ends.
+    _api: Option<SocketFile>,
+}
+
+/// Questions of the API waiting for the event loop; a client past them waits its turn.
+const API_QUEUE: usize = 16;
+
+/// Binds `--api`'s socket: `auto`'s failure is a note (the run goes on without it), a socket
+/// asked for by path that cannot be made fails the run.
+fn api_socket(api: &Api, output: &mut Output) -> Result<Option<(UnixListener, SocketFile)>> {
+    match api {
+        Api::Off => Ok(None),
+        Api::At(path) => Ok(Some(
+            crate::api::server::bind(path).with_context(|| format!("--api {}", path.display()))?,
+        )),
+        Api::Auto => {
+            let path = crate::api::default_path(procfs::own_pid());
+            match crate::api::server::bind(&path) {
+                Ok(bound) => Ok(Some(bound)),
+                Err(e) => {
+                    output.note(&format!("no API socket: {e:#} (--api PATH or --api off)"))?;
+                    Ok(None)
+                }
+            }
+        }
+    }
 }
 
 /// Checks what was asked, takes back the state directory, loads and attaches the probes,
@@ -152,6 +180,8 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         Some(addr) => Some(serve::bind(addr).await?),
         None => None,
     };
+    // Bound before privileges are dropped (/run is root's).
+    let api = api_socket(&cli.api, &mut output)?;
 
     crate::resident::keep_large_blocks_apart();
     let Probes {
@@ -180,6 +210,14 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve::serve(listener, output.metrics.registry()));
     }
+    let (api_file, api_queries) = match api {
+        Some((listener, file)) => {
+            let (queries, asked) = tokio::sync::mpsc::channel(API_QUEUE);
+            tokio::spawn(crate::api::server::serve(listener, queries));
+            (Some(file), Some(asked))
+        }
+        None => (None, None),
+    };
     let (mut run, kill_reports) = pipeline_for(cli, output, stacks, selectors.labels());
 
     // The lineage of the run before first: /proc then adds only what is new.
@@ -263,6 +301,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         kill_reports,
         checkpoints,
         signals,
+        api: api_queries,
     };
     Ok(Tracing {
         run,
@@ -272,6 +311,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         junit,
         started,
         _held: held,
+        _api: api_file,
     })
 }
 

@@ -33,6 +33,7 @@ use crate::stream::events::Event;
 use crate::stream::evidence::Frame;
 use crate::text::Args;
 
+mod answers;
 mod resume;
 pub use resume::{KeptState, Resumed};
 

@@ -1,0 +1,88 @@
+//! The running audit's local, read-only API: HTTP/1.1 with JSON bodies on a UNIX socket
+//! (`--api`), asked by `reaper-trace why PID`. The answers are built by the event loop between
+//! batches of records (see [`Query`]), from what it holds: the lineage graph, the flags, the
+//! spawn sites. Nothing on it changes what is traced or kills anything.
+//!
+//! Paths (`/v1/...`; a later version adds paths, never changes these):
+//! - `GET /v1/status`: the run ([`Status`]).
+//! - `GET /v1/process/PID`: what the run knows of the live process PID, or of the last one
+//!   that had the pid ([`Process`]); 404 with `{"error": ...}` for a pid it does not track.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::leaks::Reason;
+use crate::stream::events::LeakDetail;
+
+pub mod client;
+pub mod server;
+
+/// Where the runs' sockets are: `PID.sock` for each run (see [`default_path`]).
+pub const SOCKET_DIR: &str = "/run/reaper-trace";
+
+/// The socket a run serves on when `--api` does not say: `/run/reaper-trace/PID.sock`.
+pub fn default_path(pid: u32) -> PathBuf {
+    Path::new(SOCKET_DIR).join(format!("{pid}.sock"))
+}
+
+/// A question for the event loop, with where its answer goes.
+pub struct Query {
+    pub asked: Asked,
+    pub reply: oneshot::Sender<Answer>,
+}
+
+/// What a client asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    Status,
+    Process(u32),
+}
+
+/// What the event loop answered: the body's JSON, or `None` for a process it does not track
+/// (the answer crosses to the connection's task as bytes: the stream's types share their
+/// strings within the event loop's thread).
+pub type Answer = Option<Vec<u8>>;
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Status {
+    /// reaper-trace's own pid.
+    pub pid: u32,
+    /// The gateways alive now.
+    pub gateways: Vec<u32>,
+    /// Processes tracked (alive) now.
+    pub tracked: usize,
+    /// Seconds since the run started.
+    pub uptime_secs: u64,
+}
+
+/// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Process {
+    pub pid: u32,
+    /// Boot-time ns it started (with `pid`, its identity).
+    pub start: u64,
+    pub alive: bool,
+    /// Boot-time ns of its exit, once it exited.
+    pub exited: Option<u64>,
+    /// Boot-time ns the answer was made at (what `since` and `exited` are measured against).
+    pub now: u64,
+    /// The flags it holds now.
+    pub flags: Vec<Held>,
+    /// Its lineage, spawner's thread, channels and who holds their other ends, RSS, spawn
+    /// site: as a flag's.
+    #[serde(flatten)]
+    pub detail: LeakDetail,
+}
+
+/// A flag held.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Held {
+    pub reason: Reason,
+    /// Boot-time ns since when it holds.
+    pub since: u64,
+}

@@ -1,0 +1,63 @@
+//! The API's answers (see [`crate::api`]), made by the event loop between batches: one
+//! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
+//! /proc files at most.
+use super::Pipeline;
+use crate::api::{Answer, Asked, Held, Process, Query, Status};
+use crate::leaks::flags;
+use crate::procfs::boottime_now;
+use crate::sites::NamedThisRound;
+
+impl Pipeline {
+    /// Answers one question of the API.
+    pub fn answer(&mut self, query: Query) {
+        let answer: Answer = match query.asked {
+            Asked::Status => serde_json::to_vec(&self.status()).ok(),
+            Asked::Process(pid) => self.process(pid).and_then(|p| serde_json::to_vec(&p).ok()),
+        };
+        // A client that went away meanwhile does not want it.
+        let _ = query.reply.send(answer);
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            pid: crate::procfs::own_pid(),
+            gateways: self.gateway_pids(),
+            tracked: self.graph.live_count(),
+            uptime_secs: boottime_now().saturating_sub(self.started) / 1_000_000_000,
+        }
+    }
+
+    /// The process the graph knows by `pid` now (the live one, or the last one that had it),
+    /// as a flag would show it, with the flags it holds.
+    fn process(&mut self, pid: u32) -> Option<Process> {
+        let node = self.graph.current(pid)?;
+        let evidence = match node.alive() {
+            true => self.inspector.evidence(&self.graph, node),
+            false => None,
+        };
+        let mut detail = flags::detail(&self.graph, node, evidence.as_ref());
+        let (id, start, alive) = (node.id, node.start.boottime_ns(), node.alive());
+        let exited = node.exited.map(|e| e.ts);
+        let flags = self
+            .inspector
+            .active()
+            .filter(|(flagged, _, _)| *flagged == id)
+            .map(|(_, reason, since)| Held { reason, since })
+            .collect();
+        (detail.spawned_at, detail.spawned_at_truncated) =
+            self.spawned_at(pid, &mut NamedThisRound::default());
+        // The symbolizer's caches (megabytes) go now, as after a scan's naming.
+        if self.sites.as_mut().is_some_and(|sites| sites.named_all()) {
+            crate::resident::give_back_freed();
+        }
+        Some(Process {
+            pid,
+            start,
+            alive,
+            exited,
+            now: boottime_now(),
+            flags,
+            detail,
+        })
+    }
+}
