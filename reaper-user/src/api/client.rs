@@ -38,10 +38,15 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
         None => run_sockets()?,
     };
     let path = format!("/v1/process/{}", cli.pid);
-    let mut asked = Vec::new();
+    let (mut asked, mut denied) = (Vec::new(), Vec::new());
     for socket in &sockets {
-        let Ok((status, body)) = get(socket, &path).await else {
-            continue; // a socket left by a run that ended
+        let (status, body) = match get(socket, &path).await {
+            Ok(answer) => answer,
+            Err(e) if permission_denied(&e) => {
+                denied.push(socket.display().to_string());
+                continue;
+            }
+            Err(_) => continue, // a socket left by a run that ended
         };
         asked.push(socket.display().to_string());
         if status == StatusCode::NOT_FOUND {
@@ -57,9 +62,13 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
             .with_context(|| format!("reading {}'s answer", socket.display()))?;
         return Ok((readable(&process), 0));
     }
-    let by = match asked.is_empty() {
-        true => format!("no reaper-trace run serves its API in {SOCKET_DIR}"),
-        false => format!(
+    let by = match (asked.is_empty(), denied.is_empty()) {
+        (true, true) => format!("no reaper-trace run serves its API in {SOCKET_DIR}"),
+        (true, false) => format!(
+            "{} may be asked by root only (or the run's own user)",
+            denied.join(", ")
+        ),
+        (false, _) => format!(
             "not a descendant of any gateway traced by {}",
             asked.join(", ")
         ),
@@ -87,6 +96,12 @@ fn run_sockets() -> Result<Vec<PathBuf>> {
     };
     found.sort();
     Ok(found)
+}
+
+/// Whether `e` is the socket refusing this user.
+fn permission_denied(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 /// `GET path` on the API at `socket`.
