@@ -5,17 +5,14 @@
 mod checkpoints;
 mod command;
 mod event_loop;
+mod outlets;
 pub mod pipeline;
 
-use std::{
-    io::{BufWriter, Write},
-    time::Duration,
-};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
-use tokio::net::UnixListener;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
@@ -24,7 +21,7 @@ use crate::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
     },
-    cli::{Api, Cli, SpawnStacks},
+    cli::{Cli, SpawnStacks},
     gateways::Selectors,
     identity,
     kill::{KillOptions, KillReport, Killer},
@@ -36,10 +33,7 @@ use crate::{
     output::{
         Output,
         junit::{self, JunitFile},
-        lines::WholeLines,
-        logfile::{LogFile, Rotation},
         serve,
-        status::StatusLine,
     },
     privileges,
     procfs::{self, Stat, boottime_now},
@@ -55,6 +49,7 @@ use checkpoints::Checkpoints;
 use command::Stop;
 use command::{GatewayCommand, exit_code, spawn_gateway};
 use event_loop::{Signals, Sources, drain, event_loop};
+use outlets::{API_QUEUE, api_socket, output_for};
 use pipeline::{KeptState, Pipeline};
 
 /// Time for probes still running on another CPU to finish after detaching.
@@ -91,30 +86,6 @@ struct Tracing {
     _held: Option<StateLock>,
     /// The API's socket, removed when the run ends.
     _api: Option<SocketFile>,
-}
-
-/// Questions of the API waiting for the event loop; a client past them waits its turn.
-const API_QUEUE: usize = 16;
-
-/// Binds `--api`'s socket: `auto`'s failure is a note (the run goes on without it), a socket
-/// asked for by path that cannot be made fails the run.
-fn api_socket(api: &Api, output: &mut Output) -> Result<Option<(UnixListener, SocketFile)>> {
-    match api {
-        Api::Off => Ok(None),
-        Api::At(path) => Ok(Some(
-            crate::api::server::bind(path).with_context(|| format!("--api {}", path.display()))?,
-        )),
-        Api::Auto => {
-            let path = crate::api::default_path(procfs::own_pid());
-            match crate::api::server::bind(&path) {
-                Ok(bound) => Ok(Some(bound)),
-                Err(e) => {
-                    output.note(&format!("no API socket: {e:#} (--api PATH or --api off)"))?;
-                    Ok(None)
-                }
-            }
-        }
-    }
 }
 
 /// Checks what was asked, takes back the state directory, loads and attaches the probes,
@@ -572,39 +543,4 @@ fn adopt(
         }
     }
     Ok(gone)
-}
-
-fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
-    let stdout =
-        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stdout())) as Box<dyn Write + Send>;
-    let stderr =
-        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stderr())) as Box<dyn Write + Send>;
-    let mut json = Vec::new();
-    if cli.json {
-        json.push(stdout());
-    }
-    if let Some(path) = &cli.output {
-        let rotation = cli.rotate_size.map(|size| Rotation {
-            size,
-            keep: cli.rotate_keep,
-        });
-        json.push(Box::new(LogFile::open(path, rotation)?) as Box<dyn Write + Send>);
-    }
-    // `-- CMD` writes to the same stdout and stderr: readable lines then go out whole, so
-    // neither side splits the other's lines.
-    let shared = !cli.command.is_empty();
-    let human = match (cli.quiet, cli.json, shared) {
-        (true, _, _) => None,
-        (false, true, false) => Some(stderr()),
-        (false, false, false) => Some(stdout()),
-        (false, true, true) => Some(Box::new(WholeLines::new(std::io::stderr())) as Box<_>),
-        (false, false, true) => Some(Box::new(WholeLines::new(std::io::stdout())) as Box<_>),
-    };
-    let mut out = Output::new(json, human, t0);
-    out.set_findings_only(cli.check && !cli.verbose);
-    out.set_status(StatusLine::for_stderr(!cli.quiet));
-    // Notes are lines of their own on stderr, whole (`-- CMD` may write there too); with
-    // `--quiet` too: they are about the audit itself (a checkpoint not written), not events.
-    out.set_notes(Some(Box::new(WholeLines::new(std::io::stderr()))));
-    Ok(out)
 }
