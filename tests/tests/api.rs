@@ -1,7 +1,7 @@
 //! The running audit's API, asked by `reaper-trace why PID` while the run traces a real
 //! setsid escapee (gateway > A (setsid, exited) > B holding the gateway's pipe): the answer
-//! names B's lineage with A's exit, its pipe and who holds the other end, and its flag; a pid
-//! no run tracks gets exit status 1 and what /proc says. Needs root (see `require_root`).
+//! names B's lineage with A's exit, its pipe and who holds the other end, its flag, and that
+//! `--kill` would follow it; a pid no run tracks gets exit status 1 and what /proc says. Needs root (see `require_root`).
 use std::process::{Command, Output};
 
 use reaper_tests::{Then, pid, reaper_trace, require_root, run_shape_until};
@@ -61,6 +61,16 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     assert_eq!(answer["escaped"], true);
     let flags = answer["flags"].as_array().expect("flags");
     assert!(flags.iter().any(|f| f["reason"] == "orphaned"), "{flags:?}");
+    let kill = &answer["kill"];
+    assert_eq!(
+        (&kill["enabled"], &kill["could"]),
+        (&false.into(), &true.into()),
+        "{kill}"
+    );
+    assert!(
+        kill["why"].as_str().unwrap().contains("`orphaned`"),
+        "{kill}"
+    );
     let stdin = answer["pipes"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["fd"] == 0))
@@ -82,6 +92,10 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     assert!(text.contains("flagged orphaned for"), "{text}");
     assert!(
         text.contains(&format!("{a} (")) && text.contains("[exited "),
+        "{text}"
+    );
+    assert!(
+        text.contains("--kill would act (this run does not kill)"),
         "{text}"
     );
 

@@ -155,8 +155,13 @@ fn readable(p: &Process) -> String {
         facts.push_str(", escaped its gateway's session, group or cgroup");
     }
     evidence_text(&mut facts, d);
+    let kill = match (p.kill.enabled, p.kill.could) {
+        (true, true) => format!("--kill will act: {}", p.kill.why),
+        (false, true) => format!("--kill would act (this run does not kill): {}", p.kill.why),
+        (_, false) => format!("--kill would not act: {}", p.kill.why),
+    };
     format!(
-        "pid {me}: {state}, {flags}\n  lineage: {}\n  {facts}",
+        "pid {me}: {state}, {flags}\n  lineage: {}\n  {facts}\n  {kill}",
         lineage.join(" > ")
     )
 }

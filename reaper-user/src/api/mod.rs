@@ -72,10 +72,23 @@ pub struct Process {
     pub now: u64,
     /// The flags it holds now.
     pub flags: Vec<Held>,
+    /// Whether `--kill` could act on it, and why or why not.
+    pub kill: Kill,
     /// Its lineage, spawner's thread, channels and who holds their other ends, RSS, spawn
     /// site: as a flag's.
     #[serde(flatten)]
     pub detail: LeakDetail,
+}
+
+/// What `--kill` could do to a process (with the run's `--kill-reasons`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Kill {
+    /// The run kills (`--kill`).
+    pub enabled: bool,
+    /// A kill would follow one of its flags, once held for `--grace`.
+    pub could: bool,
+    pub why: String,
 }
 
 /// A flag held.

@@ -49,6 +49,8 @@ pub struct Pipeline {
     inspector: Inspector,
     /// `--kill`, when given.
     killer: Option<Killer>,
+    /// `--kill-reasons` (given or not): what `why` says `--kill` would follow.
+    kill_reasons: Vec<Reason>,
     out: Output,
     /// The flagged processes' memory, for the gauge.
     flagged_rss: flags::RssCache,
@@ -76,12 +78,18 @@ impl Pipeline {
             gateways: Announcer::new(selector_labels),
             inspector: Inspector::new(inspect),
             killer,
+            kill_reasons: Vec::new(),
             out,
             flagged_rss: flags::RssCache::default(),
             sites: None,
             last_exit: boottime_now(),
             started: boottime_now(),
         }
+    }
+
+    /// The flags `--kill` follows (or would, without it), for the API's answers.
+    pub fn set_kill_reasons(&mut self, reasons: Vec<Reason>) {
+        self.kill_reasons = reasons;
     }
 
     /// Names the code that spawned each flagged process (`--spawn-stacks`).

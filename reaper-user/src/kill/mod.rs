@@ -256,16 +256,8 @@ impl Killer {
                 secs: None,
                 at: boottime_now(),
             };
-            let chain = graph.chain(n.id);
-            let in_lineage = chain
-                .first()
-                .is_some_and(|root| root.is_gateway && root.id != n.id);
-            if n.is_gateway || self.protected.contains(&n.pid) || !in_lineage {
-                out.reports.push(refuse(Outcome::NotInLineage));
-                continue;
-            }
-            if chain.iter().any(|a| a.uncertain) {
-                out.reports.push(refuse(Outcome::Uncertain));
+            if let Some(outcome) = refusal(graph, n, &self.protected) {
+                out.reports.push(refuse(outcome));
                 continue;
             }
             match verify(n) {
@@ -289,6 +281,61 @@ impl Killer {
                 }
             });
         }
+    }
+}
+
+/// Why `n` is never signalled, whatever it is flagged for: a gateway, one of `protected`, a
+/// process outside a gateway's lineage (`NotInLineage`), or one whose lineage was guessed
+/// after a loss (`Uncertain`). `None`: a kill may follow its flag.
+pub fn refusal(graph: &LineageGraph, n: &Node, protected: &HashSet<u32>) -> Option<Outcome> {
+    let chain = graph.chain(n.id);
+    let in_lineage = chain
+        .first()
+        .is_some_and(|root| root.is_gateway && root.id != n.id);
+    if n.is_gateway || protected.contains(&n.pid) || !in_lineage {
+        return Some(Outcome::NotInLineage);
+    }
+    chain
+        .iter()
+        .any(|a| a.uncertain)
+        .then_some(Outcome::Uncertain)
+}
+
+/// Whether `--kill` could act on `n` holding `flags` (the reasons a kill may follow:
+/// `reasons`), and why (or why not), for `reaper-trace why`.
+pub fn could_kill(
+    graph: &LineageGraph,
+    n: &Node,
+    flags: &[Reason],
+    reasons: &[Reason],
+) -> (bool, String) {
+    if !n.alive() {
+        return (false, "it is not alive".into());
+    }
+    match refusal(graph, n, &self_and_ancestors()) {
+        Some(Outcome::Uncertain) => {
+            return (
+                false,
+                "its lineage was repaired from /proc after a loss (uncertain): never killed".into(),
+            );
+        }
+        Some(_) => {
+            return (false, "a gateway, reaper-trace, an ancestor of it, pid 1 or outside a gateway's lineage: never killed".into());
+        }
+        None => {}
+    }
+    match flags.iter().find(|r| reasons.contains(r)) {
+        Some(reason) => (
+            true,
+            format!(
+                "its `{reason}` flag, once held for --grace: SIGTERM, then SIGKILL, its descendants first, each through a pidfd after its identity is checked"
+            ),
+        ),
+        None if flags.is_empty() => (false, "it holds no flag".into()),
+        None => (
+            false,
+            "none of its flags is one --kill-reasons names".into(),
+        ),
     }
 }
 
@@ -447,5 +494,26 @@ mod tests {
             .collect();
         assert_eq!(outcomes, [(me, "not_in_lineage")]);
         assert!(decided.respawning.is_empty());
+    }
+
+    #[test]
+    fn why_says_whether_a_kill_would_follow_a_flag_and_why_not() {
+        use crate::lineage::graph::testing::{fork, gateway, record};
+        // Pids above pid_max (32768 here): none is reaper-trace or one of its ancestors.
+        let (gw, helper) = (40_000, 40_001);
+        let mut graph = LineageGraph::new(16);
+        let (gw_node, _) = graph.add_seed(gateway(gw));
+        record(&mut graph, 1, (helper, 1), fork(gw));
+        let node = graph.current(helper).unwrap();
+        let reasons = [Reason::Orphaned, Reason::Deaf];
+        let (could, why) = could_kill(&graph, node, &[Reason::Orphaned], &reasons);
+        assert!(could && why.contains("`orphaned`"), "{why}");
+        let (could, why) = could_kill(&graph, node, &[Reason::Idle], &reasons);
+        assert!(!could && why.contains("--kill-reasons"), "{why}");
+        let (could, why) = could_kill(&graph, node, &[], &reasons);
+        assert!(!could && why.contains("no flag"), "{why}");
+        let gateway = graph.node(gw_node).unwrap();
+        let (could, why) = could_kill(&graph, gateway, &[Reason::Orphaned], &reasons);
+        assert!(!could && why.contains("never killed"), "{why}");
     }
 }

@@ -2,7 +2,8 @@
 //! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
 //! /proc files at most.
 use super::Pipeline;
-use crate::api::{Answer, Asked, Held, Process, Query, Status};
+use crate::api::{Answer, Asked, Held, Kill, Process, Query, Status};
+use crate::kill;
 use crate::leaks::flags;
 use crate::procfs::boottime_now;
 use crate::sites::NamedThisRound;
@@ -38,12 +39,19 @@ impl Pipeline {
         let mut detail = flags::detail(&self.graph, node, evidence.as_ref());
         let (id, start, alive) = (node.id, node.start.boottime_ns(), node.alive());
         let exited = node.exited.map(|e| e.ts);
-        let flags = self
+        let flags: Vec<Held> = self
             .inspector
             .active()
             .filter(|(flagged, _, _)| *flagged == id)
             .map(|(_, reason, since)| Held { reason, since })
             .collect();
+        let held: Vec<_> = flags.iter().map(|f| f.reason).collect();
+        let (could, why) = kill::could_kill(&self.graph, node, &held, &self.kill_reasons);
+        let kill = Kill {
+            enabled: self.killer.is_some(),
+            could,
+            why,
+        };
         (detail.spawned_at, detail.spawned_at_truncated) =
             self.spawned_at(pid, &mut NamedThisRound::default());
         // The symbolizer's caches (megabytes) go now, as after a scan's naming.
@@ -57,6 +65,7 @@ impl Pipeline {
             exited,
             now: boottime_now(),
             flags,
+            kill,
             detail,
         })
     }
