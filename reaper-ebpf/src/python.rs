@@ -44,7 +44,7 @@ pub fn at_exec(task: Task, exe: ExeKey, pid: u32, start: u64) {
     }
     let layout = PyLayout {
         start,
-        runtime: start_code + binary.runtime,
+        runtime: start_code.wrapping_add(binary.runtime),
         ..binary
     };
     let _ = PYTHONS.insert(pid, layout, 0);
