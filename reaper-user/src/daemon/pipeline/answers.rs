@@ -1,4 +1,5 @@
-//! The API's answers (see [`crate::api`]), made by the event loop between batches: one
+//! The API's answers (see [`crate::api`]), made by the event loop at its housekeeping tick
+//! (every 100 ms, after the ring was read): one
 //! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
 //! /proc files at most.
 use super::Pipeline;
