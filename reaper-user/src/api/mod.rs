@@ -1,7 +1,7 @@
 //! The running audit's local, read-only API: HTTP/1.1 with JSON bodies on a UNIX socket
 //! (`--api`), asked by `reaper-trace why PID`. The answers are built by the event loop at its
-//! housekeeping tick, every 100 ms (see [`Query`]), from what it holds: the lineage graph, the flags, the
-//! spawn sites. Nothing on it changes what is traced or kills anything.
+//! housekeeping tick, every 100 ms (see [`Query`]), from what it holds: the lineage graph,
+//! the flags, the spawn sites. Nothing on it changes what is traced or kills anything.
 //!
 //! Paths (`/v1/...`; a later version adds paths, never changes these):
 //! - `GET /v1/status`: the run ([`Status`]).

@@ -1,6 +1,6 @@
 //! Serves the API on its UNIX socket: one hyper HTTP/1 connection per client, each request a
-//! [`Query`] the event loop answers at its housekeeping tick. Only root and reaper-trace's own user may
-//! ask (the socket is 0600, and each connection's peer credentials are checked as well).
+//! [`Query`] the event loop answers at its housekeeping tick. Only root and reaper-trace's own
+//! user may ask (the socket is 0600, and each connection's peer credentials are checked too).
 use std::convert::Infallible;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -320,7 +320,9 @@ pub fn could_kill(
             );
         }
         Some(_) => {
-            return (false, "a gateway, reaper-trace, an ancestor of it, pid 1 or outside a gateway's lineage: never killed".into());
+            let why = "a gateway, reaper-trace, an ancestor of it, pid 1 or outside a gateway's \
+                       lineage: never killed";
+            return (false, why.into());
         }
         None => {}
     }
@@ -328,7 +330,8 @@ pub fn could_kill(
         Some(reason) => (
             true,
             format!(
-                "its `{reason}` flag, once held for --grace: SIGTERM, then SIGKILL, its descendants first, each through a pidfd after its identity is checked"
+                "its `{reason}` flag, once held for --grace: SIGTERM, then SIGKILL, its \
+                 descendants first, each through a pidfd after its identity is checked"
             ),
         ),
         None if flags.is_empty() => (false, "it holds no flag".into()),
