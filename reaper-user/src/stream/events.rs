@@ -41,17 +41,17 @@ pub struct Envelope<'a> {
 }
 
 impl Envelope<'_> {
-    /// Appends the line's JSON object (no newline) to `line`: the envelope's fields first,
-    /// then the body's. The body is written as the object it is and joined on (its opening
+    /// Appends the line's JSON object (no newline) to `line`: the envelope's fields first
+    /// (by hand), then the body's. A process's lifecycle events are written by hand too
+    /// (`members.rs`);
+    /// any other body is written by serde as the object it is and joined on (its opening
     /// brace becomes the comma): serde's `flatten` went through a map serializer for every
     /// field and was a third of the cost of each line in a fork storm.
     pub fn write_json(&self, line: &mut Vec<u8>) -> serde_json::Result<()> {
-        line.extend_from_slice(b"{\"event\":");
-        serde_json::to_writer(&mut *line, self.event)?;
-        line.extend_from_slice(b",\"seq\":");
-        serde_json::to_writer(&mut *line, &self.seq)?;
-        line.extend_from_slice(b",\"ts\":");
-        serde_json::to_writer(&mut *line, &self.ts)?;
+        self.open(line);
+        if self.body.write_members(line) {
+            return Ok(());
+        }
         let body = line.len();
         serde_json::to_writer(&mut *line, self.body)?;
         // Every body is a struct (see `events!`), so its JSON is an object.

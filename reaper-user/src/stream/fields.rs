@@ -65,6 +65,11 @@ impl ProcText {
         escape_for_terminal(self.raw.as_bytes())
     }
 
+    /// Its field's name and its exact bytes.
+    pub(super) fn parts(&self) -> (&'static str, &[u8]) {
+        (self.name, self.raw.as_bytes())
+    }
+
     /// The text (invalid UTF-8 replaced), as the stream's string field shows it.
     pub fn text(&self) -> Cow<'_, str> {
         lossy(self.raw.as_bytes())

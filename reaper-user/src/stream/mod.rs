@@ -5,6 +5,7 @@ pub mod events;
 pub mod evidence;
 pub mod fields;
 pub mod kinds;
+mod members;
 
 use events::Event;
 
