@@ -336,6 +336,18 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
     Ok(KillReasons(out))
 }
 
+/// A rule's name (`orphaned`, `accumulating`, ...), as its flags carry it.
+pub fn parse_reason(s: &str) -> Result<Reason, String> {
+    let rules = crate::leaks::rules::TABLE;
+    match rules.iter().find(|r| r.name == s.trim()) {
+        Some(rule) => Ok(rule.reason),
+        None => {
+            let names: Vec<&str> = rules.iter().map(|r| r.name).collect();
+            Err(format!("`{s}` is not a rule (use {})", names.join(", ")))
+        }
+    }
+}
+
 /// `30s`, `10m`, `2h`, `1ms`, `1h30m`; a bare `0` means zero.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {

@@ -1,14 +1,31 @@
 //! `reaper-trace`: see `reaper_user::cli::Cli` for the command line,
 //! `reaper_user::report::ReportCli` for `reaper-trace report`, and
-//! `reaper_user::api::client::WhyCli` for `reaper-trace why`.
+//! `reaper_user::api::client::WhyCli` for `reaper-trace why` and `TreeCli` for
+//! `reaper-trace tree` and `EventsCli` for `reaper-trace events`.
+use std::future::Future;
+
 use clap::Parser;
-use reaper_user::{api::client::WhyCli, cli::Cli, daemon, exit_status, report};
+use reaper_user::api::client::{self, EventsCli, TreeCli, WhyCli};
+use reaper_user::{cli::Cli, daemon, exit_status, report};
 
 fn main() {
-    // `why` is a word of its own, as `report` is.
-    if std::env::args_os().nth(1).is_some_and(|a| a == "why") {
-        let args = std::iter::once("reaper-trace why".into()).chain(std::env::args_os().skip(2));
-        std::process::exit(why(&WhyCli::parse_from(args)));
+    // `why` and `tree` are words of their own, as `report` is.
+    let word = std::env::args_os().nth(1);
+    let rest = |name: &str| std::iter::once(name.into()).chain(std::env::args_os().skip(2));
+    if word.as_ref().is_some_and(|a| a == "why") {
+        let cli = WhyCli::parse_from(rest("reaper-trace why"));
+        std::process::exit(ask(client::why(&cli)));
+    }
+    if word.as_ref().is_some_and(|a| a == "tree") {
+        let cli = TreeCli::parse_from(rest("reaper-trace tree"));
+        std::process::exit(ask(client::tree(&cli)));
+    }
+    if word.as_ref().is_some_and(|a| a == "events") {
+        let cli = EventsCli::parse_from(rest("reaper-trace events"));
+        std::process::exit(on_runtime(client::events(&cli)).unwrap_or_else(|e| {
+            eprintln!("reaper-trace: error: {e:#}");
+            exit_status::FAILURE
+        }));
     }
     // `report` is a word of its own: the tracer's command line ends with an arbitrary CMD.
     if std::env::args_os().nth(1).is_some_and(|a| a == "report") {
@@ -72,14 +89,19 @@ fn main() {
     }
 }
 
-/// `reaper-trace why`: prints the answer; returns the exit status.
-fn why(cli: &WhyCli) -> i32 {
-    let answer = tokio::runtime::Builder::new_current_thread()
+/// Runs a client's `future` to its end.
+fn on_runtime<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(reaper_user::api::client::why(cli)));
-    match answer {
+        .and_then(|rt| rt.block_on(future))
+}
+
+/// A client of the running audits (`why`, `tree`): prints the answer; returns the exit
+/// status.
+fn ask(question: impl Future<Output = anyhow::Result<(String, i32)>>) -> i32 {
+    match on_runtime(question) {
         Ok((text, code)) => {
             println!("{text}");
             code

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
+use reaper_user::api::client::{EventsCli, TreeCli, WhyCli};
 use reaper_user::{cli::Cli, leaks::rules, report::ReportCli};
 
 const README: &str = include_str!("../../README.md");
@@ -136,32 +137,46 @@ fn the_options_table_names_every_option_with_its_default() {
 }
 
 #[test]
-fn the_report_options_table_names_every_option_with_its_default() {
-    let section = CLI_DOC
-        .split("## `reaper-trace report`")
-        .nth(1)
-        .expect("docs/cli.md has a `reaper-trace report` section");
-    let mut doc = Vec::new();
-    for row in table_rows(section, "| option | default | meaning |") {
-        for word in quoted(&row[0]) {
-            let flag = word.split_whitespace().next().unwrap_or("");
-            doc.push((flag.to_owned(), row[1].clone()));
+fn each_subcommands_options_table_names_every_option_with_its_default() {
+    for (word, command) in [
+        ("report", ReportCli::command()),
+        ("why", WhyCli::command()),
+        ("tree", TreeCli::command()),
+        ("events", EventsCli::command()),
+    ] {
+        let title = format!("## `reaper-trace {word}`");
+        let section = CLI_DOC
+            .split(&title)
+            .nth(1)
+            .unwrap_or_else(|| panic!("docs/cli.md has no {title} section"));
+        let mut doc = Vec::new();
+        for row in table_rows(section, "| option | default | meaning |") {
+            for word in quoted(&row[0]) {
+                let flag = word.split_whitespace().next().unwrap_or("");
+                doc.push((flag.to_owned(), row[1].clone()));
+            }
         }
+        assert_same_options(
+            doc,
+            parser_options(command),
+            &format!("reaper-trace {word}"),
+        );
     }
-    assert_same_options(
-        doc,
-        parser_options(ReportCli::command()),
-        "reaper-trace report",
-    );
 }
 
 #[test]
 fn every_option_the_readme_names_exists() {
-    let options: BTreeSet<String> = parser_options(Cli::command())
-        .into_iter()
-        .chain(parser_options(ReportCli::command()))
-        .map(|(o, _)| o)
-        .collect();
+    let options: BTreeSet<String> = [
+        Cli::command(),
+        ReportCli::command(),
+        WhyCli::command(),
+        TreeCli::command(),
+        EventsCli::command(),
+    ]
+    .into_iter()
+    .flat_map(parser_options)
+    .map(|(o, _)| o)
+    .collect();
     // `ps --ppid`, `systemctl enable --now` and node's perf map options are theirs; the rest
     // must be reaper-trace's (but for the traced programs' own arguments in sample output
     // lines, `[   1.0s] ...`).

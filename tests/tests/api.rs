@@ -1,7 +1,9 @@
-//! The running audit's API, asked by `reaper-trace why PID` while the run traces a real
-//! setsid escapee (gateway > A (setsid, exited) > B holding the gateway's pipe): the answer
-//! names B's lineage with A's exit, its pipe and who holds the other end, its flag, and that
-//! `--kill` would follow it; a pid no run tracks gets exit status 1 and what /proc says. Needs root (see `require_root`).
+//! The running audit's API, asked by `reaper-trace why PID` and `tree` while the run traces
+//! a real setsid escapee (gateway > A (setsid, exited) > B holding the gateway's pipe): the
+//! answer names B's lineage with A's exit, its pipe and who holds the other end, its flag,
+//! and that `--kill` would follow it; a pid no run tracks gets exit status 1 and what /proc
+//! says. `events --follow` through a fork storm, beside a follower that stops reading. Needs
+//! root (see `require_root`).
 use std::process::{Command, Output};
 
 use reaper_tests::{Then, pid, reaper_trace, require_root, run_shape_until};
@@ -9,11 +11,16 @@ use serde_json::Value;
 
 /// `reaper-trace why ARGS`.
 fn why(args: &[&str]) -> Output {
+    client("why", args)
+}
+
+/// `reaper-trace WORD ARGS`.
+fn client(word: &str, args: &[&str]) -> Output {
     Command::new(reaper_trace())
-        .arg("why")
+        .arg(word)
         .args(args)
         .output()
-        .expect("run reaper-trace why")
+        .expect("run reaper-trace's client")
 }
 
 /// The orphaned process's pid, once the stream holds its flag.
@@ -32,6 +39,7 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     }
     // Asked while the run holds the flag (the default socket: every run's is asked).
     let mut asked: Option<(Output, Output)> = None;
+    let mut tree: Option<(Output, Output)> = None;
     let (run, truth) = run_shape_until(
         &["--scan-interval", "250ms"],
         "leak-orphan",
@@ -41,6 +49,10 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
             if let Some(b) = orphaned(events).filter(|_| asked.is_none()) {
                 let b = b.to_string();
                 asked = Some((why(&[&b, "--json"]), why(&[&b])));
+                tree = Some((
+                    client("tree", &["--reason", "orphaned"]),
+                    client("tree", &["--kind", "no-such-program-here"]),
+                ));
             }
             asked.is_some()
         },
@@ -99,6 +111,25 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
         "{text}"
     );
 
+    // The tree of the orphaned processes: the gateway, A (exited) and B flagged, drawn as
+    // the summary draws them; a filter that picks nothing says so.
+    let (orphans, none) = tree.expect("asked");
+    let drawn = String::from_utf8_lossy(&orphans.stdout).into_owned();
+    eprintln!("{drawn}");
+    assert!(orphans.status.success(), "{drawn}");
+    let line_of = |p: u64| drawn.lines().find(|l| l.contains(&format!("{p} (")));
+    assert!(
+        line_of(gw).is_some_and(|l| l.contains("gateway")),
+        "{drawn}"
+    );
+    assert!(line_of(a).is_some_and(|l| l.contains("[exited")), "{drawn}");
+    assert!(
+        line_of(b).is_some_and(|l| l.contains("└─ ") && l.contains("LEAK: orphaned")),
+        "{drawn}"
+    );
+    let said = String::from_utf8_lossy(&none.stdout);
+    assert!(said.contains("that these filters pick"), "{said}");
+
     // A process no run tracks: exit status 1, and what /proc says of it.
     let me = std::process::id().to_string();
     let untracked = why(&[&me]);
@@ -133,4 +164,167 @@ fn a_run_with_api_off_serves_nothing_and_a_socket_it_cannot_make_is_an_error() {
         b"not a socket",
         "left alone"
     );
+}
+
+/// `GET path` on the API at `socket`, the body whole (the client's own HTTP/1.1, no crate).
+fn get(socket: &std::path::Path, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect to the API");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read the answer");
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(text)
+}
+
+#[test]
+fn a_follower_gets_a_storm_complete_and_in_order_and_one_that_stops_reading_is_dropped() {
+    let test =
+        "a_follower_gets_a_storm_complete_and_in_order_and_one_that_stops_reading_is_dropped";
+    if !require_root(test) {
+        return;
+    }
+    let dir = reaper_tests::scratch(test);
+    let (go, done) = (dir.join("go"), dir.join("done"));
+    let (truth, followed) = (dir.join("truth.json"), dir.join("followed.ndjson"));
+    // A socket's path has room for 107 bytes: the scratch directory's is too long.
+    let socket = std::path::PathBuf::from(format!("/tmp/reaper-api-{}.sock", std::process::id()));
+    for fifo in [&go, &done] {
+        assert!(Command::new("mkfifo").arg(fifo).status().unwrap().success());
+    }
+    // The gateway waits on a FIFO (a blocked read forks nothing) until both followers
+    // follow, runs the storm, and waits again until the one that did not read has read its
+    // stream's end. 10,000 processes make 30,000 lines: more than a follower's queue (8,192)
+    // and what the socket and hyper's buffer hold besides.
+    let script = format!(
+        "read _ < {}; {} storm {} 10000; read _ < {}",
+        go.display(),
+        reaper_tests::shapes().display(),
+        truth.display(),
+        done.display()
+    );
+    let mut follower: Option<std::process::Child> = None;
+    let mut stalled: Option<std::thread::JoinHandle<String>> = None;
+    let run = reaper_tests::run_reaper_until(
+        &["--api", socket.to_str().unwrap(), "--", "sh", "-c", &script],
+        &[],
+        &dir.join("release"),
+        (
+            "both followers following, then the storm let go",
+            Then::Release,
+        ),
+        |events| {
+            let Some(ready) = events.iter().find(|e| e["event"] == "ready") else {
+                return false;
+            };
+            let gw = pid(&ready["gateway"][0]).to_string();
+            follower = Some(
+                Command::new(reaper_trace())
+                    .args(["events", "--follow", "--api", socket.to_str().unwrap()])
+                    .args(["--pid", &gw])
+                    .stdout(std::fs::File::create(&followed).unwrap())
+                    .spawn()
+                    .expect("start the follower"),
+            );
+            // A follower that asks, then reads nothing until the run dropped it.
+            use std::io::{Read, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            let ask = "GET /v1/events?follow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            s.write_all(ask.as_bytes()).unwrap();
+            followers_become(&socket, 2);
+            let (socket, done) = (socket.clone(), done.clone());
+            stalled = Some(std::thread::spawn(move || {
+                followers_become(&socket, 1);
+                let mut text = Vec::new();
+                s.read_to_end(&mut text).unwrap();
+                std::fs::write(&done, b"\n").unwrap();
+                String::from_utf8_lossy(&text).into_owned()
+            }));
+            std::fs::write(&go, b"\n").unwrap();
+            true
+        },
+    );
+    run.assert_lossless();
+    let children: Vec<u64> = reaper_tests::read_json(&truth)["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(pid)
+        .collect();
+    // The run's own stream lost nothing, and says it dropped the follower that did not read.
+    let summary = run.summary();
+    assert_eq!(summary["delivery"]["followers_dropped"], 1, "{summary}");
+    assert!(
+        run.all("note").iter().any(|n| n["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("dropped 1 follower"))),
+        "{}",
+        run.stderr
+    );
+    let forks_in = |events: &[Value]| -> Vec<u64> {
+        let mine: std::collections::HashSet<u64> = children.iter().copied().collect();
+        events
+            .iter()
+            .filter(|e| e["event"] == "fork" && mine.contains(&pid(&e["pid"])))
+            .map(|e| pid(&e["pid"]))
+            .collect()
+    };
+    assert_eq!(forks_in(&run.events), children, "the run's stream");
+
+    // The one that did not read: its stream ends with the notice that it was dropped.
+    let text = stalled.take().unwrap().join().unwrap();
+    let end = text
+        .trim_end()
+        .rsplit_once('\n')
+        .map_or(&text[..], |(_, l)| l);
+    assert!(
+        text.contains("this follower did not keep up and was dropped"),
+        "its end: {end}"
+    );
+
+    // The reading follower: every fork of the storm, in order, to the run's end; only the
+    // gateway's subtree (and the run's own events).
+    let status = follower.take().unwrap().wait().unwrap();
+    let lines: Vec<Value> = std::fs::read_to_string(&followed)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON line"))
+        .collect();
+    assert!(status.success(), "{status}");
+    assert_eq!(forks_in(&lines), children, "the follower's stream");
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "in the stream's order"
+    );
+    assert_eq!(lines.last().unwrap()["event"], "summary");
+    let gw = pid(&run.all("ready")[0]["gateway"][0]);
+    let storm = pid(&run.one("fork", children[0])["spawner"]);
+    let strays: Vec<&Value> = lines
+        .iter()
+        .filter(|l| !l["pid"].is_null() && ![gw, storm].contains(&pid(&l["pid"])))
+        .filter(|l| !children.contains(&pid(&l["pid"])))
+        .collect();
+    assert!(strays.is_empty(), "only the gateway's subtree: {strays:?}");
+}
+
+/// Waits until the run at `socket` has `n` followers.
+fn followers_become(socket: &std::path::Path, n: u64) {
+    let cap = std::time::Instant::now() + reaper_tests::patience();
+    loop {
+        let status: Value = serde_json::from_str(&get(socket, "/v1/status")).unwrap();
+        if status["followers"] == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < cap,
+            "never {n} followers: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -1,5 +1,6 @@
-//! `reaper-trace why PID`: asks the running audits (each socket in [`SOCKET_DIR`], or the one
-//! `--api` names) what they know of a process, and says it in a few lines (or as JSON).
+//! `reaper-trace why PID` and `reaper-trace tree`: ask the running audits (each socket in
+//! [`SOCKET_DIR`], or the one `--api` names) what they know of a process, or for their live
+//! lineage tree, and say it in a few lines (or as JSON).
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -10,8 +11,10 @@ use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::{Process, SOCKET_DIR};
+use super::{Branch, FollowFilter, Process, SOCKET_DIR, TreeFilter};
+use crate::leaks::Reason;
 use crate::output::human::{evidence_text, human_duration, who};
+use crate::output::tree::render;
 use crate::procfs;
 use crate::text::escape_for_terminal;
 
@@ -30,49 +33,137 @@ pub struct WhyCli {
     pub json: bool,
 }
 
-/// What `why` found: the answer's text and the exit status (0: a run tracks the process; 1:
-/// none does).
-pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
+/// Draw the live lineage tree of the running audits, as the summary draws it, with flags.
+#[derive(Debug, Parser)]
+#[command(name = "reaper-trace tree", version = crate::cli::VERSION)]
+pub struct TreeCli {
+    /// Only the processes descended from this one (a gateway, or any tracked process).
+    #[arg(long, value_name = "PID")]
+    pub gateway: Option<u32>,
+    /// Only the processes whose executable or command line contains TEXT.
+    #[arg(long, value_name = "TEXT")]
+    pub kind: Option<String>,
+    /// Only the processes holding a flag for this rule (orphaned, accumulating, ...).
+    #[arg(long, value_name = "RULE", value_parser = crate::cli::parse_reason)]
+    pub reason: Option<Reason>,
+    /// The run's API socket to ask (default: every run's, in /run/reaper-trace).
+    #[arg(long, value_name = "SOCKET")]
+    pub api: Option<PathBuf>,
+    /// The trees as JSON: an object of each run's socket and its tree's roots (`/v1/tree`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Follow a running audit's event stream: its NDJSON lines from now on, on standard output,
+/// so that tools need not tail its file.
+#[derive(Debug, Parser)]
+#[command(name = "reaper-trace events", version = crate::cli::VERSION)]
+pub struct EventsCli {
+    /// Follow the live stream (the only way it is read here: an audit file is read by
+    /// `reaper-trace report`).
+    #[arg(long, required = true)]
+    pub follow: bool,
+    /// Only events about this process and what it spawns from now on (and the run's own:
+    /// `lost`, `note`, `summary`).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Only these events, by name (`fork,exec,flag`).
+    #[arg(long, value_name = "NAMES")]
+    pub event: Option<String>,
+    /// Only flags, clears and kills for this rule.
+    #[arg(long, value_name = "RULE", value_parser = crate::cli::parse_reason)]
+    pub reason: Option<Reason>,
+    /// The run's API socket (default: the one run in /run/reaper-trace, or with `--pid`
+    /// the run that tracks it).
+    #[arg(long, value_name = "SOCKET")]
+    pub api: Option<PathBuf>,
+}
+
+/// Streams the lines to standard output until the run ends or drops this follower. Returns
+/// the exit status: 0 when the run ended, 1 when it dropped this follower or none follows.
+pub async fn events(cli: &EventsCli) -> Result<i32> {
+    let filter = FollowFilter {
+        follow: Some(String::new()),
+        pid: cli.pid,
+        event: cli.event.clone(),
+        reason: cli.reason,
+    };
+    let path = format!("/v1/events?{}", serde_urlencoded::to_string(&filter)?);
     let sockets = match &cli.api {
         Some(path) => vec![path.clone()],
         None => run_sockets()?,
     };
-    let path = format!("/v1/process/{}", cli.pid);
-    let (mut asked, mut denied) = (Vec::new(), Vec::new());
-    for socket in &sockets {
-        let (status, body) = match get(socket, &path).await {
-            Ok(answer) => answer,
+    if cli.pid.is_none() && sockets.len() > 1 {
+        let all: Vec<String> = sockets.iter().map(|s| s.display().to_string()).collect();
+        bail!(
+            "several runs serve their API ({}): choose one with --api or a process with --pid",
+            all.join(", ")
+        );
+    }
+    let mut runs = Runs::default();
+    for socket in sockets {
+        let response = match request(&socket, &path).await {
+            Ok(r) => r,
             Err(e) if permission_denied(&e) => {
-                denied.push(socket.display().to_string());
+                runs.denied.push(socket.display().to_string());
                 continue;
             }
-            Err(_) => continue, // a socket left by a run that ended
+            Err(_) => continue,
         };
-        asked.push(socket.display().to_string());
-        if status == StatusCode::NOT_FOUND {
+        match response.status() {
+            StatusCode::OK => return stream_lines(response.into_body()).await,
+            StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
+            status => {
+                let body = response.into_body().collect().await?.to_bytes();
+                bail!(
+                    "{} answered {status}: {}",
+                    socket.display(),
+                    String::from_utf8_lossy(&body)
+                )
+            }
+        }
+    }
+    let none = match cli.pid {
+        Some(pid) => format!("pid {pid} is not tracked by"),
+        None => "no answer from".into(),
+    };
+    eprintln!("reaper-trace: {}", runs.none_tracks(&none));
+    Ok(1)
+}
+
+/// Writes each line as it comes; 1 when the last says this follower was dropped.
+async fn stream_lines(mut body: hyper::body::Incoming) -> Result<i32> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let mut last = Bytes::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.context("reading the stream")?.into_data() else {
             continue;
-        }
-        if status != StatusCode::OK {
-            bail!("{} answered {status}", socket.display());
-        }
+        };
+        out.write_all(&data)
+            .and_then(|()| out.flush())
+            .context("writing to standard output")?;
+        last = data;
+    }
+    if last.ends_with(crate::output::follow::DROPPED) {
+        eprintln!("reaper-trace: the run dropped this follower: it did not keep up");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// What `why` found: the answer's text and the exit status (0: a run tracks the process; 1:
+/// none does).
+pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
+    let runs = ask_runs(cli.api.as_deref(), &format!("/v1/process/{}", cli.pid)).await?;
+    if let Some((socket, body)) = runs.answered.first() {
         if cli.json {
-            return Ok((String::from_utf8_lossy(&body).into_owned(), 0));
+            return Ok((String::from_utf8_lossy(body).into_owned(), 0));
         }
-        let process: Process = serde_json::from_slice(&body)
+        let process: Process = serde_json::from_slice(body)
             .with_context(|| format!("reading {}'s answer", socket.display()))?;
         return Ok((readable(&process), 0));
     }
-    let by = match (asked.is_empty(), denied.is_empty()) {
-        (true, true) => format!("no reaper-trace run serves its API in {SOCKET_DIR}"),
-        (true, false) => format!(
-            "{} may be asked by root only (or the run's own user)",
-            denied.join(", ")
-        ),
-        (false, _) => format!(
-            "not a descendant of any gateway traced by {}",
-            asked.join(", ")
-        ),
-    };
     let proc = match procfs::read_stat(cli.pid) {
         Ok(s) => {
             let comm = escape_for_terminal(s.comm.as_bytes());
@@ -80,7 +171,113 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
         }
         Err(_) => "no such process".into(),
     };
+    let by = runs.none_tracks("not a descendant of any gateway traced by");
     Ok((format!("pid {}: {by}; what /proc says: {proc}", cli.pid), 1))
+}
+
+/// What `tree` found: the trees' text and the exit status (0: a run answered; 1: none
+/// tracks `--gateway`, or no run serves its API).
+pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
+    let filter = TreeFilter {
+        gateway: cli.gateway,
+        kind: cli.kind.clone(),
+        reason: cli.reason,
+    };
+    let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
+    let runs = ask_runs(cli.api.as_deref(), &format!("/v1/tree?{query}")).await?;
+    if runs.answered.is_empty() {
+        let by = match cli.gateway {
+            Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by")),
+            None => runs.none_tracks("no answer from"),
+        };
+        return Ok((by, 1));
+    }
+    if cli.json {
+        // Each run's answer as it came (its fields in their order), under its socket.
+        let members: Vec<String> = runs
+            .answered
+            .iter()
+            .map(|(socket, body)| {
+                let key = serde_json::to_string(&socket.display().to_string())?;
+                Ok(format!("{key}:{}", String::from_utf8_lossy(body)))
+            })
+            .collect::<serde_json::Result<_>>()?;
+        return Ok((format!("{{{}}}", members.join(",")), 0));
+    }
+    let filtered = filter != TreeFilter::default();
+    let many = runs.answered.len() > 1;
+    let mut text = String::new();
+    for (socket, body) in &runs.answered {
+        let roots: Vec<Branch> = serde_json::from_slice(body)
+            .with_context(|| format!("reading {}'s answer", socket.display()))?;
+        let title = match many {
+            true => format!(
+                "the run at {}: alive, by lineage (spawner edges):",
+                socket.display()
+            ),
+            false => "alive, by lineage (spawner edges):".to_owned(),
+        };
+        let empty = match filtered {
+            true => "no tracked process is alive that these filters pick",
+            false => "no tracked process is alive",
+        };
+        text.push_str(&render(&roots, &title, empty));
+    }
+    Ok((text.trim_end().to_owned(), 0))
+}
+
+/// The runs asked, and what they said.
+#[derive(Default)]
+struct Runs {
+    /// The sockets asked, and each one's answer when it was 200.
+    answered: Vec<(PathBuf, Bytes)>,
+    /// The sockets that answered 404.
+    asked: Vec<String>,
+    /// The sockets that refused this user.
+    denied: Vec<String>,
+}
+
+impl Runs {
+    /// Why no run answered: `none` and the runs asked, or why none could be.
+    fn none_tracks(&self, none: &str) -> String {
+        match (self.asked.is_empty(), self.denied.is_empty()) {
+            (true, true) => format!("no reaper-trace run serves its API in {SOCKET_DIR}"),
+            (true, false) => format!(
+                "{} may be asked by root only (or the run's own user or group)",
+                self.denied.join(", ")
+            ),
+            (false, _) => format!("{none} {}", self.asked.join(", ")),
+        }
+    }
+}
+
+/// `GET path` of the run at `api`, or of every run's socket.
+async fn ask_runs(api: Option<&Path>, path: &str) -> Result<Runs> {
+    let sockets = match api {
+        Some(path) => vec![path.to_owned()],
+        None => run_sockets()?,
+    };
+    let mut runs = Runs::default();
+    for socket in sockets {
+        let (status, body) = match get(&socket, path).await {
+            Ok(answer) => answer,
+            Err(e) if permission_denied(&e) => {
+                runs.denied.push(socket.display().to_string());
+                continue;
+            }
+            Err(_) => continue, // a socket left by a run that ended
+        };
+        match status {
+            StatusCode::OK => runs.answered.push((socket, body)),
+            StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
+            _ => bail!(
+                "{} answered {status}: {}",
+                socket.display(),
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+    Ok(runs)
 }
 
 /// The runs' sockets, oldest name first.
@@ -104,8 +301,16 @@ fn permission_denied(e: &anyhow::Error) -> bool {
         .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
-/// `GET path` on the API at `socket`.
+/// `GET path` on the API at `socket`: the status and the whole body.
 async fn get(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)> {
+    let response = request(socket, path).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
+
+/// `GET path` on the API at `socket`: the response, its body still to be read.
+async fn request(socket: &Path, path: &str) -> Result<hyper::Response<hyper::body::Incoming>> {
     let stream = UnixStream::connect(socket).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -114,10 +319,7 @@ async fn get(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)> {
     let request = Request::get(path)
         .header(hyper::header::HOST, "localhost")
         .body(Empty::<Bytes>::new())?;
-    let response = sender.send_request(request).await?;
-    let status = response.status();
-    let body = response.into_body().collect().await?.to_bytes();
-    Ok((status, body))
+    Ok(sender.send_request(request).await?)
 }
 
 /// The answer for people: the process and its flags; its lineage from the gateway down, each

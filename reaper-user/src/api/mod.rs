@@ -7,13 +7,24 @@
 //! - `GET /v1/status`: the run ([`Status`]).
 //! - `GET /v1/process/PID`: what the run knows of the live process PID, or of the last one
 //!   that had the pid ([`Process`]); 404 with `{"error": ...}` for a pid it does not track.
+//! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R]`: the live lineage tree, its roots
+//!   ([`Branch`]es), of the processes each given filter picks ([`TreeFilter`]); 404 for a
+//!   `gateway` it does not track.
+//! - `GET /v1/events?follow[&pid=PID][&event=NAMES][&reason=R]`: the stream's lines from now
+//!   on, as long as the client reads them ([`FollowFilter`]; `application/x-ndjson`); 404 for
+//!   a `pid` it does not track. A follower that does not keep up is dropped (see
+//!   [`crate::output::follow`]).
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::leaks::Reason;
 use crate::stream::events::LeakDetail;
+
+pub use crate::output::follow::FollowFilter;
+pub use crate::output::tree::Branch;
 
 pub mod client;
 pub mod server;
@@ -33,10 +44,31 @@ pub struct Query {
 }
 
 /// What a client asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Asked {
     Status,
     Process(u32),
+    Tree(TreeFilter),
+    /// The stream from now on, what `filter` picks, sent to `lines`.
+    Follow {
+        filter: FollowFilter,
+        lines: mpsc::Sender<Bytes>,
+    },
+}
+
+/// The processes `/v1/tree` draws: the live and zombie ones every given filter picks, each
+/// with the spawners its lineage runs through.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TreeFilter {
+    /// Those descended from this tracked process (a gateway, or any process of the tree),
+    /// itself included.
+    pub gateway: Option<u32>,
+    /// Those whose executable or command line contains this text (an `accumulating` flag's
+    /// kind names one: `node /srv/mcp.js`).
+    pub kind: Option<String>,
+    /// Those holding a flag for this reason.
+    pub reason: Option<Reason>,
 }
 
 /// What the event loop answered: the body's JSON, or `None` for a process it does not track
@@ -56,6 +88,8 @@ pub struct Status {
     pub tracked: usize,
     /// Seconds since the run started.
     pub uptime_secs: u64,
+    /// Clients following the event stream now (`/v1/events?follow`).
+    pub followers: usize,
 }
 
 /// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.

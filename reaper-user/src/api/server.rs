@@ -4,16 +4,23 @@
 use std::convert::Infallible;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body_util::Full;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper::body::Frame;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Asked, Query};
+use super::{Asked, FollowFilter, Query};
+use crate::output::follow;
 
 /// The API's socket file, removed when dropped (at the run's end).
 pub struct SocketFile(PathBuf);
@@ -49,11 +56,50 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile)> {
     Ok((listener, file))
 }
 
-/// Serves until the runtime ends. A failed connection is that client's problem.
-pub async fn serve(listener: UnixListener, queries: mpsc::Sender<Query>) {
+/// The API being served: [`Server::close`] at the run's end.
+pub struct Server {
+    _file: SocketFile,
+    stop: oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+/// How long the run's end waits for the answers under way (a follower's last lines).
+const FINISH: Duration = Duration::from_secs(1);
+
+impl Server {
+    /// Serves on `listener` (its socket file `file`), asking the event loop through `queries`.
+    pub fn start(listener: UnixListener, file: SocketFile, queries: mpsc::Sender<Query>) -> Server {
+        let (stop, stopped) = oneshot::channel();
+        Server {
+            _file: file,
+            stop,
+            serving: tokio::spawn(serve(listener, queries, stopped)),
+        }
+    }
+
+    /// Stops taking connections and lets the answers under way end (a follower's stream ends
+    /// once the run dropped its queue), waiting [`FINISH`] at most; then the socket goes.
+    pub async fn close(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(FINISH, self.serving).await;
+    }
+}
+
+/// Serves until `stop`, then lets the connections under way finish. A failed connection is
+/// that client's problem.
+async fn serve(
+    listener: UnixListener,
+    queries: mpsc::Sender<Query>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let connections = GracefulShutdown::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            _ = &mut stop => break,
         };
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
@@ -64,24 +110,48 @@ pub async fn serve(listener: UnixListener, queries: mpsc::Sender<Query>) {
             continue; // dropped: closed without an answer
         }
         let queries = queries.clone();
+        let service = service_fn(move |req| respond(req, queries.clone()));
+        let connection = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = connections.watch(connection);
         tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, queries.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = connection.await;
         });
     }
+    drop(listener);
+    connections.shutdown().await;
 }
+
+/// An answer's body: a JSON document, or a follower's lines as they come.
+type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 async fn respond(
     req: Request<Incoming>,
     queries: mpsc::Sender<Query>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Body>, Infallible> {
     if req.method() != Method::GET {
         return Ok(error(StatusCode::METHOD_NOT_ALLOWED, "use GET"));
     }
+    let query = req.uri().query().unwrap_or_default();
+    let mut follower = None;
     let asked = match req.uri().path() {
         "/v1/status" => Asked::Status,
+        "/v1/tree" => match serde_urlencoded::from_str(query) {
+            Ok(filter) => Asked::Tree(filter),
+            Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}"))),
+        },
+        "/v1/events" => match serde_urlencoded::from_str::<FollowFilter>(query) {
+            Ok(filter) if filter.follow.is_some() => {
+                let (lines, rx) = mpsc::channel(follow::QUEUE);
+                follower = Some(rx);
+                Asked::Follow { filter, lines }
+            }
+            Ok(_) => {
+                let text = "/v1/events streams from now on: ask /v1/events?follow";
+                return Ok(error(StatusCode::BAD_REQUEST, text));
+            }
+            Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/events: {e}"))),
+        },
         path => match path.strip_prefix("/v1/process/").map(str::parse) {
             Some(Ok(pid)) => Asked::Process(pid),
             Some(Err(_)) => return Ok(error(StatusCode::BAD_REQUEST, "a pid is a number")),
@@ -92,15 +162,41 @@ async fn respond(
     if queries.send(Query { asked, reply }).await.is_err() {
         return Ok(error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending"));
     }
-    Ok(match answer.await {
-        Ok(Some(body)) => json(StatusCode::OK, body),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not tracked by this run"),
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending"),
+    Ok(match (answer.await, follower) {
+        (Ok(Some(_)), Some(lines)) => {
+            let mut r = Response::new(Lines(lines).boxed_unsync());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/x-ndjson"),
+            );
+            r
+        }
+        (Ok(Some(body)), None) => json(StatusCode::OK, body),
+        (Ok(None), _) => error(StatusCode::NOT_FOUND, "not tracked by this run"),
+        (Err(_), _) => error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending"),
     })
 }
 
-fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+/// A follower's lines, as the event loop sends them; the body ends when the run drops the
+/// follower or ends.
+struct Lines(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Lines {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|line| line.map(|l| Ok(Frame::data(l))))
+    }
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -109,7 +205,7 @@ fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     r
 }
 
-fn error(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+fn error(status: StatusCode, text: &str) -> Response<Body> {
     let body = serde_json::json!({ "error": text }).to_string();
     json(status, body.into_bytes())
 }

@@ -151,6 +151,8 @@ impl Reader {
             dropped,
             tracked_full: losses.tracked_full,
             consistent: kernel_events == self.received + losses.dropped() && self.undecodable == 0,
+            // The API's, counted by the output.
+            followers_dropped: 0,
         }
     }
 

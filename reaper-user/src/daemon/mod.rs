@@ -16,7 +16,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    api::server::SocketFile,
+    api::server::Server,
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
@@ -84,8 +84,8 @@ struct Tracing {
     started: std::time::Instant,
     /// `--state-dir`'s lock, held until the run ends.
     _held: Option<StateLock>,
-    /// The API's socket, removed when the run ends.
-    _api: Option<SocketFile>,
+    /// The API, closed (its socket removed) when the run ends.
+    api: Option<Server>,
 }
 
 /// Checks what was asked, takes back the state directory, loads and attaches the probes,
@@ -181,11 +181,10 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve::serve(listener, output.metrics.registry()));
     }
-    let (api_file, api_queries) = match api {
+    let (api, api_queries) = match api {
         Some((listener, file)) => {
             let (queries, asked) = tokio::sync::mpsc::channel(API_QUEUE);
-            tokio::spawn(crate::api::server::serve(listener, queries));
-            (Some(file), Some(asked))
+            (Some(Server::start(listener, file, queries)), Some(asked))
         }
         None => (None, None),
     };
@@ -282,7 +281,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         junit,
         started,
         _held: held,
-        _api: api_file,
+        api,
     })
 }
 
@@ -338,6 +337,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         attached,
         junit,
         started,
+        api,
         ..
     } = tracing;
     let Sources {
@@ -408,6 +408,11 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         }
     }
     run.close(account, gateway_code)?;
+    // The followers have had the summary: their streams end, and the API with them.
+    run.output().end_followers();
+    if let Some(api) = api {
+        api.close().await;
+    }
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {
         checkpoints.write(&mut run)?;

@@ -29,7 +29,7 @@ use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
 use crate::sites::{self, NamedThisRound, SpawnSites};
 use crate::stream::Stamped;
-use crate::stream::events::Event;
+use crate::stream::events::{Delivery, Event};
 use crate::stream::evidence::Frame;
 use crate::text::Args;
 
@@ -429,7 +429,10 @@ impl Pipeline {
     pub fn close(&mut self, account: Accounting, gateway_exit_code: Option<i32>) -> Result<()> {
         let figures = RunFigures {
             counts: self.out.counts.clone(),
-            delivery: self.reader.delivery(account),
+            delivery: Delivery {
+                followers_dropped: self.out.followers_dropped(),
+                ..self.reader.delivery(account)
+            },
             latency: self.reader.latency(),
             kills: self
                 .killer

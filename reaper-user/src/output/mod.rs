@@ -1,4 +1,5 @@
 //! Where events go: NDJSON for tools, one readable line per event for people.
+pub mod follow;
 pub mod human;
 pub mod junit;
 pub mod label;
@@ -13,6 +14,7 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 
+use crate::output::follow::{Follower, Followers};
 use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
 use crate::output::status::StatusLine;
@@ -43,6 +45,8 @@ pub struct Output {
     line: Vec<u8>,
     /// Readable lines only for findings (see [`Event::is_finding`]): `--check` in a CI log.
     findings_only: bool,
+    /// The API's followers of the stream.
+    followers: Followers,
 }
 
 impl Output {
@@ -63,6 +67,7 @@ impl Output {
             t0,
             line: Vec::with_capacity(1024),
             findings_only: false,
+            followers: Followers::default(),
         }
     }
 
@@ -135,7 +140,8 @@ impl Output {
     fn record(&mut self, ts: u64, body: &Event) -> Result<()> {
         self.metrics.observe(body);
         self.counts.observe(body);
-        if !self.json.is_empty() {
+        let mut dropped = 0;
+        if !self.json.is_empty() || !self.followers.is_empty() {
             let env = Envelope {
                 event: body.name(),
                 seq: self.seq,
@@ -149,9 +155,39 @@ impl Output {
             for w in &mut self.json {
                 w.write_all(&self.line).context("writing an NDJSON event")?;
             }
+            if !self.followers.is_empty() {
+                dropped = self.followers.offer(body, &self.line);
+            }
         }
         self.seq += 1;
+        if dropped > 0 {
+            self.note(&format!(
+                "dropped {dropped} follower(s) of the API's event stream: they did not keep up \
+                 ({} lines waiting); the stream itself lost nothing",
+                follow::QUEUE
+            ))?;
+        }
         Ok(())
+    }
+
+    /// Sends the stream's lines from now on to `follower` too.
+    pub fn follow(&mut self, follower: Follower) {
+        self.followers.add(follower);
+    }
+
+    /// Ends every follower's stream (the run's end).
+    pub fn end_followers(&mut self) {
+        self.followers.end();
+    }
+
+    /// The API's followers now.
+    pub fn followers(&self) -> usize {
+        self.followers.len()
+    }
+
+    /// The API's followers dropped so far because they did not keep up.
+    pub fn followers_dropped(&self) -> u64 {
+        self.followers.dropped
     }
 
     /// How many events were written so far: every change to the lineage is one, so a

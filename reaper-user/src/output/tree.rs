@@ -1,17 +1,61 @@
-//! The closing picture for people: what is still alive, under whom it was spawned.
+//! The live lineage tree: what is still alive (or a zombie), under whom it was spawned. Built
+//! from the graph as [`Branch`]es (the summary's closing picture, and the API's
+//! `/v1/tree` as JSON), drawn for people by [`render`] (the summary, `reaper-trace tree`).
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
 
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::human::describe_status;
-use crate::text::escape_for_terminal;
+use crate::stream::events::{Argv, ProcText};
 
-/// Renders every live (or zombie) process with its lineage, from the gateways down along
-/// spawner edges; exited ancestors are shown because the lineage runs through them.
-pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reason>>) -> String {
+/// One process of the tree, with the processes it spawned that lead to a live one.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Branch {
+    pub pid: u32,
+    /// Boot-time ns it started (with `pid`, its identity).
+    pub start: u64,
+    #[serde(flatten)]
+    pub comm: ProcText,
+    #[serde(flatten)]
+    pub argv: Argv,
+    pub gateway: bool,
+    /// Its parent now (not its spawner, once reparented).
+    pub ppid: u32,
+    /// `alive`, `zombie` or `exited` (an exited spawner the lineage runs through).
+    pub state: State,
+    /// Its wait(2) status, once it exited (`null` when only /proc told of the exit).
+    pub status: Option<u32>,
+    pub called_setsid: bool,
+    /// Learnt from /proc after a loss: its lineage may be incomplete.
+    pub uncertain: bool,
+    /// The flags it holds.
+    pub flags: Vec<Reason>,
+    /// What it spawned, in the order it forked them.
+    pub spawned: Vec<Branch>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    #[default]
+    Alive,
+    Zombie,
+    Exited,
+}
+
+/// The tree of the live (and zombie) processes `wanted` picks, each with the spawners its
+/// lineage runs through (exited ones too), from the gateways down; `flags` marks them.
+pub fn alive_tree(
+    graph: &LineageGraph,
+    flags: &BTreeMap<NodeId, Vec<Reason>>,
+    wanted: impl Fn(&Node) -> bool,
+) -> Vec<Branch> {
     let mut keep: HashSet<NodeId> = HashSet::new();
-    for node in graph.alive().chain(graph.zombies()) {
+    for node in graph.alive().chain(graph.zombies()).filter(|n| wanted(n)) {
         let mut at = Some(node);
         while let Some(n) = at {
             if !keep.insert(n.id) {
@@ -20,16 +64,13 @@ pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reas
             at = n.spawner.and_then(|s| graph.node(s));
         }
     }
-    if keep.is_empty() {
-        return "no tracked process is alive\n".to_owned();
-    }
     let mut roots: Vec<&Node> = keep
         .iter()
         .filter_map(|&id| graph.node(id))
         .filter(|n| n.spawner.is_none_or(|s| !keep.contains(&s)))
         .collect();
     roots.sort_by_key(|n| (!n.is_gateway, n.id));
-    // Who spawned whom among the nodes drawn, in one pass.
+    // Who spawned whom among the nodes kept, in one pass.
     let mut kids: HashMap<NodeId, Vec<&Node>> = HashMap::new();
     for n in keep.iter().filter_map(|&id| graph.node(id)) {
         if let Some(s) = n.spawner.filter(|s| keep.contains(s)) {
@@ -39,83 +80,121 @@ pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reas
     for list in kids.values_mut() {
         list.sort_by_key(|n| (n.forked_at.unwrap_or(0), n.id));
     }
-    let tree = Tree { flags, kids };
-    let mut out = String::from("still alive, by lineage (spawner edges):\n");
-    for root in roots {
-        tree.render(root, "", Branch::Root, &mut out);
-    }
-    out
+    let build = Build { flags, kids };
+    roots.into_iter().map(|r| build.branch(r)).collect()
 }
 
-/// What is drawn: the nodes kept, by spawner, and the flags to mark them with.
-struct Tree<'a> {
+/// What a tree is built from: the nodes kept, by spawner, and their flags.
+struct Build<'a> {
     flags: &'a BTreeMap<NodeId, Vec<Reason>>,
     kids: HashMap<NodeId, Vec<&'a Node>>,
 }
 
+impl Build<'_> {
+    fn branch(&self, n: &Node) -> Branch {
+        let state = match (n.exited, n.reaped_at) {
+            (None, _) => State::Alive,
+            (Some(_), None) => State::Zombie,
+            (Some(_), Some(_)) => State::Exited,
+        };
+        let kids: &[&Node] = self.kids.get(&n.id).map_or(&[], Vec::as_slice);
+        Branch {
+            pid: n.pid,
+            start: n.start.boottime_ns(),
+            comm: ProcText::new("comm", n.comm),
+            argv: Argv::new(n.argv.clone()),
+            gateway: n.is_gateway,
+            ppid: n.ppid,
+            state,
+            status: n.exited.and_then(|e| e.status),
+            called_setsid: n.called_setsid,
+            uncertain: n.uncertain,
+            flags: self.flags.get(&n.id).cloned().unwrap_or_default(),
+            spawned: kids.iter().map(|k| self.branch(k)).collect(),
+        }
+    }
+}
+
+/// The tree drawn for people, under `title`; `empty` when there is nothing to draw.
+pub fn render(roots: &[Branch], title: &str, empty: &str) -> String {
+    if roots.is_empty() {
+        return format!("{empty}\n");
+    }
+    let mut out = format!("{title}\n");
+    for root in roots {
+        draw(root, "", Glyph::Root, &mut out);
+    }
+    out
+}
+
+/// The summary's closing picture: every live process, by lineage.
+pub fn render_alive_tree(graph: &LineageGraph, flags: &BTreeMap<NodeId, Vec<Reason>>) -> String {
+    render(
+        &alive_tree(graph, flags, |_| true),
+        "still alive, by lineage (spawner edges):",
+        "no tracked process is alive",
+    )
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Branch {
+enum Glyph {
     Root,
     Middle,
     Last,
 }
 
-impl Tree<'_> {
-    fn render(&self, node: &Node, prefix: &str, branch: Branch, out: &mut String) {
-        let glyph = match branch {
-            Branch::Root => "",
-            Branch::Middle => "├─ ",
-            Branch::Last => "└─ ",
+fn draw(b: &Branch, prefix: &str, glyph: Glyph, out: &mut String) {
+    let mark = match glyph {
+        Glyph::Root => "",
+        Glyph::Middle => "├─ ",
+        Glyph::Last => "└─ ",
+    };
+    let mut line = describe(b);
+    if !b.flags.is_empty() {
+        let names: Vec<&str> = b.flags.iter().map(|r| r.name()).collect();
+        let _ = write!(line, " LEAK: {}", names.join(", "));
+    }
+    let _ = writeln!(out, "{prefix}{mark}{line}");
+    let child_prefix = match glyph {
+        Glyph::Root => prefix.to_owned(),
+        Glyph::Middle => format!("{prefix}│  "),
+        Glyph::Last => format!("{prefix}   "),
+    };
+    for (i, kid) in b.spawned.iter().enumerate() {
+        let g = match i + 1 == b.spawned.len() {
+            true => Glyph::Last,
+            false => Glyph::Middle,
         };
-        let mut line = describe(node);
-        if let Some(reasons) = self.flags.get(&node.id) {
-            let names: Vec<&str> = reasons.iter().map(|r| r.name()).collect();
-            let _ = write!(line, " LEAK: {}", names.join(", "));
-        }
-        let _ = writeln!(out, "{prefix}{glyph}{line}");
-        let kids: &[&Node] = self.kids.get(&node.id).map_or(&[], Vec::as_slice);
-        let child_prefix = match branch {
-            Branch::Root => prefix.to_owned(),
-            Branch::Middle => format!("{prefix}│  "),
-            Branch::Last => format!("{prefix}   "),
-        };
-        for (i, kid) in kids.iter().enumerate() {
-            let b = if i + 1 == kids.len() {
-                Branch::Last
-            } else {
-                Branch::Middle
-            };
-            self.render(kid, &child_prefix, b, out);
-        }
+        draw(kid, &child_prefix, g, out);
     }
 }
 
-fn describe(n: &Node) -> String {
-    let mut s = format!("{} ({})", n.pid, escape_for_terminal(n.comm.as_bytes()));
-    if n.is_gateway {
+fn describe(b: &Branch) -> String {
+    let mut s = format!("{} ({})", b.pid, b.comm.for_terminal());
+    if b.gateway {
         s.push_str(" gateway");
     }
-    if !n.argv.is_empty() {
-        let _ = write!(s, " `{}`", n.argv.for_terminal());
+    if !b.argv.args().is_empty() {
+        let _ = write!(s, " `{}`", b.argv.for_terminal());
     }
-    match (n.exited, n.reaped_at) {
-        (Some(e), Some(_)) => {
-            let _ = write!(s, " [{}]", describe_status(e.status));
+    match b.state {
+        State::Exited => {
+            let _ = write!(s, " [{}]", describe_status(b.status));
         }
-        (Some(e), None) => {
+        State::Zombie => {
             let _ = write!(
                 s,
                 " [ZOMBIE, {}, not reaped by {}]",
-                describe_status(e.status),
-                n.ppid
+                describe_status(b.status),
+                b.ppid
             );
         }
-        (None, _) => {
-            let _ = write!(s, " [alive, parent {}", n.ppid);
-            if n.called_setsid {
+        State::Alive => {
+            let _ = write!(s, " [alive, parent {}", b.ppid);
+            if b.called_setsid {
                 s.push_str(", called setsid");
             }
-            if n.uncertain {
+            if b.uncertain {
                 s.push_str(", uncertain");
             }
             s.push(']');

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
+use crate::leaks::Reason;
 use crate::lineage::graph::{Change, LineageGraph};
 
 pub use super::fields::{Argv, ProcBytes, ProcText};
@@ -201,6 +202,40 @@ impl Event {
             (Change::Setsid { .. }, Some(n)) => Event::Setsid(Setsid { pid, sid: n.sid }),
             _ => return None,
         })
+    }
+
+    /// The process the event is about; none for the run's own (`ready`, `lost`, `note`,
+    /// `summary`, the verdict).
+    pub fn pid(&self) -> Option<u32> {
+        Some(match self {
+            Event::Snapshot(e) => e.pid,
+            Event::Gateway(e) => e.pid,
+            Event::Fork(e) => e.pid,
+            Event::Exec(e) => e.pid,
+            Event::Exit(e) => e.pid,
+            Event::Reaped(e) => e.pid,
+            Event::Setsid(e) => e.pid,
+            Event::Reparent(e) => e.pid,
+            Event::Flag(e) => e.pid,
+            Event::Kill(e) => e.pid,
+            Event::Cleared(e) => e.pid,
+            Event::StopCommand(e) => e.pid,
+            Event::Ready(_)
+            | Event::Lost(_)
+            | Event::Summary(_)
+            | Event::Check(_)
+            | Event::Note(_) => return None,
+        })
+    }
+
+    /// The rule of a flag, a flag cleared or a kill.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Event::Flag(e) => Some(e.reason),
+            Event::Kill(e) => Some(e.reason),
+            Event::Cleared(e) => Some(e.reason),
+            _ => None,
+        }
     }
 
     /// The `event` name on the wire.

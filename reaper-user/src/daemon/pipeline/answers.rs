@@ -3,9 +3,17 @@
 //! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
 //! /proc files at most.
 use super::Pipeline;
-use crate::api::{Answer, Asked, Held, Kill, Process, Query, Status};
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::api::{
+    Answer, Asked, Branch, FollowFilter, Held, Kill, Process, Query, Status, TreeFilter,
+};
 use crate::kill;
 use crate::leaks::flags;
+use crate::lineage::graph::Node;
+use crate::output::follow::Follower;
+use crate::output::tree::alive_tree;
 use crate::procfs::boottime_now;
 use crate::sites::NamedThisRound;
 
@@ -15,6 +23,8 @@ impl Pipeline {
         let answer: Answer = match query.asked {
             Asked::Status => serde_json::to_vec(&self.status()).ok(),
             Asked::Process(pid) => self.process(pid).and_then(|p| serde_json::to_vec(&p).ok()),
+            Asked::Tree(filter) => self.tree(&filter).and_then(|t| serde_json::to_vec(&t).ok()),
+            Asked::Follow { filter, lines } => self.follow(&filter, lines).then(Vec::new),
         };
         // A client that went away meanwhile does not want it.
         let _ = query.reply.send(answer);
@@ -26,7 +36,47 @@ impl Pipeline {
             gateways: self.gateway_pids(),
             tracked: self.graph.live_count(),
             uptime_secs: boottime_now().saturating_sub(self.started) / 1_000_000_000,
+            followers: self.out.followers(),
         }
+    }
+
+    /// Sends the stream's lines from now on to `lines`, those `filter` picks; false for a
+    /// `pid` not tracked.
+    fn follow(&mut self, filter: &FollowFilter, lines: mpsc::Sender<Bytes>) -> bool {
+        let descendants: Vec<u32> = match filter.pid {
+            Some(pid) => {
+                let Some(top) = self.graph.current(pid).map(|n| n.id) else {
+                    return false;
+                };
+                let graph = &self.graph;
+                graph
+                    .alive()
+                    .chain(graph.zombies())
+                    .filter(|n| graph.chain(n.id).iter().any(|c| c.id == top))
+                    .map(|n| n.pid)
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        self.out.follow(Follower::new(filter, lines, descendants));
+        true
+    }
+
+    /// The live tree of the processes `filter` picks; none for a `gateway` not tracked.
+    fn tree(&self, filter: &TreeFilter) -> Option<Vec<Branch>> {
+        let under = match filter.gateway {
+            Some(pid) => Some(self.graph.current(pid)?.id),
+            None => None,
+        };
+        let flags = flags::active_by_node(&self.inspector);
+        let wanted = |n: &Node| {
+            under.is_none_or(|u| self.graph.chain(n.id).iter().any(|c| c.id == u))
+                && filter
+                    .reason
+                    .is_none_or(|r| flags.get(&n.id).is_some_and(|held| held.contains(&r)))
+                && filter.kind.as_deref().is_none_or(|k| runs(n, k))
+        };
+        Some(alive_tree(&self.graph, &flags, wanted))
     }
 
     /// The process the graph knows by `pid` now (the live one, or the last one that had it),
@@ -70,4 +120,14 @@ impl Pipeline {
             detail,
         })
     }
+}
+
+/// Whether `n`'s executable or command line contains `text`.
+fn runs(n: &Node, text: &str) -> bool {
+    let text = text.as_bytes();
+    if text.is_empty() {
+        return true;
+    }
+    let has = |hay: &[u8]| hay.windows(text.len()).any(|w| w == text);
+    n.filename.as_deref().is_some_and(has) || has(&n.argv.iter().collect::<Vec<_>>().join(&b' '))
 }

@@ -164,6 +164,9 @@ pub struct Delivery {
     pub tracked_full: u64,
     /// `kernel_events == received + dropped`: nothing vanished unaccounted for.
     pub consistent: bool,
+    /// Followers of the API's event stream (`/v1/events?follow`) dropped because they did
+    /// not keep up; the stream itself lost nothing for them.
+    pub followers_dropped: u64,
 }
 
 /// From an event in the kernel to the end of the batch that applied it to the graph.
