@@ -119,6 +119,11 @@ pub struct Cli {
     #[arg(long, value_name = "SOCKET", default_value = "auto", value_parser = parse_api)]
     pub api: Api,
 
+    /// Open the API's socket to this group too (a name or a number): mode 0660, and its
+    /// members' connections are taken (root and reaper-trace's own user always are).
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub api_group: Option<u32>,
+
     /// Stop after this long (e.g. 30s, 10m, 2h). Otherwise: on SIGINT/SIGTERM, or when the
     /// gateways have exited and no tracked process is left (never, with a selector other than
     /// --gateway-pid: a gateway may start again).
@@ -309,6 +314,18 @@ fn parse_api(s: &str) -> Result<Api, String> {
     })
 }
 
+/// `--api-group`: a group's name or number, as its gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group named `{s}`")),
+        Err(e) => Err(format!("looking up the group `{s}`: {e}")),
+    }
+}
+
 /// `--kill-reasons`: the flags a kill may follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KillReasons(pub Vec<Reason>);
@@ -483,6 +500,9 @@ impl Cli {
         }
         if self.scan_interval < Duration::from_millis(100) {
             return Err("--scan-interval must be at least 100ms".into());
+        }
+        if self.api_group.is_some() && self.api == Api::Off {
+            return Err("--api-group opens the API's socket: not with --api off".into());
         }
         Ok(())
     }

@@ -328,3 +328,86 @@ fn followers_become(socket: &std::path::Path, n: u64) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+#[test]
+fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
+    let test = "the_api_group_may_ask_and_a_user_outside_it_may_not";
+    if !require_root(test) {
+        return;
+    }
+    const GROUP: u32 = 4242;
+    let dir = reaper_tests::scratch(test);
+    let go = dir.join("go");
+    assert!(Command::new("mkfifo").arg(&go).status().unwrap().success());
+    let socket = std::path::PathBuf::from(format!("/tmp/reaper-api-g-{}.sock", std::process::id()));
+    // The client as `nobody` runs from a copy any user may execute (the checkout's directory
+    // may be root's alone).
+    let client = dir.join("reaper-trace");
+    std::fs::copy(reaper_trace(), &client).unwrap();
+    let as_nobody = |groups: &'static [libc::gid_t], gw: &str| {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(&client);
+        command.args(["why", gw, "--api", socket.to_str().unwrap()]);
+        // SAFETY: setgroups, setgid and setuid only, between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command.output().expect("run the client as nobody")
+    };
+    let mut asked = None;
+    let run = reaper_tests::run_reaper_until(
+        &[
+            "--api",
+            socket.to_str().unwrap(),
+            "--api-group",
+            &GROUP.to_string(),
+            "--",
+            "sh",
+            "-c",
+            &format!("read _ < {}", go.display()),
+        ],
+        &[],
+        &dir.join("release"),
+        ("both clients answered", Then::Release),
+        |events| {
+            let Some(ready) = events.iter().find(|e| e["event"] == "ready") else {
+                return false;
+            };
+            let gw = pid(&ready["gateway"][0]).to_string();
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(&socket).unwrap();
+            asked = Some((
+                (meta.mode() & 0o777, meta.gid()),
+                as_nobody(&[GROUP], &gw),
+                as_nobody(&[], &gw),
+            ));
+            std::fs::write(&go, b"\n").unwrap();
+            true
+        },
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let ((mode, gid), member, outsider) = asked.unwrap();
+    assert_eq!((mode, gid), (0o660, GROUP), "the socket is the group's");
+    let said = String::from_utf8_lossy(&member.stdout).into_owned();
+    assert!(member.status.success(), "a member asks: {said}{:?}", member);
+    assert!(
+        said.contains("gateway") || said.starts_with("pid "),
+        "{said}"
+    );
+    let said = String::from_utf8_lossy(&outsider.stdout).into_owned();
+    assert_eq!(outsider.status.code(), Some(1), "{said}");
+    assert!(said.contains("may be asked by root only"), "{said}");
+
+    // Without a run to ask, a bad group is a usage error.
+    let bad = reaper_tests::run_reaper(&["--api-group", "no-such-group-here", "--", "true"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", bad.stderr);
+    assert!(bad.stderr.contains("no group named"), "{}", bad.stderr);
+}

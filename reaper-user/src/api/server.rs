@@ -1,6 +1,7 @@
 //! Serves the API on its UNIX socket: one hyper HTTP/1 connection per client, each request a
-//! [`Query`] the event loop answers at its housekeeping tick. Only root and reaper-trace's own
-//! user may ask (the socket is 0600, and each connection's peer credentials are checked too).
+//! [`Query`] the event loop answers at its housekeeping tick. Only root, reaper-trace's own
+//! user and the members of `--api-group` may ask (the socket is 0600, or 0660 and the group's;
+//! each connection's peer credentials are checked too).
 use std::convert::Infallible;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,9 +32,38 @@ impl Drop for SocketFile {
     }
 }
 
+/// Who may ask: root, reaper-trace's own user, and the members of `--api-group`.
+#[derive(Clone, Copy, Debug)]
+pub struct Access {
+    pub group: Option<u32>,
+}
+
+impl Access {
+    /// Whether the peer `cred` may ask. A member of the group by a supplementary group is
+    /// found in its /proc status (the credentials carry the primary one only).
+    fn allows(&self, cred: &tokio::net::unix::UCred) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if cred.uid() == 0 || cred.uid() == me {
+            return true;
+        }
+        let Some(group) = self.group else {
+            return false;
+        };
+        let supplementary = || {
+            let pid = cred.pid().and_then(|p| u32::try_from(p).ok())?;
+            let status = std::fs::read_to_string(crate::procfs::proc_path(pid, "status")).ok()?;
+            let groups = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+            Some(groups.split_whitespace().any(|g| g.parse() == Ok(group)))
+        };
+        cred.gid() == group || supplementary() == Some(true)
+    }
+}
+
 /// Binds the socket at `path` (its directory made 0755 if missing; a socket left there by a
-/// run that was killed is replaced, anything else is an error), mode 0600.
-pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile)> {
+/// run that was killed is replaced, anything else is an error), mode 0600, or 0660 and owned
+/// by `access`'s group.
+pub fn bind(path: &Path, access: Access) -> Result<(UnixListener, SocketFile)> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -51,8 +81,17 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile)> {
     let listener =
         UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
     let file = SocketFile(path.to_owned());
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("making {} 0600", path.display()))?;
+    let mode = match access.group {
+        Some(gid) => {
+            let gid = Some(nix::unistd::Gid::from_raw(gid));
+            nix::unistd::chown(path, None, gid)
+                .with_context(|| format!("giving {} to --api-group", path.display()))?;
+            0o660
+        }
+        None => 0o600,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("making {} {mode:o}", path.display()))?;
     Ok((listener, file))
 }
 
@@ -68,12 +107,16 @@ const FINISH: Duration = Duration::from_secs(1);
 
 impl Server {
     /// Serves on `listener` (its socket file `file`), asking the event loop through `queries`.
-    pub fn start(listener: UnixListener, file: SocketFile, queries: mpsc::Sender<Query>) -> Server {
+    pub fn start(
+        (listener, file): (UnixListener, SocketFile),
+        access: Access,
+        queries: mpsc::Sender<Query>,
+    ) -> Server {
         let (stop, stopped) = oneshot::channel();
         Server {
             _file: file,
             stop,
-            serving: tokio::spawn(serve(listener, queries, stopped)),
+            serving: tokio::spawn(serve(listener, access, queries, stopped)),
         }
     }
 
@@ -89,6 +132,7 @@ impl Server {
 /// that client's problem.
 async fn serve(
     listener: UnixListener,
+    access: Access,
     queries: mpsc::Sender<Query>,
     mut stop: oneshot::Receiver<()>,
 ) {
@@ -101,12 +145,7 @@ async fn serve(
             },
             _ = &mut stop => break,
         };
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        let allowed = stream
-            .peer_cred()
-            .is_ok_and(|c| c.uid() == 0 || c.uid() == me);
-        if !allowed {
+        if !stream.peer_cred().is_ok_and(|c| access.allows(&c)) {
             continue; // dropped: closed without an answer
         }
         let queries = queries.clone();

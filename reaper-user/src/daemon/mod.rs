@@ -16,7 +16,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    api::server::Server,
+    api::server::{Access, Server},
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
@@ -152,7 +152,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         None => None,
     };
     // Bound before privileges are dropped (/run is root's).
-    let api = api_socket(&cli.api, &mut output)?;
+    let api = api_socket(cli, &mut output)?;
 
     crate::resident::keep_large_blocks_apart();
     let Probes {
@@ -182,9 +182,12 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         tokio::spawn(serve::serve(listener, output.metrics.registry()));
     }
     let (api, api_queries) = match api {
-        Some((listener, file)) => {
+        Some(bound) => {
             let (queries, asked) = tokio::sync::mpsc::channel(API_QUEUE);
-            (Some(Server::start(listener, file, queries)), Some(asked))
+            let access = Access {
+                group: cli.api_group,
+            };
+            (Some(Server::start(bound, access, queries)), Some(asked))
         }
         None => (None, None),
     };

@@ -5,7 +5,7 @@ use std::io::{BufWriter, Write};
 use anyhow::{Context, Result};
 use tokio::net::UnixListener;
 
-use crate::api::server::SocketFile;
+use crate::api::server::{Access, SocketFile};
 use crate::cli::{Api, Cli};
 use crate::output::{
     Output,
@@ -54,20 +54,24 @@ pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
 /// Questions of the API waiting for the event loop; a client past them waits its turn.
 pub(super) const API_QUEUE: usize = 16;
 
-/// Binds `--api`'s socket: `auto`'s failure is a note (the run goes on without it), a socket
-/// asked for by path that cannot be made fails the run.
+/// Binds `--api`'s socket (given to `--api-group`): `auto`'s failure is a note (the run goes
+/// on without it), a socket asked for by path that cannot be made fails the run.
 pub(super) fn api_socket(
-    api: &Api,
+    cli: &Cli,
     output: &mut Output,
 ) -> Result<Option<(UnixListener, SocketFile)>> {
-    match api {
+    let access = Access {
+        group: cli.api_group,
+    };
+    match &cli.api {
         Api::Off => Ok(None),
         Api::At(path) => Ok(Some(
-            crate::api::server::bind(path).with_context(|| format!("--api {}", path.display()))?,
+            crate::api::server::bind(path, access)
+                .with_context(|| format!("--api {}", path.display()))?,
         )),
         Api::Auto => {
             let path = crate::api::default_path(procfs::own_pid());
-            match crate::api::server::bind(&path) {
+            match crate::api::server::bind(&path, access) {
                 Ok(bound) => Ok(Some(bound)),
                 Err(e) => {
                     output.note(&format!("no API socket: {e:#} (--api PATH or --api off)"))?;
