@@ -113,6 +113,7 @@ pub async fn events(cli: &EventsCli) -> Result<i32> {
         match response.status() {
             StatusCode::OK => return stream_lines(response.into_body()).await,
             StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
+            StatusCode::SERVICE_UNAVAILABLE => continue, // a run that is ending
             status => {
                 let body = response.into_body().collect().await?.to_bytes();
                 bail!(
@@ -270,6 +271,8 @@ async fn ask_runs(api: Option<&Path>, path: &str) -> Result<Runs> {
         match status {
             StatusCode::OK => runs.answered.push((socket, body)),
             StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
+            // A run that is ending: as a socket left by one that ended.
+            StatusCode::SERVICE_UNAVAILABLE => continue,
             _ => bail!(
                 "{} answered {status}: {}",
                 socket.display(),
