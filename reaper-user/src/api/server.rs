@@ -15,7 +15,7 @@ use std::task::{Context as TaskContext, Poll};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::Frame;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
@@ -102,6 +102,9 @@ pub struct Server {
     serving: tokio::task::JoinHandle<()>,
 }
 
+/// How long a connection may take to send its request.
+const REQUEST_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How long the run's end waits for the answers under way (a follower's last lines).
 const FINISH: Duration = Duration::from_secs(1);
 
@@ -150,7 +153,10 @@ async fn serve(
         }
         let queries = queries.clone();
         let service = service_fn(move |req| respond(req, queries.clone()));
+        // A client that connects and sends nothing is closed after a while.
         let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(REQUEST_PATIENCE)
             .serve_connection(TokioIo::new(stream), service);
         let connection = connections.watch(connection);
         tokio::spawn(async move {
