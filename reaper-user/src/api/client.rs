@@ -87,6 +87,7 @@ pub async fn events(cli: &EventsCli) -> Result<i32> {
         pid: cli.pid,
         event: cli.event.clone(),
         reason: cli.reason,
+        queue: None,
     };
     let path = format!("/v1/events?{}", serde_urlencoded::to_string(&filter)?);
     let sockets = match &cli.api {

@@ -21,7 +21,6 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Asked, FollowFilter, Query};
-use crate::output::follow;
 
 /// The API's socket file, removed when dropped (at the run's end).
 pub struct SocketFile(PathBuf);
@@ -187,7 +186,7 @@ async fn respond(
         },
         "/v1/events" => match serde_urlencoded::from_str::<FollowFilter>(query) {
             Ok(filter) if filter.follow.is_some() => {
-                let (lines, rx) = mpsc::channel(follow::QUEUE);
+                let (lines, rx) = mpsc::channel(filter.queue());
                 follower = Some(rx);
                 Asked::Follow { filter, lines }
             }

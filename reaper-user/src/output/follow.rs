@@ -11,8 +11,10 @@ use tokio::sync::mpsc;
 use crate::leaks::Reason;
 use crate::stream::events::Event;
 
-/// Lines a follower may have waiting before it is dropped: a fork storm's few seconds.
-pub const QUEUE: usize = 8192;
+/// Lines a follower may have waiting before it is dropped, unless it asks for fewer
+/// (`queue=N`): more than a batch of the ring holds after a slow scan, so that a follower
+/// that reads is not dropped by a burst (the connection's task runs between batches).
+pub const QUEUE: usize = 65_536;
 
 /// What a follower asked for (`/v1/events?follow&pid=P&event=fork,exec&reason=R`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +29,15 @@ pub struct FollowFilter {
     pub event: Option<String>,
     /// Only events about a flag for this rule (`flag`, `cleared`, `kill`).
     pub reason: Option<Reason>,
+    /// How many lines it may fall behind before it is dropped: 2 to [`QUEUE`], the default.
+    pub queue: Option<usize>,
+}
+
+impl FollowFilter {
+    /// The queue it gets.
+    pub fn queue(&self) -> usize {
+        self.queue.unwrap_or(QUEUE).clamp(2, QUEUE)
+    }
 }
 
 /// A follower: its queue and what it asked for.

@@ -163,8 +163,7 @@ impl Output {
         if dropped > 0 {
             self.note(&format!(
                 "dropped {dropped} follower(s) of the API's event stream: they did not keep up \
-                 ({} lines waiting); the stream itself lost nothing",
-                follow::QUEUE
+                 (their queue of lines was full); the stream itself lost nothing"
             ))?;
         }
         Ok(())
