@@ -33,6 +33,9 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
     // The proof: three flags, and a count of every kind (the metrics' census) that saw the
     // pool at its limit, so the pool's silence is a judgement, not a look not yet taken.
     let mut pool_counted = None;
+    // And `why` of an accumulating instance while the run holds its flag: its kind and how
+    // many are alive, as the flag said.
+    let mut asked: Option<(serde_json::Value, std::process::Output)> = None;
     let (run, truth) = run_shape_until(
         &opts,
         "leak-accumulate",
@@ -42,6 +45,22 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
             if flags_for(events, "accumulating") < 3 {
                 return false;
             }
+            if asked.is_none() {
+                let flag = events
+                    .iter()
+                    .find(|e| e["event"] == "flag" && e["reason"] == "accumulating")
+                    .unwrap()
+                    .clone();
+                let why = std::process::Command::new(reaper_tests::reaper_trace())
+                    .args([
+                        "why",
+                        &reaper_tests::pid(&flag["pid"]).to_string(),
+                        "--json",
+                    ])
+                    .output()
+                    .expect("run reaper-trace why");
+                asked = Some((flag, why));
+            }
             let port: u16 = port.parse().unwrap();
             pool_counted = reaper_tests::scrape_metrics(port).and_then(|t| pool_series(&t));
             pool_counted.is_some()
@@ -49,6 +68,12 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
     );
     let sessions = pids(&truth["sessions"]);
     let proven = run.until_proof();
+    let (flagged, why) = asked.expect("asked");
+    assert!(why.status.success(), "{why:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&why.stdout).unwrap();
+    assert!(flagged["kind"]["pattern"].is_string(), "{flagged}");
+    assert_eq!(answer["kind"], flagged["kind"], "{answer:#}");
+    assert_eq!(answer["instances"], flagged["instances"], "{answer:#}");
     for (i, s) in sessions.iter().enumerate() {
         let want: Vec<String> = match i < 3 {
             true => vec!["accumulating".into()],

@@ -366,8 +366,16 @@ fn readable(p: &Process) -> String {
         (false, true) => format!("--kill would act (this run does not kill): {}", p.kill.why),
         (_, false) => format!("--kill would not act: {}", p.kill.why),
     };
+    let kind = match (&d.kind, d.instances) {
+        (Some(k), Some(n)) => format!(
+            "\n  kind `{}`: {n} alive under its gateway instance (the newest {})",
+            escape_for_terminal(k.pattern.as_bytes()),
+            d.newest.unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
     format!(
-        "pid {me}: {state}, {flags}\n  lineage: {}\n  {facts}\n  {kill}",
+        "pid {me}: {state}, {flags}\n  lineage: {}\n  {facts}{kind}\n  {kill}",
         lineage.join(" > ")
     )
 }

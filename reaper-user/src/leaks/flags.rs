@@ -2,7 +2,7 @@
 //! findings and the lineage graph.
 use std::collections::BTreeMap;
 
-use crate::leaks::{Change, Evidence, Flagged, Inspector, Reason};
+use crate::leaks::{Change, Crowd, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::facts::{FdKind, read_rss_kib};
 use crate::procfs::sockets::SocketKind;
@@ -162,17 +162,22 @@ pub fn change_event(graph: &LineageGraph, change: &Change, now: u64) -> Option<E
     })
 }
 
+/// A kind's evidence: its executable and pattern, its live instances and the newest one.
+pub fn add_crowd(detail: &mut LeakDetail, c: &Crowd) {
+    detail.kind = Some(KindEvidence {
+        exe: String::from_utf8_lossy(&c.exe).into_owned(),
+        pattern: c.pattern.clone(),
+    });
+    detail.instances = Some(c.instances as u64);
+    detail.newest = Some(c.newest);
+}
+
 fn flag_event(graph: &LineageGraph, f: &Flagged, now: u64) -> Option<Event> {
     let node = graph.node(f.node)?;
     let idle_secs = (f.reason == Reason::Idle).then(|| now.saturating_sub(f.since) as f64 / 1e9);
     let mut detail = detail(graph, node, f.evidence.as_ref());
     if let Some(c) = &f.crowd {
-        detail.kind = Some(KindEvidence {
-            exe: String::from_utf8_lossy(&c.exe).into_owned(),
-            pattern: c.pattern.clone(),
-        });
-        detail.instances = Some(c.instances as u64);
-        detail.newest = Some(c.newest);
+        add_crowd(&mut detail, c);
     }
     Some(Event::Flag(Flag {
         pid: f.pid,

@@ -22,7 +22,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::channels::{self, Holders};
-use super::findings::{Change, Evidence, Flagged, Reason};
+use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
 use super::peers::PeerIndex;
 use super::rules::accumulating::{Crowds, Verdict, Watched};
 use super::rules::orphaned::Breaks;
@@ -185,6 +185,13 @@ impl Inspector {
             .iter()
             .map(|(id, (_, since))| (*id, Reason::Zombie, *since));
         live.chain(zombies)
+    }
+
+    /// `id`'s kind and its live instances now, as an `accumulating` flag would give them.
+    pub fn crowd_of(&mut self, graph: &LineageGraph, id: NodeId) -> Option<Crowd> {
+        let servers = self.servers(graph);
+        let watched = Looked(&self.watches);
+        self.crowds.crowd_of(graph, &servers, id, &watched)
     }
 
     /// One round at boot-time `now`: samples what is due, applies the rules, and returns the

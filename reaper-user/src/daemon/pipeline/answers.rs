@@ -88,6 +88,9 @@ impl Pipeline {
             false => None,
         };
         let mut detail = flags::detail(&self.graph, node, evidence.as_ref());
+        if let Some(crowd) = self.inspector.crowd_of(&self.graph, node.id) {
+            flags::add_crowd(&mut detail, &crowd);
+        }
         let (id, start, alive) = (node.id, node.start.boottime_ns(), node.alive());
         let exited = node.exited.map(|e| e.ts);
         let flags: Vec<Held> = self

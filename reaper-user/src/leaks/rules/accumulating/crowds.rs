@@ -156,6 +156,33 @@ impl Crowds {
         verdict
     }
 
+    /// What an `accumulating` flag would say of `id`'s kind now: its server's kind under
+    /// its gateway instance, and how many live instances it has. None for a process that is
+    /// no instance yet (not looked at, or outside any gateway's lineage).
+    pub fn crowd_of(
+        &mut self,
+        graph: &LineageGraph,
+        servers: &[Vec<NodeId>],
+        id: NodeId,
+        watched: &impl Watched,
+    ) -> Option<Crowd> {
+        let top = servers.iter().find(|s| s.contains(&id))?[0];
+        let instances: Vec<Instance> = servers
+            .iter()
+            .filter_map(|s| self.instance(graph, s[0], watched))
+            .collect();
+        let groups = groups(instances);
+        let g = groups
+            .iter()
+            .find(|g| g.members.iter().any(|i| i.node == top))?;
+        Some(Crowd {
+            exe: g.kind().exe().into(),
+            pattern: g.pattern(),
+            instances: g.members.len(),
+            newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
+        })
+    }
+
     /// `top` as an instance of its kind, once its server is known: it and its spawner were
     /// looked at (a wrapper's child looked at before the wrapper would count as an instance of
     /// its own kind for a moment). None for a process outside any gateway's lineage.
