@@ -322,7 +322,8 @@ fn parse_group(s: &str) -> Result<u32, String> {
     match nix::unistd::Group::from_name(s) {
         Ok(Some(group)) => Ok(group.gid.as_raw()),
         Ok(None) => Err(format!("no group named `{s}`")),
-        Err(e) => Err(format!("looking up the group `{s}`: {e}")),
+        // No group database at all (a bare container) is no such group either.
+        Err(e) => Err(format!("no group named `{s}` (looking it up: {e})")),
     }
 }
 
