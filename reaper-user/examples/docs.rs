@@ -10,11 +10,12 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 use reaper_user::api::client::{EventsCli, TreeCli, WhyCli};
+use reaper_user::api::top::TopCli;
 use reaper_user::{cli::Cli, report::ReportCli};
 
 fn main() -> Result<()> {
     let out = PathBuf::from(std::env::args_os().nth(1).context("usage: docs OUT_DIR")?);
-    // `report` and the API's clients (`why`, `tree`, `events`) are parsed apart from the
+    // `report` and the API's clients (`why`, `tree`, `events`, `top`) are parsed apart from the
     // tracer's command line (which ends with any CMD); people meet them as subcommands, so
     // the pages and completions show them so.
     let report = ReportCli::command().name("report");
@@ -22,7 +23,8 @@ fn main() -> Result<()> {
         .subcommand(report.clone())
         .subcommand(WhyCli::command().name("why"))
         .subcommand(TreeCli::command().name("tree"))
-        .subcommand(EventsCli::command().name("events"));
+        .subcommand(EventsCli::command().name("events"))
+        .subcommand(TopCli::command().name("top"));
 
     let man = out.join("man");
     fs::create_dir_all(&man)?;

@@ -1,11 +1,13 @@
 //! `reaper-trace`: see `reaper_user::cli::Cli` for the command line,
 //! `reaper_user::report::ReportCli` for `reaper-trace report`, and
 //! `reaper_user::api::client::WhyCli` for `reaper-trace why` and `TreeCli` for
-//! `reaper-trace tree` and `EventsCli` for `reaper-trace events`.
+//! `reaper-trace tree` and `EventsCli` for `reaper-trace events`; `api::top::TopCli` for
+//! `reaper-trace top`.
 use std::future::Future;
 
 use clap::Parser;
 use reaper_user::api::client::{self, EventsCli, TreeCli, WhyCli};
+use reaper_user::api::top::{self, TopCli};
 use reaper_user::{cli::Cli, daemon, exit_status, report};
 
 fn main() {
@@ -19,6 +21,13 @@ fn main() {
     if word.as_ref().is_some_and(|a| a == "tree") {
         let cli = TreeCli::parse_from(rest("reaper-trace tree"));
         std::process::exit(ask(client::tree(&cli)));
+    }
+    if word.as_ref().is_some_and(|a| a == "top") {
+        let cli = TopCli::parse_from(rest("reaper-trace top"));
+        std::process::exit(on_runtime(top::top(&cli)).unwrap_or_else(|e| {
+            eprintln!("reaper-trace: error: {e:#}");
+            exit_status::FAILURE
+        }));
     }
     if word.as_ref().is_some_and(|a| a == "events") {
         let cli = EventsCli::parse_from(rest("reaper-trace events"));

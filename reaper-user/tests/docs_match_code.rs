@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use clap::CommandFactory;
 use reaper_user::api::client::{EventsCli, TreeCli, WhyCli};
+use reaper_user::api::top::TopCli;
 use reaper_user::{cli::Cli, leaks::rules, report::ReportCli};
 
 const README: &str = include_str!("../../README.md");
@@ -143,6 +144,7 @@ fn each_subcommands_options_table_names_every_option_with_its_default() {
         ("why", WhyCli::command()),
         ("tree", TreeCli::command()),
         ("events", EventsCli::command()),
+        ("top", TopCli::command()),
     ] {
         let title = format!("## `reaper-trace {word}`");
         let section = CLI_DOC
@@ -172,6 +174,7 @@ fn every_option_the_readme_names_exists() {
         WhyCli::command(),
         TreeCli::command(),
         EventsCli::command(),
+        TopCli::command(),
     ]
     .into_iter()
     .flat_map(parser_options)

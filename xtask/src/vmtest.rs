@@ -299,6 +299,7 @@ const HOST_ONLY_TESTS: &[&str] = &[
     "python_sites",
     "go_sites",
     "mcp_sdk",
+    "top",
 ];
 
 /// Release builds of the binaries and of the kernel integration tests; returns the test

@@ -285,7 +285,7 @@ async fn ask_runs(api: Option<&Path>, path: &str) -> Result<Runs> {
 }
 
 /// The runs' sockets, oldest name first.
-fn run_sockets() -> Result<Vec<PathBuf>> {
+pub(super) fn run_sockets() -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = match std::fs::read_dir(SOCKET_DIR) {
         Ok(entries) => entries
             .flatten()
@@ -306,7 +306,7 @@ fn permission_denied(e: &anyhow::Error) -> bool {
 }
 
 /// `GET path` on the API at `socket`: the status and the whole body.
-async fn get(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)> {
+pub(super) async fn get(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)> {
     let response = request(socket, path).await?;
     let status = response.status();
     let body = response.into_body().collect().await?.to_bytes();
@@ -328,7 +328,7 @@ async fn request(socket: &Path, path: &str) -> Result<hyper::Response<hyper::bod
 
 /// The answer for people: the process and its flags; its lineage from the gateway down, each
 /// member alive or when it exited; then the evidence a flag would give.
-fn readable(p: &Process) -> String {
+pub(super) fn readable(p: &Process) -> String {
     let d = &p.detail;
     let me = who(p.pid, &d.comm, &d.argv);
     let ago = |ts: u64| human_duration(p.now.saturating_sub(ts));

@@ -10,6 +10,8 @@
 //! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R]`: the live lineage tree, its roots
 //!   ([`Branch`]es), of the processes each given filter picks ([`TreeFilter`]); 404 for a
 //!   `gateway` it does not track.
+//! - `GET /v1/kinds`: the kinds with the most live instances under one gateway instance at
+//!   the last count, most first ([`KindCount`]; the rest as `other`, as the metrics name them).
 //! - `GET /v1/events?follow[&pid=PID][&event=NAMES][&reason=R]`: the stream's lines from now
 //!   on, as long as the client reads them ([`FollowFilter`]; `application/x-ndjson`); 404 for
 //!   a `pid` it does not track. A follower that does not keep up is dropped (see
@@ -28,6 +30,7 @@ pub use crate::output::tree::Branch;
 
 pub mod client;
 pub mod server;
+pub mod top;
 
 /// Where the runs' sockets are: `PID.sock` for each run (see [`default_path`]).
 pub const SOCKET_DIR: &str = "/run/reaper-trace";
@@ -49,6 +52,7 @@ pub enum Asked {
     Status,
     Process(u32),
     Tree(TreeFilter),
+    Kinds,
     /// The stream from now on, what `filter` picks, sent to `lines`.
     Follow {
         filter: FollowFilter,
@@ -69,6 +73,15 @@ pub struct TreeFilter {
     pub kind: Option<String>,
     /// Those holding a flag for this reason.
     pub reason: Option<Reason>,
+}
+
+/// A kind and its live instances (`/v1/kinds`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KindCount {
+    /// The instances' command line, with the values they differ in as `*`.
+    pub kind: String,
+    pub instances: u64,
 }
 
 /// What the event loop answered: the body's JSON, or `None` for a process it does not track

@@ -180,6 +180,7 @@ async fn respond(
     let mut follower = None;
     let asked = match req.uri().path() {
         "/v1/status" => Asked::Status,
+        "/v1/kinds" => Asked::Kinds,
         "/v1/tree" => match serde_urlencoded::from_str(query) {
             Ok(filter) => Asked::Tree(filter),
             Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}"))),

@@ -51,6 +51,8 @@ pub struct Pipeline {
     killer: Option<Killer>,
     /// `--kill-reasons` (given or not): what `why` says `--kill` would follow.
     kill_reasons: Vec<Reason>,
+    /// The kinds with the most live instances at the last count (the API's `/v1/kinds`).
+    kinds: Vec<(String, u64)>,
     out: Output,
     /// The flagged processes' memory, for the gauge.
     flagged_rss: flags::RssCache,
@@ -79,6 +81,7 @@ impl Pipeline {
             inspector: Inspector::new(inspect),
             killer,
             kill_reasons: Vec::new(),
+            kinds: Vec::new(),
             out,
             flagged_rss: flags::RssCache::default(),
             sites: None,
@@ -353,7 +356,10 @@ impl Pipeline {
             graph_nodes: self.graph.len(),
             flagged: flagged.active,
             flagged_rss_kib: flagged.rss_kib,
-            kinds: self.inspector.take_census(),
+            kinds: self
+                .inspector
+                .take_census()
+                .inspect(|k| self.kinds.clone_from(k)),
             took: began.elapsed(),
         });
         // Naming read objects' symbols and line tables, megabytes freed at once: their pages

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::api::{
-    Answer, Asked, Branch, FollowFilter, Held, Kill, Process, Query, Status, TreeFilter,
+    Answer, Asked, Branch, FollowFilter, Held, Kill, KindCount, Process, Query, Status, TreeFilter,
 };
 use crate::kill;
 use crate::leaks::flags;
@@ -23,6 +23,7 @@ impl Pipeline {
         let answer: Answer = match query.asked {
             Asked::Status => serde_json::to_vec(&self.status()).ok(),
             Asked::Process(pid) => self.process(pid).and_then(|p| serde_json::to_vec(&p).ok()),
+            Asked::Kinds => serde_json::to_vec(&self.kinds()).ok(),
             Asked::Tree(filter) => self.tree(&filter).and_then(|t| serde_json::to_vec(&t).ok()),
             Asked::Follow { filter, lines } => self.follow(&filter, lines).then(Vec::new),
         };
@@ -38,6 +39,16 @@ impl Pipeline {
             uptime_secs: boottime_now().saturating_sub(self.started) / 1_000_000_000,
             followers: self.out.followers(),
         }
+    }
+
+    fn kinds(&self) -> Vec<KindCount> {
+        let counts = self.kinds.iter();
+        counts
+            .map(|(kind, instances)| KindCount {
+                kind: kind.clone(),
+                instances: *instances,
+            })
+            .collect()
     }
 
     /// Sends the stream's lines from now on to `lines`, those `filter` picks; false for a

@@ -1,0 +1,327 @@
+//! `reaper-trace top`: a live full-screen view of a running audit, refreshed from its API:
+//! the gateways with their live descendants and the memory they hold, the kinds with the
+//! most live instances, and the flags; a flagged process selected shows its `why`. Drawn with
+//! ratatui in whatever the terminal is (80x24 over SSH is enough); no colours with
+//! `NO_COLOR`.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
+use ratatui::{DefaultTerminal, Frame};
+
+use super::client::{get, readable, run_sockets};
+use super::{Branch, KindCount, Process, Status};
+use crate::output::human::human_duration;
+use crate::output::tree::State;
+use crate::text::escape_for_terminal;
+
+/// A live view of a running audit: its gateways, kinds and flags; select a flag (↑↓, Enter)
+/// to see its `why`; `q` quits.
+#[derive(Debug, Parser)]
+#[command(name = "reaper-trace top", version = crate::cli::VERSION)]
+pub struct TopCli {
+    /// The run's API socket (default: the one run in /run/reaper-trace).
+    #[arg(long, value_name = "SOCKET")]
+    pub api: Option<PathBuf>,
+    /// How often the view is refreshed.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::cli::parse_duration)]
+    pub every: Duration,
+}
+
+/// What one refresh read.
+#[derive(Default)]
+struct Snapshot {
+    status: Status,
+    gateways: Vec<GatewayRow>,
+    kinds: Vec<KindCount>,
+    flags: Vec<FlagRow>,
+}
+
+struct GatewayRow {
+    text: String,
+    descendants: usize,
+    rss_kib: u64,
+}
+
+struct FlagRow {
+    pid: u32,
+    text: String,
+}
+
+/// Runs the view until `q`; the terminal is given back as it was.
+pub async fn top(cli: &TopCli) -> Result<i32> {
+    let socket = match &cli.api {
+        Some(path) => path.clone(),
+        None => match run_sockets()?.as_slice() {
+            [one] => one.clone(),
+            [] => bail!(
+                "no reaper-trace run serves its API in {}",
+                super::SOCKET_DIR
+            ),
+            many => {
+                let all: Vec<String> = many.iter().map(|s| s.display().to_string()).collect();
+                bail!(
+                    "several runs serve their API ({}): choose one with --api",
+                    all.join(", ")
+                )
+            }
+        },
+    };
+    // Asked once before the screen is taken: a run that cannot be asked is an error in the
+    // shell, not a blank screen.
+    let first = snapshot(&socket).await?;
+    let mut terminal = ratatui::init();
+    let result = View::new(socket, first, cli.every).run(&mut terminal).await;
+    ratatui::restore();
+    result.map(|()| 0)
+}
+
+struct View {
+    socket: PathBuf,
+    now: Snapshot,
+    every: Duration,
+    selected: ListState,
+    /// The selected process's `why`, while it is shown.
+    why: Option<String>,
+    /// Why the last refresh failed (the screen keeps the one before).
+    trouble: Option<String>,
+    colour: bool,
+}
+
+impl View {
+    fn new(socket: PathBuf, now: Snapshot, every: Duration) -> View {
+        View {
+            socket,
+            now,
+            every,
+            selected: ListState::default().with_selected(Some(0)),
+            why: None,
+            trouble: None,
+            colour: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+
+    async fn run(mut self, terminal: &mut DefaultTerminal) -> Result<()> {
+        let mut next = Instant::now() + self.every;
+        loop {
+            terminal.draw(|f| self.draw(f)).context("drawing")?;
+            let wait = next.saturating_duration_since(Instant::now());
+            if event::poll(wait).context("reading the terminal")? {
+                if let Event::Key(key) = event::read().context("reading the terminal")? {
+                    if key.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    match key.code {
+                        KeyCode::Char('q') => return Ok(()),
+                        KeyCode::Esc => self.why = None,
+                        KeyCode::Down | KeyCode::Char('j') => self.selected.select_next(),
+                        KeyCode::Up | KeyCode::Char('k') => self.selected.select_previous(),
+                        KeyCode::Enter => self.toggle_why().await,
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+            // A refresh that fails (the run ended) says so on the screen and tries again.
+            match snapshot(&self.socket).await {
+                Ok(s) => (self.now, self.trouble) = (s, None),
+                Err(e) => self.trouble = Some(format!("{e:#}")),
+            }
+            next = Instant::now() + self.every;
+        }
+    }
+
+    async fn toggle_why(&mut self) {
+        if self.why.take().is_some() {
+            return;
+        }
+        let Some(row) = self.selected.selected().and_then(|i| self.now.flags.get(i)) else {
+            return;
+        };
+        let path = format!("/v1/process/{}", row.pid);
+        self.why = Some(match get(&self.socket, &path).await {
+            Ok((status, body)) if status.is_success() => {
+                match serde_json::from_slice::<Process>(&body) {
+                    Ok(p) => readable(&p),
+                    Err(e) => format!("pid {}: an answer not understood: {e}", row.pid),
+                }
+            }
+            Ok((status, _)) => format!("pid {}: {status} (it ended?)", row.pid),
+            Err(e) => format!("pid {}: {e:#}", row.pid),
+        });
+    }
+
+    fn style(&self, colour: Color) -> Style {
+        match self.colour {
+            true => Style::default().fg(colour).add_modifier(Modifier::BOLD),
+            false => Style::default().add_modifier(Modifier::BOLD),
+        }
+    }
+
+    fn draw(&mut self, f: &mut Frame) {
+        let s = &self.now.status;
+        let gateways = self.now.gateways.len().clamp(1, 6) as u16 + 1;
+        let kinds = self.now.kinds.len().clamp(1, 5) as u16 + 1;
+        let [head, gw_area, kind_area, flag_area, foot] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Length(gateways),
+            Constraint::Length(kinds),
+            Constraint::Min(3),
+            Constraint::Length(1),
+        ])
+        .areas(f.area());
+        let title = match &self.trouble {
+            Some(trouble) => format!("reaper-trace {}: {trouble}", s.pid),
+            None => format!(
+                "reaper-trace {}: up {}, {} tracked, {} flagged",
+                s.pid,
+                human_duration(s.uptime_secs.saturating_mul(1_000_000_000)),
+                s.tracked,
+                self.now.flags.len()
+            ),
+        };
+        f.render_widget(Line::styled(title, self.style(Color::Cyan)), head);
+
+        let mut lines = vec![Line::styled(
+            format!("{:<52} {:>11} {:>12}", "GATEWAY", "DESCENDANTS", "RSS"),
+            self.style(Color::Yellow),
+        )];
+        lines.extend(self.now.gateways.iter().map(|g| {
+            Line::raw(format!(
+                "{:<52} {:>11} {:>8} MiB",
+                clip(&g.text, 52),
+                g.descendants,
+                g.rss_kib / 1024
+            ))
+        }));
+        if self.now.gateways.is_empty() {
+            lines.push(Line::raw("no gateway alive"));
+        }
+        f.render_widget(Paragraph::new(lines), gw_area);
+
+        let mut lines = vec![Line::styled(
+            format!("{:>9}  {}", "INSTANCES", "KIND"),
+            self.style(Color::Yellow),
+        )];
+        lines.extend(self.now.kinds.iter().map(|k| {
+            Line::raw(format!(
+                "{:>9}  {}",
+                k.instances,
+                clip(&escape_for_terminal(k.kind.as_bytes()), 68)
+            ))
+        }));
+        if self.now.kinds.is_empty() {
+            lines.push(Line::raw("no kind counted yet"));
+        }
+        f.render_widget(Paragraph::new(lines), kind_area);
+
+        match &self.why {
+            Some(text) => {
+                let block = Block::bordered().title(" why (Esc or Enter: back) ");
+                let why = Paragraph::new(text.as_str())
+                    .block(block)
+                    .wrap(Wrap { trim: false });
+                f.render_widget(why, flag_area);
+            }
+            None => {
+                let items: Vec<ListItem> = match self.now.flags.is_empty() {
+                    true => vec![ListItem::new("no flag holds")],
+                    false => self
+                        .now
+                        .flags
+                        .iter()
+                        .map(|r| ListItem::new(r.text.as_str()))
+                        .collect(),
+                };
+                let list = List::new(items)
+                    .block(Block::new().title(Line::styled("FLAGS", self.style(Color::Yellow))))
+                    .highlight_style(Style::default().add_modifier(Modifier::REVERSED));
+                f.render_stateful_widget(list, flag_area, &mut self.selected);
+            }
+        }
+        let help = "q quit  ↑↓ select  Enter why  Esc back";
+        f.render_widget(Line::raw(help), foot);
+    }
+}
+
+/// Reads the run's status, tree and kinds, and the memory of each gateway's descendants.
+async fn snapshot(socket: &std::path::Path) -> Result<Snapshot> {
+    let ask = async |path: &str| -> Result<bytes::Bytes> {
+        let (status, body) = get(socket, path).await?;
+        match status.is_success() {
+            true => Ok(body),
+            false => bail!("{} answered {status} to {path}", socket.display()),
+        }
+    };
+    let status: Status = serde_json::from_slice(&ask("/v1/status").await?)?;
+    let roots: Vec<Branch> = serde_json::from_slice(&ask("/v1/tree").await?)?;
+    let kinds: Vec<KindCount> = serde_json::from_slice(&ask("/v1/kinds").await?)?;
+    let mut snap = Snapshot {
+        status,
+        kinds,
+        ..Snapshot::default()
+    };
+    for root in &roots {
+        let mut alive = Vec::new();
+        walk(root, &mut |b| {
+            if b.state != State::Alive {
+                return;
+            }
+            if !b.gateway || !std::ptr::eq(b, root) {
+                alive.push(b.pid);
+            }
+            if !b.flags.is_empty() {
+                let flags: Vec<&str> = b.flags.iter().map(|r| r.name()).collect();
+                snap.flags.push(FlagRow {
+                    pid: b.pid,
+                    text: format!(
+                        "{:>7} {:<16} {}",
+                        b.pid,
+                        clip(&b.comm.for_terminal(), 16),
+                        flags.join(", ")
+                    ),
+                });
+            }
+        });
+        if root.gateway {
+            snap.gateways.push(GatewayRow {
+                text: format!("{} {}", root.pid, root.argv.for_terminal()),
+                descendants: alive.len(),
+                rss_kib: alive.iter().filter_map(|&p| rss_kib(p)).sum(),
+            });
+        }
+    }
+    Ok(snap)
+}
+
+fn walk<'a>(b: &'a Branch, visit: &mut impl FnMut(&'a Branch)) {
+    visit(b);
+    for kid in &b.spawned {
+        walk(kid, visit);
+    }
+}
+
+/// A process's resident memory, from its `statm` (pages).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(crate::procfs::proc_path(pid, "statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * crate::procfs::page_size() as u64 / 1024)
+}
+
+/// At most `width` characters of `text`.
+fn clip(text: &str, width: usize) -> String {
+    match text.chars().count() > width {
+        true => text
+            .chars()
+            .take(width.saturating_sub(1))
+            .chain(['…'])
+            .collect(),
+        false => text.to_owned(),
+    }
+}

@@ -1,0 +1,134 @@
+//! `reaper-trace top` in a real terminal (tmux, 80x24) against a run that flags accumulating
+//! instances: the screen read back names the gateway with its descendants, the kind with its
+//! count and the flags; Enter shows the selected process's `why`; `q` quits and gives the
+//! terminal back. Host only (the guests have no tmux). Needs root (see `require_root`).
+use std::process::Command;
+
+use reaper_tests::{Then, flags_for, pid, reaper_trace, require_root, run_shape_until};
+
+/// The screen of tmux session `name`, as text.
+fn screen(name: &str) -> String {
+    let out = Command::new("tmux")
+        .args(["capture-pane", "-p", "-t", name])
+        .output()
+        .expect("run tmux capture-pane");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tmux(args: &[&str]) -> bool {
+    Command::new("tmux")
+        .args(args)
+        .status()
+        .expect("run tmux")
+        .success()
+}
+
+/// Waits until `name`'s screen shows what `shows` looks for; returns it.
+fn until_shown(name: &str, what: &str, shows: impl Fn(&str) -> bool) -> String {
+    let cap = std::time::Instant::now() + reaper_tests::patience();
+    loop {
+        let text = screen(name);
+        if shows(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < cap,
+            "the screen never showed {what}:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
+    let test = "top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one";
+    if !require_root(test) {
+        return;
+    }
+    let socket = format!("/tmp/reaper-api-top-{}.sock", std::process::id());
+    let session = format!("reaper-top-{}", std::process::id());
+    let mut seen: Option<(String, String, bool)> = None;
+    let (run, _truth) = run_shape_until(
+        &[
+            "--max-instances",
+            "3",
+            "--idle-after",
+            "2s",
+            "--scan-interval",
+            "250ms",
+            "--api",
+            &socket,
+        ],
+        "leak-accumulate",
+        &[],
+        ("3 accumulating flags, then top's screen", Then::Release),
+        |events| {
+            if flags_for(events, "accumulating") < 3 {
+                return false;
+            }
+            let gw = events
+                .iter()
+                .find(|e| e["event"] == "ready")
+                .map(|e| pid(&e["gateway"][0]))
+                .unwrap();
+            let command = format!(
+                "{} top --api {socket} --every 200ms",
+                reaper_trace().display()
+            );
+            assert!(tmux(&[
+                "new-session",
+                "-d",
+                "-s",
+                &session,
+                "-x",
+                "80",
+                "-y",
+                "24",
+                &command
+            ]));
+            let main = until_shown(&session, "the gateway, a kind's count and 3 flags", |s| {
+                s.contains(&format!("{gw} "))
+                    && s.lines().filter(|l| l.contains("accumulating")).count() >= 3
+                    && s.lines().any(|l| {
+                        l.split_whitespace()
+                            .next()
+                            .and_then(|n| n.parse::<u32>().ok())
+                            .is_some_and(|n| n >= 4)
+                            && l.contains("session")
+                    })
+            });
+            assert!(tmux(&["send-keys", "-t", &session, "Enter"]));
+            let why = until_shown(&session, "the selected flag's why", |s| {
+                s.contains("why (Esc") && s.contains("alive under its gateway instance")
+            });
+            assert!(tmux(&["send-keys", "-t", &session, "q"]));
+            // The session ends with top: the terminal was given back.
+            let cap = std::time::Instant::now() + reaper_tests::patience();
+            let mut ended = false;
+            while std::time::Instant::now() < cap {
+                if !tmux(&["has-session", "-t", &session]) {
+                    ended = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            seen = Some((main, why, ended));
+            true
+        },
+    );
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    let (main, why, ended) = seen.expect("top ran");
+    eprintln!("{main}\n{why}");
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(
+        main.contains("GATEWAY") && main.contains("DESCENDANTS"),
+        "{main}"
+    );
+    assert!(
+        main.lines().all(|l| l.chars().count() <= 80),
+        "fits 80 columns"
+    );
+    assert!(ended, "q quits");
+}
