@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod api;
 mod footprint;
 mod jit_stacks;
 mod kernel;
@@ -38,8 +39,9 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 10] = [
-    "overhead", "reader", "hooks", "memory", "idle", "latency", "state", "report", "before", "soak",
+const SECTIONS: [&str; 11] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "state", "report", "api", "before",
+    "soak",
 ];
 
 impl BenchOptions {
@@ -155,6 +157,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("report") {
         crate::report_bench::run(&bins.reaper, &bins.scratch)?;
+    }
+    if wanted("api") {
+        api::api(&bins, opts)?;
     }
     match (&opts.before, wanted("before")) {
         (Some(rev), true) => crate::bench_before::run(root, opts, rev)?,

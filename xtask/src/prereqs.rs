@@ -129,7 +129,7 @@ pub const TOOLS: &[Tool] = &[
     tool("promtool", Debian("prometheus"), &[Test], "the alerting rules' unit tests, metrics checks"),
     tool("xmllint", Debian("libxml2-utils"), &[Test], "the JUnit report against the JUnit schema"),
     tool("systemd-analyze", Debian("systemd"), &[Test], "the service unit, read as systemd reads it"),
-    tool("tmux", Debian("tmux"), &[Test], "a real terminal for `reaper-trace top`, its screen read back"),
+    tool("tmux", Debian("tmux"), &[Test, Bench], "a real terminal for `reaper-trace top`: its screen read back, its CPU measured"),
     tool("kubernetes-validate", PyPi("kubernetes-validate"), &[Test], "the DaemonSet against the Kubernetes schemas"),
     tool("mmdebstrap", Debian("mmdebstrap"), &[Test, Dist], "the sid root (CPython 3.13, 3.14) and the package's Debian root"),
     // What `dist` makes and its tests.

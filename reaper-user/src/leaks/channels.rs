@@ -104,6 +104,11 @@ impl Holders {
         }
     }
 
+    /// The watched processes holding `key`, as their last samples had it.
+    pub fn holding(&self, key: EndKey) -> &[NodeId] {
+        self.by_end.get(&key).map_or(&[], Vec::as_slice)
+    }
+
     fn held_only_by(&self, key: EndKey, node: NodeId) -> bool {
         self.by_end
             .get(&key)

@@ -228,7 +228,8 @@ impl Inspector {
             .iter_mut()
             .filter_map(|f| f.evidence.as_mut())
             .collect();
-        self.add_peers(graph, &mut evidence);
+        // Every live tracked process (gateways included) may hold an other end.
+        self.add_peers(graph, graph.alive(), &mut evidence);
         for e in without.iter_mut().filter_map(|f| f.evidence.as_mut()) {
             evidence::add_process_facts(e);
         }

@@ -113,6 +113,18 @@ pub(crate) fn start_sleepers_with(
     stacks: &str,
     spawner: Spawner,
 ) -> Result<Child> {
+    start_sleepers_given(bins, name, n, secs, &["--spawn-stacks", stacks], spawner)
+}
+
+/// As [`start_sleepers`], reaper-trace given `args`, the sleepers forked by `spawner`.
+pub(crate) fn start_sleepers_given(
+    bins: &Bins,
+    name: &str,
+    n: usize,
+    secs: f64,
+    args: &[&str],
+    spawner: Spawner,
+) -> Result<Child> {
     let truth = bins.scratch.join(format!("{name}.json"));
     let ready = bins.scratch.join(format!("{name}.json.ready"));
     let _ = fs::remove_file(&ready);
@@ -135,7 +147,9 @@ pub(crate) fn start_sleepers_with(
         ],
     };
     let tracer = Command::new(&bins.reaper)
-        .args(["--json", "--quiet", "--spawn-stacks", stacks, "--"])
+        .args(["--json", "--quiet"])
+        .args(args)
+        .arg("--")
         .args(&gateway)
         .stdout(Stdio::null())
         .spawn()?;

@@ -207,6 +207,18 @@ pub(crate) fn sh(script: &str) -> Result<()> {
 /// run would trace), and reaper-trace's run time (`/proc/PID/schedstat`, ns) is read after
 /// `ready`, then once the loops wrote their truth and the stream went quiet.
 pub(crate) fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> Result<LoopRun> {
+    measure_tracked_with(bins, script, truths, &[], |_| Ok(()))
+}
+
+/// [`measure_tracked`], with `args` given to reaper-trace and `on_ready` run once it is ready
+/// (before the loops start), with reaper-trace's pid.
+pub(crate) fn measure_tracked_with(
+    bins: &Bins,
+    script: &str,
+    truths: &[PathBuf],
+    args: &[&str],
+    on_ready: impl FnOnce(u32) -> Result<()>,
+) -> Result<LoopRun> {
     let (go, done) = (bins.scratch.join("go"), bins.scratch.join("done"));
     for fifo in [&go, &done] {
         let _ = fs::remove_file(fifo);
@@ -219,7 +231,9 @@ pub(crate) fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> 
     let held = format!("{}; {script}; {}", wait_for(&go), wait_for(&done));
     let out = bins.scratch.join("tracked.ndjson");
     let mut tracer = Command::new(&bins.reaper)
-        .args(["--json", "--quiet", "--", "sh", "-c", &held])
+        .args(["--json", "--quiet"])
+        .args(args)
+        .args(["--", "sh", "-c", &held])
         .stdout(fs::File::create(&out)?)
         .spawn()?;
     let pid = tracer.id();
@@ -231,6 +245,7 @@ pub(crate) fn measure_tracked(bins: &Bins, script: &str, truths: &[PathBuf]) -> 
         }
         thread::sleep(Duration::from_millis(10));
     }
+    on_ready(pid)?;
     let before = run_time_ns(pid)?;
     // Opening a FIFO to write waits for its reader: the gateway, already waiting.
     fs::write(&go, "\n")?;

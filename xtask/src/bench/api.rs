@@ -1,0 +1,196 @@
+//! What the API costs (`--only api`): the answer latency of `why` and `tree` with many live
+//! tracked processes, the reader's CPU per traced process with 0, 1 and 10 followers of the
+//! event stream reading it all, and `top`'s own CPU at its refresh rate.
+use std::{
+    io::{Read, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use super::footprint::{Spawner, cpu_ticks, start_sleepers_given};
+use super::*;
+
+/// Questions asked of each path: the answers wait for the housekeeping tick (100 ms).
+const ASKED: usize = 40;
+
+pub(crate) fn api(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    latency(bins, opts)?;
+    followers(bins, opts)?;
+    Ok(())
+}
+
+/// `GET path` of the API at `socket`, the body whole.
+fn get(socket: &Path, path: &str) -> Result<String> {
+    let mut s = UnixStream::connect(socket).with_context(|| format!("{}", socket.display()))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
+        _ => bail!("{path}: {}", text.lines().next().unwrap_or_default()),
+    }
+}
+
+/// The p50 and p99 of `v`, in ms.
+fn percentiles(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// `why` (one process) and `tree` (all of them) answered with `opts.sleepers` live tracked
+/// processes, and `top`'s CPU drawing them.
+fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let socket = bins.scratch.join("api.sock");
+    let api = socket.to_str().context("the scratch path")?;
+    let mut tracer = start_sleepers_given(
+        bins,
+        "api-sleepers",
+        opts.sleepers,
+        60.0,
+        &["--api", api],
+        Spawner::Shapes,
+    )?;
+    // The sleepers' pids, from the tree itself.
+    let tree: Value = serde_json::from_str(&get(&socket, "/v1/tree")?)?;
+    let mut pids = Vec::new();
+    let mut stack: Vec<&Value> = tree.as_array().into_iter().flatten().collect();
+    while let Some(b) = stack.pop() {
+        if b["gateway"] == false {
+            pids.extend(b["pid"].as_u64());
+        }
+        stack.extend(b["spawned"].as_array().into_iter().flatten());
+    }
+    if pids.len() < opts.sleepers {
+        bail!(
+            "the tree holds {} of {} sleepers",
+            pids.len(),
+            opts.sleepers
+        );
+    }
+    println!(
+        "\n## The API ({} live tracked processes)\n\n| question | answers | p50 | p99 | bytes |\n|---|---|---|---|---|",
+        pids.len()
+    );
+    for (name, paths) in [
+        (
+            "why (`/v1/process/PID`)",
+            (0..ASKED)
+                .map(|i| format!("/v1/process/{}", pids[i * pids.len() / ASKED]))
+                .collect::<Vec<_>>(),
+        ),
+        ("tree (`/v1/tree`)", vec!["/v1/tree".to_owned(); ASKED / 4]),
+    ] {
+        let mut took = Vec::new();
+        let mut bytes = 0;
+        for path in &paths {
+            let t = Instant::now();
+            bytes = get(&socket, path)?.len();
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (p50, p99) = percentiles(&mut took);
+        println!(
+            "| {name} | {} | {p50:.1} ms | {p99:.1} ms | {bytes} |",
+            paths.len()
+        );
+    }
+    // `top` at its default refresh (1 s), in an 80x24 terminal: its CPU over 10 s.
+    let session = "reaper-bench-top";
+    let command = format!("{} top --api {api}", bins.reaper.display());
+    let started = Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "80",
+            "-y",
+            "24",
+            &command,
+        ])
+        .status()?;
+    if !started.success() {
+        bail!("tmux could not start top");
+    }
+    thread::sleep(Duration::from_secs(2));
+    let top = Command::new("tmux")
+        .args(["list-panes", "-t", session, "-F", "#{pane_pid}"])
+        .output()?;
+    let top: u32 = String::from_utf8_lossy(&top.stdout).trim().parse()?;
+    let before = cpu_ticks(top);
+    thread::sleep(Duration::from_secs(10));
+    let used = cpu_ticks(top).saturating_sub(before);
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", session])
+        .status();
+    // SAFETY: a plain signal to the child this bench started.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    tracer.wait()?;
+    // Clock ticks (100 a second) over 10 s: percent of one CPU.
+    println!(
+        "\n`reaper-trace top` refreshing every second, drawing them: {} % of a CPU (10 s).",
+        used
+    );
+    Ok(())
+}
+
+/// The reader's CPU per process in a storm of fork+exit with `n` followers of the whole
+/// stream (`reaper-trace events --follow > /dev/null`), side by side in each round.
+fn followers(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let socket = bins.scratch.join("follow.sock");
+    let api = socket.to_str().context("the scratch path")?.to_owned();
+    let counts = [0usize, 1, 10];
+    let mut per_proc: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    for _ in 0..opts.reps {
+        for (i, &n) in counts.iter().enumerate() {
+            let (script, truths) = loop_script(bins, Loop::ForkExit, opts.procs, 1, "follow");
+            let mut followers: Vec<Child> = Vec::new();
+            let run = measure_tracked_with(bins, &script, &truths, &["--api", &api], |_| {
+                for _ in 0..n {
+                    followers.push(
+                        Command::new(&bins.reaper)
+                            .args(["events", "--follow", "--api", &api])
+                            .stdout(Stdio::null())
+                            .spawn()?,
+                    );
+                }
+                // Each follows once the run took its question (at its next tick).
+                let patience = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let status: Value = serde_json::from_str(&get(&socket, "/v1/status")?)?;
+                    if status["followers"].as_u64() == Some(n as u64) {
+                        return Ok(());
+                    }
+                    if Instant::now() > patience {
+                        bail!("{n} followers never followed: {status}");
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+            })?;
+            for mut f in followers {
+                f.wait()?;
+            }
+            per_proc[i].push(run.storm_cpu * 1e6 / run.created.max(1) as f64);
+        }
+    }
+    println!(
+        "\n| followers of the whole stream | reader CPU per process (median of {}) | against none |\n|---|---|---|",
+        opts.reps
+    );
+    let none = median(&mut per_proc[0].clone());
+    for (i, n) in counts.iter().enumerate() {
+        let m = median(&mut per_proc[i]);
+        println!("| {n} | {m:.2} µs | {:.2}x |", m / none.max(1e-9));
+    }
+    Ok(())
+}
