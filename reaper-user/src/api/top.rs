@@ -132,7 +132,7 @@ impl View {
             }
             // A refresh that fails (the run ended) says so on the screen and tries again.
             self.refreshes += 1;
-            let whole = self.refreshes % TREE_EVERY == 0;
+            let whole = self.refreshes.is_multiple_of(TREE_EVERY);
             match snapshot(&self.socket, whole).await {
                 Ok(mut s) => {
                     if !whole {
