@@ -317,18 +317,10 @@ fn a_follower_gets_a_storm_complete_and_in_order_and_one_that_stops_reading_is_d
 
 /// Waits until the run at `socket` has `n` followers.
 fn followers_become(socket: &std::path::Path, n: u64) {
-    let cap = std::time::Instant::now() + reaper_tests::patience();
-    loop {
+    reaper_tests::wait_until(&format!("{n} followers"), || {
         let status: Value = serde_json::from_str(&get(socket, "/v1/status")).unwrap();
-        if status["followers"] == n {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < cap,
-            "never {n} followers: {status}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+        status["followers"] == n
+    });
 }
 
 #[test]
@@ -365,6 +357,7 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
         command.output().expect("run the client as nobody")
     };
     let mut asked = None;
+    let mut bad_input = Vec::new();
     let run = reaper_tests::run_reaper_until(
         &[
             "--api",
@@ -384,6 +377,7 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
                 return false;
             };
             let gw = pid(&ready["gateway"][0]).to_string();
+            bad_input = bad_questions(&socket);
             use std::os::unix::fs::MetadataExt;
             let meta = std::fs::metadata(&socket).unwrap();
             asked = Some((
@@ -408,8 +402,63 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
     assert_eq!(outsider.status.code(), Some(1), "{said}");
     assert!(said.contains("may be asked by root only"), "{said}");
 
+    // Bad questions get a clear status, and the run answers on (it ended normally above).
+    for (question, status) in &bad_input {
+        eprintln!("{question} -> {status}");
+    }
+    let statuses: Vec<&str> = bad_input.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 400 Bad Request",
+            "HTTP/1.1 404 Not Found",
+            "HTTP/1.1 400 Bad Request",
+            "HTTP/1.1 405 Method Not Allowed",
+            "HTTP/1.1 404 Not Found",
+            "HTTP/1.1 400 Bad Request",
+            "HTTP/1.1 200 OK",
+        ],
+        "{bad_input:?}"
+    );
+
     // Without a run to ask, a bad group is a usage error.
     let bad = reaper_tests::run_reaper(&["--api-group", "no-such-group-here", "--", "true"]);
     assert_eq!(bad.status.code(), Some(2), "{}", bad.stderr);
     assert!(bad.stderr.contains("no group named"), "{}", bad.stderr);
+}
+
+/// Bad questions, each with the status line it got; last, the status asked after a client
+/// that connected and sent nothing.
+fn bad_questions(socket: &std::path::Path) -> Vec<(String, String)> {
+    use std::io::{Read, Write};
+    let ask = |request: &str| {
+        let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let status = text.lines().next().unwrap_or_default().to_owned();
+        (
+            request.lines().next().unwrap_or_default().to_owned(),
+            status,
+        )
+    };
+    let get = |path: &str| {
+        ask(&format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    let mut got = vec![
+        get("/v1/process/99999999999"),
+        get("/v1/process/4000000"),
+        get("/v1/tree?bogus=1"),
+        ask(
+            "POST /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        ),
+        get("/v1/nothing"),
+        ask("NOT HTTP AT ALL\r\n\r\n"),
+    ];
+    // One that connects and says nothing holds nobody up.
+    let _silent = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    got.push(get("/v1/status"));
+    got
 }

@@ -25,18 +25,12 @@ fn tmux(args: &[&str]) -> bool {
 
 /// Waits until `name`'s screen shows what `shows` looks for; returns it.
 fn until_shown(name: &str, what: &str, shows: impl Fn(&str) -> bool) -> String {
-    let cap = std::time::Instant::now() + reaper_tests::patience();
-    loop {
-        let text = screen(name);
-        if shows(&text) {
-            return text;
-        }
-        assert!(
-            std::time::Instant::now() < cap,
-            "the screen never showed {what}:\n{text}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut text = String::new();
+    reaper_tests::wait_until(&format!("the screen to show {what}"), || {
+        text = screen(name);
+        shows(&text)
+    });
+    text
 }
 
 #[test]
