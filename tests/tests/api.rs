@@ -416,6 +416,8 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
             "HTTP/1.1 405 Method Not Allowed",
             "HTTP/1.1 404 Not Found",
             "HTTP/1.1 400 Bad Request",
+            "HTTP/1.1 400 Bad Request",
+            "HTTP/1.1 400 Bad Request",
             "HTTP/1.1 200 OK",
         ],
         "{bad_input:?}"
@@ -456,6 +458,8 @@ fn bad_questions(socket: &std::path::Path) -> Vec<(String, String)> {
         ),
         get("/v1/nothing"),
         ask("NOT HTTP AT ALL\r\n\r\n"),
+        get("/v1/events?follow&event=bogus"),
+        get("/v1/events"),
     ];
     // One that connects and says nothing holds nobody up.
     let _silent = std::os::unix::net::UnixStream::connect(socket).unwrap();

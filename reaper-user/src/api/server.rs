@@ -185,7 +185,10 @@ async fn respond(
             Ok(filter) => Asked::Tree(filter),
             Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}"))),
         },
-        "/v1/events" => match serde_urlencoded::from_str::<FollowFilter>(query) {
+        "/v1/events" => match serde_urlencoded::from_str::<FollowFilter>(query)
+            .map_err(|e| format!("/v1/events: {e}"))
+            .and_then(|f| f.check().map(|()| f))
+        {
             Ok(filter) if filter.follow.is_some() => {
                 let (lines, rx) = mpsc::channel(filter.queue());
                 follower = Some(rx);
@@ -195,7 +198,7 @@ async fn respond(
                 let text = "/v1/events streams from now on: ask /v1/events?follow";
                 return Ok(error(StatusCode::BAD_REQUEST, text));
             }
-            Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/events: {e}"))),
+            Err(text) => return Ok(error(StatusCode::BAD_REQUEST, &text)),
         },
         path => match path.strip_prefix("/v1/process/").map(str::parse) {
             Some(Ok(pid)) => Asked::Process(pid),

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::leaks::Reason;
-use crate::stream::events::Event;
+use crate::stream::events::{Event, KINDS};
 
 /// Lines a follower may have waiting before it is dropped, unless it asks for fewer
 /// (`queue=N`): more than a batch of the ring holds after a slow scan, so that a follower
@@ -34,6 +34,24 @@ pub struct FollowFilter {
 }
 
 impl FollowFilter {
+    /// What is wrong with it: an event name the stream has no event of.
+    pub fn check(&self) -> Result<(), String> {
+        let names = self.event.iter().flat_map(|list| list.split(','));
+        match names
+            .map(str::trim)
+            .find(|n| !KINDS.iter().any(|k| k.name == *n))
+        {
+            Some(unknown) => {
+                let all: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+                Err(format!(
+                    "no event is named `{unknown}` (the stream's: {})",
+                    all.join(", ")
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The queue it gets.
     pub fn queue(&self) -> usize {
         self.queue.unwrap_or(QUEUE).clamp(2, QUEUE)
