@@ -84,6 +84,21 @@ pub fn wait_for_file(path: &std::path::Path, limit: Duration) {
     }
 }
 
+/// Makes a FIFO at `path` (mkfifo(3): the guests have no mkfifo program).
+pub fn make_fifo(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
+    // SAFETY: a NUL-terminated path that lives across the call.
+    let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        made,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
 pub fn pid(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
 }

@@ -195,7 +195,7 @@ fn a_follower_gets_a_storm_complete_and_in_order_and_one_that_stops_reading_is_d
     // A socket's path has room for 107 bytes: the scratch directory's is too long.
     let socket = std::path::PathBuf::from(format!("/tmp/reaper-api-{}.sock", std::process::id()));
     for fifo in [&go, &done] {
-        assert!(Command::new("mkfifo").arg(fifo).status().unwrap().success());
+        reaper_tests::make_fifo(fifo);
     }
     // The gateway waits on a FIFO (a blocked read forks nothing) until both followers
     // follow, runs the storm, and waits again until the one that did not read has read its
@@ -332,7 +332,7 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
     const GROUP: u32 = 4242;
     let dir = reaper_tests::scratch(test);
     let go = dir.join("go");
-    assert!(Command::new("mkfifo").arg(&go).status().unwrap().success());
+    reaper_tests::make_fifo(&go);
     let socket = std::path::PathBuf::from(format!("/tmp/reaper-api-g-{}.sock", std::process::id()));
     // The client as `nobody` runs from a copy any user may execute (the checkout's directory
     // may be root's alone).

@@ -109,7 +109,7 @@ pub const TOOLS: &[Tool] = &[
     tool("chroot", Debian("coreutils"), &[Dist], "the package and tarball tests in a Debian root"),
     tool("date", Debian("coreutils"), &[Dist], "the package's changelog date outside a checkout"),
     tool("du", Debian("coreutils"), &[Dist], "the package's installed size"),
-    tool("mkfifo", Debian("coreutils"), &[Test, Vm, Bench], "the API tests' and the latency bench's gateways wait on a FIFO"),
+    tool("mkfifo", Debian("coreutils"), &[Bench], "the latency bench's gateway"),
     tool("mount", Debian("mount"), &[Test, Dist, Vm], "tmpfs, bind mounts and bpffs in the tests"),
     tool("umount", Debian("mount"), &[Test, Dist, Vm], "undoes the tests' mounts"),
     tool("unshare", Debian("util-linux"), &[Test, Dist], "private mount namespaces"),
