@@ -20,6 +20,7 @@ pub mod lineage;
 pub mod output;
 pub mod privileges;
 pub mod procfs;
+pub mod replay;
 pub mod report;
 pub mod resident;
 pub mod sites;

@@ -33,6 +33,13 @@ impl Comm {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
+
+    /// The name the kernel gives a process that executes `path`: its last component, cut to
+    /// 15 bytes (`TASK_COMM_LEN` with its NUL).
+    pub fn of_program(path: &[u8]) -> Comm {
+        let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        Comm::from_c(&base[..base.len().min(15)])
+    }
 }
 
 impl std::fmt::Debug for Comm {

@@ -39,9 +39,15 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     }
     // Asked while the run holds the flag (the default socket: every run's is asked).
     let mut asked: Option<(Output, Output)> = None;
-    let mut tree: Option<(Output, Output)> = None;
+    let mut tree: Option<(Output, Output, Output)> = None;
+    let audit = reaper_tests::scratch(test).join("audit.ndjson");
     let (run, truth) = run_shape_until(
-        &["--scan-interval", "250ms"],
+        &[
+            "--scan-interval",
+            "250ms",
+            "--output",
+            audit.to_str().unwrap(),
+        ],
         "leak-orphan",
         &[],
         ("the orphan's flag, and why answered", Then::Release),
@@ -52,6 +58,7 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
                 tree = Some((
                     client("tree", &["--reason", "orphaned"]),
                     client("tree", &["--kind", "no-such-program-here"]),
+                    client("tree", &["--json"]),
                 ));
             }
             asked.is_some()
@@ -113,7 +120,7 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
 
     // The tree of the orphaned processes: the gateway, A (exited) and B flagged, drawn as
     // the summary draws them; a filter that picks nothing says so.
-    let (orphans, none) = tree.expect("asked");
+    let (orphans, none, live_tree) = tree.expect("asked");
     let drawn = String::from_utf8_lossy(&orphans.stdout).into_owned();
     eprintln!("{drawn}");
     assert!(orphans.status.success(), "{drawn}");
@@ -130,12 +137,66 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     let said = String::from_utf8_lossy(&none.stdout);
     assert!(said.contains("that these filters pick"), "{said}");
 
+    // The audit file read back at the moment the live answer was made says the same of B's
+    // process, lineage and flags, and draws the same live tree.
+    let now = answer["now"]
+        .as_u64()
+        .expect("the answer's moment")
+        .to_string();
+    let audit = audit.to_str().unwrap();
+    let replayed = why(&[&b.to_string(), "--from", audit, "--at", &now, "--json"]);
+    assert!(replayed.status.success(), "{replayed:?}");
+    let replayed: Value = serde_json::from_slice(&replayed.stdout).expect("one JSON object");
+    eprintln!("read back: {replayed:#}");
+    for field in [
+        "pid", "start", "alive", "exited", "flags", "lineage", "escaped", "ppid",
+    ] {
+        assert_eq!(replayed[field], answer[field], "{field}");
+    }
+    let members = |a: &Value| -> Vec<(Value, Value)> {
+        let list = a["ancestors"].as_array().expect("ancestors");
+        list.iter()
+            .map(|m| (m["pid"].clone(), m["exited"].clone()))
+            .collect()
+    };
+    assert_eq!(members(&replayed), members(&answer));
+    assert_eq!(replayed["spawned_at"], answer["spawned_at"]);
+    let text = why(&[&b.to_string(), "--from", audit, "--at", &now]);
+    let said = String::from_utf8_lossy(&text.stdout).into_owned();
+    eprintln!("{said}");
+    assert!(said.starts_with("as at "), "the moment: {said}");
+    assert!(said.contains("flagged orphaned for"), "{said}");
+    let tree_then = client("tree", &["--from", audit, "--at", &now, "--json"]);
+    assert!(tree_then.status.success(), "{tree_then:?}");
+    let roots_of = |out: &Output| -> Value {
+        let all: Value = serde_json::from_slice(&out.stdout).expect("a JSON object");
+        let (_, roots) = all.as_object().unwrap().iter().next().expect("a tree");
+        shape_of(roots)
+    };
+    assert_eq!(roots_of(&tree_then), roots_of(&live_tree));
+    // Before B was forked, nobody had its pid in this audit.
+    let first = why(&[&b.to_string(), "--from", audit, "--at", "+0s"]);
+    assert_eq!(first.status.code(), Some(1), "{first:?}");
+
     // A process no run tracks: exit status 1, and what /proc says of it.
     let me = std::process::id().to_string();
     let untracked = why(&[&me]);
     let said = String::from_utf8_lossy(&untracked.stdout).into_owned();
     assert_eq!(untracked.status.code(), Some(1), "{said}");
     assert!(said.contains("what /proc says"), "{said}");
+}
+
+/// A tree's processes, their state, parent and flags, and what they spawned: what a replay
+/// must agree on with the live answer.
+fn shape_of(roots: &Value) -> Value {
+    let list = roots.as_array().expect("branches");
+    let each = list.iter().map(|b| {
+        serde_json::json!({
+            "pid": b["pid"], "start": b["start"], "state": b["state"], "ppid": b["ppid"],
+            "flags": b["flags"], "spawned": shape_of(&b["spawned"]),
+        })
+    });
+    Value::Array(each.collect())
 }
 
 #[test]

@@ -16,6 +16,7 @@ use crate::leaks::Reason;
 use crate::output::human::{evidence_text, human_duration, who};
 use crate::output::tree::render;
 use crate::procfs;
+use crate::replay::{self, At};
 use crate::text::escape_for_terminal;
 
 /// Ask the running audits about one process: who spawned it, through whom, from which code,
@@ -28,9 +29,28 @@ pub struct WhyCli {
     /// The run's API socket to ask (default: every run's, in /run/reaper-trace).
     #[arg(long, value_name = "SOCKET")]
     pub api: Option<PathBuf>,
-    /// The answer as one JSON object (the API's `/v1/process/PID`).
+    /// The answer as one JSON object (the API's `/v1/process/PID`); with `--from`, one per
+    /// line, a line for each process that had the pid.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub replay: ReplayArgs,
+}
+
+/// Ask an audit file instead of a running audit.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Read the audit (the NDJSON of `--json` or `--output`) back and answer as the running
+    /// audit would have: one file, or a rotated set oldest first (audit.ndjson.2
+    /// audit.ndjson.1 audit.ndjson).
+    #[arg(long, value_name = "AUDIT", num_args = 1.., conflicts_with = "api")]
+    pub from: Vec<PathBuf>,
+    /// With `--from`: the moment to answer at: a wall-clock time in UTC
+    /// (`2026-11-29T14:02:00Z`), a time into the audit (`+90s`, `+1h 30m`), or the stream's
+    /// boot-time ns (a line's `ts`, an answer's `now`). Default: the audit's end (`why`: each
+    /// process that had the pid, at its exit).
+    #[arg(long, value_name = "TIME", requires = "from")]
+    pub at: Option<At>,
 }
 
 /// Draw the live lineage tree of the running audits, as the summary draws it, with flags.
@@ -49,9 +69,12 @@ pub struct TreeCli {
     /// The run's API socket to ask (default: every run's, in /run/reaper-trace).
     #[arg(long, value_name = "SOCKET")]
     pub api: Option<PathBuf>,
-    /// The trees as JSON: an object of each run's socket and its tree's roots (`/v1/tree`).
+    /// The trees as JSON: an object of each run's socket (or the audit's file) and its tree's
+    /// roots (`/v1/tree`).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub replay: ReplayArgs,
 }
 
 /// Follow a running audit's event stream: its NDJSON lines from now on, on standard output,
@@ -157,6 +180,9 @@ async fn stream_lines(mut body: hyper::body::Incoming) -> Result<i32> {
 /// What `why` found: the answer's text and the exit status (0: a run tracks the process; 1:
 /// none does).
 pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
+    if !cli.replay.from.is_empty() {
+        return why_from(cli);
+    }
     let runs = ask_runs(cli.api.as_deref(), &format!("/v1/process/{}", cli.pid)).await?;
     if let Some((socket, body)) = runs.answered.first() {
         if cli.json {
@@ -177,14 +203,104 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
     Ok((format!("pid {}: {by}; what /proc says: {proc}", cli.pid), 1))
 }
 
-/// What `tree` found: the trees' text and the exit status (0: a run answered; 1: none
-/// tracks `--gateway`, or no run serves its API).
-pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
-    let filter = TreeFilter {
+/// `why --from`: the audit read back (see [`crate::replay`]).
+fn why_from(cli: &WhyCli) -> Result<(String, i32)> {
+    let audit = audit_name(&cli.replay.from);
+    let answers = replay::why(&cli.replay.from, cli.pid, cli.replay.at)?;
+    if answers.is_empty() {
+        let until = match cli.replay.at {
+            Some(_) => " up to that moment",
+            None => "",
+        };
+        let none = format!(
+            "pid {}: not a descendant of any gateway traced in {audit}{until}",
+            cli.pid
+        );
+        return Ok((none, 1));
+    }
+    if cli.json {
+        let lines: Vec<String> = answers
+            .iter()
+            .map(|a| serde_json::to_string(&a.answer))
+            .collect::<serde_json::Result<_>>()?;
+        return Ok((lines.join("\n"), 0));
+    }
+    let mut text = match answers.len() {
+        1 => String::new(),
+        n => format!(
+            "pid {} was {n} processes in {audit}, oldest first; each as at its exit or the \
+             audit's end:\n\n",
+            cli.pid
+        ),
+    };
+    let blocks: Vec<String> = answers
+        .iter()
+        .map(|a| {
+            format!(
+                "as at {} (read back from {audit}):\n{}",
+                a.moment(),
+                readable_with(&a.answer, &format!("--kill: {}", a.answer.kill.why))
+            )
+        })
+        .collect();
+    text.push_str(&blocks.join("\n\n"));
+    Ok((text, 0))
+}
+
+/// The audit as messages name it: its newest file.
+fn audit_name(inputs: &[PathBuf]) -> String {
+    inputs
+        .last()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The filters of `tree`.
+fn tree_filter(cli: &TreeCli) -> TreeFilter {
+    TreeFilter {
         gateway: cli.gateway,
         kind: cli.kind.clone(),
         reason: cli.reason,
+    }
+}
+
+/// The words `tree` says when no process is drawn.
+fn nothing_alive(filter: &TreeFilter) -> &'static str {
+    match *filter != TreeFilter::default() {
+        true => "no tracked process is alive that these filters pick",
+        false => "no tracked process is alive",
+    }
+}
+
+/// `tree --from`: the audit read back (see [`crate::replay`]).
+fn tree_from(cli: &TreeCli) -> Result<(String, i32)> {
+    let audit = audit_name(&cli.replay.from);
+    let filter = tree_filter(cli);
+    let replayed = replay::tree(&cli.replay.from, &filter, cli.replay.at)?;
+    let moment = replayed.moment();
+    let Some(roots) = replayed.answer else {
+        let pid = cli.gateway.unwrap_or_default();
+        return Ok((
+            format!("pid {pid} is not tracked in {audit} at {moment}"),
+            1,
+        ));
     };
+    if cli.json {
+        let key = serde_json::to_string(&audit)?;
+        return Ok((format!("{{{key}:{}}}", serde_json::to_string(&roots)?), 0));
+    }
+    let title = format!("alive at {moment} (read back from {audit}), by lineage (spawner edges):");
+    let text = render(&roots, &title, nothing_alive(&filter));
+    Ok((text.trim_end().to_owned(), 0))
+}
+
+/// What `tree` found: the trees' text and the exit status (0: a run answered; 1: none
+/// tracks `--gateway`, or no run serves its API).
+pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
+    if !cli.replay.from.is_empty() {
+        return tree_from(cli);
+    }
+    let filter = tree_filter(cli);
     let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
     let runs = ask_runs(cli.api.as_deref(), &format!("/v1/tree?{query}")).await?;
     if runs.answered.is_empty() {
@@ -206,7 +322,6 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
             .collect::<serde_json::Result<_>>()?;
         return Ok((format!("{{{}}}", members.join(",")), 0));
     }
-    let filtered = filter != TreeFilter::default();
     let many = runs.answered.len() > 1;
     let mut text = String::new();
     for (socket, body) in &runs.answered {
@@ -219,11 +334,7 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
             ),
             false => "alive, by lineage (spawner edges):".to_owned(),
         };
-        let empty = match filtered {
-            true => "no tracked process is alive that these filters pick",
-            false => "no tracked process is alive",
-        };
-        text.push_str(&render(&roots, &title, empty));
+        text.push_str(&render(&roots, &title, nothing_alive(&filter)));
     }
     Ok((text.trim_end().to_owned(), 0))
 }
@@ -329,6 +440,16 @@ async fn request(socket: &Path, path: &str) -> Result<hyper::Response<hyper::bod
 /// The answer for people: the process and its flags; its lineage from the gateway down, each
 /// member alive or when it exited; then the evidence a flag would give.
 pub(super) fn readable(p: &Process) -> String {
+    let kill = match (p.kill.enabled, p.kill.could) {
+        (true, true) => format!("--kill will act: {}", p.kill.why),
+        (false, true) => format!("--kill would act (this run does not kill): {}", p.kill.why),
+        (_, false) => format!("--kill would not act: {}", p.kill.why),
+    };
+    readable_with(p, &kill)
+}
+
+/// [`readable`], its last line `kill`.
+fn readable_with(p: &Process, kill: &str) -> String {
     let d = &p.detail;
     let me = who(p.pid, &d.comm, &d.argv);
     let ago = |ts: u64| human_duration(p.now.saturating_sub(ts));
@@ -361,11 +482,6 @@ pub(super) fn readable(p: &Process) -> String {
         facts.push_str(", escaped its gateway's session, group or cgroup");
     }
     evidence_text(&mut facts, d);
-    let kill = match (p.kill.enabled, p.kill.could) {
-        (true, true) => format!("--kill will act: {}", p.kill.why),
-        (false, true) => format!("--kill would act (this run does not kill): {}", p.kill.why),
-        (_, false) => format!("--kill would not act: {}", p.kill.why),
-    };
     let kind = match (&d.kind, d.instances) {
         (Some(k), Some(n)) => format!(
             "\n  kind `{}`: {n} alive under its gateway instance (the newest {})",

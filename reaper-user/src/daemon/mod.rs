@@ -245,6 +245,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         tracked: kernel.tracked.keys().count(),
         setsid_hook: facts.setsid_hook.name().into(),
         kernel: facts.features.release.clone(),
+        booted_at_unix_ns: crate::procfs::booted_at_unix_ns(),
         resumed,
     });
     let signals = Signals::catch()?;

@@ -46,12 +46,23 @@ pub fn label(n: &Node, comm: crate::text::Comm) -> ProcessLabel {
 
 /// The detail of `node`: its chain, and its pipes from `evidence` (none for a zombie).
 pub fn detail(graph: &LineageGraph, node: &Node, evidence: Option<&Evidence>) -> LeakDetail {
+    detail_named(graph, node, evidence, current_name)
+}
+
+/// [`detail`], each process named by `name` (a replay names them as the stream did, not as
+/// /proc does now).
+pub fn detail_named(
+    graph: &LineageGraph,
+    node: &Node,
+    evidence: Option<&Evidence>,
+    name: impl Fn(&Node) -> crate::text::Comm,
+) -> LeakDetail {
     let chain = graph.chain(node.id);
     // Its name now, from the look that flagged it, or from /proc.
-    let comm = evidence.map_or_else(|| current_name(node), |e| e.sample.comm);
+    let comm = evidence.map_or_else(|| name(node), |e| e.sample.comm);
     let name_of = |n: &Node| match n.id == node.id {
         true => comm,
-        false => current_name(n),
+        false => name(n),
     };
     let ancestors = chain
         .iter()

@@ -321,6 +321,7 @@ pub fn snapshot(graph: &LineageGraph, id: NodeId) -> Option<Stamped> {
     let n = graph.node(id)?;
     let ev = Event::Snapshot(Snapshot {
         pid: n.pid,
+        start: n.start.boottime_ns(),
         ppid: n.ppid,
         spawner: n.spawner_pid,
         comm: ProcText::new("comm", n.comm),

@@ -164,13 +164,21 @@ pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
 }
 
 /// Up to three innermost frames of the spawner's own code (not its language's spawning
-/// library, nor libc's fork wrapper), each as `function (file:line)`, innermost first.
+/// library, nor libc's fork wrapper), each as `function (file:line)`, innermost first; a
+/// frame its object names no function for (a stripped program) as `object+0xOFFSET`.
 pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
     let own = frames.iter().filter(|f| !f.in_spawning_library());
     let named: Vec<String> = own
         .take(3)
         .map(|f| {
-            let function = f.function.as_deref().unwrap_or("?");
+            let function = match (&f.function, &f.object) {
+                (Some(function), _) => function.clone(),
+                (None, Some(object)) => {
+                    let name = object.rsplit('/').next().unwrap_or(object);
+                    format!("{name}+{:#x}", f.offset)
+                }
+                (None, None) => "?".into(),
+            };
             let place = match (&f.file, f.line) {
                 (Some(file), Some(line)) => {
                     format!(" ({}:{line})", file.rsplit('/').next().unwrap_or(file))

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::TreeFilter;
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::human::describe_status;
@@ -45,6 +46,37 @@ pub enum State {
     Alive,
     Zombie,
     Exited,
+}
+
+/// The tree of the live (and zombie) processes `filter` picks, as `/v1/tree` and
+/// `tree --from` answer; none for a `gateway` the graph does not know.
+pub fn picked_tree(
+    graph: &LineageGraph,
+    flags: &BTreeMap<NodeId, Vec<Reason>>,
+    filter: &TreeFilter,
+) -> Option<Vec<Branch>> {
+    let under = match filter.gateway {
+        Some(pid) => Some(graph.current(pid)?.id),
+        None => None,
+    };
+    let wanted = |n: &Node| {
+        under.is_none_or(|u| graph.descends_from(n.id, u))
+            && filter
+                .reason
+                .is_none_or(|r| flags.get(&n.id).is_some_and(|held| held.contains(&r)))
+            && filter.kind.as_deref().is_none_or(|k| runs(n, k))
+    };
+    Some(alive_tree(graph, flags, wanted))
+}
+
+/// Whether `n`'s executable or command line contains `text`.
+fn runs(n: &Node, text: &str) -> bool {
+    let text = text.as_bytes();
+    if text.is_empty() {
+        return true;
+    }
+    let has = |hay: &[u8]| hay.windows(text.len()).any(|w| w == text);
+    n.filename.as_deref().is_some_and(has) || has(&n.argv.iter().collect::<Vec<_>>().join(&b' '))
 }
 
 /// The tree of the live (and zombie) processes `wanted` picks, each with the spawners its

@@ -166,6 +166,20 @@ pub fn boottime_now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The wall-clock time of boot-time 0, ns since the UNIX epoch (`None` with a clock before
+/// the epoch): read between two readings of the boot-time clock, so it is off by no more than
+/// the time those take.
+pub fn booted_at_unix_ns() -> Option<u64> {
+    let before = boottime_now();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    let after = boottime_now();
+    let boot = u128::from(before / 2 + after / 2);
+    u64::try_from(wall.checked_sub(boot)?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

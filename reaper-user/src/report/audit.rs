@@ -1,13 +1,11 @@
 //! Reads an audit (the NDJSON stream) in one streaming pass and keeps only what the report
 //! shows: a downsampled timeline, the flags (up to a cap), the processes alive at the end and
 //! counts by executable. Memory follows what is alive and flagged, not the number of lines.
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rustc_hash::FxHashMap as HashMap;
-use serde::Deserialize;
 
 use super::crowds::Crowds;
 use super::leak_sites::LeakSites;
@@ -17,16 +15,7 @@ use crate::stream::events::{
     Argv, Cleared, Event, Exec, Flag, Fork, Gateway, KINDS, Kill, Lost, ProcText, Ready, Reparent,
     Snapshot,
 };
-
-/// What every line starts with: its kind and when. The body is read as the stream's own type
-/// of that kind ([`Event::read`]).
-#[derive(Deserialize)]
-struct Head<'a> {
-    #[serde(borrow)]
-    event: Cow<'a, str>,
-    #[serde(default)]
-    ts: u64,
-}
+use crate::stream::reading::{Head, Line, each_line};
 
 /// One flag, as the leak table shows it.
 #[derive(Clone, Debug)]
@@ -139,36 +128,22 @@ impl Audit {
     }
 
     /// Adds another part of the same audit (the rotated files, oldest first).
-    pub fn add(&mut self, mut input: impl BufRead) -> Result<()> {
-        let mut buf = Vec::with_capacity(4096);
-        loop {
-            buf.clear();
-            let n = input
-                .read_until(b'\n', &mut buf)
-                .context("reading the audit")?;
-            if n == 0 {
-                return Ok(());
-            }
+    pub fn add(&mut self, input: impl BufRead) -> Result<()> {
+        each_line(input, |line| {
             self.lines += 1;
-            if buf.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let Ok(head) = serde_json::from_slice::<Head>(&buf) else {
-                self.unreadable();
-                continue;
-            };
-            match Event::read(&head.event, &buf) {
-                Some(Ok(event)) => {
-                    self.count(&head);
-                    self.apply(head.ts, event);
-                }
-                Some(Err(_)) => self.unreadable(),
-                None => {
+            match line {
+                Line::Blank => {}
+                Line::Unreadable => self.unreadable(),
+                Line::Unknown(head) => {
                     self.count(&head);
                     self.sample(head.ts);
                 }
+                Line::Event(head, event) => {
+                    self.count(&head);
+                    self.apply(head.ts, event);
+                }
             }
-        }
+        })
     }
 
     /// Counts a line that is not an event of the stream's schema.

@@ -265,6 +265,19 @@ pub fn wait_status(status: u32) -> (Option<i32>, Option<Cow<'static, str>>, bool
     }
 }
 
+/// A wait(2) status back from what [`wait_status`] split it into; `None` when the line gives
+/// neither a code nor a signal (an exit learnt from /proc).
+pub fn wait_status_of(exit_code: Option<i32>, signal: Option<&str>, core: bool) -> Option<u32> {
+    if let Some(name) = signal {
+        let number = match name.parse::<nix::sys::signal::Signal>() {
+            Ok(s) => s as i32,
+            Err(_) => name.strip_prefix("SIG")?.parse().ok()?,
+        };
+        return Some((number as u32 & 0x7f) | if core { 0x80 } else { 0 });
+    }
+    exit_code.map(|code| (code as u32 & 0xff) << 8)
+}
+
 /// `SIGKILL` for 9; `SIG41` for a number without a name (real-time signals). A named one is
 /// borrowed: the ingest path allocates nothing for a killed process.
 pub fn signal_name(sig: i32) -> Cow<'static, str> {

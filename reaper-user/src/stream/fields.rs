@@ -65,6 +65,11 @@ impl ProcText {
         escape_for_terminal(self.raw.as_bytes())
     }
 
+    /// Its exact bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.raw.as_bytes()
+    }
+
     /// Its field's name and its exact bytes.
     pub(super) fn parts(&self) -> (&'static str, &[u8]) {
         (self.name, self.raw.as_bytes())

@@ -6,6 +6,7 @@ pub mod evidence;
 pub mod fields;
 pub mod kinds;
 mod members;
+pub mod reading;
 
 use events::Event;
 

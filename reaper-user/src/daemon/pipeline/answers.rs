@@ -11,9 +11,8 @@ use crate::api::{
 };
 use crate::kill;
 use crate::leaks::flags;
-use crate::lineage::graph::Node;
 use crate::output::follow::Follower;
-use crate::output::tree::alive_tree;
+use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
 use crate::sites::NamedThisRound;
 
@@ -63,7 +62,7 @@ impl Pipeline {
                 graph
                     .alive()
                     .chain(graph.zombies())
-                    .filter(|n| graph.chain(n.id).iter().any(|c| c.id == top))
+                    .filter(|n| graph.descends_from(n.id, top))
                     .map(|n| n.pid)
                     .collect()
             }
@@ -75,19 +74,8 @@ impl Pipeline {
 
     /// The live tree of the processes `filter` picks; none for a `gateway` not tracked.
     fn tree(&self, filter: &TreeFilter) -> Option<Vec<Branch>> {
-        let under = match filter.gateway {
-            Some(pid) => Some(self.graph.current(pid)?.id),
-            None => None,
-        };
         let flags = flags::active_by_node(&self.inspector);
-        let wanted = |n: &Node| {
-            under.is_none_or(|u| self.graph.chain(n.id).iter().any(|c| c.id == u))
-                && filter
-                    .reason
-                    .is_none_or(|r| flags.get(&n.id).is_some_and(|held| held.contains(&r)))
-                && filter.kind.as_deref().is_none_or(|k| runs(n, k))
-        };
-        Some(alive_tree(&self.graph, &flags, wanted))
+        picked_tree(&self.graph, &flags, filter)
     }
 
     /// The process the graph knows by `pid` now (the live one, or the last one that had it),
@@ -134,14 +122,4 @@ impl Pipeline {
             detail,
         })
     }
-}
-
-/// Whether `n`'s executable or command line contains `text`.
-fn runs(n: &Node, text: &str) -> bool {
-    let text = text.as_bytes();
-    if text.is_empty() {
-        return true;
-    }
-    let has = |hay: &[u8]| hay.windows(text.len()).any(|w| w == text);
-    n.filename.as_deref().is_some_and(has) || has(&n.argv.iter().collect::<Vec<_>>().join(&b' '))
 }

@@ -28,6 +28,24 @@ impl LineageGraph {
         }
     }
 
+    /// Whether `ancestor` is on `id`'s spawn chain ([`Self::chain`], `id` itself included),
+    /// without collecting the chain.
+    pub fn descends_from(&self, id: NodeId, ancestor: NodeId) -> bool {
+        let mut at = self.nodes.get(id);
+        let mut steps = 0;
+        while let Some(node) = at {
+            if node.id == ancestor {
+                return true;
+            }
+            steps += 1;
+            if node.is_gateway || steps > self.nodes.len() {
+                return false;
+            }
+            at = node.spawner.and_then(|s| self.nodes.get(s));
+        }
+        false
+    }
+
     /// The spawn chain of `id`, from its gateway (or the oldest known spawner) down to `id`.
     pub fn chain(&self, id: NodeId) -> Vec<&Node> {
         let mut chain = Vec::new();

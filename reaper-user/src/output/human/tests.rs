@@ -193,6 +193,7 @@ fn a_resumed_runs_ready_line_says_what_it_took_back_and_where_the_gap_is() {
                 tracked: 3,
                 setsid_hook: "tracepoint".into(),
                 kernel: "6.18".into(),
+                booted_at_unix_ns: None,
                 resumed,
             }),
         )
@@ -257,6 +258,16 @@ fn a_flag_names_the_spawners_own_frames_past_its_libcs_fork() {
         super::spawn_site_text(&frames[..1]),
         None,
         "libc alone names nothing"
+    );
+    let stripped = crate::stream::evidence::Frame {
+        object: Some("/usr/bin/dash".into()),
+        offset: 0xd527,
+        ..Default::default()
+    };
+    assert_eq!(
+        super::spawn_site_text(&[frames[0].clone(), stripped, frames[3].clone()]).as_deref(),
+        Some("dash+0xd527 < main (main.c:9)"),
+        "a stripped program's frame is named by its object and offset"
     );
 }
 

@@ -14,6 +14,9 @@ use crate::stream::kinds::Readable;
 #[serde(default)]
 pub struct Snapshot {
     pub pid: u32,
+    /// Boot-time ns when it started, to the clock tick (/proc's precision); 0 in an audit
+    /// written before the field was added.
+    pub start: u64,
     pub ppid: u32,
     pub spawner: Option<u32>,
     #[serde(flatten)]

@@ -41,6 +41,11 @@ pub struct Ready {
     pub setsid_hook: Name,
     /// The running kernel's release (`uname -r`).
     pub kernel: String,
+    /// The wall-clock time of boot-time 0, ns since the UNIX epoch, as the run read both
+    /// clocks at its start: a line's wall-clock time is this plus its `ts` (what `why --at`
+    /// reads a wall-clock time with). Absent in an audit written before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booted_at_unix_ns: Option<u64>,
     /// With `--state-dir`, when the run took back the lineage of the run before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed: Option<Resumed>,

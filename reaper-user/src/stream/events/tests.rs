@@ -77,6 +77,16 @@ fn wait_status_decoding() {
 }
 
 #[test]
+fn a_status_split_is_put_back_together() {
+    for status in [0, 3 << 8, 255 << 8, 9, 0x80 | 11, 41] {
+        let (code, signal, core) = wait_status(status);
+        assert_eq!(wait_status_of(code, signal.as_deref(), core), Some(status));
+    }
+    assert_eq!(wait_status_of(None, None, false), None);
+    assert_eq!(wait_status_of(None, Some("SIGBOGUS"), false), None);
+}
+
+#[test]
 fn exit_nulls_are_explicit() {
     let v = line(&Event::Exit(Exit {
         pid: 1,
