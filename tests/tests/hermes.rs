@@ -361,6 +361,7 @@ fn hermes_0_14s_connect_timeout_leak_is_named_in_run_stdio() {
     // on it, and nothing ends it (the task that spawned it goes on holding its pipes).
     let home = hermes_home_with(&dir, &venv, &[("stuck", &["--hang"])], "connect_timeout: 2");
     let hermes = venv.join("bin/hermes");
+    let mut asked = None;
     let run = run_reaper_until(
         &[
             "--idle-after",
@@ -374,15 +375,34 @@ fn hermes_0_14s_connect_timeout_leak_is_named_in_run_stdio() {
         ],
         &[("HERMES_HOME", home.to_str().unwrap())],
         &dir.join("release"),
-        ("the stuck server flagged", Then::Interrupt),
+        (
+            "the stuck server flagged, and why asked of it",
+            Then::Interrupt,
+        ),
         |events| {
             let stuck = server(events, "stuck");
-            !flags(events).is_empty()
-                && flags(events).iter().any(|f| {
-                    let chain = f["chain"].as_array().cloned().unwrap_or_default();
-                    chain.iter().any(|c| c["pid"].as_u64() == stuck)
-                })
+            let flagged = flags(events).into_iter().find(|f| {
+                let chain = f["chain"].as_array().cloned().unwrap_or_default();
+                chain.iter().any(|c| c["pid"].as_u64() == stuck)
+            });
+            if let Some(flagged) = flagged.filter(|_| asked.is_none()) {
+                let why = Command::new(reaper_tests::reaper_trace())
+                    .args(["why", &pid(&flagged["pid"]).to_string()])
+                    .output()
+                    .expect("run reaper-trace why");
+                asked = Some(why);
+            }
+            asked.is_some()
         },
+    );
+    // `why` of the leaked server names the code that spawned it: hermes's own `_run_stdio`.
+    let asked = asked.expect("asked");
+    let said = String::from_utf8_lossy(&asked.stdout);
+    eprintln!("{said}");
+    assert!(asked.status.success(), "{asked:?}");
+    assert!(
+        said.contains("spawned at ") && said.contains("_run_stdio (mcp_tool.py:"),
+        "{said}"
     );
     let proven = run.until_proof();
     let flag = flags(&proven.events)[0].clone();

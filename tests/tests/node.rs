@@ -209,9 +209,36 @@ fn leak_lines(run: &Run) -> Vec<String> {
         .collect()
 }
 
+/// `reaper-trace why LEAF --json` and readable, LEAF the `server.js` of the host's server
+/// `spec` (from the host's truth file, written once its servers started).
+fn why_leaf_of(test: &str, spec: &str) -> (Value, String) {
+    let truth = reaper_tests::read_json(&reaper_tests::scratch_path(test).join("truth.json"));
+    let servers = truth["servers"].as_array().expect("the host's servers");
+    let server = servers
+        .iter()
+        .find(|s| s["spec"] == spec)
+        .expect("the server");
+    let leaf = pid(&server["leaf"]).to_string();
+    let why = |json: bool| {
+        let mut why = std::process::Command::new(reaper_tests::reaper_trace());
+        why.args(["why", &leaf]);
+        if json {
+            why.arg("--json");
+        }
+        let out = why.output().expect("run reaper-trace why");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    (
+        serde_json::from_str(&why(true)).expect("one JSON object"),
+        why(false),
+    )
+}
+
 #[test]
 fn wrapper_chains_are_one_server_flagged_once_on_the_outermost() {
     let test = "wrapper_chains_are_one_server_flagged_once_on_the_outermost";
+    let mut asked = None;
     let Some((run, host, servers)) = run_host(
         test,
         &["--idle-after", "10s", "--scan-interval", "250ms"],
@@ -223,14 +250,59 @@ fn wrapper_chains_are_one_server_flagged_once_on_the_outermost() {
             "abandoned:sh",
         ],
         &[],
-        "2 idle flags",
-        |events| count(events, "idle") >= 2,
+        "2 idle flags, and why asked of the abandoned npx server",
+        |events| {
+            if count(events, "idle") >= 2 && asked.is_none() {
+                asked = Some(why_leaf_of(test, "abandoned:npx"));
+            }
+            asked.is_some()
+        },
     ) else {
         return;
     };
     // What came after is the host's teardown, which can orphan a wrapper's child for a moment.
     let run = run.until_proof();
     assert_eq!(run.all("flag").len(), 2, "{:?}", run.all("flag"));
+    // `why` of the server inside the abandoned `npx` chain: its lineage from the host down
+    // through the wrappers, and the chain's flag on its outermost process.
+    let (json, text) = asked.expect("asked");
+    let npx = servers.iter().find(|s| s.spec == "abandoned:npx").unwrap();
+    eprintln!("{text}");
+    let lineage: Vec<u64> = json["lineage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(pid)
+        .collect();
+    assert_eq!(lineage.first(), Some(&host), "{json:#}");
+    assert_eq!(lineage.last(), Some(&npx.leaf), "{json:#}");
+    assert!(
+        lineage.contains(&npx.outer),
+        "through the npx wrapper: {json:#}"
+    );
+    assert!(
+        json["flags"].as_array().unwrap().is_empty(),
+        "flagged once, on the outermost"
+    );
+    assert_eq!(pid(&json["server"]["pid"]), npx.outer, "{json:#}");
+    let theirs = json["server"]["flags"].as_array().unwrap();
+    assert!(theirs.iter().any(|f| f["reason"] == "idle"), "{json:#}");
+    assert_eq!(
+        chain(&json).first(),
+        Some(&npx.outer),
+        "the server from its outermost"
+    );
+    assert_eq!(chain(&json).last(), Some(&npx.leaf), "down to this one");
+    let kill = json["kill"]["why"].as_str().unwrap();
+    assert!(
+        kill.starts_with(&format!("its server's outermost process {}: ", npx.outer)),
+        "judged by its server's flags: {json:#}"
+    );
+    let server = format!(
+        "an inner process of the server from {}, which is flagged idle",
+        npx.outer
+    );
+    assert!(text.contains(&server), "{text}");
     for s in &servers {
         if s.active {
             let members: Vec<u64> = run

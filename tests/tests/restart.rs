@@ -22,20 +22,39 @@ fn first_run(gw: u64, state: &Path, out: &Path, pid: u64, signal: i32) -> String
     std::fs::read_to_string(out).expect("the first run's stream")
 }
 
-/// The second run, with the same selectors and state, until it flags `b` orphaned.
-fn second_run(gateway: &OrphanLater, state: &Path) -> Run {
+/// The second run, with the same selectors and state, until it flags `b` orphaned; with
+/// what `reaper-trace why B --json` answered then.
+fn second_run(gateway: &OrphanLater, state: &Path) -> (Run, Value) {
     let b = gateway.b;
-    run_kept_until(
+    let mut asked = None;
+    let run = run_kept_until(
         gateway.gateway,
         state,
         gateway.release(),
-        "the helper flagged orphaned",
+        "the helper flagged orphaned, and why answered",
         |events| {
-            events
+            let flagged = events
                 .iter()
-                .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned")
+                .any(|e| e["event"] == "flag" && pid(&e["pid"]) == b && e["reason"] == "orphaned");
+            if flagged && asked.is_none() {
+                asked = Some(why(&[&b.to_string(), "--json"]));
+            }
+            asked.is_some()
         },
-    )
+    );
+    let answer = asked.expect("asked");
+    assert!(answer.status.success(), "{answer:?}\n{}", run.stderr);
+    let answer = serde_json::from_slice(&answer.stdout).expect("one JSON object");
+    (run, answer)
+}
+
+/// `reaper-trace why ARGS`.
+fn why(args: &[&str]) -> std::process::Output {
+    Command::new(reaper_trace())
+        .arg("why")
+        .args(args)
+        .output()
+        .expect("run reaper-trace why")
 }
 
 /// The events that carry a kernel time, as (event, pid, ts).
@@ -66,7 +85,7 @@ fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
     gateway.orphan_b();
     let b = gateway.b;
 
-    let second = second_run(&gateway, &state);
+    let (second, asked) = second_run(&gateway, &state);
     gateway.finish();
     let orphaned = flag(&second, b, "orphaned");
     assert_eq!(
@@ -75,6 +94,27 @@ fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
         "the whole lineage, though B was born, escaped and was reparented while no run read:\n\
          first run:\n{first}\nsecond run's flag: {orphaned}"
     );
+    // `why` asked of the run after the restart, and of the audit both runs wrote, read back:
+    // B under its gateway through A, which exited while no run read.
+    for (answer, whose) in [
+        (&asked, "the running audit's"),
+        (&read_back(&first, &second, b), "the audit read back"),
+    ] {
+        assert_eq!(
+            answer["lineage"],
+            serde_json::json!([gw, a, b]),
+            "{whose}: {answer:#}"
+        );
+        assert!(
+            answer["ancestors"][1]["exited"].is_u64(),
+            "{whose}: A exited: {answer:#}"
+        );
+        let flags = answer["flags"].as_array().expect("flags");
+        assert!(
+            flags.iter().any(|f| f["reason"] == "orphaned"),
+            "{whose}: {answer:#}"
+        );
+    }
     let ready = &second.all("ready")[0];
     assert_eq!(ready["resumed"]["kernel_kept"], true, "{ready}");
     // Exactly one event of each thing that happened in the gap, from the ring: before
@@ -120,6 +160,22 @@ fn the_gap_is_read_from_the_ring(test: &str, signal: i32) {
         );
     }
     release_leaves_nothing(&state);
+}
+
+/// `why B --from AUDIT`, the audit being both runs' streams one after the other (as one
+/// `--output` file holds them): B as at its exit or the audit's end.
+fn read_back(first: &str, second: &Run, b: u64) -> Value {
+    let audit = reaper_tests::scratch(&format!("restart-read-back-{b}")).join("audit.ndjson");
+    let mut lines = first.to_owned();
+    for event in &second.events {
+        lines.push_str(&format!("{event}\n"));
+    }
+    std::fs::write(&audit, lines).expect("write the audit");
+    let answer = why(&[&b.to_string(), "--from", audit.to_str().unwrap(), "--json"]);
+    assert!(answer.status.success(), "{answer:?}");
+    let text = String::from_utf8_lossy(&answer.stdout);
+    let last = text.lines().last().expect("an answer");
+    serde_json::from_str(last).expect("a JSON object")
 }
 
 /// `--release-state` detaches, unpins and removes everything.
@@ -169,7 +225,7 @@ fn a_state_of_the_release_before_without_its_kernel_side_gives_the_lineage_read_
     std::fs::write(&file, checkpoint.to_string()).expect("rewrite the checkpoint");
     gateway.orphan_b();
 
-    let second = second_run(&gateway, &state);
+    let (second, _) = second_run(&gateway, &state);
     gateway.finish();
     let orphaned = flag(&second, b, "orphaned");
     assert_eq!(

@@ -457,15 +457,24 @@ fn readable_with(p: &Process, kill: &str) -> String {
         Some(t) => format!("exited {} ago", ago(t)),
         None => "alive".into(),
     };
-    let flags: Vec<String> = p
-        .flags
-        .iter()
-        .map(|f| format!("{} for {}", f.reason, ago(f.since)))
-        .collect();
-    let flags = match flags.is_empty() {
-        true => "no flag".into(),
-        false => format!("flagged {}", flags.join(", ")),
+    let flagged = |held: &[super::Held], none: &str| match held.is_empty() {
+        true => none.to_owned(),
+        false => {
+            let each: Vec<String> = held
+                .iter()
+                .map(|f| format!("{} for {}", f.reason, ago(f.since)))
+                .collect();
+            format!("flagged {}", each.join(", "))
+        }
     };
+    let mut flags = flagged(&p.flags, "no flag");
+    if let Some(server) = &p.server {
+        let theirs = flagged(&server.flags, "not flagged");
+        flags.push_str(&format!(
+            "; an inner process of the server from {}, which is {theirs}",
+            server.pid
+        ));
+    }
     let lineage: Vec<String> = d
         .ancestors
         .iter()

@@ -119,12 +119,27 @@ pub struct Process {
     pub now: u64,
     /// The flags it holds now.
     pub flags: Vec<Held>,
-    /// Whether `--kill` could act on it, and why or why not.
+    /// Whether `--kill` could act on it, and why or why not (on the outermost process of
+    /// its `server`, when it is an inner one without a flag of its own).
     pub kill: Kill,
+    /// When it is an inner process of a server judged as one from its outermost process (a
+    /// wrapper chain: `npm exec` > `sh -c` > `node server.js`): that process, whose flags
+    /// stand for the whole server (`chain` lists the server from it down to this one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerOf>,
     /// Its lineage, spawner's thread, channels and who holds their other ends, RSS, spawn
     /// site: as a flag's.
     #[serde(flatten)]
     pub detail: LeakDetail,
+}
+
+/// The outermost process of the server a process is part of.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerOf {
+    pub pid: u32,
+    /// The flags it holds now.
+    pub flags: Vec<Held>,
 }
 
 /// What `--kill` could do to a process (with the run's `--kill-reasons`).
@@ -139,7 +154,7 @@ pub struct Kill {
 }
 
 /// A flag held.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Held {
     pub reason: Reason,

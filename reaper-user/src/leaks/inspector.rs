@@ -187,6 +187,18 @@ impl Inspector {
         live.chain(zombies)
     }
 
+    /// The outermost process of the server `id` is part of, as the last look saw their
+    /// channels: `id` itself when it is a server by itself (or not looked at yet).
+    pub fn outermost(&self, graph: &LineageGraph, id: NodeId) -> NodeId {
+        let fds_of = |id: NodeId| {
+            self.watches
+                .get(&id)
+                .and_then(|w| w.last.as_ref())
+                .map(|s| &s.fds[..])
+        };
+        channels::outermost(graph, id, fds_of)
+    }
+
     /// `id`'s kind and its live instances now, as an `accumulating` flag would give them.
     pub fn crowd_of(&mut self, graph: &LineageGraph, id: NodeId) -> Option<Crowd> {
         let servers = self.servers(graph);
@@ -323,15 +335,9 @@ impl Inspector {
 
     /// The servers among the watched processes, each outermost process first.
     fn servers(&self, graph: &LineageGraph) -> Vec<Vec<NodeId>> {
-        let fds_of = |id: NodeId| {
-            self.watches
-                .get(&id)
-                .and_then(|w| w.last.as_ref())
-                .map(|s| &s.fds[..])
-        };
         let mut by_outermost: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
         for &id in self.watches.keys() {
-            let top = channels::outermost(graph, id, fds_of);
+            let top = self.outermost(graph, id);
             by_outermost.entry(top).or_default().push(id);
         }
         by_outermost

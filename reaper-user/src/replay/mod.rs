@@ -19,13 +19,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::api::{Held, Kill, Process, TreeFilter};
+use crate::api::{Held, Kill, Process, ServerOf, TreeFilter};
 use crate::capture::decode::{KernelEvent, What};
 use crate::identity::boottime_to_ticks;
 use crate::leaks::flags;
 use crate::lineage::graph::{LineageGraph, NodeId, Seed};
 use crate::output::tree::{Branch, picked_tree};
-use crate::stream::events::{self as ev, Event, LeakDetail, Ready};
+use crate::stream::events::{self as ev, Event, LeakDetail, ProcessLabel, Ready};
 use crate::stream::reading::{Line, each_line};
 use crate::text::Comm;
 pub use at::At;
@@ -113,6 +113,9 @@ struct Replay {
     asked: Option<u32>,
     recorded: HashMap<NodeId, Box<LeakDetail>>,
     kills: HashMap<NodeId, Vec<String>>,
+    /// The server each of them was last flagged as an inner process of: its outermost
+    /// process, and the server from it down (the flag's `chain`).
+    part_of: HashMap<NodeId, (NodeId, Vec<ProcessLabel>)>,
     /// The process that had the asked pid at the last line, and those answered already.
     last_asked: Option<NodeId>,
     answered: HashSet<NodeId>,
@@ -146,6 +149,7 @@ impl Replay {
             asked,
             recorded: HashMap::default(),
             kills: HashMap::default(),
+            part_of: HashMap::default(),
             last_asked: None,
             answered: HashSet::default(),
             answers: Vec::new(),
@@ -317,6 +321,14 @@ impl Replay {
     fn process(&self, id: NodeId, now: u64) -> Option<Process> {
         let node = self.graph.node(id)?;
         let known = flags::detail_named(&self.graph, node, None, |n| n.comm);
+        let server = self.part_of.get(&id);
+        let known = match server {
+            Some((_, chain)) => LeakDetail {
+                chain: chain.clone(),
+                ..known
+            },
+            None => known,
+        };
         let detail = match self.recorded.get(&id) {
             Some(flagged) => LeakDetail {
                 lineage: known.lineage,
@@ -350,6 +362,12 @@ impl Replay {
             now,
             flags: self.held.get(&id).cloned().unwrap_or_default(),
             kill,
+            server: server.and_then(|(top, _)| {
+                Some(ServerOf {
+                    pid: self.graph.node(*top)?.pid,
+                    flags: self.held.get(top).cloned().unwrap_or_default(),
+                })
+            }),
             detail,
         })
     }
@@ -482,8 +500,15 @@ impl Replay {
                     reason: flag.reason,
                     since: flag.since,
                 });
-                if self.asked == Some(flag.pid) {
+                let Some(asked) = self.asked else { return };
+                if asked == flag.pid {
                     self.recorded.insert(id, flag.detail);
+                } else if let Some(at) = flag.detail.chain.iter().position(|m| m.pid == asked)
+                    && let Some(inner) = self.graph.current(asked).map(|n| n.id)
+                {
+                    let mut chain = flag.detail.chain;
+                    chain.truncate(at + 1);
+                    self.part_of.insert(inner, (id, chain));
                 }
             }
             Event::Cleared(c) => {

@@ -288,3 +288,30 @@ fn a_wall_clock_moment_needs_the_audits_clock_and_bad_files_say_why() {
         Some(4 * S)
     );
 }
+
+#[test]
+fn an_inner_process_of_a_flagged_server_is_answered_with_the_server_from_its_outermost() {
+    let mut audit = Audit::new();
+    audit
+        .gateway()
+        .fork(2, 11, 10, 2)
+        .exec(2, 11, "/usr/bin/npm")
+        .fork(3, 12, 11, 3)
+        .exec(3, 12, "/usr/bin/node")
+        .line(
+            "flag",
+            9,
+            json!({"pid": 11, "reason": "idle", "since": 3 * S, "lineage": [10, 11],
+                   "chain": [{"pid": 11, "comm": "npm", "argv": ["npm", "exec"]},
+                             {"pid": 12, "comm": "node", "argv": ["node", "server.js"]}]}),
+        );
+    let inner = &why(&audit.path(), 12, None).unwrap()[0].answer;
+    assert!(inner.flags.is_empty(), "the flag is the server's");
+    let server = inner.server.as_ref().expect("part of a server");
+    assert_eq!(server.pid, 11);
+    assert_eq!(server.flags[0].reason, Reason::Idle);
+    let chain: Vec<u32> = inner.detail.chain.iter().map(|m| m.pid).collect();
+    assert_eq!(chain, [11, 12]);
+    let outer = &why(&audit.path(), 11, None).unwrap()[0].answer;
+    assert!(outer.server.is_none(), "the outermost is the server");
+}

@@ -7,10 +7,12 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::api::{
-    Answer, Asked, Branch, FollowFilter, Held, Kill, KindCount, Process, Query, Status, TreeFilter,
+    Answer, Asked, Branch, FollowFilter, Held, Kill, KindCount, Process, Query, ServerOf, Status,
+    TreeFilter,
 };
 use crate::kill;
 use crate::leaks::flags;
+use crate::lineage::graph::NodeId;
 use crate::output::follow::Follower;
 use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
@@ -92,18 +94,40 @@ impl Pipeline {
         }
         let (id, start, alive) = (node.id, node.start.boottime_ns(), node.alive());
         let exited = node.exited.map(|e| e.ts);
-        let flags: Vec<Held> = self
-            .inspector
-            .active()
-            .filter(|(flagged, _, _)| *flagged == id)
-            .map(|(_, reason, since)| Held { reason, since })
-            .collect();
-        let held: Vec<_> = flags.iter().map(|f| f.reason).collect();
-        let (could, why) = kill::could_kill(&self.graph, node, &held, &self.kill_reasons);
+        let flags = self.held_by(id);
+        // An inner process of a server: the server is judged, flagged and killed whole, from
+        // its outermost process.
+        let top = match alive {
+            true => self.inspector.outermost(&self.graph, id),
+            false => id,
+        };
+        let server = (top != id).then(|| {
+            let chain = self.graph.chain(id);
+            let from_top = chain.iter().skip_while(|n| n.id != top);
+            detail.chain = from_top
+                .map(|n| flags::label(n, flags::current_name(n)))
+                .collect();
+            ServerOf {
+                pid: self.graph.node(top).map_or(0, |n| n.pid),
+                flags: self.held_by(top),
+            }
+        });
+        let judged = match (&server, flags.is_empty()) {
+            (Some(s), true) => Some((
+                top,
+                &s.flags,
+                format!("its server's outermost process {}: ", s.pid),
+            )),
+            _ => None,
+        };
+        let (judged, held, on) = judged.unwrap_or((id, &flags, String::new()));
+        let held: Vec<_> = held.iter().map(|f| f.reason).collect();
+        let judged = self.graph.node(judged).unwrap_or(node);
+        let (could, why) = kill::could_kill(&self.graph, judged, &held, &self.kill_reasons);
         let kill = Kill {
             enabled: self.killer.is_some(),
             could,
-            why,
+            why: format!("{on}{why}"),
         };
         (detail.spawned_at, detail.spawned_at_truncated) =
             self.spawned_at(pid, &mut NamedThisRound::default());
@@ -119,7 +143,17 @@ impl Pipeline {
             now: boottime_now(),
             flags,
             kill,
+            server,
             detail,
         })
+    }
+
+    /// The flags process `id` holds now.
+    fn held_by(&self, id: NodeId) -> Vec<Held> {
+        let active = self.inspector.active();
+        active
+            .filter(|(flagged, _, _)| *flagged == id)
+            .map(|(_, reason, since)| Held { reason, since })
+            .collect()
     }
 }
