@@ -175,7 +175,14 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     };
     assert_eq!(roots_of(&tree_then), roots_of(&live_tree));
     // Before B was forked, nobody had its pid in this audit.
-    let first = why(&[&b.to_string(), "--from", audit, "--at", "+0s"]);
+    let forked = run
+        .events
+        .iter()
+        .find(|e| e["event"] == "fork" && pid(&e["pid"]) == b)
+        .and_then(|e| e["ts"].as_u64())
+        .expect("B's fork");
+    let before = (forked - 1).to_string();
+    let first = why(&[&b.to_string(), "--from", audit, "--at", &before]);
     assert_eq!(first.status.code(), Some(1), "{first:?}");
 
     // A process no run tracks: exit status 1, and what /proc says of it.

@@ -18,14 +18,13 @@
 //!   [`crate::output::follow`]).
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::leaks::Reason;
 use crate::stream::events::LeakDetail;
 
-pub use crate::output::follow::FollowFilter;
+pub use crate::output::follow::{FollowFilter, FollowQueue};
 pub use crate::output::tree::Branch;
 
 pub mod client;
@@ -56,7 +55,7 @@ pub enum Asked {
     /// The stream from now on, what `filter` picks, sent to `lines`.
     Follow {
         filter: FollowFilter,
-        lines: mpsc::Sender<Bytes>,
+        lines: FollowQueue,
     },
 }
 

@@ -21,6 +21,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Asked, FollowFilter, Query};
+use crate::output::follow::{self, FollowStream};
 
 /// The API's socket file, removed when dropped (at the run's end).
 pub struct SocketFile(PathBuf);
@@ -190,8 +191,8 @@ async fn respond(
             .and_then(|f| f.check().map(|()| f))
         {
             Ok(filter) if filter.follow.is_some() => {
-                let (lines, rx) = mpsc::channel(filter.queue());
-                follower = Some(rx);
+                let (lines, stream) = follow::queue(filter.queue());
+                follower = Some(stream);
                 Asked::Follow { filter, lines }
             }
             Ok(_) => {
@@ -227,7 +228,7 @@ async fn respond(
 
 /// A follower's lines, as the event loop sends them; the body ends when the run drops the
 /// follower or ends.
-struct Lines(mpsc::Receiver<Bytes>);
+struct Lines(FollowStream);
 
 impl hyper::body::Body for Lines {
     type Data = Bytes;
@@ -238,8 +239,8 @@ impl hyper::body::Body for Lines {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.0
-            .poll_recv(cx)
-            .map(|line| line.map(|l| Ok(Frame::data(l))))
+            .poll_chunk(cx)
+            .map(|lines| lines.map(|l| Ok(Frame::data(l))))
     }
 }
 

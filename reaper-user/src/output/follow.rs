@@ -2,9 +2,17 @@
 //! moment it asked, those its filter picks, through a bounded queue. The run never waits for
 //! one: a follower whose queue is full is dropped (its last line says so) and counted in the
 //! summary's `delivery.followers_dropped`; the stream's own outlets lose nothing.
+//!
+//! Lines go to a follower in chunks: those of a batch are gathered and sent when the outlets
+//! are flushed (after a batch, or at the housekeeping tick while records stream) or once a
+//! chunk is full. A line each was a send, a wake-up and an HTTP chunk each, and a follower
+//! cost the reader as much again as the rest of its work in a fork storm (BENCHMARKS.md).
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -58,9 +66,60 @@ impl FollowFilter {
     }
 }
 
-/// A follower: its queue and what it asked for.
+/// A chunk is sent once its lines reach this many bytes, whatever the batch.
+const CHUNK: usize = 64 << 10;
+
+/// Lines on their way to a follower: the bytes, and how many lines they are.
+struct Chunk {
+    bytes: Bytes,
+    lines: usize,
+}
+
+/// A follower's queue, from the run to its connection: chunks of lines, bounded by the
+/// lines in it (`limit`), counted as they are sent and as the connection takes them.
+pub fn queue(limit: usize) -> (FollowQueue, FollowStream) {
+    let (chunks, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let queue = FollowQueue {
+        chunks,
+        queued: queued.clone(),
+        limit,
+    };
+    (queue, FollowStream { chunks: rx, queued })
+}
+
+/// The run's end of a follower's queue.
+#[derive(Debug)]
+pub struct FollowQueue {
+    chunks: mpsc::UnboundedSender<Chunk>,
+    /// Lines sent and not yet taken by the connection.
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+/// The connection's end of a follower's queue.
+pub struct FollowStream {
+    chunks: mpsc::UnboundedReceiver<Chunk>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl FollowStream {
+    /// The next chunk of lines; `None` once the run ended this follower.
+    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        self.chunks.poll_recv(cx).map(|chunk| {
+            chunk.map(|c| {
+                self.queued.fetch_sub(c.lines, Ordering::Relaxed);
+                c.bytes
+            })
+        })
+    }
+}
+
+/// A follower: its queue, the lines gathered for it, and what it asked for.
 pub struct Follower {
-    lines: mpsc::Sender<Bytes>,
+    queue: FollowQueue,
+    gathered: BytesMut,
+    gathered_lines: usize,
     events: Option<Vec<String>>,
     reason: Option<Reason>,
     /// With `pid`: the processes it follows (`pid`'s descendants alive when it asked, and
@@ -69,15 +128,17 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// A follower of `filter`, its lines sent to `lines`; `descendants` are the processes
+    /// A follower of `filter`, its lines sent to `queue`; `descendants` are the processes
     /// already under `filter.pid` (itself included).
     pub fn new(
         filter: &FollowFilter,
-        lines: mpsc::Sender<Bytes>,
+        queue: FollowQueue,
         descendants: impl IntoIterator<Item = u32>,
     ) -> Follower {
         Follower {
-            lines,
+            queue,
+            gathered: BytesMut::new(),
+            gathered_lines: 0,
             events: filter
                 .event
                 .as_ref()
@@ -112,6 +173,34 @@ impl Follower {
             .is_none_or(|names| names.iter().any(|n| n == event.name()));
         named && self.reason.is_none_or(|r| event.reason() == Some(r))
     }
+
+    /// Lines it has not read yet: in its queue, and gathered.
+    fn behind(&self) -> usize {
+        self.queue.queued.load(Ordering::Relaxed) + self.gathered_lines
+    }
+
+    /// Sends what was gathered; false when the connection is gone.
+    fn send(&mut self) -> bool {
+        if self.gathered_lines == 0 {
+            return !self.queue.chunks.is_closed();
+        }
+        let chunk = Chunk {
+            bytes: self.gathered.split().freeze(),
+            lines: std::mem::take(&mut self.gathered_lines),
+        };
+        self.queue.queued.fetch_add(chunk.lines, Ordering::Relaxed);
+        self.queue.chunks.send(chunk).is_ok()
+    }
+
+    /// Sends what was gathered, and the notice that it was dropped, last.
+    fn drop_behind(&mut self) {
+        self.send();
+        let notice = Chunk {
+            bytes: Bytes::from_static(DROPPED),
+            lines: 1,
+        };
+        let _ = self.queue.chunks.send(notice);
+    }
 }
 
 /// The followers of a run.
@@ -129,6 +218,7 @@ impl Followers {
 
     /// Ends every follower's stream: their queues close once what waits in them is read.
     pub fn end(&mut self) {
+        self.flush();
         self.list.clear();
     }
 
@@ -144,25 +234,28 @@ impl Followers {
     /// how many were dropped for a full queue (a follower gone is forgotten silently).
     pub fn offer(&mut self, event: &Event, line: &[u8]) -> u64 {
         let mut dropped = 0;
-        let mut shared: Option<Bytes> = None;
         self.list.retain_mut(|f| {
-            if f.lines.is_closed() {
-                return false;
-            }
             if !f.picks(event) {
                 return true;
             }
             // A queue's last place is kept for the notice that it was dropped.
-            if f.lines.capacity() <= 1 {
-                let _ = f.lines.try_send(Bytes::from_static(DROPPED));
+            if f.behind() + 1 >= f.queue.limit {
+                f.drop_behind();
                 dropped += 1;
                 return false;
             }
-            let line = shared.get_or_insert_with(|| Bytes::copy_from_slice(line));
-            f.lines.try_send(line.clone()).is_ok()
+            f.gathered.extend_from_slice(line);
+            f.gathered_lines += 1;
+            f.gathered.len() < CHUNK || f.send()
         });
         self.dropped += dropped;
         dropped
+    }
+
+    /// Sends each follower what was gathered for it (with the outlets' flush); forgets a
+    /// follower whose connection is gone.
+    pub fn flush(&mut self) {
+        self.list.retain_mut(Follower::send);
     }
 }
 
@@ -170,3 +263,72 @@ impl Followers {
 /// run's stream).
 pub const DROPPED: &[u8] =
     b"{\"event\":\"note\",\"text\":\"this follower did not keep up and was dropped; the run goes on\"}\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::events::Setsid;
+
+    /// What the connection would read now: each chunk.
+    fn read(stream: &mut FollowStream) -> Vec<Bytes> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut chunks = Vec::new();
+        while let Poll::Ready(Some(chunk)) = stream.poll_chunk(&mut cx) {
+            chunks.push(chunk);
+        }
+        chunks
+    }
+
+    fn setsid(pid: u32) -> Event {
+        Event::Setsid(Setsid { pid, sid: pid })
+    }
+
+    #[test]
+    fn a_batchs_lines_go_as_one_chunk_at_the_flush_and_a_full_queue_ends_with_the_notice() {
+        let mut followers = Followers::default();
+        let (reading, mut read_end) = queue(QUEUE);
+        let (stalled, mut stalled_end) = queue(4);
+        let all = FollowFilter::default();
+        followers.add(Follower::new(&all, reading, []));
+        followers.add(Follower::new(&all, stalled, []));
+        for pid in 1..=2 {
+            assert_eq!(
+                followers.offer(&setsid(pid), format!("{pid}\n").as_bytes()),
+                0
+            );
+        }
+        assert!(read(&mut read_end).is_empty(), "gathered until the flush");
+        followers.flush();
+        assert_eq!(read(&mut read_end), [Bytes::from_static(b"1\n2\n")]);
+        // The stalled one read nothing: two lines wait; a third fills its last place but
+        // one, a fourth drops it.
+        assert_eq!(followers.offer(&setsid(3), b"3\n"), 0);
+        assert_eq!(followers.offer(&setsid(4), b"4\n"), 1);
+        assert_eq!((followers.len(), followers.dropped), (1, 1));
+        let got: Vec<u8> = read(&mut stalled_end).concat();
+        let notice = String::from_utf8_lossy(DROPPED);
+        assert_eq!(String::from_utf8_lossy(&got), format!("1\n2\n3\n{notice}"));
+        assert!(stalled_end.chunks.is_closed(), "its stream ends there");
+        followers.flush();
+        assert_eq!(read(&mut read_end).concat(), b"3\n4\n");
+    }
+
+    #[test]
+    fn a_full_chunk_goes_at_once_and_a_follower_gone_is_forgotten() {
+        let mut followers = Followers::default();
+        let (reading, mut read_end) = queue(QUEUE);
+        followers.add(Follower::new(&FollowFilter::default(), reading, []));
+        let line = vec![b'x'; CHUNK / 2];
+        followers.offer(&setsid(1), &line);
+        assert!(read(&mut read_end).is_empty());
+        followers.offer(&setsid(2), &line);
+        assert_eq!(
+            read(&mut read_end).concat().len(),
+            CHUNK,
+            "sent without a flush"
+        );
+        drop(read_end);
+        followers.flush();
+        assert!(followers.is_empty());
+    }
+}

@@ -253,8 +253,10 @@ impl Output {
         Ok(())
     }
 
-    /// Flushes both outlets (after every batch of events, so a reader sees them at once).
+    /// Flushes both outlets and the followers' lines (after every batch of events, so a
+    /// reader sees them at once).
     pub fn flush(&mut self) -> io::Result<()> {
+        self.followers.flush();
         for w in &mut self.json {
             w.flush()?;
         }

@@ -3,12 +3,10 @@
 //! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
 //! /proc files at most.
 use super::Pipeline;
-use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use crate::api::{
-    Answer, Asked, Branch, FollowFilter, Held, Kill, KindCount, Process, Query, ServerOf, Status,
-    TreeFilter,
+    Answer, Asked, Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Query,
+    ServerOf, Status, TreeFilter,
 };
 use crate::kill;
 use crate::leaks::flags;
@@ -54,7 +52,7 @@ impl Pipeline {
 
     /// Sends the stream's lines from now on to `lines`, those `filter` picks; false for a
     /// `pid` not tracked.
-    fn follow(&mut self, filter: &FollowFilter, lines: mpsc::Sender<Bytes>) -> bool {
+    fn follow(&mut self, filter: &FollowFilter, lines: FollowQueue) -> bool {
         let descendants: Vec<u32> = match filter.pid {
             Some(pid) => {
                 let Some(top) = self.graph.current(pid).map(|n| n.id) else {
