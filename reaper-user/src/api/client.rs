@@ -113,10 +113,7 @@ pub async fn events(cli: &EventsCli) -> Result<i32> {
         queue: None,
     };
     let path = format!("/v1/events?{}", serde_urlencoded::to_string(&filter)?);
-    let sockets = match &cli.api {
-        Some(path) => vec![path.clone()],
-        None => run_sockets()?,
-    };
+    let sockets = sockets(cli.api.as_deref())?;
     if cli.pid.is_none() && sockets.len() > 1 {
         let all: Vec<String> = sockets.iter().map(|s| s.display().to_string()).collect();
         bail!(
@@ -124,29 +121,9 @@ pub async fn events(cli: &EventsCli) -> Result<i32> {
             all.join(", ")
         );
     }
-    let mut runs = Runs::default();
-    for socket in sockets {
-        let response = match request(&socket, &path).await {
-            Ok(r) => r,
-            Err(e) if permission_denied(&e) => {
-                runs.denied.push(socket.display().to_string());
-                continue;
-            }
-            Err(_) => continue,
-        };
-        match response.status() {
-            StatusCode::OK => return stream_lines(response.into_body()).await,
-            StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
-            StatusCode::SERVICE_UNAVAILABLE => continue, // a run that is ending
-            status => {
-                let body = response.into_body().collect().await?.to_bytes();
-                bail!(
-                    "{} answered {status}: {}",
-                    socket.display(),
-                    String::from_utf8_lossy(&body)
-                )
-            }
-        }
+    let mut runs = ask_runs(&sockets, &path).await?;
+    if let Some((_, stream)) = runs.answered.drain(..).next() {
+        return stream_lines(stream.into_body()).await;
     }
     let none = match cli.pid {
         Some(pid) => format!("pid {pid} is not tracked by"),
@@ -183,8 +160,9 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
     if !cli.replay.from.is_empty() {
         return why_from(cli);
     }
-    let runs = ask_runs(cli.api.as_deref(), &format!("/v1/process/{}", cli.pid)).await?;
-    if let Some((socket, body)) = runs.answered.first() {
+    let sockets = sockets(cli.api.as_deref())?;
+    let mut runs = ask_runs(&sockets, &format!("/v1/process/{}", cli.pid)).await?;
+    if let Some((socket, body)) = runs.bodies().await?.first() {
         if cli.json {
             return Ok((String::from_utf8_lossy(body).into_owned(), 0));
         }
@@ -302,8 +280,10 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
     }
     let filter = tree_filter(cli);
     let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
-    let runs = ask_runs(cli.api.as_deref(), &format!("/v1/tree?{query}")).await?;
-    if runs.answered.is_empty() {
+    let sockets = sockets(cli.api.as_deref())?;
+    let mut runs = ask_runs(&sockets, &format!("/v1/tree?{query}")).await?;
+    let answered = runs.bodies().await?;
+    if answered.is_empty() {
         let by = match cli.gateway {
             Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by")),
             None => runs.none_tracks("no answer from"),
@@ -312,8 +292,7 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
     }
     if cli.json {
         // Each run's answer as it came (its fields in their order), under its socket.
-        let members: Vec<String> = runs
-            .answered
+        let members: Vec<String> = answered
             .iter()
             .map(|(socket, body)| {
                 let key = serde_json::to_string(&socket.display().to_string())?;
@@ -322,9 +301,9 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
             .collect::<serde_json::Result<_>>()?;
         return Ok((format!("{{{}}}", members.join(",")), 0));
     }
-    let many = runs.answered.len() > 1;
+    let many = answered.len() > 1;
     let mut text = String::new();
-    for (socket, body) in &runs.answered {
+    for (socket, body) in &answered {
         let roots: Vec<Branch> = serde_json::from_slice(body)
             .with_context(|| format!("reading {}'s answer", socket.display()))?;
         let title = match many {
@@ -342,8 +321,9 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
 /// The runs asked, and what they said.
 #[derive(Default)]
 struct Runs {
-    /// The sockets asked, and each one's answer when it was 200.
-    answered: Vec<(PathBuf, Bytes)>,
+    /// The sockets that answered 200, each with its answer, its body still to be read (a
+    /// follower's stream goes on).
+    answered: Vec<(PathBuf, hyper::Response<hyper::body::Incoming>)>,
     /// The sockets that answered 404.
     asked: Vec<String>,
     /// The sockets that refused this user.
@@ -362,34 +342,51 @@ impl Runs {
             (false, _) => format!("{none} {}", self.asked.join(", ")),
         }
     }
+
+    /// The answers' bodies, read whole.
+    async fn bodies(&mut self) -> Result<Vec<(PathBuf, Bytes)>> {
+        let mut bodies = Vec::new();
+        for (socket, response) in self.answered.drain(..) {
+            let body = response.into_body().collect().await?.to_bytes();
+            bodies.push((socket, body));
+        }
+        Ok(bodies)
+    }
 }
 
-/// `GET path` of the run at `api`, or of every run's socket.
-async fn ask_runs(api: Option<&Path>, path: &str) -> Result<Runs> {
-    let sockets = match api {
-        Some(path) => vec![path.to_owned()],
-        None => run_sockets()?,
-    };
+/// The run at `api`, or every run's socket.
+fn sockets(api: Option<&Path>) -> Result<Vec<PathBuf>> {
+    match api {
+        Some(path) => Ok(vec![path.to_owned()]),
+        None => run_sockets(),
+    }
+}
+
+/// `GET path` of each run at `sockets`.
+async fn ask_runs(sockets: &[PathBuf], path: &str) -> Result<Runs> {
     let mut runs = Runs::default();
     for socket in sockets {
-        let (status, body) = match get(&socket, path).await {
-            Ok(answer) => answer,
+        let response = match request(socket, path).await {
+            Ok(r) => r,
             Err(e) if permission_denied(&e) => {
                 runs.denied.push(socket.display().to_string());
                 continue;
             }
             Err(_) => continue, // a socket left by a run that ended
         };
-        match status {
-            StatusCode::OK => runs.answered.push((socket, body)),
+        match response.status() {
+            StatusCode::OK => runs.answered.push((socket.clone(), response)),
             StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
             // A run that is ending: as a socket left by one that ended.
             StatusCode::SERVICE_UNAVAILABLE => continue,
-            _ => bail!(
-                "{} answered {status}: {}",
-                socket.display(),
-                String::from_utf8_lossy(&body)
-            ),
+            status => {
+                let body = response.into_body().collect().await?.to_bytes();
+                bail!(
+                    "{} answered {status}: {}",
+                    socket.display(),
+                    String::from_utf8_lossy(&body)
+                )
+            }
         }
     }
     Ok(runs)
