@@ -4,6 +4,17 @@ use serde_json::Value;
 
 use crate::*;
 
+/// The options the `leak-accumulate` shape is judged under: three instances of a kind
+/// allowed (its six session servers are three too many), looked at every 250 ms.
+pub const ACCUMULATING: [&str; 6] = [
+    "--max-instances",
+    "3",
+    "--idle-after",
+    "2s",
+    "--scan-interval",
+    "250ms",
+];
+
 /// Runs a leak shape that holds its leak until `n` flags of `reason` arrived, unless the test
 /// must be skipped.
 pub fn run_leak(

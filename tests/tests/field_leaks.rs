@@ -15,16 +15,9 @@ fn the_older_of_many_pinged_servers_of_one_kind_are_accumulating_once_each() {
         return;
     }
     let port = free_port().to_string();
-    let opts = [
-        "--max-instances",
-        "3",
-        "--idle-after",
-        "2s",
-        "--scan-interval",
-        "250ms",
-        "--metrics",
-        &format!("127.0.0.1:{port}"),
-    ];
+    let metrics = format!("127.0.0.1:{port}");
+    let mut opts = reaper_tests::ACCUMULATING.to_vec();
+    opts.extend(["--metrics", &metrics]);
     let pool_series = |text: &str| {
         text.lines()
             .find(|l| l.starts_with("reaper_kind_instances{") && l.contains("stdio-server pool"))

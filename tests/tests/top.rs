@@ -42,17 +42,10 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
     let socket = format!("/tmp/reaper-api-top-{}.sock", std::process::id());
     let session = format!("reaper-top-{}", std::process::id());
     let mut seen: Option<(String, String, bool)> = None;
+    let mut opts = reaper_tests::ACCUMULATING.to_vec();
+    opts.extend(["--api", &socket]);
     let (run, _truth) = run_shape_until(
-        &[
-            "--max-instances",
-            "3",
-            "--idle-after",
-            "2s",
-            "--scan-interval",
-            "250ms",
-            "--api",
-            &socket,
-        ],
+        &opts,
         "leak-accumulate",
         &[],
         ("3 accumulating flags, then top's screen", Then::Release),
