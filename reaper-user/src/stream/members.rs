@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
-use crate::text::{Args, exact_b64, lossy};
+use crate::text::{Args, lossy};
 
 use super::events::{Envelope, Event, Exec, Exit, Fork, Reaped, SpawningThread};
 use super::fields::{Argv, ProcText};
@@ -18,9 +18,11 @@ use super::fields::{Argv, ProcText};
 impl Envelope<'_> {
     /// Opens the line's object with the envelope's fields: `{"event":...,"seq":...,"ts":...`.
     pub(super) fn open(&self, line: &mut Vec<u8>) {
-        line.extend_from_slice(b"{\"event\":");
+        line.extend_from_slice(b"{\"event\":\"");
+        // An event's name is an identifier, as a key is: nothing in it to escape.
+        line.extend_from_slice(self.event.as_bytes());
+        line.push(b'"');
         let mut m = Members(line);
-        m.value(self.event);
         m.number("seq", self.seq);
         m.number("ts", self.ts);
     }
@@ -83,34 +85,54 @@ impl Members<'_> {
         self.value(s);
     }
 
-    /// A string value, escaped as serde_json escapes it.
+    /// A string value, escaped as serde_json escapes it: a string with nothing to escape
+    /// (nearly every name and argument) is copied as it is.
     fn value(&mut self, s: &str) {
+        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.0.push(b'"');
+            self.0.extend_from_slice(s.as_bytes());
+            self.0.push(b'"');
+            return;
+        }
         serde_json::to_writer(&mut *self.0, s).expect("writing to a Vec cannot fail");
     }
 
     /// A [`ProcText`]: its text and, when the bytes are not UTF-8, its `_b64` twin.
     fn text(&mut self, t: &ProcText) {
         let (name, bytes) = t.parts();
-        self.string(name, &lossy(bytes));
-        if let Some(b64) = exact_b64(bytes) {
-            self.0.extend_from_slice(b",\"");
-            self.0.extend_from_slice(name.as_bytes());
-            self.0.extend_from_slice(b"_b64\":");
-            self.value(&b64);
+        match std::str::from_utf8(bytes) {
+            Ok(text) => self.string(name, text),
+            Err(_) => {
+                self.string(name, &lossy(bytes));
+                self.0.extend_from_slice(b",\"");
+                self.0.extend_from_slice(name.as_bytes());
+                self.0.extend_from_slice(b"_b64\":");
+                self.value(&STANDARD.encode(bytes));
+            }
         }
     }
 
     /// An [`Argv`]: `argv` and, when any argument is not UTF-8, `argv_b64`.
     fn argv(&mut self, argv: &Argv) {
         let args = argv.args();
-        self.list("argv", args, lossy);
-        if args.iter().any(|a| std::str::from_utf8(a).is_err()) {
+        let mut exact = true;
+        self.list("argv", args, |a| {
+            let text = lossy(a);
+            exact &= matches!(text, Cow::Borrowed(_));
+            text
+        });
+        if !exact {
             self.list("argv_b64", args, |a| STANDARD.encode(a).into());
         }
     }
 
     /// A list of strings, each argument's made by `text`.
-    fn list<'a>(&mut self, key: &str, args: &'a Args, text: impl Fn(&'a [u8]) -> Cow<'a, str>) {
+    fn list<'a>(
+        &mut self,
+        key: &str,
+        args: &'a Args,
+        mut text: impl FnMut(&'a [u8]) -> Cow<'a, str>,
+    ) {
         self.key(key);
         self.0.push(b'[');
         for (i, a) in args.iter().enumerate() {
@@ -220,9 +242,10 @@ mod tests {
     use crate::text::Comm;
 
     /// Texts with something to escape, not UTF-8, or neither.
-    const TEXTS: [&[u8]; 5] = [
+    const TEXTS: [&[u8]; 6] = [
         b"sh",
         b"a\"b\\c\n\x01",
+        b"del\x7f/ \x1f",
         b"\xff\xfeweird",
         "n\u{e9}e".as_bytes(),
         b"",
