@@ -260,7 +260,12 @@ impl Replay {
             if let Some(id) = self.last_asked.take().filter(|_| self.at.is_none()) {
                 self.answer(id, self.now);
             }
+            // What is kept by node is the old graph's: its ids start again in the new one.
             self.graph = LineageGraph::new(RETAIN_DEAD);
+            self.answered.clear();
+            self.recorded.clear();
+            self.kills.clear();
+            self.part_of.clear();
         }
         // The run before's flags ended with it: each run judges afresh.
         self.held.clear();

@@ -245,6 +245,12 @@ fn a_run_that_took_the_lineage_back_goes_on_from_it_and_any_other_starts_afresh(
         roots[0].spawned.is_empty(),
         "the second run knows only what it found"
     );
+    // The second run's first process after the gateway has the first run's node's place in
+    // its graph: it is answered too, and not with the first run's flag.
+    restarted.fork(5, 11, 10, 5);
+    let both = why(&restarted.path(), 11, None).unwrap();
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_eq!(both[1].answer.start, 5 * S);
 }
 
 #[test]
