@@ -81,7 +81,7 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                             .next()
                             .and_then(|n| n.parse::<u32>().ok())
                             .is_some_and(|n| n >= 4)
-                            && l.contains("session")
+                            && l.contains("stdio-server")
                     })
             });
             assert!(tmux(&["send-keys", "-t", &session, "Enter"]));
@@ -110,8 +110,14 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
     eprintln!("{main}\n{why}");
     assert!(run.status.success(), "{}", run.stderr);
     assert!(
-        main.contains("GATEWAY") && main.contains("DESCENDANTS"),
+        main.contains("GATEWAY") && main.contains("DESCENDANTS") && main.contains("LAST 5 MIN"),
         "{main}"
+    );
+    assert!(
+        main.lines()
+            .any(|l| l.contains("stdio-server")
+                && l.contains(['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'])),
+        "the kind's trend beside its count: {main}"
     );
     assert!(
         main.lines().all(|l| l.chars().count() <= 80),

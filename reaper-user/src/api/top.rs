@@ -1,8 +1,9 @@
 //! `reaper-trace top`: a live full-screen view of a running audit, refreshed from its API:
 //! the gateways with their live descendants and the memory they hold, the kinds with the
-//! most live instances, and the flags; a flagged process selected shows its `why`. Drawn with
+//! most live instances and how their counts went over the last minutes, and the flags; a flagged process selected shows its `why`. Drawn with
 //! ratatui in whatever the terminal is (80x24 over SSH is enough); no colours with
 //! `NO_COLOR`.
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -82,9 +83,64 @@ pub async fn top(cli: &TopCli) -> Result<i32> {
     result.map(|()| 0)
 }
 
+/// How far back a kind's trend goes, and in how many columns it is drawn.
+const TREND: Duration = Duration::from_secs(300);
+const TREND_COLUMNS: usize = 10;
+
+/// Each kind's live instances as the refreshes counted them over the last [`TREND`].
+#[derive(Default)]
+struct Trends(HashMap<String, VecDeque<(Instant, u64)>>);
+
+impl Trends {
+    /// Adds a refresh's counts; forgets what is older than [`TREND`].
+    fn add(&mut self, at: Instant, kinds: &[KindCount]) {
+        for k in kinds {
+            self.0
+                .entry(k.kind.clone())
+                .or_default()
+                .push_back((at, k.instances));
+        }
+        self.0.retain(|_, samples| {
+            while samples
+                .front()
+                .is_some_and(|(t, _)| at.duration_since(*t) > TREND)
+            {
+                samples.pop_front();
+            }
+            !samples.is_empty()
+        });
+    }
+
+    /// `kind`'s trend up to `at`: a column each tenth of [`TREND`], oldest first, each the
+    /// most instances counted then, in eighths of the most counted in the whole trend; a
+    /// blank where nothing was counted.
+    fn of(&self, kind: &str, at: Instant) -> String {
+        let Some(samples) = self.0.get(kind) else {
+            return " ".repeat(TREND_COLUMNS);
+        };
+        let mut columns = [None::<u64>; TREND_COLUMNS];
+        for &(t, n) in samples {
+            let age = at.saturating_duration_since(t);
+            let back = (age.as_secs_f64() / TREND.as_secs_f64() * TREND_COLUMNS as f64) as usize;
+            let column = TREND_COLUMNS - 1 - back.min(TREND_COLUMNS - 1);
+            columns[column] = Some(columns[column].unwrap_or(0).max(n));
+        }
+        let most = columns.iter().flatten().copied().max().unwrap_or(0).max(1);
+        const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+        columns
+            .iter()
+            .map(|c| match c {
+                Some(n) => BARS[((n * 8).div_ceil(most) as usize).clamp(1, 8) - 1],
+                None => ' ',
+            })
+            .collect()
+    }
+}
+
 struct View {
     socket: PathBuf,
     now: Snapshot,
+    trends: Trends,
     every: Duration,
     selected: ListState,
     /// The selected process's `why`, while it is shown.
@@ -97,9 +153,12 @@ struct View {
 
 impl View {
     fn new(socket: PathBuf, now: Snapshot, every: Duration) -> View {
+        let mut trends = Trends::default();
+        trends.add(Instant::now(), &now.kinds);
         View {
             socket,
             now,
+            trends,
             every,
             selected: ListState::default().with_selected(Some(0)),
             why: None,
@@ -135,6 +194,7 @@ impl View {
             let whole = self.refreshes.is_multiple_of(TREE_EVERY);
             match snapshot(&self.socket, whole).await {
                 Ok(mut s) => {
+                    self.trends.add(Instant::now(), &s.kinds);
                     if !whole {
                         s.gateways = std::mem::take(&mut self.now.gateways);
                         s.flags = std::mem::take(&mut self.now.flags);
@@ -216,14 +276,16 @@ impl View {
         f.render_widget(Paragraph::new(lines), gw_area);
 
         let mut lines = vec![Line::styled(
-            format!("{:>9}  {}", "INSTANCES", "KIND"),
+            format!("{:>9}  {:<10}  {}", "INSTANCES", "LAST 5 MIN", "KIND"),
             self.style(Color::Yellow),
         )];
+        let at = Instant::now();
         lines.extend(self.now.kinds.iter().map(|k| {
             Line::raw(format!(
-                "{:>9}  {}",
+                "{:>9}  {}  {}",
                 k.instances,
-                clip(&escape_for_terminal(k.kind.as_bytes()), 68)
+                self.trends.of(&k.kind, at),
+                clip(&escape_for_terminal(k.kind.as_bytes()), 56)
             ))
         }));
         if self.now.kinds.is_empty() {
@@ -342,5 +404,34 @@ fn clip(text: &str, width: usize) -> String {
             .chain(['…'])
             .collect(),
         false => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counted(kind: &str, instances: u64) -> Vec<KindCount> {
+        vec![KindCount {
+            kind: kind.into(),
+            instances,
+        }]
+    }
+
+    #[test]
+    fn a_kinds_trend_is_a_column_each_half_minute_scaled_to_its_peak() {
+        let start = Instant::now();
+        let mut trends = Trends::default();
+        for (secs, n) in [(0, 2), (60, 4), (150, 8), (299, 8)] {
+            trends.add(start + Duration::from_secs(secs), &counted("node", n));
+        }
+        let end = start + Duration::from_secs(299);
+        assert_eq!(trends.of("node", end), "▂ ▄  █   █");
+        assert_eq!(trends.of("python", end), " ".repeat(TREND_COLUMNS));
+        // Five minutes on, the oldest counts are gone, and a kind counted no more with them.
+        trends.add(start + Duration::from_secs(400), &counted("python", 1));
+        assert_eq!(trends.0.len(), 2);
+        trends.add(start + Duration::from_secs(700), &counted("python", 1));
+        assert!(!trends.0.contains_key("node"));
     }
 }
