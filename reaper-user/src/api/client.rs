@@ -41,9 +41,9 @@ pub struct WhyCli {
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Read the audit (the NDJSON of `--json` or `--output`) back and answer as the running
-    /// audit would have: one file, or a rotated set oldest first (audit.ndjson.2
-    /// audit.ndjson.1 audit.ndjson).
-    #[arg(long, value_name = "AUDIT", num_args = 1.., conflicts_with = "api")]
+    /// audit would have: one file, or a rotated set oldest first, `--from` each
+    /// (`--from audit.ndjson.1 --from audit.ndjson`).
+    #[arg(long, value_name = "AUDIT", conflicts_with = "api")]
     pub from: Vec<PathBuf>,
     /// With `--from`: the moment to answer at: a wall-clock time in UTC
     /// (`2026-11-29T14:02:00Z`), a time into the audit (`+90s`, `+1h 30m`), or the stream's
