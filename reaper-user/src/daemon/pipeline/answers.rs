@@ -10,7 +10,7 @@ use crate::api::{
 };
 use crate::kill;
 use crate::leaks::flags;
-use crate::lineage::graph::NodeId;
+use crate::lineage::graph::{Node, NodeId};
 use crate::output::follow::Follower;
 use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
@@ -110,22 +110,23 @@ impl Pipeline {
                 flags: self.held_by(top),
             }
         });
-        let judged = match (&server, flags.is_empty()) {
-            (Some(s), true) => Some((
-                top,
-                &s.flags,
-                format!("its server's outermost process {}: ", s.pid),
-            )),
-            _ => None,
+        // An inner process without a flag of its own is killed with its server, when its
+        // outermost process is.
+        let (could, why) = match (&server, flags.is_empty()) {
+            (Some(s), true) => {
+                let outer = self.graph.node(top).unwrap_or(node);
+                let (could, why) = self.could_kill(outer, &s.flags);
+                (
+                    could,
+                    format!("its server's outermost process {}: {why}", s.pid),
+                )
+            }
+            _ => self.could_kill(node, &flags),
         };
-        let (judged, held, on) = judged.unwrap_or((id, &flags, String::new()));
-        let held: Vec<_> = held.iter().map(|f| f.reason).collect();
-        let judged = self.graph.node(judged).unwrap_or(node);
-        let (could, why) = kill::could_kill(&self.graph, judged, &held, &self.kill_reasons);
         let kill = Kill {
             enabled: self.killer.is_some(),
             could,
-            why: format!("{on}{why}"),
+            why,
         };
         (detail.spawned_at, detail.spawned_at_truncated) =
             self.spawned_at(pid, &mut NamedThisRound::default());
@@ -144,6 +145,12 @@ impl Pipeline {
             server,
             detail,
         })
+    }
+
+    /// Whether `--kill` could act on `node`, holding `flags`, and why or why not.
+    fn could_kill(&self, node: &Node, flags: &[Held]) -> (bool, String) {
+        let held: Vec<_> = flags.iter().map(|f| f.reason).collect();
+        kill::could_kill(&self.graph, node, &held, &self.kill_reasons)
     }
 
     /// The flags process `id` holds now.
