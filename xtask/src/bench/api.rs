@@ -1,6 +1,7 @@
 //! What the API costs (`--only api`): the answer latency of `why` and `tree` with many live
-//! tracked processes, the reader's CPU per traced process with 0, 1 and 10 followers of the
-//! event stream reading it all, and `top`'s own CPU at its refresh rate.
+//! tracked processes, the reader's CPU per traced process with the API off, idle, and with 1
+//! and 10 followers of the event stream reading it all, and `top`'s own CPU at its refresh
+//! rate.
 use std::{
     io::{Read, Write},
     os::unix::net::UnixStream,
@@ -144,18 +145,32 @@ fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
-/// The reader's CPU per process in a storm of fork+exit with `n` followers of the whole
-/// stream (`reaper-trace events --follow > /dev/null`), side by side in each round.
+/// The reader's CPU per process in a storm of fork+exit with the API off, idle, and with `n`
+/// followers of the whole stream (`reaper-trace events --follow > /dev/null`), side by side
+/// in each round.
 fn followers(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let socket = bins.scratch.join("follow.sock");
     let api = socket.to_str().context("the scratch path")?.to_owned();
-    let counts = [0usize, 1, 10];
-    let mut per_proc: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    // (label, whether the API is served, followers)
+    let setups = [
+        ("the API off", false, 0usize),
+        ("the API idle", true, 0),
+        ("1 follower", true, 1),
+        ("10 followers", true, 10),
+    ];
+    let mut per_proc: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for _ in 0..opts.reps {
-        for (i, &n) in counts.iter().enumerate() {
+        for (i, &(_, served, n)) in setups.iter().enumerate() {
             let (script, truths) = loop_script(bins, Loop::ForkExit, opts.procs, 1, "follow");
+            let args = match served {
+                true => ["--api", api.as_str()],
+                false => ["--api", "off"],
+            };
             let mut followers: Vec<Child> = Vec::new();
-            let run = measure_tracked_with(bins, &script, &truths, &["--api", &api], |_| {
+            let run = measure_tracked_with(bins, &script, &truths, &args, |_| {
+                if !served {
+                    return Ok(());
+                }
                 for _ in 0..n {
                     followers.push(
                         Command::new(&bins.reaper)
@@ -184,13 +199,13 @@ fn followers(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         }
     }
     println!(
-        "\n| followers of the whole stream | reader CPU per process (median of {}) | against none |\n|---|---|---|",
+        "\n| the run | reader CPU per process (median of {}) | against the API off |\n|---|---|---|",
         opts.reps
     );
-    let none = median(&mut per_proc[0].clone());
-    for (i, n) in counts.iter().enumerate() {
+    let off = median(&mut per_proc[0].clone());
+    for (i, (label, _, _)) in setups.iter().enumerate() {
         let m = median(&mut per_proc[i]);
-        println!("| {n} | {m:.2} µs | {:.2}x |", m / none.max(1e-9));
+        println!("| {label} | {m:.2} µs | {:.2}x |", m / off.max(1e-9));
     }
     Ok(())
 }
