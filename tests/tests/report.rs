@@ -125,17 +125,10 @@ fn a_kind_that_accumulated_has_its_section_with_its_count_over_time() {
     let dir = scratch("report-accumulating");
     let audit = dir.join("audit.ndjson");
     let audit_arg = audit.to_str().unwrap().to_owned();
+    let mut opts = reaper_tests::ACCUMULATING.to_vec();
+    opts.extend(["--output", &audit_arg]);
     let (run, _) = run_shape_until(
-        &[
-            "--max-instances",
-            "3",
-            "--idle-after",
-            "2s",
-            "--scan-interval",
-            "250ms",
-            "--output",
-            &audit_arg,
-        ],
+        &opts,
         "leak-accumulate",
         &[],
         ("3 accumulating flags", Then::Release),

@@ -147,7 +147,7 @@ fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 
 /// The reader's CPU per process in a storm of fork+exit with the API off, idle, and with `n`
 /// followers of the whole stream (`reaper-trace events --follow > /dev/null`), side by side
-/// in each round.
+/// in each round, in an order that turns from round to round.
 fn followers(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let socket = bins.scratch.join("follow.sock");
     let api = socket.to_str().context("the scratch path")?.to_owned();
@@ -159,8 +159,12 @@ fn followers(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         ("10 followers", true, 10),
     ];
     let mut per_proc: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
-    for _ in 0..opts.reps {
-        for (i, &(_, served, n)) in setups.iter().enumerate() {
+    for round in 0..opts.reps {
+        // Each round starts with the next setup, so that none always meets the machine as
+        // the one before left it.
+        for k in 0..setups.len() {
+            let i = (k + round) % setups.len();
+            let (_, served, n) = setups[i];
             let (script, truths) = loop_script(bins, Loop::ForkExit, opts.procs, 1, "follow");
             let args = match served {
                 true => ["--api", api.as_str()],
