@@ -16,8 +16,10 @@ use crate::leaks::Reason;
 use crate::output::human::{evidence_text, human_duration, who};
 use crate::output::tree::render;
 use crate::procfs;
-use crate::replay::{self, At};
 use crate::text::escape_for_terminal;
+
+mod from_audit;
+pub use from_audit::ReplayArgs;
 
 /// Ask the running audits about one process: who spawned it, through whom, from which code,
 /// what it holds and who holds the other ends, and the flags it holds.
@@ -35,22 +37,6 @@ pub struct WhyCli {
     pub json: bool,
     #[command(flatten)]
     pub replay: ReplayArgs,
-}
-
-/// Ask an audit file instead of a running audit.
-#[derive(Debug, clap::Args)]
-pub struct ReplayArgs {
-    /// Read the audit (the NDJSON of `--json` or `--output`) back and answer as the running
-    /// audit would have: one file, or a rotated set oldest first, `--from` each
-    /// (`--from audit.ndjson.1 --from audit.ndjson`).
-    #[arg(long, value_name = "AUDIT", conflicts_with = "api")]
-    pub from: Vec<PathBuf>,
-    /// With `--from`: the moment to answer at: a wall-clock time in UTC
-    /// (`2026-11-29T14:02:00Z`), a time into the audit (`+90s`, `+1h 30m`), or the stream's
-    /// boot-time ns (a line's `ts`, an answer's `now`). Default: the audit's end (`why`: each
-    /// process that had the pid, at its exit).
-    #[arg(long, value_name = "TIME", requires = "from")]
-    pub at: Option<At>,
 }
 
 /// Draw the live lineage tree of the running audits, as the summary draws it, with flags.
@@ -158,7 +144,7 @@ async fn stream_lines(mut body: hyper::body::Incoming) -> Result<i32> {
 /// none does).
 pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
     if !cli.replay.from.is_empty() {
-        return why_from(cli);
+        return from_audit::why_from(cli);
     }
     let sockets = sockets(cli.api.as_deref())?;
     let mut runs = ask_runs(&sockets, &format!("/v1/process/{}", cli.pid)).await?;
@@ -181,58 +167,6 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
     Ok((format!("pid {}: {by}; what /proc says: {proc}", cli.pid), 1))
 }
 
-/// `why --from`: the audit read back (see [`crate::replay`]).
-fn why_from(cli: &WhyCli) -> Result<(String, i32)> {
-    let audit = audit_name(&cli.replay.from);
-    let answers = replay::why(&cli.replay.from, cli.pid, cli.replay.at)?;
-    if answers.is_empty() {
-        let until = match cli.replay.at {
-            Some(_) => " up to that moment",
-            None => "",
-        };
-        let none = format!(
-            "pid {}: not a descendant of any gateway traced in {audit}{until}",
-            cli.pid
-        );
-        return Ok((none, 1));
-    }
-    if cli.json {
-        let lines: Vec<String> = answers
-            .iter()
-            .map(|a| serde_json::to_string(&a.answer))
-            .collect::<serde_json::Result<_>>()?;
-        return Ok((lines.join("\n"), 0));
-    }
-    let mut text = match answers.len() {
-        1 => String::new(),
-        n => format!(
-            "pid {} was {n} processes in {audit}, oldest first; each as at its exit or the \
-             audit's end:\n\n",
-            cli.pid
-        ),
-    };
-    let blocks: Vec<String> = answers
-        .iter()
-        .map(|a| {
-            format!(
-                "as at {} (read back from {audit}):\n{}",
-                a.moment(),
-                readable_with(&a.answer, &format!("--kill: {}", a.answer.kill.why))
-            )
-        })
-        .collect();
-    text.push_str(&blocks.join("\n\n"));
-    Ok((text, 0))
-}
-
-/// The audit as messages name it: its newest file.
-fn audit_name(inputs: &[PathBuf]) -> String {
-    inputs
-        .last()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default()
-}
-
 /// The filters of `tree`.
 fn tree_filter(cli: &TreeCli) -> TreeFilter {
     TreeFilter {
@@ -250,33 +184,11 @@ fn nothing_alive(filter: &TreeFilter) -> &'static str {
     }
 }
 
-/// `tree --from`: the audit read back (see [`crate::replay`]).
-fn tree_from(cli: &TreeCli) -> Result<(String, i32)> {
-    let audit = audit_name(&cli.replay.from);
-    let filter = tree_filter(cli);
-    let replayed = replay::tree(&cli.replay.from, &filter, cli.replay.at)?;
-    let moment = replayed.moment();
-    let Some(roots) = replayed.answer else {
-        let pid = cli.gateway.unwrap_or_default();
-        return Ok((
-            format!("pid {pid} is not tracked in {audit} at {moment}"),
-            1,
-        ));
-    };
-    if cli.json {
-        let key = serde_json::to_string(&audit)?;
-        return Ok((format!("{{{key}:{}}}", serde_json::to_string(&roots)?), 0));
-    }
-    let title = format!("alive at {moment} (read back from {audit}), by lineage (spawner edges):");
-    let text = render(&roots, &title, nothing_alive(&filter));
-    Ok((text.trim_end().to_owned(), 0))
-}
-
 /// What `tree` found: the trees' text and the exit status (0: a run answered; 1: none
 /// tracks `--gateway`, or no run serves its API).
 pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
     if !cli.replay.from.is_empty() {
-        return tree_from(cli);
+        return from_audit::tree_from(cli);
     }
     let filter = tree_filter(cli);
     let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
