@@ -235,6 +235,10 @@ impl Followers {
     pub fn offer(&mut self, event: &Event, line: &[u8]) -> u64 {
         let mut dropped = 0;
         self.list.retain_mut(|f| {
+            // A follower gone is forgotten, not counted as one that did not keep up.
+            if f.queue.chunks.is_closed() {
+                return false;
+            }
             if !f.picks(event) {
                 return true;
             }
@@ -330,5 +334,13 @@ mod tests {
         drop(read_end);
         followers.flush();
         assert!(followers.is_empty());
+        // One gone with a full queue behind it is not counted as dropped.
+        let (tiny, tiny_end) = queue(2);
+        followers.add(Follower::new(&FollowFilter::default(), tiny, []));
+        followers.offer(&setsid(3), b"3\n");
+        followers.flush();
+        drop(tiny_end);
+        assert_eq!(followers.offer(&setsid(4), b"4\n"), 0);
+        assert_eq!((followers.len(), followers.dropped), (0, 0));
     }
 }
