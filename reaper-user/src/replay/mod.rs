@@ -26,7 +26,7 @@ use crate::leaks::flags;
 use crate::lineage::graph::{LineageGraph, NodeId, Seed};
 use crate::output::tree::{Branch, picked_tree};
 use crate::stream::events::{self as ev, Event, LeakDetail, ProcessLabel, Ready};
-use crate::stream::reading::{Line, each_line};
+use crate::stream::reading::{self, Line, each_line};
 use crate::text::Comm;
 pub use at::At;
 use at::Clocks;
@@ -169,10 +169,7 @@ impl Replay {
 
     fn read_all(&mut self, inputs: &[PathBuf]) -> Result<()> {
         for input in inputs {
-            let file = std::fs::File::open(input)
-                .with_context(|| format!("cannot read {}", input.display()))?;
-            let reader = std::io::BufReader::with_capacity(1 << 20, file);
-            each_line(reader, |line| {
+            each_line(reading::open(input)?, |line| {
                 self.lines += 1;
                 if let Line::Event(head, event) = line {
                     self.line(head.seq, head.ts, event);
@@ -189,12 +186,7 @@ impl Replay {
         // The lines of a run that never said `ready` (killed while starting).
         self.start_unready_run()?;
         if self.clocks.first_ts.is_none() {
-            anyhow::bail!(
-                "{} holds no reaper-trace events ({} lines read): is it the output of --json \
-                 or --output?",
-                inputs[0].display(),
-                self.lines
-            );
+            return Err(reading::no_events(&inputs[0], self.lines));
         }
         Ok(())
     }

@@ -7,12 +7,13 @@ pub mod leak_sites;
 pub mod timeline;
 
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 
+use crate::stream::reading;
 use audit::Audit;
 
 /// Turn an audit (the NDJSON of `--json` or `--output`) into one HTML file: a timeline of live,
@@ -39,13 +40,7 @@ pub struct ReportCli {
 pub fn run(cli: &ReportCli) -> Result<String> {
     let mut audit: Option<Audit> = None;
     for input in &cli.inputs {
-        let reader: Box<dyn std::io::BufRead> = match input.as_os_str() == "-" {
-            true => Box::new(BufReader::new(std::io::stdin())),
-            false => Box::new(BufReader::with_capacity(
-                1 << 20,
-                File::open(input).with_context(|| format!("cannot read {}", input.display()))?,
-            )),
-        };
+        let reader = reading::open(input)?;
         let name = || format!("reading {}", input.display());
         match audit.as_mut() {
             None => audit = Some(Audit::read(reader).with_context(name)?),
@@ -54,12 +49,7 @@ pub fn run(cli: &ReportCli) -> Result<String> {
     }
     let audit = audit.unwrap_or_default();
     if audit.events.is_empty() {
-        bail!(
-            "{} holds no reaper-trace events ({} lines read): is it the output of --json or \
-             --output?",
-            cli.inputs[0].display(),
-            audit.lines
-        );
+        return Err(reading::no_events(&cli.inputs[0], audit.lines));
     }
     let title = cli.title.clone().unwrap_or_else(|| {
         cli.inputs[cli.inputs.len() - 1]

@@ -1,7 +1,9 @@
 //! Reading an audit back: its lines, each as the stream's own event. Shared by the report and
 //! by the replays of `why --from` and `tree --from`, so that both read a line the same way.
 use std::borrow::Cow;
-use std::io::BufRead;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -60,4 +62,23 @@ pub fn each_line(mut input: impl BufRead, mut each: impl FnMut(Line<'_>)) -> Res
             None => each(Line::Unknown(head)),
         }
     }
+}
+
+/// Opens one file of an audit for reading; `-` is standard input.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(BufReader::new(std::io::stdin())));
+    }
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Box::new(BufReader::with_capacity(1 << 20, file)))
+}
+
+/// What an audit (its first file `first`) that held no event of the stream is told: `lines`
+/// were read, none of them ours.
+pub fn no_events(first: &Path, lines: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} holds no reaper-trace events ({lines} lines read): is it the output of --json or \
+         --output?",
+        first.display()
+    )
 }
