@@ -124,11 +124,21 @@ pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
 
 /// Waits for `done` (asked every 10 ms), or fails after the tests' patience saying `what`.
 pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    wait_seeing(what, || done().then_some(()).ok_or_else(String::new));
+}
+
+/// Waits for `look` to give its value (asked every 10 ms); after the tests' patience, fails
+/// saying `what` and what the last look saw (its `Err`).
+pub fn wait_seeing<T>(what: &str, mut look: impl FnMut() -> Result<T, String>) -> T {
     let start = Instant::now();
-    while !done() {
+    loop {
+        let seen = match look() {
+            Ok(found) => return found,
+            Err(seen) => seen,
+        };
         assert!(
             start.elapsed() < patience(),
-            "waited {:?} for {what}",
+            "waited {:?} for {what}; the last look saw:\n{seen}",
             patience()
         );
         std::thread::sleep(Duration::from_millis(10));

@@ -6,31 +6,40 @@ use std::process::Command;
 
 use reaper_tests::{Then, flags_for, pid, reaper_trace, require_root, run_shape_until};
 
-/// The screen of tmux session `name`, as text.
+/// The screen of tmux session `name`, as text (or why tmux could not read it).
 fn screen(name: &str) -> String {
     let out = Command::new("tmux")
         .args(["capture-pane", "-p", "-t", name])
         .output()
         .expect("run tmux capture-pane");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    match out.status.success() {
+        true => String::from_utf8_lossy(&out.stdout).into_owned(),
+        false => format!(
+            "(no screen: tmux capture-pane: {})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
 }
 
-fn tmux(args: &[&str]) -> bool {
-    Command::new("tmux")
-        .args(args)
-        .status()
-        .expect("run tmux")
-        .success()
+/// Runs tmux; its complaint (a session already gone, say) is the error, not noise in the log.
+fn tmux(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("tmux").args(args).output().expect("run tmux");
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
 }
 
-/// Waits until `name`'s screen shows what `shows` looks for; returns it.
+/// Waits until `name`'s screen shows what `shows` looks for; returns it. A timeout prints the
+/// last screen (the pane stays after top exits, so an error top printed is on it).
 fn until_shown(name: &str, what: &str, shows: impl Fn(&str) -> bool) -> String {
-    let mut text = String::new();
-    reaper_tests::wait_until(&format!("the screen to show {what}"), || {
-        text = screen(name);
-        shows(&text)
-    });
-    text
+    reaper_tests::wait_seeing(&format!("the screen to show {what}"), || {
+        let text = screen(name);
+        match shows(&text) {
+            true => Ok(text),
+            false => Err(text),
+        }
+    })
 }
 
 #[test]
@@ -58,11 +67,12 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                 .find(|e| e["event"] == "ready")
                 .map(|e| pid(&e["gateway"][0]))
                 .unwrap();
+            // A top that fails leaves its error on the screen (the pane would close with it).
             let command = format!(
-                "{} top --api {socket} --every 200ms",
+                "{} top --api {socket} --every 200ms || {{ echo \"top failed: $?\"; sleep 3600; }}",
                 reaper_trace().display()
             );
-            assert!(tmux(&[
+            tmux(&[
                 "new-session",
                 "-d",
                 "-s",
@@ -71,8 +81,9 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                 "80",
                 "-y",
                 "24",
-                &command
-            ]));
+                &command,
+            ])
+            .unwrap();
             let main = until_shown(&session, "the gateway, a kind's count and 3 flags", |s| {
                 s.contains(&format!("{gw} "))
                     && s.lines().filter(|l| l.contains("accumulating")).count() >= 3
@@ -84,16 +95,16 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                             && l.contains("stdio-server")
                     })
             });
-            assert!(tmux(&["send-keys", "-t", &session, "Enter"]));
+            tmux(&["send-keys", "-t", &session, "Enter"]).unwrap();
             let why = until_shown(&session, "the selected flag's why", |s| {
                 s.contains("why (Esc") && s.contains("alive under its gateway instance")
             });
-            assert!(tmux(&["send-keys", "-t", &session, "q"]));
+            tmux(&["send-keys", "-t", &session, "q"]).unwrap();
             // The session ends with top: the terminal was given back.
             let cap = std::time::Instant::now() + reaper_tests::patience();
             let mut ended = false;
             while std::time::Instant::now() < cap {
-                if !tmux(&["has-session", "-t", &session]) {
+                if tmux(&["has-session", "-t", &session]).is_err() {
                     ended = true;
                     break;
                 }
@@ -103,9 +114,7 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
             true
         },
     );
-    let _ = Command::new("tmux")
-        .args(["kill-session", "-t", &session])
-        .status();
+    let _ = tmux(&["kill-session", "-t", &session]);
     let (main, why, ended) = seen.expect("top ran");
     eprintln!("{main}\n{why}");
     assert!(run.status.success(), "{}", run.stderr);
