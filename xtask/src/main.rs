@@ -241,7 +241,33 @@ fn run_reaper(root: &Path, args: &[String]) -> Result<ExitCode> {
 /// Seconds each fuzz target runs in `cargo xtask test` (longer runs: `cargo xtask fuzz`).
 const FUZZ_SECS_IN_TEST: u64 = 15;
 
+/// What a whole `cargo xtask test` from a clean clone adds to the disk, measured: target/ and
+/// fuzz/target/ (6.3 GiB), the kernels, test tools and installed packages (docs/testing.md).
+const TEST_RUN_DISK_GIB: u64 = 9;
+
+/// Says, before the first step, when the disk under target/ holds less than a run takes: a run
+/// that fills it fails late and obscurely (a linker's bus error, a test's empty read).
+fn warn_if_short_of_disk(root: &Path) {
+    let Ok(path) = std::ffi::CString::new(root.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: statvfs writes only into `fs`, a plain struct of integers, zeroed here.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut fs) } != 0 {
+        return;
+    }
+    let free_gib = (fs.f_bavail as u64 * fs.f_frsize as u64) >> 30;
+    if free_gib < TEST_RUN_DISK_GIB {
+        eprintln!(
+            "xtask: warning: {free_gib} GiB free under {}; a whole test run from a clean clone \
+             takes about {TEST_RUN_DISK_GIB} GiB (docs/testing.md)",
+            root.display()
+        );
+    }
+}
+
 fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<()> {
+    warn_if_short_of_disk(root);
     let fetching = fixtures::fetch(root, dist, vm);
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
