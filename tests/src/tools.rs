@@ -136,11 +136,15 @@ pub fn wait_seeing<T>(what: &str, mut look: impl FnMut() -> Result<T, String>) -
             Ok(found) => return found,
             Err(seen) => seen,
         };
-        assert!(
-            start.elapsed() < patience(),
-            "waited {:?} for {what}; the last look saw:\n{seen}",
-            patience()
-        );
+        if start.elapsed() >= patience() {
+            match seen.is_empty() {
+                true => panic!("waited {:?} for {what}", patience()),
+                false => panic!(
+                    "waited {:?} for {what}; the last look saw:\n{seen}",
+                    patience()
+                ),
+            }
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }

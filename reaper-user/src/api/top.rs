@@ -285,7 +285,7 @@ impl View {
                 "{:>9}  {}  {}",
                 k.instances,
                 self.trends.of(&k.kind, at),
-                clip(&escape_for_terminal(k.kind.as_bytes()), 56)
+                clip(&escape_for_terminal(short_kind(&k.kind).as_bytes()), 56)
             ))
         }));
         if self.now.kinds.is_empty() {
@@ -395,6 +395,17 @@ fn rss_kib(pid: u32) -> Option<u64> {
     Some(pages * crate::procfs::page_size() as u64 / 1024)
 }
 
+/// A kind as the narrow column shows it: its program by file name (`/usr/bin/node server.js`
+/// is `node server.js`), the width left to the arguments, which tell kinds apart. A deep
+/// install path would otherwise push them past the column's end.
+fn short_kind(kind: &str) -> &str {
+    let program = &kind[..kind.find(' ').unwrap_or(kind.len())];
+    match program.rfind('/') {
+        Some(slash) => &kind[slash + 1..],
+        None => kind,
+    }
+}
+
 /// At most `width` characters of `text`.
 fn clip(text: &str, width: usize) -> String {
     match text.chars().count() > width {
@@ -416,6 +427,18 @@ mod tests {
             kind: kind.into(),
             instances,
         }]
+    }
+
+    #[test]
+    fn a_kind_is_shown_with_its_program_by_file_name() {
+        let deep = "/check/work/main/target/debug/reaper-shapes stdio-server --session-key *";
+        assert_eq!(
+            short_kind(deep),
+            "reaper-shapes stdio-server --session-key *"
+        );
+        assert_eq!(short_kind("/usr/bin/node"), "node");
+        assert_eq!(short_kind("npx -y srv/a b/c"), "npx -y srv/a b/c");
+        assert_eq!(short_kind(""), "");
     }
 
     #[test]
