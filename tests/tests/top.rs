@@ -42,6 +42,16 @@ fn until_shown(name: &str, what: &str, shows: impl Fn(&str) -> bool) -> String {
     })
 }
 
+/// A tmux session's name; the session is killed when this goes, a failed test's included
+/// (its pane may hold a failed `top`'s error, waiting).
+struct Session(String);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.0]);
+    }
+}
+
 #[test]
 fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
     let test = "top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one";
@@ -49,7 +59,8 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
         return;
     }
     let socket = format!("/tmp/reaper-api-top-{}.sock", std::process::id());
-    let session = format!("reaper-top-{}", std::process::id());
+    let named = Session(format!("reaper-top-{}", std::process::id()));
+    let session = named.0.as_str();
     let mut seen: Option<(String, String, bool)> = None;
     let mut opts = reaper_tests::ACCUMULATING.to_vec();
     opts.extend(["--api", &socket]);
@@ -76,7 +87,7 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                 "new-session",
                 "-d",
                 "-s",
-                &session,
+                session,
                 "-x",
                 "80",
                 "-y",
@@ -84,7 +95,7 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                 &command,
             ])
             .unwrap();
-            let main = until_shown(&session, "the gateway, a kind's count and 3 flags", |s| {
+            let main = until_shown(session, "the gateway, a kind's count and 3 flags", |s| {
                 s.contains(&format!("{gw} "))
                     && s.lines().filter(|l| l.contains("accumulating")).count() >= 3
                     && s.lines().any(|l| {
@@ -95,16 +106,16 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
                             && l.contains("stdio-server")
                     })
             });
-            tmux(&["send-keys", "-t", &session, "Enter"]).unwrap();
-            let why = until_shown(&session, "the selected flag's why", |s| {
+            tmux(&["send-keys", "-t", session, "Enter"]).unwrap();
+            let why = until_shown(session, "the selected flag's why", |s| {
                 s.contains("why (Esc") && s.contains("alive under its gateway instance")
             });
-            tmux(&["send-keys", "-t", &session, "q"]).unwrap();
+            tmux(&["send-keys", "-t", session, "q"]).unwrap();
             // The session ends with top: the terminal was given back.
             let cap = std::time::Instant::now() + reaper_tests::patience();
             let mut ended = false;
             while std::time::Instant::now() < cap {
-                if tmux(&["has-session", "-t", &session]).is_err() {
+                if tmux(&["has-session", "-t", session]).is_err() {
                     ended = true;
                     break;
                 }
@@ -114,7 +125,7 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
             true
         },
     );
-    let _ = tmux(&["kill-session", "-t", &session]);
+    drop(named);
     let (main, why, ended) = seen.expect("top ran");
     eprintln!("{main}\n{why}");
     assert!(run.status.success(), "{}", run.stderr);
