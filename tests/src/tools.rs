@@ -137,13 +137,11 @@ pub fn wait_seeing<T>(what: &str, mut look: impl FnMut() -> Result<T, String>) -
             Err(seen) => seen,
         };
         if start.elapsed() >= patience() {
-            match seen.is_empty() {
-                true => panic!("waited {:?} for {what}", patience()),
-                false => panic!(
-                    "waited {:?} for {what}; the last look saw:\n{seen}",
-                    patience()
-                ),
-            }
+            let saw = match seen.is_empty() {
+                true => String::new(),
+                false => format!("; the last look saw:\n{seen}"),
+            };
+            panic!("waited {:?} for {what}{saw}", patience());
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -6,28 +6,20 @@ use std::process::Command;
 
 use reaper_tests::{Then, flags_for, pid, reaper_trace, require_root, run_shape_until};
 
-/// The screen of tmux session `name`, as text (or why tmux could not read it).
-fn screen(name: &str) -> String {
-    let out = Command::new("tmux")
-        .args(["capture-pane", "-p", "-t", name])
-        .output()
-        .expect("run tmux capture-pane");
+/// Runs tmux: what it printed, or its complaint (a session already gone, say) as the error,
+/// not noise in the log.
+fn tmux(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("tmux").args(args).output().expect("run tmux");
     match out.status.success() {
-        true => String::from_utf8_lossy(&out.stdout).into_owned(),
-        false => format!(
-            "(no screen: tmux capture-pane: {})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
     }
 }
 
-/// Runs tmux; its complaint (a session already gone, say) is the error, not noise in the log.
-fn tmux(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("tmux").args(args).output().expect("run tmux");
-    match out.status.success() {
-        true => Ok(()),
-        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
-    }
+/// The screen of tmux session `name`, as text (or why tmux could not read it).
+fn screen(name: &str) -> String {
+    tmux(&["capture-pane", "-p", "-t", name])
+        .unwrap_or_else(|e| format!("(no screen: tmux capture-pane: {e})"))
 }
 
 /// Waits until `name`'s screen shows what `shows` looks for; returns it. A timeout prints the
