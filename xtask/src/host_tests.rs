@@ -10,6 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::tally::Tally;
+
 /// The order the tests run in.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Order {
@@ -20,14 +22,14 @@ pub enum Order {
     Reverse,
 }
 
-/// Runs the tests with `env` and the test-binary `filters` (`--skip ...`); returns (passed,
-/// failed), added up from the `test result:` lines.
+/// Runs the tests with `env` and the test-binary `filters` (`--skip ...`); returns what they
+/// came to.
 pub fn run(
     root: &Path,
     env: &[(&str, std::ffi::OsString)],
     filters: &[&str],
     order: Order,
-) -> Result<(u64, u64)> {
+) -> Result<Tally> {
     match order {
         Order::Cargo => {
             // Every test binary runs, whatever an earlier one found.
@@ -37,11 +39,11 @@ pub fn run(
                 .args(filters)
                 .envs(env.iter().map(|(k, v)| (k, v)))
                 .current_dir(root);
-            let (passed, failed, ok) = counted(&mut cargo)?;
-            if !ok && failed == 0 {
+            let (tally, ok) = counted(&mut cargo)?;
+            if !ok && tally.failed == 0 {
                 bail!("`cargo test` failed");
             }
-            Ok((passed, failed))
+            Ok(tally)
         }
         Order::Reverse => reverse(root, env, filters),
     }
@@ -51,23 +53,20 @@ fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
-/// Runs `cmd`, passing its output through; returns the passed and failed counts of its `test
-/// result:` lines and whether it succeeded.
-fn counted(cmd: &mut Command) -> Result<(u64, u64, bool)> {
+/// Runs `cmd`, passing its output through; returns what its tests came to and whether it
+/// succeeded.
+fn counted(cmd: &mut Command) -> Result<(Tally, bool)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cmd:?}"))?;
-    let (mut passed, mut failed) = (0, 0);
+    let mut tally = Tally::default();
     for line in BufReader::new(child.stdout.take().context("test stdout")?).lines() {
         let line = line?;
         println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            passed += count_before(rest, " passed");
-            failed += count_before(rest, " failed");
-        }
+        tally.read(&line);
     }
-    Ok((passed, failed, child.wait()?.success()))
+    Ok((tally, child.wait()?.success()))
 }
 
 /// A test executable cargo built, and the folder cargo runs it in (its package's).
@@ -118,14 +117,10 @@ pub fn test_binaries(root: &Path, args: &[&str]) -> Result<Vec<TestBinary>> {
     Ok(binaries)
 }
 
-fn reverse(
-    root: &Path,
-    env: &[(&str, std::ffi::OsString)],
-    filters: &[&str],
-) -> Result<(u64, u64)> {
+fn reverse(root: &Path, env: &[(&str, std::ffi::OsString)], filters: &[&str]) -> Result<Tally> {
     let mut binaries = test_binaries(root, &[])?;
     binaries.sort_by(|a, b| b.name.cmp(&a.name));
-    let (mut passed, mut failed) = (0, 0);
+    let mut tally = Tally::default();
     for binary in &binaries {
         let listed = Command::new(&binary.exe)
             .args(["--list", "--format", "terse"])
@@ -141,48 +136,14 @@ fn reverse(
         names.sort_by(|a, b| b.cmp(a));
         for name in names {
             println!("reverse order: {} {name}", binary.name);
-            let (p, f, _) = counted(
+            let (one, _) = counted(
                 Command::new(&binary.exe)
                     .args(["--exact", &name, "--test-threads=1"])
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .current_dir(&binary.dir),
             )?;
-            passed += p;
-            failed += f;
+            tally.add(one);
         }
     }
-    Ok((passed, failed))
-}
-
-/// In `ok. 10 passed; 0 failed; ...`, the number before `word`.
-pub fn count_before(text: &str, word: &str) -> u64 {
-    text.split(';')
-        .find_map(|part| {
-            part.trim()
-                .trim_start_matches("ok. ")
-                .trim_start_matches("FAILED. ")
-                .strip_suffix(word.trim_start())
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::count_before;
-
-    #[test]
-    fn counts_cargo_test_result_lines() {
-        let ok = "ok. 10 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 2.1s";
-        assert_eq!(
-            (count_before(ok, " passed"), count_before(ok, " failed")),
-            (10, 0)
-        );
-        let bad = "FAILED. 9 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
-        assert_eq!(
-            (count_before(bad, " passed"), count_before(bad, " failed")),
-            (9, 2)
-        );
-        assert_eq!(count_before("garbage", " passed"), 0);
-    }
+    Ok(tally)
 }

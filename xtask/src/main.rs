@@ -18,6 +18,7 @@ mod pypi;
 mod report_bench;
 mod setup;
 mod soak;
+mod tally;
 mod vmtest;
 
 use std::{
@@ -299,38 +300,55 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
         ]),
         None => filters.extend(["--skip", "installed_artifacts::"]),
     }
-    let (mut passed, mut failed) = host_tests::run(root, &env, &filters, order)?;
+    let mut tests = host_tests::run(root, &env, &filters, order)?;
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
-    passed += clean.len() as u64;
-    failed += crashed.len() as u64;
+    tests.passed += clean.len() as u64;
+    tests.failed += crashed.len() as u64;
+    tests
+        .failures
+        .extend(crashed.iter().map(|t| tally::Failure {
+            name: format!("fuzz target {t}"),
+            said: vec!["crashed: its input is in target/fuzz/artifacts/".into()],
+        }));
     let mut broken = Vec::new();
     if vm {
-        for o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
-            passed += o.passed;
-            failed += o.failed;
+        for mut o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
             if let Some(p) = &o.problem {
                 broken.push(format!("{}: {p}", o.label));
-            } else if o.passed == 0 {
+            } else if o.tests.passed == 0 {
                 broken.push(format!("{}: no test ran", o.label));
             }
+            for f in &mut o.tests.failures {
+                f.name = format!("{} on {}", f.name, o.label);
+            }
+            tests.add(o.tests);
         }
     }
-    // One closing line for the whole run, whatever order cargo printed its binaries in. A
-    // skip under CI=true is a failure; the count says how many failures were skips.
+    // The closing lines for the whole run, whatever order cargo printed its binaries in: each
+    // failure by name (a long log is often read from its end only), then the counts. A skip
+    // under CI=true is a failure; the count says how many failures were skips.
     let skipped: Vec<String> = std::fs::read_to_string(&skips)
         .map(|t| t.lines().map(str::to_owned).collect())
         .unwrap_or_default();
     for line in &skipped {
         println!("skipped {line}");
     }
+    for f in &tests.failures {
+        println!("FAILED {}", f.name);
+        for line in &f.said {
+            println!("    {line}");
+        }
+    }
     println!(
-        "{passed} passed, {failed} failed, {} skipped on this host",
+        "{} passed, {} failed, {} skipped on this host",
+        tests.passed,
+        tests.failed,
         skipped.len()
     );
-    if failed > 0 {
-        bail!("{failed} tests failed");
+    if tests.failed > 0 {
+        bail!("{} tests failed", tests.failed);
     }
     if !broken.is_empty() {
         bail!("the kernel matrix did not complete: {}", broken.join("; "));

@@ -25,11 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    debian,
-    host_tests::{self, count_before},
-    initramfs::Initramfs,
-};
+use crate::{debian, host_tests, initramfs::Initramfs, tally::Tally};
 
 /// The kernels of the matrix besides the running one.
 /// 5.10 is older than the oldest supported kernel (5.12): there the tests check that it is
@@ -105,8 +101,7 @@ pub struct Outcome {
     pub label: String,
     /// `uname -r` as the tests saw it.
     pub release: String,
-    pub passed: u64,
-    pub failed: u64,
+    pub tests: Tally,
     /// Why the run did not finish, if it did not.
     pub problem: Option<String>,
     pub secs: f64,
@@ -116,7 +111,7 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn ok(&self) -> bool {
-        self.problem.is_none() && self.failed == 0 && self.passed > 0
+        self.problem.is_none() && self.tests.failed == 0 && self.tests.passed > 0
     }
 }
 
@@ -521,13 +516,10 @@ fn run_host(
 }
 
 fn outcome(label: String, log: &[String], problem: Option<String>, took: Duration) -> Outcome {
-    let (mut passed, mut failed) = (0, 0);
+    let mut tests = Tally::default();
     let mut release = String::from("?");
     for line in log {
-        if let Some(rest) = line.split_once("test result: ").map(|(_, r)| r) {
-            passed += count_before(rest, " passed");
-            failed += count_before(rest, " failed");
-        }
+        tests.read(line);
         if let Some(r) = line.split_once(KERNEL_MARK).map(|(_, r)| r) {
             release = r.trim().to_owned();
         }
@@ -535,13 +527,12 @@ fn outcome(label: String, log: &[String], problem: Option<String>, took: Duratio
     let status_problem = log
         .iter()
         .find_map(|l| l.split_once(EXIT_MARK).map(|(_, c)| c.trim().to_owned()))
-        .filter(|code| code != "0" && failed == 0)
+        .filter(|code| code != "0" && tests.failed == 0)
         .map(|code| format!("the test binary exited with {code}"));
     Outcome {
         label,
         release,
-        passed,
-        failed,
+        tests,
         problem: problem.or(status_problem),
         secs: took.as_secs_f64(),
         limit: None,
@@ -556,7 +547,7 @@ fn print_table(outcomes: &[Outcome]) {
         let result = match (&o.problem, o.ok()) {
             (Some(p), _) => format!("FAIL: {p}"),
             (None, true) => "pass".into(),
-            (None, false) if o.passed == 0 => "FAIL: no test ran".into(),
+            (None, false) if o.tests.passed == 0 => "FAIL: no test ran".into(),
             (None, false) => "FAIL".into(),
         };
         let limit = match o.limit {
@@ -565,7 +556,7 @@ fn print_table(outcomes: &[Outcome]) {
         };
         println!(
             "| {} | {} | {} | {} | {} | {:.0} s | {limit} |",
-            o.label, o.release, o.passed, o.failed, result, o.secs
+            o.label, o.release, o.tests.passed, o.tests.failed, result, o.secs
         );
     }
     // A guest past half its limit is one slow machine away from being cut: say so.

@@ -133,11 +133,25 @@ fn is_listening(fd: &OwnedFd) -> bool {
 mod tests {
     use super::*;
 
+    // The tests' other threads share this process's fd table, and some fork: a child forked
+    // while an end is open holds a copy of it until it execs (the ends are close-on-exec) or
+    // exits. So an end this test closed is closed *eventually*, and a closed fd's number may
+    // be handed out again at once.
+
     fn pipe() -> (i32, i32) {
         let mut fds = [0; 2];
-        // SAFETY: valid array for pipe(2).
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: valid array for pipe2(2).
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         (fds[0], fds[1])
+    }
+
+    /// A duplicate of `fd` numbered `min` or more: far above the few dozen the other threads
+    /// hold, so that its number stays free once it is closed.
+    fn fd_at_least(fd: i32, min: i32) -> i32 {
+        // SAFETY: duplicating our own open fd.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
+        assert!(dup >= min, "F_DUPFD: {}", io::Error::last_os_error());
+        dup
     }
 
     fn close(fd: i32) {
@@ -145,21 +159,41 @@ mod tests {
         unsafe { libc::close(fd) };
     }
 
+    /// `look`'s answer once it is `want`, or its last one after 10 s (a copy of a closed end
+    /// held by a child another test forked goes when that child execs or exits).
+    fn once(want: Option<bool>, look: impl Fn() -> Option<bool>) -> Option<bool> {
+        let cap = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let seen = look();
+            if seen == want || std::time::Instant::now() > cap {
+                return seen;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Looks at this process's own fds through a pidfd, as the inspector does for others.
     #[test]
     fn sees_eof_pending_and_readers_gone() {
         let me = PidFd::open(std::process::id()).unwrap();
         let (r, w) = pipe();
+        let r = {
+            let far = fd_at_least(r, 512);
+            close(r);
+            far
+        };
         assert_eq!(me.other_end_open(r as u32, End::Read, false), Some(true));
         assert_eq!(me.other_end_open(w as u32, End::Write, false), Some(true));
         close(w);
-        assert_eq!(me.other_end_open(r as u32, End::Read, false), Some(false));
+        let eof = || me.other_end_open(r as u32, End::Read, false);
+        assert_eq!(once(Some(false), eof), Some(false));
         close(r);
         assert_eq!(me.other_end_open(r as u32, End::Read, false), None);
 
         let (r, w) = pipe();
         close(r);
-        assert_eq!(me.other_end_open(w as u32, End::Write, false), Some(false));
+        let readers_gone = || me.other_end_open(w as u32, End::Write, false);
+        assert_eq!(once(Some(false), readers_gone), Some(false));
         close(w);
     }
 
@@ -188,15 +222,20 @@ mod tests {
     fn socket_peers() {
         let mut sv = [0; 2];
         // SAFETY: valid array for socketpair(2).
-        let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) };
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr(),
+            )
+        };
         assert_eq!(rc, 0);
         let me = PidFd::open(std::process::id()).unwrap();
         assert_eq!(me.other_end_open(sv[0] as u32, End::Both, true), Some(true));
         close(sv[1]);
-        assert_eq!(
-            me.other_end_open(sv[0] as u32, End::Both, true),
-            Some(false)
-        );
+        let peer_gone = || me.other_end_open(sv[0] as u32, End::Both, true);
+        assert_eq!(once(Some(false), peer_gone), Some(false));
         close(sv[0]);
     }
 }
