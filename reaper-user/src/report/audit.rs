@@ -16,6 +16,7 @@ use crate::stream::events::{
     Snapshot,
 };
 use crate::stream::reading::{Head, Line, each_line};
+use crate::text::{Comm, lossy};
 
 /// One flag, as the leak table shows it.
 #[derive(Clone, Debug)]
@@ -300,15 +301,12 @@ impl Audit {
         if let Some(p) = self.live.get_mut(&exec.pid) {
             p.argv = join_args(&exec.argv);
             p.exe = exe.to_owned();
-            // What the kernel names it after an exec: the file's base name, 15 bytes.
-            let base = exe.rsplit('/').next().unwrap_or(exe);
-            p.comm = base
-                .chars()
-                .scan(0, |n, c| {
-                    *n += c.len_utf8();
-                    (*n <= 15).then_some(c)
-                })
-                .collect();
+            // What the kernel names it after an exec, as the run names it (the file's base
+            // name, 15 bytes).
+            p.comm = match exec.filename.bytes() {
+                [] => "?".to_owned(),
+                path => lossy(Comm::of_program(path).as_bytes()).into_owned(),
+            };
         }
     }
 

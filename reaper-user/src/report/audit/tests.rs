@@ -158,3 +158,25 @@ fn an_orphan_alive_at_the_end_shows_its_parent_after_the_reparent() {
         "the gateway's line has its comm"
     );
 }
+
+#[test]
+fn an_exec_names_the_process_as_the_run_does_its_program_cut_at_15_bytes() {
+    // "ü" is two bytes: the 15th byte is the first half of one.
+    let program = "/opt/mcp/bbüüüüüüü-server";
+    let text = [
+        line(1, r#""event":"ready","gateway":[10],"kernel":"k""#),
+        line(
+            2,
+            r#""event":"fork","pid":10,"ppid":9,"spawner":9,"comm":"gw""#,
+        ),
+        line(
+            3,
+            &format!(r#""event":"exec","pid":10,"filename":"{program}","argv":["x"]"#),
+        ),
+    ]
+    .concat();
+    let audit = Audit::read(text.as_bytes()).unwrap();
+    let run = crate::text::Comm::of_program(program.as_bytes());
+    assert_eq!(audit.live[&10].comm, lossy(run.as_bytes()));
+    assert_eq!(audit.live[&10].comm, "bbüüüüüü\u{fffd}");
+}
