@@ -388,3 +388,19 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docs_testing_md_says_the_disk_a_run_takes_as_the_warning_does() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let doc = std::fs::read_to_string(root.join("docs/testing.md")).unwrap();
+        let said = format!("adds about {TEST_RUN_DISK_GIB} GiB");
+        assert!(
+            doc.contains(&said),
+            "docs/testing.md, \"The disk it takes\", should say `{said}` (TEST_RUN_DISK_GIB)"
+        );
+    }
+}
