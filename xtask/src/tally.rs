@@ -10,6 +10,9 @@ pub struct Tally {
     pub failures: Vec<Failure>,
     /// The failure whose `---- NAME stdout ----` block is being read.
     reading: Option<usize>,
+    /// Within it, a panic's backtrace (`RUST_BACKTRACE=1`), left out: the lines kept are for
+    /// the message above it.
+    in_backtrace: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -24,28 +27,41 @@ pub struct Failure {
 const SAID_LINES: usize = 40;
 
 impl Tally {
-    /// Takes one line of a test binary's output; a line may carry a prefix (a guest's label).
+    /// Takes one line of a test binary's output; a line may carry a prefix (a guest's
+    /// console). Inside a failed test's block, every line is what it said, a `test result:`
+    /// it printed included.
     pub fn read(&mut self, line: &str) {
-        if let Some((_, rest)) = line.split_once("test result: ") {
-            self.passed += count_before(rest, " passed");
-            self.failed += count_before(rest, " failed");
-            self.reading = None;
-        } else if let Some(name) = failed_test(line) {
-            self.failures.push(Failure {
-                name: name.to_owned(),
-                said: Vec::new(),
-            });
-        } else if let Some(name) = said_by(line) {
+        if let Some(name) = said_by(line) {
             self.reading = self.failures.iter().rposition(|f| f.name == name);
-        } else if line.trim_end().ends_with("failures:") {
-            // libtest's list of the failed names, after their blocks.
-            self.reading = None;
+            self.in_backtrace = false;
         } else if let Some(i) = self.reading {
+            let text = line.trim();
+            // libtest's list of the failed names ends the blocks.
+            if text.ends_with("failures:") {
+                self.reading = None;
+                return;
+            }
+            if text == "stack backtrace:" {
+                self.in_backtrace = true;
+            }
+            if self.in_backtrace {
+                // Its last line: `note: Some details are omitted, run with ...`.
+                self.in_backtrace = !text.starts_with("note: ");
+                return;
+            }
             let said = &mut self.failures[i].said;
             if said.len() == SAID_LINES {
                 said.remove(0);
             }
             said.push(line.to_owned());
+        } else if let Some((_, rest)) = line.split_once("test result: ") {
+            self.passed += count_before(rest, " passed");
+            self.failed += count_before(rest, " failed");
+        } else if let Some(name) = failed_test(line) {
+            self.failures.push(Failure {
+                name: name.to_owned(),
+                said: Vec::new(),
+            });
         }
     }
 
@@ -101,7 +117,13 @@ mod tests {
             "",
             "---- top_shows_the_gateway stdout ----",
             "the screen: stdio-serve…",
+            "test result: ok. 99 passed; 0 failed (a line it printed)",
             "thread 'top_shows_the_gateway' panicked at tests/top.rs:9:5:",
+            "the last look saw: stdio-serve…",
+            "stack backtrace:",
+            "   0: __rustc::rust_begin_unwind",
+            "             at /rustc/59807616e/library/std/src/panicking.rs:689:5",
+            "note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.",
             "",
             "failures:",
             "    top_shows_the_gateway",
@@ -125,7 +147,9 @@ mod tests {
                     "top_shows_the_gateway",
                     vec![
                         "the screen: stdio-serve…",
+                        "test result: ok. 99 passed; 0 failed (a line it printed)",
                         "thread 'top_shows_the_gateway' panicked at tests/top.rs:9:5:",
+                        "the last look saw: stdio-serve…",
                         ""
                     ]
                 ),
