@@ -126,6 +126,12 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
         "{main}"
     );
     assert!(
+        main.lines().any(|l| l
+            .split_once(' ')
+            .is_some_and(|(_, rest)| rest.starts_with("reaper-shapes leak-accumulate "))),
+        "the gateway's row names its program by file name, whatever the install path: {main}"
+    );
+    assert!(
         main.lines()
             .any(|l| l.contains("stdio-server")
                 && l.contains(['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'])),

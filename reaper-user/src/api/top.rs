@@ -285,7 +285,10 @@ impl View {
                 "{:>9}  {}  {}",
                 k.instances,
                 self.trends.of(&k.kind, at),
-                clip(&escape_for_terminal(short_kind(&k.kind).as_bytes()), 56)
+                clip(
+                    &escape_for_terminal(program_by_file_name(&k.kind).as_bytes()),
+                    56
+                )
             ))
         }));
         if self.now.kinds.is_empty() {
@@ -372,7 +375,11 @@ async fn snapshot(socket: &std::path::Path, whole: bool) -> Result<Snapshot> {
         });
         if root.gateway {
             snap.gateways.push(GatewayRow {
-                text: format!("{} {}", root.pid, root.argv.for_terminal()),
+                text: format!(
+                    "{} {}",
+                    root.pid,
+                    program_by_file_name(&root.argv.for_terminal())
+                ),
                 descendants: alive.len(),
                 rss_kib: alive.iter().filter_map(|&p| rss_kib(p)).sum(),
             });
@@ -395,14 +402,15 @@ fn rss_kib(pid: u32) -> Option<u64> {
     Some(pages * crate::procfs::page_size() as u64 / 1024)
 }
 
-/// A kind as the narrow column shows it: its program by file name (`/usr/bin/node server.js`
-/// is `node server.js`), the width left to the arguments, which tell kinds apart. A deep
-/// install path would otherwise push them past the column's end.
-fn short_kind(kind: &str) -> &str {
-    let program = &kind[..kind.find(' ').unwrap_or(kind.len())];
+/// A command line (a kind's, a gateway's) as the narrow columns show it: its program by file
+/// name (`/usr/bin/node server.js` is `node server.js`), the width left to the arguments,
+/// which tell kinds and gateways apart. A deep install path would otherwise push them past
+/// the column's end.
+fn program_by_file_name(command: &str) -> &str {
+    let program = &command[..command.find(' ').unwrap_or(command.len())];
     match program.rfind('/') {
-        Some(slash) => &kind[slash + 1..],
-        None => kind,
+        Some(slash) => &command[slash + 1..],
+        None => command,
     }
 }
 
@@ -430,15 +438,15 @@ mod tests {
     }
 
     #[test]
-    fn a_kind_is_shown_with_its_program_by_file_name() {
+    fn a_command_line_is_shown_with_its_program_by_file_name() {
         let deep = "/check/work/main/target/debug/reaper-shapes stdio-server --session-key *";
         assert_eq!(
-            short_kind(deep),
+            program_by_file_name(deep),
             "reaper-shapes stdio-server --session-key *"
         );
-        assert_eq!(short_kind("/usr/bin/node"), "node");
-        assert_eq!(short_kind("npx -y srv/a b/c"), "npx -y srv/a b/c");
-        assert_eq!(short_kind(""), "");
+        assert_eq!(program_by_file_name("/usr/bin/node"), "node");
+        assert_eq!(program_by_file_name("npx -y srv/a b/c"), "npx -y srv/a b/c");
+        assert_eq!(program_by_file_name(""), "");
     }
 
     #[test]
