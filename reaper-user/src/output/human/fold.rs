@@ -44,7 +44,8 @@ fn same_fold(first: &Event, ev: &Event) -> bool {
     fold_key(first).is_some() && fold_key(first) == fold_key(ev)
 }
 
-/// One line for a run of `accumulating` findings with one [`fold_key`].
+/// One line for a run of `accumulating` findings with one [`fold_key`], named by their rule as
+/// every other line is.
 fn folded_line(run: &[&Event]) -> String {
     /// Pids listed in one line; the rest are counted.
     const SHOWN: usize = 20;
@@ -65,7 +66,7 @@ fn folded_line(run: &[&Event]) -> String {
         n => format!("{n} older instances"),
     };
     match run[0] {
-        Event::Flag(Flag { detail, .. }) => {
+        Event::Flag(Flag { reason, detail, .. }) => {
             let rss: u64 = run
                 .iter()
                 .filter_map(|e| match e {
@@ -75,16 +76,17 @@ fn folded_line(run: &[&Event]) -> String {
                 .sum();
             let pattern = detail.kind.as_ref().map_or("", |k| k.pattern.as_str());
             format!(
-                "ACCUMULATING {older} of `{}` under gateway {} ({} alive, older ones {}): {list}",
+                "{} {older} of `{}` under gateway {} ({} alive, older ones {}): {list}",
+                reason.name().to_uppercase(),
                 escape_for_terminal(pattern.as_bytes()),
                 detail.lineage.first().copied().unwrap_or(0),
                 detail.instances.unwrap_or(0),
                 human_rss(rss),
             )
         }
-        Event::Cleared(Cleared { because, .. }) => {
-            format!("cleared  accumulating pid {list}: {because}")
-        }
+        Event::Cleared(Cleared {
+            reason, because, ..
+        }) => format!("cleared  {} pid {list}: {because}", reason.name()),
         other => human_line(0, other),
     }
 }
