@@ -80,14 +80,15 @@ struct Runtime {
     offsets: versions::Offsets,
 }
 
-/// The object files looked into so far, by device and inode: `None` for one that holds no
+/// The object files looked into so far, by the kernel's device and inode numbers (as the exec
+/// probe knows an executable, and as `maps` shows a mapping's): `None` for one that holds no
 /// interpreter.
 #[derive(Default)]
 pub struct Files {
-    read: HashMap<(String, u64), Option<Runtime>>,
+    read: HashMap<ExeKey, Option<Runtime>>,
     /// The executables whose layout was handed out for the kernel (see
     /// [`Interpreter::binary`]).
-    binaries: HashSet<(String, u64)>,
+    binaries: HashSet<ExeKey>,
     /// For the symbols an object does not export (a `.symtab` only).
     inspector: Inspector,
 }
@@ -103,7 +104,11 @@ impl Files {
                 continue;
             }
             seen.push(&m.path);
-            let key = (m.dev.clone(), m.inode);
+            // `maps` writes every device as hex `MAJOR:MINOR`.
+            let Some(dev) = kernel_dev(&m.dev) else {
+                continue;
+            };
+            let key = ExeKey { dev, ino: m.inode };
             let runtime = match self.read.get(&key) {
                 Some(known) => known.clone(),
                 None => {
@@ -112,7 +117,7 @@ impl Files {
                         .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
                     let runtime = runtime_of(&self.inspector, &file)
                         .with_context(|| format!("reading {}", m.path))?;
-                    self.read.insert(key.clone(), runtime.clone());
+                    self.read.insert(key, runtime.clone());
                     runtime
                 }
             };
@@ -145,9 +150,11 @@ impl Files {
                 ..offsets.probe
             };
             // An executable of its own (a libpython is the loader's, mapped after the exec).
+            // An overlayfs file shows `maps` the file under it where the exec sees the
+            // overlay's, which then matches no exec: such an exec is looked at when read.
             let binary = text_offset
                 .filter(|_| names_an_interpreter(&m.path) && self.binaries.insert(key))
-                .and_then(|at| Binary::new(&m.dev, m.inode, &offsets.probe, at));
+                .map(|at| Binary::new(key, &offsets.probe, at));
             return Ok(Some(Interpreter {
                 name,
                 probe,
@@ -162,45 +169,33 @@ impl Files {
     /// (see [`Binary`]): `None` for a file that is not one, or was handed out already.
     pub fn executable(&mut self, path: &Path) -> Result<Option<Binary>> {
         let key = crate::gateways::exe::kernel_inode(path)?;
-        let (major, minor) = (key.dev >> 20, key.dev & 0xf_ffff);
-        let file = (format!("{major:02x}:{minor:02x}"), key.ino);
-        if self.binaries.contains(&file) {
+        if self.binaries.contains(&key) {
             return Ok(None);
         }
-        let runtime = match self.read.get(&file) {
+        let runtime = match self.read.get(&key) {
             Some(known) => known.clone(),
             None => {
                 let runtime = runtime_of(&self.inspector, path)?;
-                self.read.insert(file.clone(), runtime.clone());
+                self.read.insert(key, runtime.clone());
                 runtime
             }
         };
         let Some((at, offsets)) = runtime.and_then(|r| Some((r.text_offset?, r.offsets))) else {
             return Ok(None);
         };
-        self.binaries.insert(file);
-        let layout = PyLayout {
-            runtime: at,
-            ..offsets.probe
-        };
-        Ok(Some(Binary { key, layout }))
+        self.binaries.insert(key);
+        Ok(Some(Binary::new(key, &offsets.probe, at)))
     }
 }
 
 impl Binary {
-    /// The executable mapped as `maps` shows it (`MAJOR:MINOR` and inode: the kernel's own
-    /// numbers; an overlayfs file shows the file under it where the exec sees the overlay's,
-    /// which then matches no exec, and such an exec is looked at when read, as before).
-    fn new(maps_dev: &str, ino: u64, probe: &PyLayout, text_offset: u64) -> Option<Binary> {
-        let key = ExeKey {
-            dev: kernel_dev(maps_dev)?,
-            ino,
-        };
+    /// The executable `key` with the interpreter's layout, `_PyRuntime` at `text_offset`.
+    fn new(key: ExeKey, probe: &PyLayout, text_offset: u64) -> Binary {
         let layout = PyLayout {
             runtime: text_offset,
             ..*probe
         };
-        Some(Binary { key, layout })
+        Binary { key, layout }
     }
 }
 
