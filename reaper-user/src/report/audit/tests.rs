@@ -176,7 +176,7 @@ fn an_exec_names_the_process_as_the_run_does_its_program_cut_at_15_bytes() {
     ]
     .concat();
     let audit = Audit::read(text.as_bytes()).unwrap();
-    let run = crate::text::Comm::of_program(program.as_bytes());
+    let run = Comm::of_program(program.as_bytes());
     assert_eq!(audit.live[&10].comm, lossy(run.as_bytes()));
     assert_eq!(audit.live[&10].comm, "bbüüüüüü\u{fffd}");
 }
