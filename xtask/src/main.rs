@@ -305,23 +305,19 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
     tests.passed += clean.len() as u64;
-    tests.failed += crashed.len() as u64;
-    tests
-        .failures
-        .extend(crashed.iter().map(|t| tally::Failure {
-            name: format!("fuzz target {t}"),
-            said: vec!["crashed: its input is in target/fuzz/artifacts/".into()],
-        }));
+    for t in &crashed {
+        tests.fail(
+            format!("fuzz target {t}"),
+            "crashed: its input is in target/fuzz/artifacts/",
+        );
+    }
     let mut broken = Vec::new();
     if vm {
-        for mut o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
+        for o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
             if let Some(p) = &o.problem {
                 broken.push(format!("{}: {p}", o.label));
             } else if o.tests.passed == 0 {
                 broken.push(format!("{}: no test ran", o.label));
-            }
-            for f in &mut o.tests.failures {
-                f.name = format!("{} on {}", f.name, o.label);
             }
             tests.add(o.tests);
         }

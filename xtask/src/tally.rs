@@ -65,6 +65,15 @@ impl Tally {
         }
     }
 
+    /// One failure not read from libtest (a fuzz target's crash): counted and named.
+    pub fn fail(&mut self, name: String, said: &str) {
+        self.failed += 1;
+        self.failures.push(Failure {
+            name,
+            said: vec![said.to_owned()],
+        });
+    }
+
     pub fn add(&mut self, other: Tally) {
         self.passed += other.passed;
         self.failed += other.failed;

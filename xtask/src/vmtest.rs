@@ -101,6 +101,7 @@ pub struct Outcome {
     pub label: String,
     /// `uname -r` as the tests saw it.
     pub release: String,
+    /// What its tests came to; each failure named `NAME on LABEL`.
     pub tests: Tally,
     /// Why the run did not finish, if it did not.
     pub problem: Option<String>,
@@ -529,6 +530,10 @@ fn outcome(label: String, log: &[String], problem: Option<String>, took: Duratio
         .find_map(|l| l.split_once(EXIT_MARK).map(|(_, c)| c.trim().to_owned()))
         .filter(|code| code != "0" && tests.failed == 0)
         .map(|code| format!("the test binary exited with {code}"));
+    // Named with the kernel they failed on, for the run's closing lines.
+    for f in &mut tests.failures {
+        f.name = format!("{} on {label}", f.name);
+    }
     Outcome {
         label,
         release,
