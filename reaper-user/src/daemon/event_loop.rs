@@ -1,15 +1,19 @@
 //! The event loop: the ring read on the pace of the poll clock while records stream, the
-//! upkeep on the housekeeping tick, the leak rules and `--kill` on the scan's timer, until a
-//! stop condition.
-use std::time::Duration;
+//! upkeep on the housekeeping tick, the leak rules and `--kill` on the scan's timer (both on
+//! the poll clock's ticks while records stream), until a stop condition.
+use std::{pin::Pin, time::Duration};
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
-    signal::unix::{Signal, SignalKind, signal},
-    sync::mpsc::{Receiver, UnboundedReceiver},
-    time::{Instant, sleep_until},
+    pin,
+    signal::unix::{SignalKind, signal},
+    sync::{
+        mpsc::{Receiver, UnboundedReceiver},
+        oneshot,
+    },
+    time::{Instant, Sleep, sleep_until},
 };
 
 use super::checkpoints::Checkpoints;
@@ -55,17 +59,118 @@ pub(super) struct Sources {
 
 /// SIGINT and SIGTERM, caught from before `ready` is written: a stop asked for as soon as the
 /// run says it is ready is a stop like any other (the summary, the last checkpoint).
+///
+/// A task of its own waits for them and sends the first one's name: the event loop then polls
+/// one receiver at each wake-up instead of two signal streams (each a watch channel and its
+/// notifier: 3% of the reader's CPU in a fork+exec storm).
 pub(super) struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
+    first: oneshot::Receiver<&'static str>,
 }
 
 impl Signals {
     pub(super) fn catch() -> Result<Signals> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
-            terminate: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
-        })
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let (tx, first) = oneshot::channel();
+        tokio::spawn(async move {
+            // A stream that ended (never, for a signal) is no signal: with both gone the
+            // sender is dropped and the loop waits on the rest.
+            let name = tokio::select! {
+                Some(()) = interrupt.recv() => "SIGINT",
+                Some(()) = terminate.recv() => "SIGTERM",
+                else => return,
+            };
+            let _ = tx.send(name);
+        });
+        Ok(Signals { first })
+    }
+}
+
+/// When the run's chores are due: housekeeping every [`HOUSEKEEPING`] and the leak scan.
+///
+/// While the reader sleeps their timers wake it. While a stream is read on the poll clock the
+/// timers are parked far away and the ticks run whichever chore is due: a tokio timer cost the
+/// reader two more wake-ups each time (the timer wheel wakes once to bring a timer 100 ms away
+/// down to its finest level, and again when it is due) and a third trip around the loop when
+/// re-armed (tokio wakes its own driver for a timer that became the nearest): a fifth of a
+/// fork+exec storm's wake-ups.
+struct Chores {
+    house: Pin<Box<Sleep>>,
+    scan: Pin<Box<Sleep>>,
+    house_due: Instant,
+    scan_due: Instant,
+    /// Whether the timers are parked and the ticks run the chores.
+    on_ticks: bool,
+    /// Where parked timers wait.
+    far: Instant,
+}
+
+impl Chores {
+    fn new(scan_interval: Duration, far: Instant) -> Chores {
+        let now = Instant::now();
+        Chores {
+            house: Box::pin(sleep_until(now + HOUSEKEEPING)),
+            scan: Box::pin(sleep_until(now + scan_interval)),
+            house_due: now + HOUSEKEEPING,
+            scan_due: now + scan_interval,
+            on_ticks: false,
+            far,
+        }
+    }
+
+    /// Hands the chores to the poll clock's ticks.
+    fn onto_ticks(&mut self) {
+        if !self.on_ticks {
+            // A later deadline moves a timer without waking tokio's driver.
+            self.house.as_mut().reset(self.far);
+            self.scan.as_mut().reset(self.far);
+            self.on_ticks = true;
+        }
+    }
+
+    /// Gives the chores back to their timers: the stream paused.
+    fn back_to_timers(&mut self) {
+        if self.on_ticks {
+            self.house.as_mut().reset(self.house_due);
+            self.scan.as_mut().reset(self.scan_due);
+            self.on_ticks = false;
+        }
+    }
+
+    /// Brings housekeeping forward to `at`, on its timer: something is to be looked at again
+    /// sooner than the next tick may come.
+    fn house_at(&mut self, at: Instant) {
+        self.house_due = at;
+        self.back_to_timers();
+        self.house.as_mut().reset(at);
+    }
+
+    /// Housekeeping was done: the next is due a period from now.
+    fn house_done(&mut self) {
+        self.house_due = Instant::now() + HOUSEKEEPING;
+        if !self.on_ticks {
+            self.house.as_mut().reset(self.house_due);
+        }
+    }
+
+    /// A leak scan was done: the next is due at `next`.
+    fn scan_done(&mut self, next: Instant) {
+        self.scan_due = next;
+        if !self.on_ticks {
+            self.scan.as_mut().reset(next);
+        }
+    }
+
+    /// Whether a tick is to do housekeeping.
+    fn house_due_on_tick(&self, now: Instant) -> bool {
+        self.on_ticks && now >= self.house_due
+    }
+
+    /// Whether a tick is to scan for leaks.
+    fn scan_due_on_tick(&self, now: Instant) -> bool {
+        self.on_ticks && now >= self.scan_due
     }
 }
 
@@ -99,14 +204,14 @@ pub(super) async fn event_loop(
     let mut poll = PollClock::new(cli.wakeup_interval.max(Duration::from_micros(100)))
         .context("creating the reader's poll clock (timerfd)")?;
     kernel.reader_idle.going_idle()?;
-    // The timers live across iterations and are moved only when their time changes: a fresh
-    // timer per wake-up is a timer-wheel insertion and removal each, on the hottest loop.
+    let mut chores = Chores::new(cli.scan_interval, far);
+    // The timers (these and the chores') live across iterations and are moved only when their
+    // time changes: a fresh timer per wake-up is a timer-wheel insertion and removal each, on
+    // the hottest loop.
     let stop_at = sleep_until(cli.duration.map(|d| Instant::now() + d).unwrap_or(far));
-    let house = sleep_until(Instant::now() + HOUSEKEEPING);
-    let scan = sleep_until(Instant::now() + cli.scan_interval);
     // --check: when the gateway command's settle time is up.
     let settle = sleep_until(far);
-    tokio::pin!(stop_at, house, scan, settle);
+    pin!(stop_at, settle);
     let mut settling = false;
     let mut look_again_soon = false;
     loop {
@@ -121,8 +226,8 @@ pub(super) async fn event_loop(
         };
         if let (Some(wait), false) = (look_again, look_again_soon) {
             let soon = Instant::now() + wait;
-            if soon < house.deadline() {
-                house.as_mut().reset(soon);
+            if soon < chores.house_due {
+                chores.house_at(soon);
                 look_again_soon = true;
             }
         }
@@ -148,39 +253,40 @@ pub(super) async fn event_loop(
                     n = drain(ring.get_mut(), run, &mut kernel.marks)?;
                 }
                 match n {
-                    0 => poll.stop().context("stopping the poll clock")?,
-                    // A stream, not a few records of one process's life: read less often.
-                    n if n >= STREAM_BATCH => poll.widen().context("widening the poll clock")?,
+                    0 => {
+                        poll.stop().context("stopping the poll clock")?;
+                        chores.back_to_timers();
+                    }
+                    // A stream, not a few records of one process's life: read less often,
+                    // and do the chores on the ticks (unless something is to be looked at
+                    // again sooner).
+                    n if n >= STREAM_BATCH => {
+                        poll.widen().context("widening the poll clock")?;
+                        if !look_again_soon {
+                            chores.onto_ticks();
+                        }
+                    }
                     _ => {}
                 }
                 flush = n == 0;
+                let now = Instant::now();
+                if chores.house_due_on_tick(now) {
+                    keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
+                    chores.house_done();
+                    look_again_soon = false;
+                    flush = true;
+                }
+                if chores.scan_due_on_tick(now) {
+                    chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
+                }
             }
-            _ = &mut house => {
-                let losses = kernel.counters.losses()?;
-                drain(ring.get_mut(), run, &mut kernel.marks)?;
-                run.keep_exact(losses, &kernel.tracked)?;
-                run.look_again_for_interpreters()?;
-                kernel.marks.still_reading()?;
-                follow_pidfiles(selectors, run, &mut kernel.tracked, cli.allow_init)?;
-                if let Some(checkpoints) = checkpoints.as_mut() {
-                    checkpoints.due(run)?;
-                }
-                // The API's questions wait for this tick (100 ms at most), not a branch of
-                // their own: a pending receiver polled at every wake-up of a fork storm
-                // cost the reader some 8% (measured).
-                while let Some(query) = api.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                    run.answer(query);
-                }
-                house.as_mut().reset(Instant::now() + HOUSEKEEPING);
+            _ = &mut chores.house => {
+                keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
+                chores.house_done();
                 look_again_soon = false;
             }
-            _ = &mut scan => {
-                drain(ring.get_mut(), run, &mut kernel.marks)?;
-                run.release_lagging(FREE_LAG)?;
-                run.scan_leaks()?;
-                run.decide_kills()?;
-                run.output().draw_status().context("writing output")?;
-                scan.as_mut().reset(next_scan(cli.scan_interval, run.next_look()));
+            _ = &mut chores.scan => {
+                chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
             }
             Some(report) = next_report(kill_reports) => run.report_kill(report)?,
             status = command.wait(), if command.running() => {
@@ -193,8 +299,7 @@ pub(super) async fn event_loop(
                 }
             }
             _ = &mut settle, if settling => return Ok(Stop::Done),
-            _ = signals.interrupt.recv() => return Ok(Stop::Signal("SIGINT")),
-            _ = signals.terminate.recv() => return Ok(Stop::Signal("SIGTERM")),
+            Ok(name) = &mut signals.first => return Ok(Stop::Signal(name)),
             _ = &mut stop_at => return Ok(Stop::Duration),
         }
         if flush {
@@ -205,6 +310,51 @@ pub(super) async fn event_loop(
             return Ok(Stop::Done);
         }
     }
+}
+
+/// Housekeeping: losses checked (and the graph made exact again after one), interpreters and
+/// pid files looked at again, the checkpoint when due, the API's questions answered.
+fn keep_house(
+    cli: &Cli,
+    selectors: &mut Selectors,
+    run: &mut Pipeline,
+    ring: &mut RingBuf<MapData>,
+    kernel: &mut KernelMaps,
+    checkpoints: &mut Option<Checkpoints>,
+    api: &mut Option<Receiver<Query>>,
+) -> Result<()> {
+    let losses = kernel.counters.losses()?;
+    drain(ring, run, &mut kernel.marks)?;
+    run.keep_exact(losses, &kernel.tracked)?;
+    run.look_again_for_interpreters()?;
+    kernel.marks.still_reading()?;
+    follow_pidfiles(selectors, run, &mut kernel.tracked, cli.allow_init)?;
+    if let Some(checkpoints) = checkpoints.as_mut() {
+        checkpoints.due(run)?;
+    }
+    // The API's questions wait for this tick (about 100 ms at most), not a branch of their own: a
+    // pending receiver polled at every wake-up of a fork storm cost the reader some 8%
+    // (measured).
+    while let Some(query) = api.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        run.answer(query);
+    }
+    Ok(())
+}
+
+/// The leak scan: the rules, `--kill`'s decisions, the status line. Returns when the next
+/// one is due.
+fn scan_leaks(
+    cli: &Cli,
+    run: &mut Pipeline,
+    ring: &mut RingBuf<MapData>,
+    marks: &mut ReaderMarks,
+) -> Result<Instant> {
+    drain(ring, run, marks)?;
+    run.release_lagging(FREE_LAG)?;
+    run.scan_leaks()?;
+    run.decide_kills()?;
+    run.output().draw_status().context("writing output")?;
+    Ok(next_scan(cli.scan_interval, run.next_look()))
 }
 
 /// When the next leak scan runs: a scan interval from now, or sooner when an orphan grace
@@ -243,4 +393,52 @@ pub(super) fn drain(
         marks.taken(run.received())?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn chores_run_on_their_timers_or_on_the_ticks_never_both() {
+        let far = Instant::now() + Duration::from_secs(3600);
+        let mut chores = Chores::new(Duration::from_secs(5), far);
+        let (house, scan) = (chores.house_due, chores.scan_due);
+        // On their timers: a tick leaves them alone, even past their time.
+        let past_both = scan + Duration::from_secs(1);
+        assert!(!chores.house_due_on_tick(past_both));
+        assert!(!chores.scan_due_on_tick(past_both));
+        assert_eq!(chores.house.deadline(), house);
+
+        // On the ticks: the timers parked far away, a tick runs what is due.
+        chores.onto_ticks();
+        assert_eq!(
+            (chores.house.deadline(), chores.scan.deadline()),
+            (far, far)
+        );
+        assert!(!chores.house_due_on_tick(house - Duration::from_millis(1)));
+        assert!(chores.house_due_on_tick(house));
+        assert!(!chores.scan_due_on_tick(house));
+        chores.house_done();
+        assert!(chores.house_due > house);
+        assert_eq!(chores.house.deadline(), far, "housekeeping done on a tick");
+        chores.scan_done(scan + Duration::from_secs(5));
+        assert_eq!(chores.scan.deadline(), far, "a scan done on a tick");
+
+        // The stream pauses: the timers are set to the chores' times again.
+        chores.back_to_timers();
+        assert!(!chores.house_due_on_tick(past_both));
+        assert_eq!(
+            (chores.house.deadline(), chores.scan.deadline()),
+            (chores.house_due, scan + Duration::from_secs(5))
+        );
+
+        // Something to look at again sooner than a tick may come: housekeeping on its timer.
+        chores.onto_ticks();
+        let soon = Instant::now() + Duration::from_millis(1);
+        chores.house_at(soon);
+        assert!(!chores.house_due_on_tick(past_both));
+        assert_eq!(chores.house.deadline(), soon);
+        assert_eq!(chores.scan.deadline(), chores.scan_due);
+    }
 }
