@@ -332,8 +332,8 @@ fn keep_house(
     if let Some(checkpoints) = checkpoints.as_mut() {
         checkpoints.due(run)?;
     }
-    // The API's questions wait for this tick (about 100 ms at most), not a branch of their own: a
-    // pending receiver polled at every wake-up of a fork storm cost the reader some 8%
+    // The API's questions wait for this tick (about 100 ms at most), not a branch of their
+    // own: a pending receiver polled at every wake-up of a fork storm cost the reader some 8%
     // (measured).
     while let Some(query) = api.as_mut().and_then(|rx| rx.try_recv().ok()) {
         run.answer(query);
