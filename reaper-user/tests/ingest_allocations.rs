@@ -152,7 +152,7 @@ fn tracer() -> Pipeline {
         orphan_grace: std::time::Duration::from_secs(2),
         max_instances: 8,
     };
-    let mut tracer = Pipeline::new(graph, out, inspect, None, Vec::new());
+    let mut tracer = Pipeline::new(graph, out, inspect, None, Vec::new(), Vec::new());
     tracer
         .add_seeds(vec![Seed {
             pid: GATEWAY,

@@ -269,6 +269,7 @@ pub(super) async fn event_loop(
                     _ => {}
                 }
                 flush = n == 0;
+                // A chore done on a tick writes its lines at once, as on its own timer.
                 let now = Instant::now();
                 if chores.house_due_on_tick(now) {
                     keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
@@ -278,6 +279,7 @@ pub(super) async fn event_loop(
                 }
                 if chores.scan_due_on_tick(now) {
                     chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
+                    flush = true;
                 }
             }
             _ = &mut chores.house => {

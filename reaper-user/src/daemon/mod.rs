@@ -321,9 +321,9 @@ fn pipeline_for(
             max_instances: cli.max_instances as usize,
         },
         killer,
+        cli.kill_reasons.0.clone(),
         selector_labels,
     );
-    run.set_kill_reasons(cli.kill_reasons.0.clone());
     if matches!(cli.spawn_stacks, SpawnStacks::Native | SpawnStacks::Auto) {
         let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
         run.name_spawn_sites(SpawnSites::new(stacks, interpreters));

@@ -65,12 +65,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// `selector_labels`: the selectors' names, by number, for the `gateway` events.
+    /// `kill_reasons`: the flags `--kill` follows (or would, without it: the API's answers say
+    /// so). `selector_labels`: the selectors' names, by number, for the `gateway` events.
     pub fn new(
         graph: LineageGraph,
         out: Output,
         inspect: InspectOptions,
         killer: Option<Killer>,
+        kill_reasons: Vec<Reason>,
         selector_labels: Vec<String>,
     ) -> Pipeline {
         Pipeline {
@@ -80,7 +82,7 @@ impl Pipeline {
             gateways: Announcer::new(selector_labels),
             inspector: Inspector::new(inspect),
             killer,
-            kill_reasons: Vec::new(),
+            kill_reasons,
             kinds: Vec::new(),
             out,
             flagged_rss: flags::RssCache::default(),
@@ -88,11 +90,6 @@ impl Pipeline {
             last_exit: boottime_now(),
             started: boottime_now(),
         }
-    }
-
-    /// The flags `--kill` follows (or would, without it), for the API's answers.
-    pub fn set_kill_reasons(&mut self, reasons: Vec<Reason>) {
-        self.kill_reasons = reasons;
     }
 
     /// Names the code that spawned each flagged process (`--spawn-stacks`).
