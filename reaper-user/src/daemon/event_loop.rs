@@ -103,6 +103,8 @@ struct Chores {
     scan_due: Instant,
     /// Whether the timers are parked and the ticks run the chores.
     on_ticks: bool,
+    /// Housekeeping brought forward to look at something again soon: on its timer until done.
+    brought_forward: bool,
     /// Where parked timers wait.
     far: Instant,
 }
@@ -116,13 +118,14 @@ impl Chores {
             house_due: now + HOUSEKEEPING,
             scan_due: now + scan_interval,
             on_ticks: false,
+            brought_forward: false,
             far,
         }
     }
 
-    /// Hands the chores to the poll clock's ticks.
+    /// Hands the chores to the poll clock's ticks, unless housekeeping was brought forward.
     fn onto_ticks(&mut self) {
-        if !self.on_ticks {
+        if !self.on_ticks && !self.brought_forward {
             // A later deadline moves a timer without waking tokio's driver.
             self.house.as_mut().reset(self.far);
             self.scan.as_mut().reset(self.far);
@@ -139,16 +142,26 @@ impl Chores {
         }
     }
 
-    /// Brings housekeeping forward to `at`, on its timer: something is to be looked at again
-    /// sooner than the next tick may come.
+    /// Housekeeping within `wait`, if it is not due sooner already: something is to be looked
+    /// at again (an interpreter not yet mapped, a pending reparent).
+    fn look_again_within(&mut self, wait: Duration) {
+        let soon = Instant::now() + wait;
+        if !self.brought_forward && soon < self.house_due {
+            self.house_at(soon);
+        }
+    }
+
+    /// Brings housekeeping forward to `at`, on its timer: sooner than the next tick may come.
     fn house_at(&mut self, at: Instant) {
         self.house_due = at;
+        self.brought_forward = true;
         self.back_to_timers();
         self.house.as_mut().reset(at);
     }
 
     /// Housekeeping was done: the next is due a period from now.
     fn house_done(&mut self) {
+        self.brought_forward = false;
         self.house_due = Instant::now() + HOUSEKEEPING;
         if !self.on_ticks {
             self.house.as_mut().reset(self.house_due);
@@ -213,7 +226,6 @@ pub(super) async fn event_loop(
     let settle = sleep_until(far);
     pin!(stop_at, settle);
     let mut settling = false;
-    let mut look_again_soon = false;
     loop {
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
@@ -224,12 +236,8 @@ pub(super) async fn event_loop(
         } else {
             None
         };
-        if let (Some(wait), false) = (look_again, look_again_soon) {
-            let soon = Instant::now() + wait;
-            if soon < chores.house_due {
-                chores.house_at(soon);
-                look_again_soon = true;
-            }
+        if let Some(wait) = look_again {
+            chores.look_again_within(wait);
         }
         // Written lines go out at once, except while records stream: then they leave in
         // full buffers and at each housekeeping tick, and all of them when the stream pauses
@@ -258,13 +266,10 @@ pub(super) async fn event_loop(
                         chores.back_to_timers();
                     }
                     // A stream, not a few records of one process's life: read less often,
-                    // and do the chores on the ticks (unless something is to be looked at
-                    // again sooner).
+                    // and do the chores on the ticks.
                     n if n >= STREAM_BATCH => {
                         poll.widen().context("widening the poll clock")?;
-                        if !look_again_soon {
-                            chores.onto_ticks();
-                        }
+                        chores.onto_ticks();
                     }
                     _ => {}
                 }
@@ -274,7 +279,6 @@ pub(super) async fn event_loop(
                 if chores.house_due_on_tick(now) {
                     keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
                     chores.house_done();
-                    look_again_soon = false;
                     flush = true;
                 }
                 if chores.scan_due_on_tick(now) {
@@ -285,7 +289,6 @@ pub(super) async fn event_loop(
             _ = &mut chores.house => {
                 keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
                 chores.house_done();
-                look_again_soon = false;
             }
             _ = &mut chores.scan => {
                 chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
@@ -442,5 +445,11 @@ mod tests {
         assert!(!chores.house_due_on_tick(past_both));
         assert_eq!(chores.house.deadline(), soon);
         assert_eq!(chores.scan.deadline(), chores.scan_due);
+        // It stays on its timer, a stream or not, until done.
+        chores.onto_ticks();
+        assert_eq!(chores.house.deadline(), soon);
+        chores.house_done();
+        chores.onto_ticks();
+        assert_eq!(chores.house.deadline(), far);
     }
 }
