@@ -91,6 +91,8 @@ fn a_real_suites_leak_is_a_failed_junit_case_and_a_short_log() {
         .unwrap();
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{log}");
+    // What reaper-trace told the operator (why an interpreter's frames are not read).
+    println!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
     // The helper is ours to stop, whatever the assertions find.
     let _ = Command::new("pkill")
         .args(["-f", "^sleep 3600.5$"])

@@ -16,7 +16,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use reaper_common::ExeKey;
 use reaper_common::python::PyLayout;
 
-use super::super::mappings::mappings;
+use super::super::mappings::{Mapping, mappings};
 use super::debug_offsets;
 use super::versions::{self, CodeLayout};
 use crate::procfs::{placement, proc_path};
@@ -46,19 +46,27 @@ pub fn names_an_interpreter(path: &str) -> bool {
     name.starts_with("python3") && !name.contains('-')
 }
 
-/// Whether the dynamic loader has mapped a `libpython3` into process `pid`, its data
-/// included (or the process is gone). The loader first maps an object's whole span read-only,
-/// then each segment in place: until then `_PyRuntime` is not where it will be.
-pub fn loaded_libpython(pid: u32) -> bool {
-    mappings(pid).map_or(true, |maps| {
-        maps.iter().any(|m| {
-            m.writable
-                && m.path
-                    .rsplit('/')
-                    .next()
-                    .is_some_and(|n| n.starts_with("libpython3"))
-        })
+/// Whether the dynamic loader has mapped a `libpython3` with its data in place, among a
+/// process's mappings. It first maps an object's whole span read-only, then each segment in
+/// place: until then `_PyRuntime` is not where it will be.
+fn libpython_loaded(maps: &[Mapping]) -> bool {
+    maps.iter().any(|m| {
+        m.writable
+            && m.path
+                .rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libpython3"))
     })
+}
+
+/// What one read of a process's mappings tells of its interpreter.
+pub enum Found {
+    Python(Interpreter),
+    /// Not yet: no interpreter mapped with its data in place, and no libpython either (the
+    /// dynamic loader may still map one).
+    Loading,
+    /// Not an interpreter we read: a libpython is in place, and no `_PyRuntime` in it.
+    NotPython,
 }
 
 /// An interpreter executable as the exec probe knows it (`PY_BINARIES`): its inode as the
@@ -94,10 +102,15 @@ pub struct Files {
 }
 
 impl Files {
-    /// The interpreter process `pid` (started at `start`) runs, if it runs one: `Ok(None)`
-    /// for a process that is not Python, an error for one whose interpreter cannot be read.
-    pub fn find(&mut self, pid: u32, start: u64) -> Result<Option<Interpreter>> {
-        let maps = mappings(pid)?;
+    /// The interpreter process `pid` (started at `start`) runs, if it runs one, from one read
+    /// of its mappings (two reads could see the loader's work half done by the first and done
+    /// by the second); an error for one whose interpreter cannot be read.
+    pub fn find(&mut self, pid: u32, start: u64) -> Result<Found> {
+        self.find_in(pid, start, &mappings(pid)?)
+    }
+
+    /// As [`Files::find`], in process `pid`'s mappings `maps`.
+    fn find_in(&mut self, pid: u32, start: u64, maps: &[Mapping]) -> Result<Found> {
         let mut seen: Vec<&str> = Vec::new();
         for m in maps.iter().filter(|m| may_be_python(&m.path)) {
             if seen.contains(&m.path.as_str()) {
@@ -136,9 +149,9 @@ impl Files {
                 .find(|o| (o.offset..o.offset + (o.end - o.start)).contains(&file_offset))
                 .with_context(|| format!("{name}: _PyRuntime is not mapped"))?;
             // Still the loader's read-only span, before the data segment is mapped in place
-            // (see `loaded_libpython`): looked at again.
+            // (see `libpython_loaded`).
             if !data.writable {
-                return Ok(None);
+                return Ok(Found::Loading);
             }
             let address = data.start + (file_offset - data.offset);
             let (pidns_dev, pidns_ino) = pid_namespace(pid)?;
@@ -155,14 +168,17 @@ impl Files {
             let binary = text_offset
                 .filter(|_| names_an_interpreter(&m.path) && self.binaries.insert(key))
                 .map(|at| Binary::new(key, &offsets.probe, at));
-            return Ok(Some(Interpreter {
+            return Ok(Found::Python(Interpreter {
                 name,
                 probe,
                 code: offsets.code,
                 binary,
             }));
         }
-        Ok(None)
+        Ok(match libpython_loaded(maps) {
+            true => Found::NotPython,
+            false => Found::Loading,
+        })
     }
 
     /// The interpreter executable at `path`, for the exec probe, before any process runs it
@@ -340,6 +356,54 @@ mod tests {
         ] {
             assert!(!names_an_interpreter(name), "{name}");
         }
+    }
+
+    /// The dynamic loader maps a libpython in steps (its whole span read-only, then each
+    /// segment in place); each step is one read of the maps, and only the last one, with the
+    /// data in place, places `_PyRuntime`. A libpython in place without one is not Python.
+    #[test]
+    fn an_interpreter_is_found_once_the_loader_placed_its_data() {
+        let python = |inode: u64| ExeKey { dev: 1, ino: inode };
+        let runtime = Runtime {
+            name: "python3.11".into(),
+            file_offset: 0x5010,
+            text_offset: None,
+            offsets: versions::offsets(3, 11, &[]).unwrap(),
+        };
+        let mut files = Files::default();
+        files.read.insert(python(1), None);
+        files.read.insert(python(2), Some(runtime));
+        files.read.insert(python(3), None);
+        let exe = "55d000000000-55d000001000 r-xp 00000000 00:01 1 /opt/py/bin/python3.11\n";
+        let lib = "/opt/py/lib/libpython3.11.so.1.0";
+        let span = format!("7f0000000000-7f0000008000 r--p 00000000 00:01 2 {lib}\n");
+        let text = format!(
+            "7f0000000000-7f0000001000 r--p 00000000 00:01 2 {lib}\n\
+             7f0000001000-7f0000003000 r-xp 00001000 00:01 2 {lib}\n\
+             7f0000003000-7f0000008000 r--p 00003000 00:01 2 {lib}\n"
+        );
+        let placed = format!(
+            "7f0000000000-7f0000001000 r--p 00000000 00:01 2 {lib}\n\
+             7f0000001000-7f0000003000 r-xp 00001000 00:01 2 {lib}\n\
+             7f0000003000-7f0000004000 r--p 00003000 00:01 2 {lib}\n\
+             7f0000004000-7f0000006000 rw-p 00004000 00:01 2 {lib}\n"
+        );
+        let mut find = |maps: &str| {
+            let maps = crate::sites::mappings::parse(maps);
+            files.find_in(std::process::id(), 7, &maps).unwrap()
+        };
+        assert!(matches!(find(exe), Found::Loading), "no libpython yet");
+        assert!(matches!(find(&(exe.to_owned() + &span)), Found::Loading));
+        assert!(matches!(find(&(exe.to_owned() + &text)), Found::Loading));
+        let Found::Python(found) = find(&(exe.to_owned() + &placed)) else {
+            panic!("the data is in place");
+        };
+        assert_eq!(
+            (found.probe.runtime, found.probe.start),
+            (0x7f0000005010, 7)
+        );
+        let other = "7f1000000000-7f1000001000 rw-p 00000000 00:01 3 /opt/libpython3.so\n";
+        assert!(matches!(find(&(exe.to_owned() + other)), Found::NotPython));
     }
 
     #[test]

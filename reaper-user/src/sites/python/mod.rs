@@ -20,7 +20,7 @@ mod locate;
 mod versions;
 
 use code::Memory;
-use locate::{Binary, Interpreter};
+use locate::{Binary, Found, Interpreter};
 
 /// The kernel's side of Python stacks and what user space knows of each interpreter.
 pub struct PythonStacks {
@@ -95,33 +95,18 @@ impl PythonStacks {
     /// interpreter, why a Python process's frames will not be read.
     pub fn exec(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
         self.forget(node);
-        let found = self.look(node, pid, start);
-        if let Ok(None) = found {
-            // A `python3.N` whose libpython the dynamic loader has not mapped yet: looked at
-            // again within milliseconds (see `PENDING_LOOKS`), until it is.
-            let looks = PENDING_LOOKS;
-            self.pending.insert(node, Pending { pid, start, looks });
-        }
-        found
+        let looks = PENDING_LOOKS;
+        self.look(node, Pending { pid, start, looks })
     }
 
     /// Looks again at the interpreters not mapped at their exec (see [`PythonStacks::exec`]);
     /// returns what to tell the operator.
     pub fn look_again(&mut self) -> Vec<String> {
-        let mut notes = Vec::new();
         let pending: Vec<_> = self.pending.drain().collect();
-        for (node, p) in pending {
-            match self.look(node, p.pid, p.start) {
-                Ok(Some(_)) => {}
-                Ok(None) if p.looks > 1 && !locate::loaded_libpython(p.pid) => {
-                    let looks = p.looks - 1;
-                    self.pending.insert(node, Pending { looks, ..p });
-                }
-                Ok(None) => {}
-                Err(note) => notes.push(note),
-            }
-        }
-        notes
+        pending
+            .into_iter()
+            .filter_map(|(node, p)| self.look(node, p).err())
+            .collect()
     }
 
     /// Whether an interpreter is still to be looked at again.
@@ -129,10 +114,20 @@ impl PythonStacks {
         !self.pending.is_empty()
     }
 
-    fn look(&mut self, node: NodeId, pid: u32, start: u64) -> Result<Option<String>, String> {
+    /// Looks at process `p`: a `python3.N` whose libpython the dynamic loader has not mapped
+    /// yet is looked at again within milliseconds (see [`PENDING_LOOKS`]), until it is.
+    fn look(&mut self, node: NodeId, p: Pending) -> Result<Option<String>, String> {
+        let Pending { pid, start, looks } = p;
         let interpreter = match self.files.find(pid, start) {
-            Ok(Some(found)) => found,
-            Ok(None) => return Ok(None),
+            Ok(Found::Python(found)) => found,
+            Ok(Found::Loading) => {
+                if looks > 1 {
+                    let looks = looks - 1;
+                    self.pending.insert(node, Pending { looks, ..p });
+                }
+                return Ok(None);
+            }
+            Ok(Found::NotPython) => return Ok(None),
             // Gone already: nothing to say about a process that ended.
             Err(_) if !crate::procfs::proc_path(pid, "maps").exists() => return Ok(None),
             Err(e) => {
@@ -236,7 +231,7 @@ impl PythonStacks {
         let frames = stack.frames.iter().take(stack.len as usize);
         if alive
             && !self.interpreters.contains_key(&spawner)
-            && let Ok(Some(found)) = self.files.find(pid, 0)
+            && let Ok(Found::Python(found)) = self.files.find(pid, 0)
         {
             self.interpreters.insert(spawner, found);
         }
