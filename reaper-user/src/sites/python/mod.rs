@@ -46,7 +46,8 @@ pub struct PythonStacks {
     pending: HashMap<NodeId, Pending>,
 }
 
-/// A `python3.N` process whose libpython was not mapped yet when it was looked at.
+/// A `python3.N` process to look at, and how many more looks it gets while its libpython is
+/// not mapped yet.
 #[derive(Clone, Copy)]
 struct Pending {
     pid: u32,
