@@ -145,8 +145,13 @@ impl Chores {
     /// Housekeeping within `wait`, if it is not due sooner already: something is to be looked
     /// at again (an interpreter not yet mapped, a pending reparent).
     fn look_again_within(&mut self, wait: Duration) {
+        // Asked on every turn of the loop while something is pending: no clock read once
+        // brought forward.
+        if self.brought_forward {
+            return;
+        }
         let soon = Instant::now() + wait;
-        if !self.brought_forward && soon < self.house_due {
+        if soon < self.house_due {
             self.house_at(soon);
         }
     }

@@ -33,16 +33,21 @@ pub struct Interpreter {
     pub binary: Option<Binary>,
 }
 
+/// The last part of a path: a file's name.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 /// Whether a mapped file may hold an interpreter: `python3.N`, `libpython3.N.so…`.
 fn may_be_python(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
+    let name = file_name(path);
     name.starts_with("python3") || name.starts_with("libpython3")
 }
 
 /// Whether a file's name is a Python interpreter executable's: `python3`, `python3.N`, and
 /// builds of it (`python3.13t`), not its tools (`python3-config`) nor a libpython.
 pub fn names_an_interpreter(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
+    let name = file_name(path);
     name.starts_with("python3") && !name.contains('-')
 }
 
@@ -50,13 +55,8 @@ pub fn names_an_interpreter(path: &str) -> bool {
 /// process's mappings. It first maps an object's whole span read-only, then each segment in
 /// place: until then `_PyRuntime` is not where it will be.
 fn libpython_loaded(maps: &[Mapping]) -> bool {
-    maps.iter().any(|m| {
-        m.writable
-            && m.path
-                .rsplit('/')
-                .next()
-                .is_some_and(|n| n.starts_with("libpython3"))
-    })
+    maps.iter()
+        .any(|m| m.writable && file_name(&m.path).starts_with("libpython3"))
 }
 
 /// What one read of a process's mappings tells of its interpreter.
