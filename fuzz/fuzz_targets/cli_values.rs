@@ -1,7 +1,7 @@
-//! Command-line values: durations, sizes, listen addresses, kill reasons.
+//! Command-line values: durations, sizes, listen addresses, kill reasons, replay moments.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::cli;
+use reaper_user::{cli, replay::At};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else {
@@ -15,4 +15,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = cli::parse_rotate_size(s);
     let _ = cli::parse_listen_addr(s);
     let _ = cli::parse_kill_reasons(s);
+    let _ = s.parse::<At>();
 });

@@ -371,8 +371,41 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("`{s}` is not a duration like 30s, 10m or 2h ({e})"))
+    let not_one = |e: String| format!("`{s}` is not a duration like 30s, 10m or 2h ({e})");
+    // humantime 2.4 panics rather than fail when its running total reaches u64::MAX seconds
+    // with its nanoseconds at exactly one second (`18446744073709551615s 1000000000ns`;
+    // chronotope/humantime#66). One piece alone never carries a second into a full total,
+    // so each piece is read alone and the sum is checked here.
+    duration_pieces(s.trim()).try_fold(Duration::ZERO, |sum, piece| {
+        let part = humantime::parse_duration(piece).map_err(|e| match piece == s.trim() {
+            true => not_one(e.to_string()),
+            false => not_one(format!("`{}`: {e}", piece.trim())),
+        })?;
+        sum.checked_add(part)
+            .ok_or_else(|| format!("`{s}` is too long a duration"))
+    })
+}
+
+/// A duration's pieces as humantime reads them: a number (digits, maybe a fraction; spaces
+/// inside are skipped) and its unit, the next piece beginning at the first digit after a unit.
+/// A blank text is one (empty) piece, so humantime names what is wrong with it.
+fn duration_pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut in_unit = false;
+        let end = rest.char_indices().find_map(|(i, c)| {
+            in_unit |= matches!(c, 'a'..='z' | 'A'..='Z' | 'µ');
+            (in_unit && c.is_ascii_digit()).then_some(i)
+        });
+        let (piece, next) = rest.split_at(end.unwrap_or(rest.len()));
+        rest = next;
+        done = rest.is_empty();
+        Some(piece)
+    })
 }
 
 /// A byte size like `16MiB`, `8M`, `64KiB` or `4096`.

@@ -4,8 +4,9 @@
 //! (replay it with `cargo fuzz run TARGET FILE` in `fuzz/`, then make it a regression test).
 use std::{
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::SystemTime,
 };
 
 use anyhow::{Context, Result, bail};
@@ -45,8 +46,56 @@ fn ensure_cargo_fuzz() -> Result<()> {
     Ok(())
 }
 
-/// Runs `targets` for `secs` seconds each; returns (clean, crashed) target names.
-pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, Vec<String>)> {
+/// A target that crashed, and the input it crashed on when libFuzzer left one.
+pub struct Crash {
+    pub target: String,
+    /// The artifact this run wrote (`crash-…`, `oom-…`, `timeout-…`, `leak-…`).
+    pub input: Option<PathBuf>,
+}
+
+impl Crash {
+    /// What the run's closing lines say of it: the input itself, escaped, as a CI log is
+    /// all that outlives a clean clone's `target/`.
+    pub fn said(&self) -> String {
+        let Some(path) = &self.input else {
+            return "crashed, and left no input in target/fuzz/artifacts/".to_owned();
+        };
+        let bytes = fs::read(path).unwrap_or_default();
+        let shown = bytes.iter().take(INPUT_SHOWN).copied();
+        let more = match bytes.len() > INPUT_SHOWN {
+            true => format!(" (the first {INPUT_SHOWN} of {} bytes)", bytes.len()),
+            false => String::new(),
+        };
+        format!(
+            "crashed on b\"{}\"{more}: {} (replay: cd fuzz && cargo fuzz run {} FILE)",
+            shown
+                .flat_map(std::ascii::escape_default)
+                .map(char::from)
+                .collect::<String>(),
+            path.display(),
+            self.target
+        )
+    }
+}
+
+/// How much of a crashing input the closing lines show.
+const INPUT_SHOWN: usize = 200;
+
+/// The newest artifact libFuzzer wrote in `dir` since `since`.
+fn artifact_since(dir: &Path, since: SystemTime) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let modified = e.metadata().ok()?.modified().ok()?;
+            (modified >= since).then(|| (modified, e.path()))
+        })
+        .max()
+        .map(|(_, path)| path)
+}
+
+/// Runs `targets` for `secs` seconds each; returns the clean targets' names and the crashes.
+pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, Vec<Crash>)> {
     ensure_cargo_fuzz()?;
     for t in targets {
         if !TARGETS.contains(&t.as_str()) {
@@ -65,6 +114,7 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, V
     }
     let (mut clean, mut crashed) = (Vec::new(), Vec::new());
     for pair in targets.chunks(2) {
+        let started = SystemTime::now();
         let mut running = Vec::new();
         for target in pair {
             let corpus = root.join("target/fuzz/corpus").join(target);
@@ -82,12 +132,15 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, V
                 .current_dir(root.join("fuzz"))
                 .spawn()
                 .with_context(|| format!("running cargo fuzz on {target}"))?;
-            running.push((target, child));
+            running.push((target, artifacts, child));
         }
-        for (target, mut child) in running {
+        for (target, artifacts, mut child) in running {
             match child.wait()?.success() {
                 true => clean.push(target.clone()),
-                false => crashed.push(target.clone()),
+                false => crashed.push(Crash {
+                    target: target.clone(),
+                    input: artifact_since(&artifacts, started),
+                }),
             }
         }
     }
@@ -97,11 +150,45 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<(Vec<String>, V
         clean.len(),
         match crashed.is_empty() {
             true => String::new(),
-            false => format!(
-                ", CRASHED: {} (inputs in target/fuzz/artifacts/)",
-                crashed.join(", ")
-            ),
+            false => format!(", {} CRASHED", crashed.len()),
         }
     );
+    for crash in &crashed {
+        println!("fuzz target {}: {}", crash.target, crash.said());
+    }
     Ok((clean, crashed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_shows_the_input_this_run_left_escaped() {
+        let dir = std::env::temp_dir().join(format!("xtask-fuzz-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let old = dir.join("crash-old");
+        fs::write(&old, b"from an earlier run").unwrap();
+        let since = SystemTime::now() + std::time::Duration::from_secs(1);
+        let new = dir.join("crash-new");
+        fs::write(&new, b"9s 1000ms\n\xff").unwrap();
+        let file = fs::File::options().write(true).open(&new).unwrap();
+        file.set_modified(since).unwrap();
+        let crash = Crash {
+            target: "cli_values".into(),
+            input: artifact_since(&dir, since),
+        };
+        let said = crash.said();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            said.starts_with(r#"crashed on b"9s 1000ms\n\xff": "#),
+            "{said}"
+        );
+        assert!(said.contains("crash-new") && said.contains("cargo fuzz run cli_values"));
+        let none = Crash {
+            target: "cli_values".into(),
+            input: artifact_since(Path::new("/nonexistent"), since),
+        };
+        assert!(none.said().contains("left no input"));
+    }
 }

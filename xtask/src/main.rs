@@ -305,11 +305,8 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;
     tests.passed += clean.len() as u64;
-    for t in &crashed {
-        tests.fail(
-            format!("fuzz target {t}"),
-            "crashed: its input is in target/fuzz/artifacts/",
-        );
+    for crash in &crashed {
+        tests.fail(format!("fuzz target {}", crash.target), &crash.said());
     }
     let mut broken = Vec::new();
     if vm {

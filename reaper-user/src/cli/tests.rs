@@ -18,6 +18,48 @@ fn durations() {
 }
 
 #[test]
+fn a_duration_of_several_pieces_reads_as_humantime_reads_it() {
+    let secs = |n| Ok(Duration::from_secs(n));
+    assert_eq!(parse_duration("1h30m"), secs(5400));
+    assert_eq!(parse_duration(" 1h 30m "), secs(5400));
+    assert_eq!(parse_duration("1 5h"), secs(15 * 3600));
+    assert_eq!(
+        parse_duration("1.5m 500ms"),
+        Ok(Duration::from_millis(90_500))
+    );
+    assert_eq!(parse_duration("999ms 1ms 1s"), secs(2));
+    assert_eq!(parse_duration("2 hours 3 min"), secs(7380));
+    let bad = parse_duration("1h 30x").unwrap_err();
+    assert!(
+        bad.contains("`30x`") && bad.contains("unknown time unit"),
+        "{bad}"
+    );
+    assert!(parse_duration("1h30").is_err());
+    assert!(parse_duration("5s.3m").is_err());
+    assert!(parse_duration("5s,3m").is_err());
+}
+
+/// humantime 2.4 panics on these (chronotope/humantime#66): a running total of u64::MAX
+/// seconds meets nanoseconds summing to exactly one second. Found by the cli_values fuzz target.
+#[test]
+fn a_duration_past_the_largest_is_an_error_not_a_panic() {
+    for text in [
+        "18446744073709551615s 1000000000ns",
+        "18446744073709551615s 999999999ns 1ns",
+        "18446744073709551615s 1000ms",
+        "18446744073709551615s1000000us",
+    ] {
+        let err = parse_duration(text).unwrap_err();
+        assert!(err.contains("too long a duration"), "{text}: {err}");
+    }
+    assert_eq!(
+        parse_duration("18446744073709551615s 999999999ns"),
+        Ok(Duration::new(u64::MAX, 999_999_999))
+    );
+    assert!(parse_duration("18446744073709551616s").is_err());
+}
+
+#[test]
 fn api_sockets() {
     assert_eq!(parse_api("auto"), Ok(Api::Auto));
     assert_eq!(parse_api("off"), Ok(Api::Off));

@@ -23,8 +23,9 @@ impl std::str::FromStr for At {
     fn from_str(text: &str) -> Result<At> {
         let text = text.trim();
         if let Some(after) = text.strip_prefix('+') {
-            let span = humantime::parse_duration(after.trim())
-                .with_context(|| format!("{after:?} is not a duration (`+90s`, `+1h 30m`)"))?;
+            let span = crate::cli::parse_duration(after).map_err(|e| {
+                anyhow::anyhow!("`+{}` is not a time into the audit: {e}", after.trim())
+            })?;
             return Ok(At::Since(span));
         }
         if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
@@ -119,7 +120,10 @@ mod tests {
         );
         let err = "at noon".parse::<At>().unwrap_err().to_string();
         assert!(err.contains("2026-11-29T14:02:00Z"), "{err}");
-        assert!("+soon".parse::<At>().is_err());
+        let err = "+soon".parse::<At>().unwrap_err().to_string();
+        assert!(err.contains("not a time into the audit"), "{err}");
+        let err = "+18446744073709551615s 1000ms".parse::<At>().unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
         assert!("99999999999999999999999".parse::<At>().is_err());
     }
 
