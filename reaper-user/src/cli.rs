@@ -368,7 +368,8 @@ pub fn parse_reason(s: &str) -> Result<Reason, String> {
 
 /// `30s`, `10m`, `2h`, `1ms`, `1h30m`; a bare `0` means zero.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
+    let text = s.trim();
+    if text == "0" {
         return Ok(Duration::ZERO);
     }
     let not_one = |e: String| format!("`{s}` is not a duration like 30s, 10m or 2h ({e})");
@@ -376,8 +377,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     // with its nanoseconds at exactly one second (`18446744073709551615s 1000000000ns`;
     // chronotope/humantime#66). One piece alone never carries a second into a full total,
     // so each piece is read alone and the sum is checked here.
-    duration_pieces(s.trim()).try_fold(Duration::ZERO, |sum, piece| {
-        let part = humantime::parse_duration(piece).map_err(|e| match piece == s.trim() {
+    duration_pieces(text).try_fold(Duration::ZERO, |sum, piece| {
+        let part = humantime::parse_duration(piece).map_err(|e| match piece == text {
             true => not_one(e.to_string()),
             false => not_one(format!("`{}`: {e}", piece.trim())),
         })?;

@@ -54,6 +54,11 @@ pub fn lossy(bytes: &[u8]) -> Cow<'_, str> {
     String::from_utf8_lossy(bytes)
 }
 
+/// The last part of a path (an object's, a source file's): its file name.
+pub fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 /// The exact bytes in base64, only when they are not UTF-8 (and the lossy text lost them).
 pub fn exact_b64(bytes: &[u8]) -> Option<String> {
     std::str::from_utf8(bytes)

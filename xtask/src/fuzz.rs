@@ -49,18 +49,22 @@ fn ensure_cargo_fuzz() -> Result<()> {
 /// A target that crashed, and the input it crashed on when libFuzzer left one.
 pub struct Crash {
     pub target: String,
-    /// The artifact this run wrote (`crash-…`, `oom-…`, `timeout-…`, `leak-…`).
-    pub input: Option<PathBuf>,
+    pub input: Option<Artifact>,
+}
+
+/// An input libFuzzer wrote (`crash-…`, `oom-…`, `timeout-…`, `leak-…`), read once.
+pub struct Artifact {
+    path: PathBuf,
+    bytes: Vec<u8>,
 }
 
 impl Crash {
     /// What the run's closing lines say of it: the input itself, escaped, as a CI log is
     /// all that outlives a clean clone's `target/`.
     pub fn said(&self) -> String {
-        let Some(path) = &self.input else {
+        let Some(Artifact { path, bytes }) = &self.input else {
             return "crashed, and left no input in target/fuzz/artifacts/".to_owned();
         };
-        let bytes = fs::read(path).unwrap_or_default();
         let shown = bytes.iter().take(INPUT_SHOWN).copied();
         let more = match bytes.len() > INPUT_SHOWN {
             true => format!(" (the first {INPUT_SHOWN} of {} bytes)", bytes.len()),
@@ -82,7 +86,7 @@ impl Crash {
 const INPUT_SHOWN: usize = 200;
 
 /// The newest artifact libFuzzer wrote in `dir` since `since`.
-fn artifact_since(dir: &Path, since: SystemTime) -> Option<PathBuf> {
+fn artifact_since(dir: &Path, since: SystemTime) -> Option<Artifact> {
     fs::read_dir(dir)
         .ok()?
         .filter_map(|e| {
@@ -91,7 +95,10 @@ fn artifact_since(dir: &Path, since: SystemTime) -> Option<PathBuf> {
             (modified >= since).then(|| (modified, e.path()))
         })
         .max()
-        .map(|(_, path)| path)
+        .map(|(_, path)| Artifact {
+            bytes: fs::read(&path).unwrap_or_default(),
+            path,
+        })
 }
 
 /// Runs `targets` for `secs` seconds each; returns the clean targets' names and the crashes.

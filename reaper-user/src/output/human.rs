@@ -8,7 +8,7 @@ use crate::stream::events::{
     wait_status,
 };
 use crate::stream::evidence::{ESCAPED_MEANING, Frame};
-use crate::text::escape_for_terminal;
+use crate::text::{escape_for_terminal, file_name};
 
 mod fold;
 pub use fold::human_lines;
@@ -174,14 +174,13 @@ pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
             let function = match (&f.function, &f.object) {
                 (Some(function), _) => function.clone(),
                 (None, Some(object)) => {
-                    let name = object.rsplit('/').next().unwrap_or(object);
-                    format!("{name}+{:#x}", f.offset)
+                    format!("{}+{:#x}", file_name(object), f.offset)
                 }
                 (None, None) => "?".into(),
             };
             let place = match (&f.file, f.line) {
                 (Some(file), Some(line)) => {
-                    format!(" ({}:{line})", file.rsplit('/').next().unwrap_or(file))
+                    format!(" ({}:{line})", file_name(file))
                 }
                 _ => String::new(),
             };

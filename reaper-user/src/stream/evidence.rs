@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{Argv, ProcText};
 use crate::procfs::placement::Placement;
+use crate::text::file_name;
 
 // The evidence types are read back by the audit report too: every field has a default, so an
 // odd line loses only what it lacks.
@@ -224,8 +225,7 @@ impl Frame {
     /// Whether the frame is a spawning library's (libc's fork wrapper, Python's `subprocess`,
     /// Rust's `Command`) rather than the spawner's own code: a spawn site is named past these.
     pub fn in_spawning_library(&self) -> bool {
-        let object = self.object.as_deref().unwrap_or("");
-        let name = object.rsplit('/').next().unwrap_or(object);
+        let name = file_name(self.object.as_deref().unwrap_or(""));
         let file = self.file.as_deref().unwrap_or("");
         let function = self.function.as_deref().unwrap_or("");
         SPAWNING_LIBRARIES.iter().any(|lib| name.starts_with(lib))

@@ -20,6 +20,7 @@ use super::super::mappings::{Mapping, mappings};
 use super::debug_offsets;
 use super::versions::{self, CodeLayout};
 use crate::procfs::{placement, proc_path};
+use crate::text::file_name;
 
 /// A process's interpreter, as the probe and the namer need it.
 #[derive(Clone, Debug)]
@@ -31,11 +32,6 @@ pub struct Interpreter {
     /// The first time an executable that holds its own `_PyRuntime` (not a shared
     /// libpython) is found: the executable for the exec probe (see [`Binary`]).
     pub binary: Option<Binary>,
-}
-
-/// The last part of a path: a file's name.
-fn file_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }
 
 /// Whether a mapped file may hold an interpreter: `python3.N`, `libpython3.N.so…`.
