@@ -2,10 +2,10 @@
 //! page in which nothing from the input is markup.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::report::{audit::Audit, html};
+use reaper_user::parse::{Audit, render};
 
 fuzz_target!(|data: &[u8]| {
     let audit = Audit::read(data).expect("reading from memory cannot fail");
-    let page = html::render(&audit, "fuzz");
+    let page = render(&audit, "fuzz");
     assert!(!page.contains("<script>alert"));
 });

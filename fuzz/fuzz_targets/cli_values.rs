@@ -1,7 +1,8 @@
 //! Command-line values: durations, sizes, listen addresses, kill reasons, replay moments.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::{cli, replay::At};
+use reaper_user::parse as cli;
+use reaper_user::parse::At;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else {

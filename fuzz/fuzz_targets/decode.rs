@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = reaper_user::capture::decode::decode(data);
+    let _ = reaper_user::parse::decode(data);
 });

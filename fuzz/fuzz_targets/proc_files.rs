@@ -2,7 +2,7 @@
 //! syscall and statm. The first byte picks the parser.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use reaper_user::{procfs::facts, text::Args};
+use reaper_user::parse::{self as facts, Args};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {

@@ -9,9 +9,7 @@ use std::{fs, path::PathBuf};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
-use reaper_user::api::client::{EventsCli, TreeCli, WhyCli};
-use reaper_user::api::top::TopCli;
-use reaper_user::{cli::Cli, report::ReportCli};
+use reaper_user::docs::{Cli, EventsCli, ReportCli, TopCli, TreeCli, WhyCli};
 
 fn main() -> Result<()> {
     let out = PathBuf::from(std::env::args_os().nth(1).context("usage: docs OUT_DIR")?);

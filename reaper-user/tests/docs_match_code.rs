@@ -1,13 +1,11 @@
 //! A doc sentence is a claim: the README's and docs/leaks.md's rules tables and the schema's
-//! `reason` enum name exactly the reasons of the rules' table (`leaks::rules::TABLE`), and
+//! `reason` enum name exactly the reasons of the rules' table (`leaks::RULES`), and
 //! docs/cli.md's options tables name exactly the options the parsers take, with the same defaults. A rule or an option added, renamed or re-defaulted
 //! without its doc fails here.
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use reaper_user::api::client::{EventsCli, TreeCli, WhyCli};
-use reaper_user::api::top::TopCli;
-use reaper_user::{cli::Cli, leaks::rules, report::ReportCli};
+use reaper_user::docs::{Cli, EventsCli, RULES, ReportCli, TopCli, TreeCli, WhyCli};
 
 const README: &str = include_str!("../../README.md");
 const CLI_DOC: &str = include_str!("../../docs/cli.md");
@@ -43,7 +41,7 @@ fn reasons_of(doc: &str, header: &str) -> Vec<String> {
 
 #[test]
 fn the_rules_tables_name_every_reason_a_flag_can_carry_and_no_other() {
-    let code: BTreeSet<String> = rules::TABLE.iter().map(|a| a.name.to_owned()).collect();
+    let code: BTreeSet<String> = RULES.iter().map(|a| a.name.to_owned()).collect();
     for (doc, name, header) in [
         (README, "README.md", "| reason | flagged when |"),
         (
@@ -59,10 +57,7 @@ fn the_rules_tables_name_every_reason_a_flag_can_carry_and_no_other() {
             listed.len(),
             "{name} lists a reason twice: {listed:?}"
         );
-        assert_eq!(
-            documented, code,
-            "{name}'s rules table against rules::TABLE"
-        );
+        assert_eq!(documented, code, "{name}'s rules table against RULES");
     }
 }
 
@@ -270,7 +265,7 @@ fn the_schemas_reason_enum_is_the_rules_table() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    let table: Vec<&str> = rules::TABLE.iter().map(|a| a.name).collect();
+    let table: Vec<&str> = RULES.iter().map(|a| a.name).collect();
     assert_eq!(listed, table, "schema/events.schema.json's reason enum");
 }
 
@@ -411,7 +406,7 @@ fn no_doc_says_what_the_code_refutes() {
 
 #[test]
 fn the_readable_outputs_say_escaped_in_the_words_the_docs_use() {
-    use reaper_user::stream::evidence::ESCAPED_MEANING;
+    use reaper_user::docs::ESCAPED_MEANING;
     assert!(README.contains(&format!("escaped ({ESCAPED_MEANING})")));
     assert!(LEAKS_DOC.contains(&format!("escaped ({ESCAPED_MEANING})")));
 }

@@ -14,13 +14,7 @@ use std::{
 use reaper_common::{
     EXEC_FIXED_LEN, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, FreeEvent,
 };
-use reaper_user::{
-    daemon::pipeline::Pipeline,
-    leaks::InspectOptions,
-    lineage::graph::{LineageGraph, Seed},
-    output::Output,
-    text::{Args, Comm},
-};
+use reaper_user::testing::{Args, Comm, Ingest, Seed};
 
 /// Counts the allocations of this thread while `COUNTING` is set (tests run on threads of
 /// their own: the harness's allocations are not counted).
@@ -141,39 +135,27 @@ impl Records {
     }
 }
 
-/// A run's pipeline on a seeded gateway, writing NDJSON into a sink.
-fn tracer() -> Pipeline {
-    let graph = LineageGraph::new(10_000);
-    let out = Output::new(vec![Box::new(std::io::sink())], None, 0);
-    let inspect = InspectOptions {
-        scan_interval: std::time::Duration::from_secs(1),
-        idle_after: std::time::Duration::from_secs(600),
-        zombie_after: std::time::Duration::from_secs(60),
-        orphan_grace: std::time::Duration::from_secs(2),
-        max_instances: 8,
+/// A run's ingest path on a seeded gateway, writing NDJSON into a sink.
+fn tracer() -> Ingest {
+    let gateway = Seed {
+        pid: GATEWAY,
+        start_ticks: GATEWAY_START_TICKS,
+        ppid: 1,
+        sid: GATEWAY,
+        pgid: GATEWAY,
+        comm: Comm::from_c(b"gateway"),
+        argv: Args::from_list(["gateway"]),
+        is_gateway: true,
+        uncertain: false,
     };
-    let mut tracer = Pipeline::new(graph, out, inspect, None, Vec::new(), Vec::new());
-    tracer
-        .add_seeds(vec![Seed {
-            pid: GATEWAY,
-            start_ticks: GATEWAY_START_TICKS,
-            ppid: 1,
-            sid: GATEWAY,
-            pgid: GATEWAY,
-            comm: Comm::from_c(b"gateway"),
-            argv: Args::from_list(["gateway"]),
-            is_gateway: true,
-            uncertain: false,
-        }])
-        .unwrap();
-    tracer
+    Ingest::new(gateway, 10_000).unwrap()
 }
 
 /// Runs `n` processes through the pipeline, pids reused as on a host with `pid_max` 32768,
 /// each in its own batch (a wake-up that took in one process).
 /// With `exec`, each process also execs (the record is built in that buffer).
 fn run(
-    tracer: &mut Pipeline,
+    tracer: &mut Ingest,
     records: &mut Records,
     first: u64,
     n: u64,

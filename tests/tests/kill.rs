@@ -3,13 +3,9 @@
 use std::time::Duration;
 
 use reaper_tests::{Run, Then, pid, require_root, run_shape_until};
-use reaper_user::{
-    identity,
-    kill::{KillOptions, Killer, Outcome},
-    leaks::Reason,
-    lineage::graph::{LineageGraph, Seed},
-    procfs,
-    text::{Args, Comm},
+use reaper_user::testing::{
+    Args, Comm, KillOptions, Killer, LineageGraph, Outcome, Reason, Seed, boottime_now,
+    boottime_to_ticks, read_stat,
 };
 use serde_json::Value;
 
@@ -278,7 +274,7 @@ fn end(pid: i32) -> i32 {
 }
 
 fn seed(graph: &mut LineageGraph, pid: i32, is_gateway: bool, uncertain: bool) -> u64 {
-    let stat = procfs::read_stat(pid as u32).unwrap();
+    let stat = read_stat(pid as u32).unwrap();
     graph
         .add_seed(Seed {
             pid: pid as u32,
@@ -317,11 +313,11 @@ fn a_recycled_pid_is_never_signalled() {
         seed(&mut graph, me, true, false);
         let victim = sleeper();
         let stale = seed(&mut graph, victim, false, false);
-        let victim_ticks = procfs::read_stat(victim as u32).unwrap().start_ticks;
+        let victim_ticks = read_stat(victim as u32).unwrap().start_ticks;
         end(victim);
         // The newcomer must start in a later clock tick (its start time is what tells it
         // apart): wait until the clock is there.
-        while identity::boottime_to_ticks(procfs::boottime_now()) <= victim_ticks {
+        while boottime_to_ticks(boottime_now()) <= victim_ticks {
             std::thread::sleep(Duration::from_millis(1));
         }
         let Some(newcomer) = sleeper_with_pid(victim) else {

@@ -30,9 +30,9 @@ fn a_node_mcp_hosts_flag_names_the_sdks_spawn_function() {
     );
     frame(&frames, "connectToServer");
     // The readable line names the SDK past node's and cross-spawn's own frames.
-    let named: Vec<reaper_user::stream::evidence::Frame> =
+    let named: Vec<reaper_user::testing::Frame> =
         serde_json::from_value(serde_json::Value::Array(frames.clone())).unwrap();
-    let text = reaper_user::output::human::spawn_site_text(&named).unwrap();
+    let text = reaper_user::testing::spawn_site_text(&named).unwrap();
     assert!(text.contains("start (stdio.js:"), "{text}");
     assert!(
         !text.contains("index.js:7"),

@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use reaper_tests::{Run, Then, pid, pipe_fd, require_root, run_reaper_until, scratch};
-use reaper_user::output::human::flag_line;
-use reaper_user::stream::events::LeakDetail;
+use reaper_user::testing::{LeakDetail, flag_line};
 use serde_json::Value;
 
 /// The host script and its servers, in this package's `node/` directory.

@@ -45,7 +45,7 @@ fn an_orphans_flag_names_the_function_and_file_that_spawned_it() {
         "the innermost frame names the spawning function: {innermost}\nall: {frames:?}"
     );
     // Named by the kernel by build id: a frame holds what names it offline too.
-    let build_id = reaper_user::sites::build_ids::build_id_of(&reaper_tests::shapes());
+    let build_id = reaper_user::testing::build_id_of(&reaper_tests::shapes());
     assert!(build_id.is_some(), "reaper-shapes has a build id");
     assert_eq!(
         innermost["build_id"].as_str(),
@@ -357,7 +357,7 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
     );
     assert_eq!(
         innermost["build_id"].as_str(),
-        reaper_user::sites::build_ids::build_id_of(&shapes()).as_deref(),
+        reaper_user::testing::build_id_of(&shapes()).as_deref(),
         "{innermost}"
     );
 }

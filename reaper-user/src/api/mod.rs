@@ -29,6 +29,7 @@ pub use crate::output::tree::Branch;
 
 pub mod client;
 pub mod server;
+pub mod sockets;
 pub mod top;
 
 /// Where the runs' sockets are: `PID.sock` for each run (see [`default_path`]).

@@ -1,27 +1,25 @@
-//! Serves the API on its UNIX socket: one hyper HTTP/1 connection per client, each request a
-//! [`Query`] the event loop answers at its housekeeping tick. Only root, reaper-trace's own
+//! Serves the API on its UNIX socket (through [`crate::serve`], on the servers' thread): each
+//! request a [`Query`] the event loop answers at its housekeeping tick. Only root, reaper-trace's own
 //! user and the members of `--api-group` may ask (the socket is 0600, or 0660 and the group's;
 //! each connection's peer credentials are checked too).
 use std::convert::Infallible;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll};
-
-use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::UnixListener;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Asked, FollowFilter, Query};
 use crate::output::follow::{self, FollowStream};
+use crate::serve::{self, Body};
 
 /// The API's socket file, removed when dropped (at the run's end).
 pub struct SocketFile(PathBuf);
@@ -52,7 +50,7 @@ impl Access {
         };
         let supplementary = || {
             let pid = cred.pid().and_then(|p| u32::try_from(p).ok())?;
-            let status = std::fs::read_to_string(crate::procfs::proc_path(pid, "status")).ok()?;
+            let status = crate::procfs::read_text(pid, "status").ok()?;
             let groups = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
             Some(groups.split_whitespace().any(|g| g.parse() == Ok(group)))
         };
@@ -98,84 +96,46 @@ pub fn bind(path: &Path, access: Access) -> Result<(UnixListener, SocketFile)> {
 /// The API being served: [`Server::close`] at the run's end.
 pub struct Server {
     _file: SocketFile,
-    stop: oneshot::Sender<()>,
-    serving: tokio::task::JoinHandle<()>,
+    serving: serve::Server,
 }
 
-/// How long a connection may take to send its request.
-const REQUEST_PATIENCE: Duration = Duration::from_secs(10);
+/// What the API allows its clients (see [`serve`]): a client of `top` holds one connection,
+/// a follower one for as long as it follows.
+const LIMITS: serve::Limits = serve::Limits {
+    connections: 64,
+    idle: Duration::from_secs(10),
+};
 
 /// How long the run's end waits for the answers under way (a follower's last lines).
 const FINISH: Duration = Duration::from_secs(1);
 
 impl Server {
-    /// Serves on `listener` (its socket file `file`), asking the event loop through `queries`.
+    /// Serves on `listener` (its socket file `file`) on the servers' thread, asking the event
+    /// loop through `queries`; a peer `access` does not allow is closed unanswered.
     pub fn start(
+        thread: &serve::Thread,
         (listener, file): (UnixListener, SocketFile),
         access: Access,
         queries: mpsc::Sender<Query>,
     ) -> Server {
-        let (stop, stopped) = oneshot::channel();
+        let admit = move |stream: &UnixStream| stream.peer_cred().is_ok_and(|c| access.allows(&c));
+        let handler = move |req| respond(req, queries.clone());
         Server {
             _file: file,
-            stop,
-            serving: tokio::spawn(serve(listener, access, queries, stopped)),
+            serving: thread.serve(listener, LIMITS, admit, handler),
         }
     }
 
     /// Stops taking connections and lets the answers under way end (a follower's stream ends
     /// once the run dropped its queue), waiting [`FINISH`] at most; then the socket goes.
     pub async fn close(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(FINISH, self.serving).await;
+        self.serving.close(FINISH).await;
     }
 }
 
-/// Serves until `stop`, then lets the connections under way finish. A failed connection is
-/// that client's problem.
-async fn serve(
-    listener: UnixListener,
-    access: Access,
-    queries: mpsc::Sender<Query>,
-    mut stop: oneshot::Receiver<()>,
-) {
-    let connections = GracefulShutdown::new();
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-            _ = &mut stop => break,
-        };
-        if !stream.peer_cred().is_ok_and(|c| access.allows(&c)) {
-            continue; // dropped: closed without an answer
-        }
-        let queries = queries.clone();
-        let service = service_fn(move |req| respond(req, queries.clone()));
-        // A client that connects and sends nothing is closed after a while.
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(REQUEST_PATIENCE)
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = connections.watch(connection);
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-    }
-    drop(listener);
-    connections.shutdown().await;
-}
-
-/// An answer's body: a JSON document, or a follower's lines as they come.
-type Body = UnsyncBoxBody<Bytes, Infallible>;
-
-async fn respond(
-    req: Request<Incoming>,
-    queries: mpsc::Sender<Query>,
-) -> Result<Response<Body>, Infallible> {
+async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Response<Body> {
     if req.method() != Method::GET {
-        return Ok(error(StatusCode::METHOD_NOT_ALLOWED, "use GET"));
+        return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
     }
     let query = req.uri().query().unwrap_or_default();
     let mut follower = None;
@@ -184,7 +144,7 @@ async fn respond(
         "/v1/kinds" => Asked::Kinds,
         "/v1/tree" => match serde_urlencoded::from_str(query) {
             Ok(filter) => Asked::Tree(filter),
-            Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}"))),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}")),
         },
         "/v1/events" => match serde_urlencoded::from_str::<FollowFilter>(query)
             .map_err(|e| format!("/v1/events: {e}"))
@@ -197,21 +157,21 @@ async fn respond(
             }
             Ok(_) => {
                 let text = "/v1/events streams from now on: ask /v1/events?follow";
-                return Ok(error(StatusCode::BAD_REQUEST, text));
+                return error(StatusCode::BAD_REQUEST, text);
             }
-            Err(text) => return Ok(error(StatusCode::BAD_REQUEST, &text)),
+            Err(text) => return error(StatusCode::BAD_REQUEST, &text),
         },
         path => match path.strip_prefix("/v1/process/").map(str::parse) {
             Some(Ok(pid)) => Asked::Process(pid),
-            Some(Err(_)) => return Ok(error(StatusCode::BAD_REQUEST, "a pid is a number")),
-            None => return Ok(error(StatusCode::NOT_FOUND, "no such path")),
+            Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "a pid is a number"),
+            None => return error(StatusCode::NOT_FOUND, "no such path"),
         },
     };
     let (reply, answer) = oneshot::channel();
     if queries.send(Query { asked, reply }).await.is_err() {
-        return Ok(error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending"));
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending");
     }
-    Ok(match (answer.await, follower) {
+    match (answer.await, follower) {
         (Ok(Some(_)), Some(lines)) => {
             let mut r = Response::new(Lines(lines).boxed_unsync());
             r.headers_mut().insert(
@@ -223,7 +183,7 @@ async fn respond(
         (Ok(Some(body)), None) => json(StatusCode::OK, body),
         (Ok(None), _) => error(StatusCode::NOT_FOUND, "not tracked by this run"),
         (Err(_), _) => error(StatusCode::SERVICE_UNAVAILABLE, "the run is ending"),
-    })
+    }
 }
 
 /// A follower's lines, as the event loop sends them; the body ends when the run drops the

@@ -16,18 +16,19 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
-use super::client::{get, readable, run_sockets};
+use super::client::{get, readable};
 use super::{Branch, KindCount, Process, Status};
 use crate::output::human::human_duration;
 use crate::output::tree::State;
+use crate::procfs::facts::read_rss_kib;
 use crate::text::escape_for_terminal;
 
 /// A live view of a running audit: its gateways, kinds and flags; select a flag (↑↓, Enter)
-/// to see its `why`; `q` quits.
+/// to see its `why`; with several runs, Tab shows the next; `q` quits.
 #[derive(Debug, Parser)]
 #[command(name = "reaper-trace top", version = crate::cli::VERSION)]
 pub struct TopCli {
-    /// The run's API socket (default: the one run in /run/reaper-trace).
+    /// The run's API socket (default: every run in /run/reaper-trace, one at a time).
     #[arg(long, value_name = "SOCKET")]
     pub api: Option<PathBuf>,
     /// How often the view is refreshed.
@@ -57,28 +58,23 @@ struct FlagRow {
 
 /// Runs the view until `q`; the terminal is given back as it was.
 pub async fn top(cli: &TopCli) -> Result<i32> {
-    let socket = match &cli.api {
-        Some(path) => path.clone(),
-        None => match run_sockets()?.as_slice() {
-            [one] => one.clone(),
-            [] => bail!(
-                "no reaper-trace run serves its API in {}",
-                super::SOCKET_DIR
-            ),
-            many => {
-                let all: Vec<String> = many.iter().map(|s| s.display().to_string()).collect();
-                bail!(
-                    "several runs serve their API ({}): choose one with --api",
-                    all.join(", ")
-                )
-            }
-        },
+    let sockets = match &cli.api {
+        Some(path) => vec![path.clone()],
+        None => super::sockets::live()?,
     };
+    if sockets.is_empty() {
+        bail!(
+            "no reaper-trace run serves its API in {}",
+            super::SOCKET_DIR
+        );
+    }
     // Asked once before the screen is taken: a run that cannot be asked is an error in the
     // shell, not a blank screen.
-    let first = snapshot(&socket, true).await?;
+    let first = snapshot(&sockets[0], true).await?;
     let mut terminal = ratatui::init();
-    let result = View::new(socket, first, cli.every).run(&mut terminal).await;
+    let result = View::new(sockets, first, cli.every)
+        .run(&mut terminal)
+        .await;
     ratatui::restore();
     result.map(|()| 0)
 }
@@ -138,7 +134,9 @@ impl Trends {
 }
 
 struct View {
-    socket: PathBuf,
+    /// The runs that may be shown, and the one shown.
+    sockets: Vec<PathBuf>,
+    shown: usize,
     now: Snapshot,
     trends: Trends,
     every: Duration,
@@ -152,11 +150,12 @@ struct View {
 }
 
 impl View {
-    fn new(socket: PathBuf, now: Snapshot, every: Duration) -> View {
+    fn new(sockets: Vec<PathBuf>, now: Snapshot, every: Duration) -> View {
         let mut trends = Trends::default();
         trends.add(Instant::now(), &now.kinds);
         View {
-            socket,
+            sockets,
+            shown: 0,
             now,
             trends,
             every,
@@ -184,6 +183,10 @@ impl View {
                         KeyCode::Down | KeyCode::Char('j') => self.selected.select_next(),
                         KeyCode::Up | KeyCode::Char('k') => self.selected.select_previous(),
                         KeyCode::Enter => self.toggle_why().await,
+                        KeyCode::Tab if self.sockets.len() > 1 => {
+                            self.show_next().await;
+                            next = Instant::now() + self.every;
+                        }
                         _ => {}
                     }
                 }
@@ -192,7 +195,7 @@ impl View {
             // A refresh that fails (the run ended) says so on the screen and tries again.
             self.refreshes += 1;
             let whole = self.refreshes.is_multiple_of(TREE_EVERY);
-            match snapshot(&self.socket, whole).await {
+            match snapshot(self.socket(), whole).await {
                 Ok(mut s) => {
                     self.trends.add(Instant::now(), &s.kinds);
                     if !whole {
@@ -207,6 +210,28 @@ impl View {
         }
     }
 
+    /// The socket of the run shown.
+    fn socket(&self) -> &std::path::Path {
+        &self.sockets[self.shown]
+    }
+
+    /// Shows the next run: asked at once, its own trends from now on.
+    async fn show_next(&mut self) {
+        self.shown = (self.shown + 1) % self.sockets.len();
+        (self.why, self.trends) = (None, Trends::default());
+        self.selected.select(Some(0));
+        match snapshot(self.socket(), true).await {
+            Ok(s) => {
+                self.trends.add(Instant::now(), &s.kinds);
+                (self.now, self.trouble) = (s, None);
+            }
+            Err(e) => {
+                self.now = Snapshot::default();
+                self.trouble = Some(format!("{e:#}"));
+            }
+        }
+    }
+
     async fn toggle_why(&mut self) {
         if self.why.take().is_some() {
             return;
@@ -215,7 +240,7 @@ impl View {
             return;
         };
         let path = format!("/v1/process/{}", row.pid);
-        self.why = Some(match get(&self.socket, &path).await {
+        self.why = Some(match get(self.socket(), &path).await {
             Ok((status, body)) if status.is_success() => {
                 match serde_json::from_slice::<Process>(&body) {
                     Ok(p) => readable(&p),
@@ -246,7 +271,7 @@ impl View {
             Constraint::Length(1),
         ])
         .areas(f.area());
-        let title = match &self.trouble {
+        let mut title = match &self.trouble {
             Some(trouble) => format!("reaper-trace {}: {trouble}", s.pid),
             None => format!(
                 "reaper-trace {}: up {}, {} tracked, {} flagged",
@@ -256,6 +281,10 @@ impl View {
                 self.now.flags.len()
             ),
         };
+        if self.sockets.len() > 1 {
+            let n = self.sockets.len();
+            title.push_str(&format!(" (run {} of {n}, Tab: the next)", self.shown + 1));
+        }
         f.render_widget(Line::styled(title, self.style(Color::Cyan)), head);
 
         let mut lines = vec![Line::styled(
@@ -381,7 +410,7 @@ async fn snapshot(socket: &std::path::Path, whole: bool) -> Result<Snapshot> {
                     program_by_file_name(&root.argv.for_terminal())
                 ),
                 descendants: alive.len(),
-                rss_kib: alive.iter().filter_map(|&p| rss_kib(p)).sum(),
+                rss_kib: alive.iter().filter_map(|&p| read_rss_kib(p)).sum(),
             });
         }
     }
@@ -393,13 +422,6 @@ fn walk<'a>(b: &'a Branch, visit: &mut impl FnMut(&'a Branch)) {
     for kid in &b.spawned {
         walk(kid, visit);
     }
-}
-
-/// A process's resident memory, from its `statm` (pages).
-fn rss_kib(pid: u32) -> Option<u64> {
-    let statm = std::fs::read_to_string(crate::procfs::proc_path(pid, "statm")).ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * crate::procfs::page_size() as u64 / 1024)
 }
 
 /// A command line (a kind's, a gateway's) as the narrow columns show it: its program by file

@@ -29,8 +29,6 @@ pub struct KernelFeatures {
     pub ring_buffer: Option<bool>,
     /// BTF-typed tracing programs, for `tp_btf` (Linux 5.5+); `None` as above.
     pub btf_tracing: Option<bool>,
-    /// `pidfd_open` (Linux 5.3+): signals that cannot reach a recycled pid.
-    pub pidfd: bool,
 }
 
 impl KernelFeatures {
@@ -39,7 +37,6 @@ impl KernelFeatures {
             release: crate::procfs::kernel_release(),
             ring_buffer: is_map_supported(MapType::RingBuf).ok(),
             btf_tracing: is_program_supported(ProgramType::Tracing).ok(),
-            pidfd: pidfd_open_works(),
         }
     }
 
@@ -73,18 +70,6 @@ pub fn too_old(release: &str) -> bool {
     version_of(release).is_some_and(|v| v < OLDEST_SUPPORTED)
 }
 
-fn pidfd_open_works() -> bool {
-    // SAFETY: plain syscalls; the fd is ours and closed at once.
-    unsafe {
-        let fd = libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0);
-        if fd < 0 {
-            return false;
-        }
-        libc::close(fd as i32);
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,7 +85,6 @@ mod tests {
             release: "5.4.0".into(),
             ring_buffer: Some(false),
             btf_tracing: Some(true),
-            pidfd: true,
         };
         let err = old.require().unwrap_err().to_string();
         assert!(
@@ -123,8 +107,7 @@ mod tests {
     fn this_kernel_has_what_reaper_needs() {
         let f = KernelFeatures::probe();
         assert!(!f.release.is_empty());
-        // Probing the BPF features needs privileges; pidfd does not.
-        assert!(f.pidfd, "pidfd_open is in every kernel since 5.3");
+        // Probing the BPF features needs privileges.
         // SAFETY: plain syscall.
         if unsafe { libc::geteuid() } == 0 {
             f.require().unwrap();

@@ -69,6 +69,7 @@ impl PollClock {
     }
 
     /// The period it ticks at now.
+    #[cfg(test)]
     pub fn period(&self) -> Duration {
         self.period
     }

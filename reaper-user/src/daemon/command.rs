@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use reaper_common::Tracked;
 use tokio::process::{Child, Command};
 
+use super::descriptors::Inherited;
 use super::pipeline::Pipeline;
 use crate::lineage::seed::TrackedMap;
 use crate::procfs::{self, boottime_now};
@@ -106,6 +107,7 @@ pub(super) fn spawn_gateway(
     tracked: &mut TrackedMap,
     argv: &[OsString],
     json: bool,
+    limits: Option<Inherited>,
 ) -> Result<Child> {
     let me = procfs::own_pid();
     tracked
@@ -113,6 +115,9 @@ pub(super) fn spawn_gateway(
         .context("tracking the gateway command")?;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    if let Some(limits) = limits {
+        limits.give_back(&mut cmd);
+    }
     if json {
         // Keep stdout for the NDJSON stream.
         let stderr = std::io::stderr().as_fd().try_clone_to_owned()?;

@@ -4,19 +4,20 @@
 //! [`event_loop`]'s; the `-- CMD` gateway is [`command`]'s.
 mod checkpoints;
 mod command;
+mod descriptors;
 mod event_loop;
 mod outlets;
 pub mod pipeline;
 
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    api::server::{Access, Server},
+    api::server::{Access, Server, SocketFile},
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
@@ -33,10 +34,11 @@ use crate::{
     output::{
         Output,
         junit::{self, JunitFile},
-        serve,
+        serve as output_serve,
     },
     privileges,
     procfs::{self, Stat, boottime_now},
+    serve,
     sites::SpawnSites,
     state::{self, StateDir, StateLock, Taken},
     stream::{
@@ -84,8 +86,60 @@ struct Tracing {
     started: std::time::Instant,
     /// `--state-dir`'s lock, held until the run ends.
     _held: Option<StateLock>,
-    /// The API, closed (its socket removed) when the run ends.
+    /// The API and the metrics, closed when the run ends.
+    servers: Servers,
+}
+
+/// What the run serves, on the servers' thread: the API (its socket removed when closed) and
+/// the metrics.
+struct Servers {
     api: Option<Server>,
+    metrics: Option<serve::Server>,
+    /// Last: the servers above run on it.
+    thread: Option<serve::Thread>,
+}
+
+impl Servers {
+    /// Starts serving what was bound: the metrics from `registry`, the API's questions sent to
+    /// `queries`.
+    fn start(
+        metrics: Option<tokio::net::TcpListener>,
+        registry: std::sync::Arc<prometheus_client::registry::Registry>,
+        api: Option<(tokio::net::UnixListener, SocketFile)>,
+        queries: Option<tokio::sync::mpsc::Sender<crate::api::Query>>,
+        group: Option<u32>,
+    ) -> Result<Servers> {
+        if metrics.is_none() && api.is_none() {
+            let (api, metrics, thread) = (None, None, None);
+            return Ok(Servers {
+                api,
+                metrics,
+                thread,
+            });
+        }
+        let thread = serve::Thread::start().context("starting the servers' thread")?;
+        let metrics = metrics.map(|listener| output_serve::serve(&thread, listener, registry));
+        let api = api
+            .zip(queries)
+            .map(|(bound, queries)| Server::start(&thread, bound, Access { group }, queries));
+        Ok(Servers {
+            api,
+            metrics,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops serving: the API's answers under way end (a follower's last lines), then the
+    /// thread.
+    async fn close(self) {
+        if let Some(api) = self.api {
+            api.close().await;
+        }
+        if let Some(metrics) = self.metrics {
+            metrics.close(std::time::Duration::ZERO).await;
+        }
+        drop(self.thread);
+    }
 }
 
 /// Checks what was asked, takes back the state directory, loads and attaches the probes,
@@ -99,6 +153,8 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         procfs::set_root(root);
     }
     identity::check_pid_namespace(cli.proc_root.as_deref())?;
+    // A failure leaves the limit as it was: the servers' caps stay far below any usual one.
+    let fd_limits = descriptors::raise().ok();
     if !identity::own_pids_are_hosts() {
         // The kernel's pids are the host's; a pidfd or a signal would take them as this
         // namespace's.
@@ -148,7 +204,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
     let started = std::time::Instant::now();
     let metrics_listener = match cli.metrics {
-        Some(addr) => Some(serve::bind(addr).await?),
+        Some(addr) => Some(output_serve::bind(addr).await?),
         None => None,
     };
     // Bound before privileges are dropped (/run is root's).
@@ -178,18 +234,13 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     // allocator keeps them resident for the whole run.
     crate::resident::give_back_freed();
 
-    if let Some(listener) = metrics_listener {
-        tokio::spawn(serve::serve(listener, output.metrics.registry()));
-    }
-    let (api, api_queries) = match api {
-        Some(bound) => {
+    let registry = output.metrics.registry();
+    let (api_queries, asked) = match api.is_some() {
+        true => {
             let (queries, asked) = tokio::sync::mpsc::channel(API_QUEUE);
-            let access = Access {
-                group: cli.api_group,
-            };
-            (Some(Server::start(bound, access, queries)), Some(asked))
+            (Some(queries), Some(asked))
         }
-        None => (None, None),
+        false => (None, None),
     };
     let (mut run, kill_reports) = pipeline_for(cli, output, stacks, selectors.labels());
 
@@ -223,7 +274,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     let child = match cli.command.is_empty() {
         true => None,
         false => {
-            let child = spawn_gateway(&mut kernel.tracked, &cli.command, cli.json)?;
+            let child = spawn_gateway(&mut kernel.tracked, &cli.command, cli.json, fd_limits)?;
             run.expect_gateway(
                 child
                     .id()
@@ -239,6 +290,10 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         let note = format!("warning: {e:#}; keeping full privileges");
         run.output().note(&note)?;
     }
+    // Serving starts now, on a thread of its own: capabilities are each thread's, and the
+    // drop above needs this one alone. The listeners were bound before (a privileged port,
+    // /run): a client that came meanwhile waits in their backlog.
+    let servers = Servers::start(metrics_listener, registry, api, api_queries, cli.api_group)?;
     let ready = Event::Ready(Ready {
         schema: SCHEMA_VERSION,
         gateway: run.gateway_pids(),
@@ -275,7 +330,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         kill_reports,
         checkpoints,
         signals,
-        api: api_queries,
+        api: asked,
     };
     Ok(Tracing {
         run,
@@ -285,7 +340,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         junit,
         started,
         _held: held,
-        api,
+        servers,
     })
 }
 
@@ -341,7 +396,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         attached,
         junit,
         started,
-        api,
+        servers,
         ..
     } = tracing;
     let Sources {
@@ -414,9 +469,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     run.close(account, gateway_code)?;
     // The followers have had the summary: their streams end, and the API with them.
     run.output().end_followers();
-    if let Some(api) = api {
-        api.close().await;
-    }
+    servers.close().await;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {
         checkpoints.write(&mut run)?;

@@ -71,6 +71,15 @@ pub(super) fn api_socket(
         )),
         Api::Auto => {
             let path = crate::api::default_path(procfs::own_pid());
+            let gone = crate::api::sockets::remove_dead(&path);
+            if !gone.is_empty() {
+                let names: Vec<String> = gone.iter().map(|p| p.display().to_string()).collect();
+                let note = format!(
+                    "removed the sockets of runs that are gone: {}",
+                    names.join(", ")
+                );
+                output.note(&note)?;
+            }
             match crate::api::server::bind(&path, access) {
                 Ok(bound) => Ok(Some(bound)),
                 Err(e) => {

@@ -35,7 +35,7 @@ use crate::text::Args;
 
 mod answers;
 mod resume;
-pub use resume::{KeptState, Resumed};
+pub use resume::KeptState;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -344,11 +344,12 @@ impl Pipeline {
             symbolized = sites.named_all();
             sites.retain(|id| self.graph.node(id).is_some());
         }
+        self.gateways.retain(|id| self.graph.node(id).is_some());
         self.out.events(now, &found)?;
         let flagged = flags::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
         self.out.metrics.set_state(&ScanState {
             alive: self.graph.live_count(),
-            gateways: self.graph.gateways().filter(|n| n.alive()).count(),
+            gateways: self.graph.live_gateways(),
             zombies: self.graph.zombie_count(),
             graph_nodes: self.graph.len(),
             flagged: flagged.active,

@@ -108,16 +108,24 @@ impl Announcer {
         self.announced.insert(id);
     }
 
-    /// The gateway pids known so far, with the one not forked yet (for `ready`).
+    /// The gateway pids alive, with the one not forked yet (for `ready` and the API's status).
     pub fn pids(&self, graph: &LineageGraph) -> Vec<u32> {
-        let mut pids: Vec<u32> = graph.gateways().map(|n| n.pid).collect();
+        let alive = graph.gateways().filter(|n| n.alive());
+        let mut pids: Vec<u32> = alive.map(|n| n.pid).collect();
         pids.extend(graph.expected_gateway());
         pids.sort_unstable();
         pids
     }
 
-    /// Every gateway has exited (or none is known yet to be alive).
+    /// Every gateway has exited (or none is known yet to be alive): a count, asked at every
+    /// turn of the event loop.
     pub fn all_exited(&self, graph: &LineageGraph) -> bool {
-        graph.expected_gateway().is_none() && graph.gateways().all(|n| !n.alive())
+        graph.expected_gateway().is_none() && graph.live_gateways() == 0
+    }
+
+    /// Forgets the gateways the graph no longer holds.
+    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
+        self.announced.retain(|&id| holds(id));
+        self.at_exec.retain(|&id, _| holds(id));
     }
 }

@@ -165,7 +165,7 @@ impl Cgroups {
         let of: HashMap<u32, String> = all
             .keys()
             .filter_map(|&pid| {
-                let text = fs::read_to_string(crate::procfs::proc_path(pid, "cgroup")).ok()?;
+                let text = crate::procfs::read_text(pid, "cgroup").ok()?;
                 Some((pid, placement::parse_cgroup(&text)?))
             })
             .collect();

@@ -19,8 +19,6 @@ use crate::procfs::{self, Stat};
 /// A selected program.
 #[derive(Clone, Debug)]
 pub struct Exe {
-    /// The path as given on the command line.
-    pub given: PathBuf,
     pub kind: ExeKind,
     /// `st_dev`, `st_ino` as stat(2) shows the file: how a running process's `/proc/PID/exe`
     /// is compared at start.
@@ -67,7 +65,6 @@ impl Exe {
             ExeKind::Binary(kernel_inode(&canonical).with_context(what)?)
         };
         Ok(Exe {
-            given: given.to_owned(),
             kind,
             stat_id: (meta.dev(), meta.ino()),
         })

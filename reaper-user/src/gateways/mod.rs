@@ -206,7 +206,7 @@ impl Selectors {
     pub fn check_pidfiles(&self) -> Result<()> {
         for (_, s) in &self.entries {
             if let Selector::Pidfile(pf) = s
-                && let Ok(text) = std::fs::read_to_string(&pf.path)
+                && let Ok(text) = pidfile::read(&pf.path)
             {
                 pidfile::parse_pid(&text)
                     .map_err(|e| anyhow::anyhow!("--gateway-pidfile {}: {e}", pf.path.display()))?;

@@ -50,7 +50,7 @@ impl Pidfile {
         if self.seen == Some(stamp) {
             return None;
         }
-        let text = fs::read_to_string(&self.path).ok()?;
+        let text = read(&self.path).ok()?;
         self.seen = Some(stamp);
         match parse_pid(&text) {
             Ok(pid) if self.last_pid == Some(pid) => None,
@@ -61,6 +61,13 @@ impl Pidfile {
             Err(e) => Some(Err(e)),
         }
     }
+}
+
+/// The text of the pidfile at `path` (its symlinks resolved): as a file its gateway writes, a
+/// regular file opened checked (see [`crate::untrusted`]), up to 4 KiB.
+pub fn read(path: &std::path::Path) -> std::io::Result<String> {
+    let file = crate::untrusted::Checked::open(&fs::canonicalize(path)?)?;
+    Ok(file.read_head(4096)?.whole_lines())
 }
 
 /// A pidfile's pid: the first line, a positive integer (whitespace around it allowed).

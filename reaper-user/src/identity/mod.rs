@@ -191,7 +191,6 @@ pub enum NotOpened {
 
 /// A verified handle on one process: a pidfd opened first and its process checked second.
 pub struct PidRef {
-    pub id: ProcessId,
     pub pidfd: PidFd,
 }
 
@@ -207,7 +206,7 @@ impl PidRef {
             _ => NotOpened::Gone,
         })?;
         let stat = id.still_same().ok_or(NotOpened::Gone)?;
-        Ok((PidRef { id, pidfd }, stat))
+        Ok((PidRef { pidfd }, stat))
     }
 }
 
@@ -227,7 +226,8 @@ mod tests {
         assert!(reused.still_same().is_none(), "same pid, another start");
         assert_eq!(PidRef::open(reused).err(), Some(NotOpened::Gone));
         let (handle, stat) = PidRef::open(id).unwrap();
-        assert_eq!((handle.id, stat.pid), (id, me.pid));
+        assert_eq!(stat.pid, me.pid);
+        assert!(std::os::fd::AsRawFd::as_raw_fd(&handle.pidfd) >= 0);
     }
 
     #[test]

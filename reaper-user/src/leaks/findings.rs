@@ -54,7 +54,6 @@ pub struct Crowd {
 pub enum Change {
     Flag(Box<Flagged>),
     Cleared {
-        node: NodeId,
         pid: u32,
         reason: Reason,
         because: &'static str,

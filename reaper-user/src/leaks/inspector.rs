@@ -161,7 +161,6 @@ impl Inspector {
         w.flags
             .drain(..)
             .map(|(reason, _)| Change::Cleared {
-                node: id,
                 pid,
                 reason,
                 because: "exited",
@@ -277,7 +276,6 @@ impl Inspector {
             };
             w.flags.retain(|(r, _)| *r != Reason::Accumulating);
             changes.push(Change::Cleared {
-                node: id,
                 pid: w.pid,
                 reason: Reason::Accumulating,
                 because,
@@ -319,7 +317,6 @@ impl Inspector {
                 breaks.forget(*id);
                 for (reason, _) in &w.flags {
                     changes.push(Change::Cleared {
-                        node: *id,
                         pid: w.pid,
                         reason: *reason,
                         because: "exited",
@@ -363,7 +360,6 @@ impl Inspector {
                 if w.has(reason) {
                     w.flags.retain(|(r, _)| *r != reason);
                     changes.push(Change::Cleared {
-                        node: inner,
                         pid: w.pid,
                         reason,
                         because: "part of its spawner's server now",
@@ -416,7 +412,6 @@ impl Inspector {
                 (None, true) => {
                     w.flags.retain(|(r, _)| *r != reason);
                     changes.push(Change::Cleared {
-                        node: top,
                         pid: w.pid,
                         reason,
                         because: reason.cleared_because(&seen),
@@ -458,7 +453,6 @@ impl Inspector {
             let still = graph.node(*id).is_some_and(Node::zombie);
             if !still {
                 changes.push(Change::Cleared {
-                    node: *id,
                     pid: *pid,
                     reason: Reason::Zombie,
                     because: zombie::REAPED,

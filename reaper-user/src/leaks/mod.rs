@@ -11,5 +11,4 @@ mod sampler;
 
 pub use findings::*;
 pub use inspector::*;
-pub use peers::Holder;
-pub use sampler::{FdFact, Sample};
+pub use sampler::FdFact;

@@ -5,7 +5,7 @@
 //! re-derived from the parent pid, which changes when a process is reparented. Dead nodes are
 //! kept while they have retained descendants (lineage must always resolve) and otherwise up to
 //! a bounded number, oldest pruned first.
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::rc::Rc;
 
 // Keys are kernel pids and internal ids, not attacker-chosen strings: a fast hash is safe,
@@ -120,8 +120,11 @@ pub struct LineageGraph {
     /// Counts kept as nodes change state, so "is anything left?" never walks the graph.
     live: usize,
     zombies: usize,
-    /// Gateway nodes (never pruned), in the order they became gateways.
-    gateways: Vec<NodeId>,
+    /// Gateway nodes, oldest first: pruned like any node, once reaped with no retained
+    /// descendant (a gateway that restarts every second is a node a second).
+    gateways: BTreeSet<NodeId>,
+    /// How many of them are alive.
+    live_gateways: usize,
     /// The argv of a process whose program is not known yet: one shared empty list.
     no_argv: Args,
     /// The pid that is a gateway once its fork is seen (the `-- CMD` gateway: one a run).
@@ -140,7 +143,8 @@ impl LineageGraph {
             retain_dead,
             live: 0,
             zombies: 0,
-            gateways: Vec::new(),
+            gateways: BTreeSet::new(),
+            live_gateways: 0,
             no_argv: Args::none(),
             expected_gateway: None,
         }
@@ -201,8 +205,14 @@ impl LineageGraph {
         self.nodes.values().filter(|n| n.zombie())
     }
 
+    /// The gateways the graph holds, alive or not, oldest first.
     pub fn gateways(&self) -> impl Iterator<Item = &Node> {
         self.gateways.iter().filter_map(|&id| self.nodes.get(id))
+    }
+
+    /// How many gateways are alive.
+    pub fn live_gateways(&self) -> usize {
+        self.live_gateways
     }
 
     /// How many processes are alive (not exited).
@@ -269,7 +279,8 @@ impl LineageGraph {
         self.nodes.insert(node);
         self.live += 1;
         if gateway {
-            self.gateways.push(id);
+            self.gateways.insert(id);
+            self.live_gateways += 1;
         }
         id
     }
@@ -361,7 +372,10 @@ impl LineageGraph {
             && !n.is_gateway
         {
             n.is_gateway = true;
-            self.gateways.push(id);
+            self.gateways.insert(id);
+            if n.alive() {
+                self.live_gateways += 1;
+            }
         }
     }
 
@@ -405,6 +419,9 @@ impl LineageGraph {
         if node.exited.is_none() && node.reaped_at.is_none() {
             self.live -= 1;
             self.zombies += 1;
+            if node.is_gateway {
+                self.live_gateways -= 1;
+            }
         }
         node.exited = Some(info);
         // An exited process is nobody's orphan to be: its real parent stops listing it now,
@@ -442,11 +459,12 @@ impl LineageGraph {
             let Some(node) = self.nodes.get(id) else {
                 continue;
             };
-            if node.spawned > 0 || node.is_gateway {
+            if node.spawned > 0 {
                 continue;
             }
             let (pid, start, spawner) = (node.pid, node.start, node.spawner);
             self.nodes.remove(id);
+            self.gateways.remove(&id);
             match self.current.get(pid) {
                 Some(newest) if newest == id => {
                     self.current.remove(pid);

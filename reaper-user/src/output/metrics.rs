@@ -246,11 +246,6 @@ impl Metrics {
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
     }
-
-    /// The text exposition (OpenMetrics), as served.
-    pub fn encode(&self) -> String {
-        encode(&self.registry)
-    }
 }
 
 /// Renders a registry in the OpenMetrics text format.
@@ -338,7 +333,7 @@ mod tests {
             kinds: BTreeMap::new(),
             affected: vec![],
         }));
-        let text = m.encode();
+        let text = encode(&m.registry());
         assert!(
             text.contains("reaper_events_total{kind=\"reaped\"} 2\n"),
             "{text}"

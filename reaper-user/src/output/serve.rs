@@ -1,17 +1,26 @@
-//! The `/metrics` endpoint: a minimal HTTP/1 server (hyper) on the address `--metrics` names.
-use std::convert::Infallible;
+//! The `/metrics` endpoint on the address `--metrics` names, served by [`crate::serve`] on the
+//! servers' thread: anything that can reach the address can connect, so it gets that server's
+//! limits (idle connections closed, a cap on connections, backoff on accept errors).
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Method, Request, Response, StatusCode, body::Incoming};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::output::metrics::{encode, to_prometheus_text};
+use crate::serve::{self, Body};
+
+/// What a scraper is allowed: a Prometheus or two, keeping their connections alive between
+/// scrapes (closed after 10 s idle, so each scrape may reconnect).
+const LIMITS: serve::Limits = serve::Limits {
+    connections: 16,
+    idle: Duration::from_secs(10),
+};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -24,33 +33,24 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
         .with_context(|| format!("--metrics {addr}: cannot listen there"))
 }
 
-/// Serves `/metrics` until the runtime ends. A failed connection is that client's problem.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, registry.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+/// Serves `/metrics` on `thread` until the run ends.
+pub fn serve(
+    thread: &serve::Thread,
+    listener: TcpListener,
+    registry: Arc<Registry>,
+) -> serve::Server {
+    let handler = move |req| respond(req, registry.clone());
+    thread.serve(listener, LIMITS, |_: &tokio::net::TcpStream| true, handler)
 }
 
-async fn respond(
-    req: Request<Incoming>,
-    registry: Arc<Registry>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(req: Request<Incoming>, registry: Arc<Registry>) -> Response<Body> {
     let reply = |status: StatusCode, ctype: &str, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
+        let mut r = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
         *r.status_mut() = status;
         if let Ok(v) = ctype.parse() {
             r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
         }
-        Ok(r)
+        r
     };
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => {

@@ -1,10 +1,12 @@
 //! One process's facts from /proc, for the leak rules: its open fds and which end of each pipe
 //! it holds, what it is blocked in, its I/O counters, state and RSS.
 //!
-//! Every read is a `readlink` or a read of a small text file: a /proc fd entry is never
-//! `open()`ed (opening a FIFO through it would block). A process can vanish between any two
-//! reads: callers treat `None` as "gone", never as an error.
-use std::{fs, path::PathBuf};
+//! Every read is a `readlink` or a capped read of a small text file (see [`crate::untrusted`]):
+//! a /proc fd entry is never `open()`ed (opening a FIFO through it would block). A process can
+//! vanish between any two reads: callers treat `None` as "gone", never as an error.
+use std::fs;
+
+use crate::untrusted::{self, caps};
 
 /// What an fd refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -133,15 +135,17 @@ pub fn parse_fdinfo_end(text: &str) -> Option<End> {
     })
 }
 
-/// The pipes, sockets and terminals a process holds (other fds are of no use to the rules).
+/// The pipes, sockets and terminals a process holds (other fds are of no use to the rules):
+/// among its first [`caps::FDS`] fds, as a process may hold as many as its limit lets it.
 pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
-    let dir = fs::read_dir(super::proc_path(pid, "fd")).ok()?;
+    let dir = super::proc_path(pid, "fd");
+    let (names, _) = untrusted::list_dir(&dir, caps::FDS).ok()?;
     let mut fds = Vec::new();
-    for entry in dir.flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+    for name in names {
+        let Some(fd) = name.to_str().and_then(|n| n.parse().ok()) else {
             continue;
         };
-        let Ok(target) = fs::read_link(entry.path()) else {
+        let Ok(target) = fs::read_link(dir.join(&name)) else {
             continue; // closed meanwhile
         };
         let target = target.as_os_str().as_encoded_bytes();
@@ -149,8 +153,7 @@ pub fn read_fds(pid: u32) -> Option<Vec<OpenFd>> {
         if kind == FdKind::Other {
             continue;
         }
-        let info =
-            fs::read_to_string(super::proc_path(pid, &format!("fdinfo/{fd}"))).unwrap_or_default();
+        let info = super::read_text(pid, &format!("fdinfo/{fd}")).unwrap_or_default();
         let (end, pty) = match kind {
             // A master whose index is not in its fdinfo (an old kernel) is a channel to
             // nobody known: listed, never matched.
@@ -225,14 +228,16 @@ pub fn parse_syscall(text: &str) -> Option<Blocked> {
 
 /// Whether the whole process waits for input: no thread runs, and some thread waits in a read,
 /// poll, select or epoll (a Node.js server waits in epoll on its main thread while its helper
-/// threads sleep on futexes).
+/// threads sleep on futexes). Its first [`caps::THREADS`] threads are asked.
 pub fn read_blocked(pid: u32) -> Option<Blocked> {
-    let tasks = fs::read_dir(super::proc_path(pid, "task")).ok()?;
+    let (tasks, _) = untrusted::list_dir(&super::proc_path(pid, "task"), caps::THREADS).ok()?;
     let mut waiting = None;
     let mut other = None;
-    for task in tasks.flatten() {
-        let path: PathBuf = task.path().join("syscall");
-        let Some(b) = fs::read_to_string(path)
+    for task in tasks {
+        let Some(task) = task.to_str() else {
+            continue;
+        };
+        let Some(b) = super::read_text(pid, &format!("task/{task}/syscall"))
             .ok()
             .and_then(|t| parse_syscall(&t))
         else {
@@ -264,7 +269,7 @@ pub fn parse_io(text: &str) -> Option<[u64; 4]> {
 }
 
 pub fn read_io(pid: u32) -> Option<[u64; 4]> {
-    parse_io(&fs::read_to_string(super::proc_path(pid, "io")).ok()?)
+    parse_io(&super::read_text(pid, "io").ok()?)
 }
 
 /// Resident memory in KiB, from `/proc/PID/statm` (`size resident shared ...` in pages: far
@@ -277,7 +282,7 @@ pub fn parse_rss_kib(statm: &str, page_kib: u64) -> Option<u64> {
 
 pub fn read_rss_kib(pid: u32) -> Option<u64> {
     parse_rss_kib(
-        &fs::read_to_string(super::proc_path(pid, "statm")).ok()?,
+        &super::read_text(pid, "statm").ok()?,
         super::page_size() as u64 / 1024,
     )
 }

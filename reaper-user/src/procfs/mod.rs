@@ -14,6 +14,7 @@ use std::{
 };
 
 use crate::text::{Args, Comm};
+use crate::untrusted::{self, caps};
 
 /// Fields of `/proc/PID/stat`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,16 +120,22 @@ pub fn parse_stat(text: &[u8]) -> Option<Stat> {
 
 /// Reads `/proc/PID/stat`.
 pub fn read_stat(pid: u32) -> io::Result<Stat> {
-    let text = fs::read(proc_path(pid, "stat"))?;
-    parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
+    let text = untrusted::read(&proc_path(pid, "stat"), caps::PROC_TEXT)?;
+    parse_stat(&text.bytes).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
 
-/// Reads `/proc/PID/cmdline`: at most `max_args` arguments, and whether any were cut.
+/// Reads `/proc/PID/cmdline`: at most `max_args` arguments, and whether any were cut (by
+/// number, or by [`caps::ARGS`]).
 pub fn read_cmdline(pid: u32, max_args: usize) -> io::Result<(Args, bool)> {
-    Ok(Args::from_block(
-        &fs::read(proc_path(pid, "cmdline"))?,
-        max_args,
-    ))
+    let block = untrusted::read(&proc_path(pid, "cmdline"), caps::ARGS)?;
+    let (args, more) = Args::from_block(&block.bytes, max_args);
+    Ok((args, more || block.cut))
+}
+
+/// Reads a small text of `/proc/PID` (`status`, `io`, `statm`, `cgroup`, ...), capped at
+/// [`caps::PROC_TEXT`].
+pub fn read_text(pid: u32, file: &str) -> io::Result<String> {
+    untrusted::read_text(&proc_path(pid, file), caps::PROC_TEXT)
 }
 
 /// The path of the program `/proc/PID/exe` names (for a process seen first in /proc, whose

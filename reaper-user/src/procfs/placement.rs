@@ -1,8 +1,6 @@
 //! Where a process lives: its pid inside its own pid namespace, its cgroup v2 path, and the
 //! container that path names. Every pid reaper-trace reports is the initial namespace's (the
 //! kernel's); these say how the process sees itself and which container it is in.
-use std::fs;
-
 use serde::{Deserialize, Serialize};
 
 /// A process's pid namespace and cgroup, as /proc shows them.
@@ -34,11 +32,11 @@ pub struct Container {
 
 /// Reads the placement of `pid` (what cannot be read stays empty).
 pub fn read(pid: u32) -> Placement {
-    let nspid = fs::read_to_string(super::proc_path(pid, "status"))
+    let nspid = super::read_text(pid, "status")
         .ok()
         .and_then(|t| parse_nspid(&t))
         .filter(|&inner| inner != pid);
-    let cgroup = fs::read_to_string(super::proc_path(pid, "cgroup"))
+    let cgroup = super::read_text(pid, "cgroup")
         .ok()
         .and_then(|t| parse_cgroup(&t));
     let container = cgroup.as_deref().and_then(container_of);
@@ -52,7 +50,7 @@ pub fn read(pid: u32) -> Placement {
 /// Whether `pid` lives in a pid namespace below the initial one (its `NSpid:` line names
 /// more than one pid): its thread ids there are not the kernel's.
 pub fn in_child_pid_namespace(pid: u32) -> bool {
-    fs::read_to_string(super::proc_path(pid, "status"))
+    super::read_text(pid, "status")
         .ok()
         .and_then(|t| nspids(&t).map(|mut ids| ids.nth(1).is_some()))
         .unwrap_or(false)

@@ -6,7 +6,7 @@
 //!
 //! Read only for a socket that sock_diag did not name as a UNIX socket of reaper-trace's own
 //! namespace, once per namespace for all the sockets a look asks about.
-use std::{fs, net::SocketAddr};
+use std::net::SocketAddr;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -82,7 +82,11 @@ const TCP_LISTEN: u8 = 0x0a;
 impl NetTables {
     /// Reads the tables of `pid`'s network namespace (a table that cannot be read is empty).
     pub fn read(pid: u32) -> NetTables {
-        let table = |name: &str| fs::read_to_string(super::proc_path(pid, &format!("net/{name}")));
+        // A namespace's tables are as long as it has sockets: read up to a cap each.
+        let table = |name: &str| {
+            let path = super::proc_path(pid, &format!("net/{name}"));
+            crate::untrusted::read_text(&path, crate::untrusted::caps::NET_TABLE)
+        };
         let mut t = NetTables::default();
         for name in ["tcp", "tcp6"] {
             for row in table(name).unwrap_or_default().lines().skip(1) {

@@ -5,14 +5,15 @@
 //! once, so a frame is named after every process that mapped its object is gone. The index
 //! is kept in the checkpoint (`--state-dir`): the next run names what this one learned.
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::PathBuf;
 
-use object::{Object as _, ReadCache};
+use object::Object as _;
+use reaper_common::ExeKey;
 use reaper_common::native::BUILD_ID_LEN;
 use serde::{Deserialize, Serialize};
 
 use super::mappings::{Mapping, mappings};
+use crate::untrusted::Checked;
 
 /// A build id as the kernel keeps it: padded with zeros to [`BUILD_ID_LEN`].
 pub type BuildId = [u8; BUILD_ID_LEN];
@@ -20,8 +21,8 @@ pub type BuildId = [u8; BUILD_ID_LEN];
 /// The files build ids name, and the build id of each file read.
 #[derive(Default)]
 pub struct BuildIds {
-    /// Each file's build id (none: it has none, or could not be read), by (device, inode).
-    files: HashMap<(String, u64), Option<BuildId>>,
+    /// Each file's build id (none: it has none, or could not be read), by device and inode.
+    files: HashMap<ExeKey, Option<BuildId>>,
     /// Where each build id's file can be opened, and the id's own length there.
     paths: HashMap<BuildId, (PathBuf, usize)>,
 }
@@ -47,17 +48,16 @@ impl BuildIds {
 
     /// The build id of the file `m` maps in process `pid` (read once per file).
     pub fn build_id(&mut self, pid: u32, m: &Mapping) -> Option<BuildId> {
-        let key = (m.dev.clone(), m.inode);
-        if let Some(known) = self.files.get(&key) {
+        if let Some(known) = self.files.get(&m.file) {
             return *known;
         }
-        let path = m.file(pid);
-        let id = path.as_ref().and_then(|p| read_build_id(p));
-        if let (Some((id, len)), Some(path)) = (id, path) {
+        let opened = m.open(pid);
+        let id = opened.as_ref().and_then(|(file, _)| read_build_id(file));
+        if let (Some((id, len)), Some((_, path))) = (id, opened) {
             self.paths.entry(id).or_insert((path, len));
         }
         let id = id.map(|(id, _)| id);
-        self.files.insert(key, id);
+        self.files.insert(m.file, id);
         id
     }
 
@@ -66,10 +66,12 @@ impl BuildIds {
         self.paths.contains_key(id)
     }
 
-    /// The file of `id`, while it is still that file (an upgrade may have replaced it).
-    pub fn path(&self, id: &BuildId) -> Option<PathBuf> {
+    /// The file of `id`, while it is still that file (an upgrade may have replaced it),
+    /// opened, and its path.
+    pub fn open(&self, id: &BuildId) -> Option<(Checked, PathBuf)> {
         let (path, _) = self.paths.get(id)?;
-        (read_build_id(path).map(|(read, _)| read) == Some(*id)).then(|| path.clone())
+        let file = Checked::open(path).ok()?;
+        has_build_id(&file, id).then(|| (file, path.clone()))
     }
 
     /// `id` in hex, at its own length when its file is known; else as the kernel gave it
@@ -106,12 +108,11 @@ impl BuildIds {
     }
 }
 
-/// The build id of the ELF file at `path` (its `.note.gnu.build-id`), padded as the kernel
-/// pads it (a longer one cut, as the kernel cuts it), and its own length.
-fn read_build_id(path: &std::path::Path) -> Option<(BuildId, usize)> {
-    let file = File::open(path).ok()?;
-    let cache = ReadCache::new(&file);
-    let elf = object::File::parse(&cache).ok()?;
+/// The build id of ELF file `file` (its `.note.gnu.build-id`), padded as the kernel pads it
+/// (a longer one cut, as the kernel cuts it), and its own length.
+fn read_build_id(file: &Checked) -> Option<(BuildId, usize)> {
+    let reader = file.reader();
+    let elf = object::File::parse(&reader).ok()?;
     let bytes = elf.build_id().ok()??;
     let len = bytes.len().min(BUILD_ID_LEN);
     let mut id = [0; BUILD_ID_LEN];
@@ -119,9 +120,15 @@ fn read_build_id(path: &std::path::Path) -> Option<(BuildId, usize)> {
     Some((id, len))
 }
 
+/// Whether ELF file `file` has build id `id` (padded as the kernel pads it).
+pub fn has_build_id(file: &Checked, id: &BuildId) -> bool {
+    read_build_id(file).is_some_and(|(read, _)| read == *id)
+}
+
 /// The build id of the ELF file at `path`, in hex as frames show it.
 pub fn build_id_of(path: &std::path::Path) -> Option<String> {
-    read_build_id(path).map(|(id, len)| hex(&id[..len]))
+    let file = Checked::open(path).ok()?;
+    read_build_id(&file).map(|(id, len)| hex(&id[..len]))
 }
 
 /// `bytes` in hex.
@@ -169,16 +176,17 @@ mod tests {
     #[test]
     fn this_test_binary_is_found_by_its_own_build_id() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let Some((id, _)) = read_build_id(&exe) else {
+        let Some((id, _)) = read_build_id(&Checked::open(&exe).unwrap()) else {
             panic!("{} has a build id (the linker's default)", exe.display());
         };
         let mut ids = BuildIds::default();
         let maps = ids.learn(std::process::id()).expect("own mappings");
         assert!(maps.iter().any(|m| m.executable));
         assert!(ids.knows(&id));
-        assert_eq!(ids.path(&id), Some(exe.clone()));
+        assert_eq!(ids.open(&id).map(|(_, p)| p), Some(exe.clone()));
         let mut next = BuildIds::default();
         next.restore(&ids.save());
-        assert_eq!(next.path(&id), Some(exe), "taken back from a checkpoint");
+        let taken_back = next.open(&id).map(|(_, p)| p);
+        assert_eq!(taken_back, Some(exe), "taken back from a checkpoint");
     }
 }

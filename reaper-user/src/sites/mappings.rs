@@ -1,11 +1,11 @@
-//! A process's file-backed mappings (`/proc/PID/maps`), and where the reader can open each
-//! mapped file.
-use std::os::unix::fs::MetadataExt;
+//! A process's file-backed mappings (`/proc/PID/maps`), and the file each maps, opened as
+//! [`crate::untrusted`] opens what a traced process controls.
 use std::path::PathBuf;
 
-use anyhow::Result;
+use reaper_common::ExeKey;
 
 use crate::procfs::proc_path;
+use crate::untrusted::{self, Checked, caps};
 
 /// One file-backed mapping of `/proc/PID/maps`.
 pub struct Mapping {
@@ -17,8 +17,8 @@ pub struct Mapping {
     pub executable: bool,
     /// Whether it may be written (`w`): a loaded object's data.
     pub writable: bool,
-    pub dev: String,
-    pub inode: u64,
+    /// The mapped file: its device (the kernel's encoding) and inode.
+    pub file: ExeKey,
     pub path: String,
 }
 
@@ -30,30 +30,36 @@ impl Mapping {
             .then(|| addr - self.start + self.offset)
     }
 
-    /// The mapped file, where this process can open it: the path as `maps` shows it (which
-    /// is relative to the reader's root, so it holds for a chroot'd process), else the same
-    /// path under the process's own root (another mount namespace: a container). The inode
-    /// tells which is the mapped file. (`map_files/` would name it even once replaced, but
-    /// needs CAP_SYS_ADMIN, which the run gave up after attaching.)
-    pub fn file(&self, pid: u32) -> Option<PathBuf> {
-        [
+    /// The mapped file, opened where this process can open it, and the path it was found at:
+    /// the path as `maps` shows it (which is relative to the reader's root, so it holds for a
+    /// chroot'd process), else the same path under the process's own root (another mount
+    /// namespace: a container). Whatever a path names, only the mapped file itself is opened
+    /// (see [`Checked::open_as`]). (`map_files/` would name it even once replaced, but needs
+    /// CAP_SYS_ADMIN, which the run gave up after attaching.)
+    pub fn open(&self, pid: u32) -> Option<(Checked, PathBuf)> {
+        let paths = [
             PathBuf::from(&self.path),
             proc_path(pid, "root").join(self.path.trim_start_matches('/')),
-        ]
-        .into_iter()
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == self.inode))
+        ];
+        Checked::open_as(paths, self.file).ok()
+    }
+
+    /// Where the mapped file can be opened (see [`Mapping::open`]).
+    pub fn file(&self, pid: u32) -> Option<PathBuf> {
+        self.open(pid).map(|(_, path)| path)
     }
 }
 
 /// The file-backed mappings of process `pid`.
-pub fn mappings(pid: u32) -> Result<Vec<Mapping>> {
+pub fn mappings(pid: u32) -> std::io::Result<Vec<Mapping>> {
     Ok(parse(&text(pid)?))
 }
 
-/// The text of `/proc/PID/maps`; an error for a process that maps nothing (one that exited
-/// and awaits its reaping, a zombie, reads as empty): no code of it can be read.
+/// The text of `/proc/PID/maps`, up to [`caps::MAPS`]; an error for a process that maps
+/// nothing (one that exited and awaits its reaping, a zombie, reads as empty): no code of it
+/// can be read.
 pub fn text(pid: u32) -> std::io::Result<String> {
-    let text = std::fs::read_to_string(proc_path(pid, "maps"))?;
+    let text = untrusted::read_text(&proc_path(pid, "maps"), caps::MAPS)?;
     match text.is_empty() {
         true => Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -63,9 +69,13 @@ pub fn text(pid: u32) -> std::io::Result<String> {
     }
 }
 
-/// The file-backed mappings `/proc/PID/maps` text `text` lists.
+/// The file-backed mappings `/proc/PID/maps` text `text` lists, [`caps::FILE_MAPPINGS`] at
+/// most.
 pub fn parse(text: &str) -> Vec<Mapping> {
-    text.lines().filter_map(parse_mapping).collect()
+    text.lines()
+        .filter_map(parse_mapping)
+        .take(caps::FILE_MAPPINGS)
+        .collect()
 }
 
 fn parse_mapping(line: &str) -> Option<Mapping> {
@@ -74,8 +84,8 @@ fn parse_mapping(line: &str) -> Option<Mapping> {
     let perms = fields.next()?;
     let (executable, writable) = (perms.contains('x'), perms.contains('w'));
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let dev = fields.next()?.to_string();
-    let inode = fields.next()?.parse().ok()?;
+    let dev = kernel_dev(fields.next()?)?;
+    let ino = fields.next()?.parse().ok()?;
     let path = fields.collect::<Vec<_>>().join(" ");
     if !path.starts_with('/') {
         return None;
@@ -86,10 +96,17 @@ fn parse_mapping(line: &str) -> Option<Mapping> {
         offset,
         executable,
         writable,
-        dev,
-        inode,
+        file: ExeKey { dev, ino },
         path,
     })
+}
+
+/// `maps`' `MAJOR:MINOR` (hex) as the kernel's `dev_t` (`major << 20 | minor`).
+fn kernel_dev(maps_dev: &str) -> Option<u64> {
+    let (major, minor) = maps_dev.split_once(':')?;
+    let major = u64::from_str_radix(major, 16).ok()?;
+    let minor = u64::from_str_radix(minor, 16).ok()?;
+    Some(major << 20 | minor)
 }
 
 #[cfg(test)]
@@ -103,8 +120,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (m.start, m.end, m.offset, m.executable, m.inode),
-            (0x7f1c2a000000, 0x7f1c2a200000, 0x1000, true, 1234)
+            (m.start, m.end, m.offset, m.executable),
+            (0x7f1c2a000000, 0x7f1c2a200000, 0x1000, true)
+        );
+        assert_eq!(
+            m.file,
+            ExeKey {
+                dev: 8 << 20 | 1,
+                ino: 1234
+            }
         );
         assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
         assert_eq!(m.file_offset(0x7f1c2a000010), Some(0x1010));
@@ -112,5 +136,38 @@ mod tests {
         assert!(parse_mapping("7ffd-7ffe rw-p 00000000 00:00 0 [stack]").is_none());
         let data = parse_mapping("7f00-7f10 r--p 00000000 08:01 7 /usr/bin/node").unwrap();
         assert!(!data.executable);
+    }
+
+    #[test]
+    fn maps_devices_read_as_the_kernel_encodes_them() {
+        assert_eq!(kernel_dev("08:01"), Some(8 << 20 | 1));
+        assert_eq!(kernel_dev("103:0a"), Some(0x103 << 20 | 0xa));
+        assert_eq!(kernel_dev("0801"), None);
+    }
+
+    #[test]
+    fn a_mapped_file_opens_as_itself_and_a_replaced_one_does_not() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = mappings(std::process::id()).unwrap();
+        let own = maps
+            .iter()
+            .find(|m| std::path::Path::new(&m.path) == exe)
+            .unwrap();
+        let (_, path) = own
+            .open(std::process::id())
+            .expect("its own executable opens");
+        assert_eq!(path, exe);
+        let other = Mapping {
+            file: ExeKey {
+                ino: own.file.ino + 1,
+                ..own.file
+            },
+            path: own.path.clone(),
+            ..*own
+        };
+        assert!(
+            other.open(std::process::id()).is_none(),
+            "another inode at that path"
+        );
     }
 }

@@ -12,7 +12,7 @@ use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
 use reaper_common::interpreter::Interpreter;
 use serde::{Deserialize, Serialize};
-pub use spawns::{NamedThisRound, Seen};
+pub use spawns::NamedThisRound;
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;

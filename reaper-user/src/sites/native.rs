@@ -19,12 +19,13 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeStack};
 use serde::{Deserialize, Serialize};
 
-use super::build_ids::{BuildId, BuildIds};
+use super::build_ids::{BuildId, BuildIds, has_build_id};
 use super::mappings::Mapping;
 use super::referrers::Referrers;
 use super::unwind::Unwound;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
+use crate::untrusted::Checked;
 
 /// One frame of a stack, located in its object (as the checkpoint keeps it, too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,7 +225,7 @@ impl NativeStacks {
         };
         for l in &site.frames {
             let object = match (l.build_id, &l.object) {
-                (Some(id), None) => self.build_ids.path(&id),
+                (Some(id), None) => self.build_ids.open(&id).map(|(_, path)| path),
                 _ => l.object.clone(),
             };
             if object.is_none() {
@@ -250,18 +251,28 @@ impl NativeStacks {
 
 /// A frame named from its object's symbols and debug information, as the frames it stands
 /// for, innermost first: the functions inlined where it is (each with the line it is at in
-/// that function), then its own function. No object: one frame that says only its offset, or
-/// its address. The caller adds the build id.
+/// that function), then its own function. No object, or an object that is no longer the
+/// file the kernel named (another build id now, not a regular file): one frame that says only
+/// its offset, or its address. The caller adds the build id.
+///
+/// The symbolizer maps what it reads, so it reads a sealed copy of the object (see
+/// [`Checked::sealed_copy`]): a truncation of the file itself cannot fault it.
 pub fn name(symbolizer: &Symbolizer, l: &Located) -> Vec<Frame> {
     let frame = Frame {
         object: l.object.as_ref().map(|p| p.display().to_string()),
         offset: l.offset,
         ..Frame::default()
     };
-    let Some(object) = &l.object else {
+    let copy = l
+        .object
+        .as_ref()
+        .and_then(|path| Checked::open(path).ok())
+        .filter(|file| l.build_id.is_none_or(|id| has_build_id(file, &id)))
+        .and_then(|file| file.sealed_copy().ok());
+    let Some(copy) = copy else {
         return vec![frame];
     };
-    let source = Source::Elf(Elf::new(object));
+    let source = Source::Elf(Elf::new(copy.path()));
     let Ok(Symbolized::Sym(sym)) =
         symbolizer.symbolize_single(&source, Input::FileOffset(l.offset))
     else {

@@ -3,17 +3,18 @@
 //! dwarf` does. Code no object covers (a JIT's), and code an object has no such information
 //! for (V8's builtins), is unwound by its frame pointer: V8 keeps one in every frame it makes.
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::read::elf::{ElfFile64, ProgramHeader as _};
-use object::{Object as _, ObjectSection as _, ReadCache};
+use object::{Object as _, ObjectSection as _};
+use reaper_common::ExeKey;
 
 use crate::capture::decode::CopiedStack;
 use crate::sites::mappings::{self, Mapping};
+use crate::untrusted::Checked;
 
 /// Most frames kept from one unwind (innermost first).
 pub const FRAMES_MAX: usize = 64;
@@ -33,9 +34,9 @@ struct Object {
 }
 
 impl Object {
-    fn read(file: &File) -> Option<Object> {
-        let cache = ReadCache::new(file);
-        let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
+    fn read(file: &Checked) -> Option<Object> {
+        let reader = file.reader();
+        let elf = ElfFile64::<object::Endianness, _>::parse(&reader).ok()?;
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
             Some((s.address()..s.address() + s.size(), s))
@@ -102,7 +103,7 @@ pub struct Unwound {
 /// The objects read so far, by file (device and inode): a process's libraries are read once.
 #[derive(Default)]
 pub struct Objects {
-    read: HashMap<(String, u64), Option<Arc<Object>>>,
+    read: HashMap<ExeKey, Option<Arc<Object>>>,
 }
 
 /// One host's unwinder, kept between its forks while its mappings stay the same: its rules
@@ -178,9 +179,9 @@ impl Objects {
 
     fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
         self.read
-            .entry((m.dev.clone(), m.inode))
+            .entry(m.file)
             .or_insert_with(|| {
-                let file = File::open(m.file(pid)?).ok()?;
+                let (file, _) = m.open(pid)?;
                 Object::read(&file).map(Arc::new)
             })
             .clone()

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::leaks::Reason;
 use crate::lineage::graph::{Change, LineageGraph};
 
-pub use super::fields::{Argv, ProcBytes, ProcText};
+pub use super::fields::{Argv, ProcText};
 pub use super::kinds::{Counts, Kind, Lifecycle};
 use super::kinds::{Readable, lifecycle, other};
 

@@ -33,7 +33,7 @@ impl Node {
 
     /// Whether a bpffs is mounted on the node's /sys/fs/bpf now.
     fn has_bpffs(&self) -> bool {
-        reaper_user::state::pins::is_bpffs(&self.bpf)
+        reaper_user::testing::is_bpffs(&self.bpf)
     }
 }
 

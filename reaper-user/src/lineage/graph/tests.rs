@@ -241,6 +241,8 @@ fn assert_counts(g: &LineageGraph) {
     let kept: Vec<u32> = g.gateways().map(|n| n.pid).collect();
     assert_eq!(walked.len(), kept.len());
     assert!(walked.iter().all(|p| kept.contains(p)));
+    let alive = g.gateways().filter(|n| n.alive()).count();
+    assert_eq!(g.live_gateways(), alive, "live gateways");
 }
 
 #[test]
@@ -406,4 +408,37 @@ fn a_process_found_in_proc_then_seen_forking_takes_the_forks_facts() {
     assert_eq!((n.ppid, n.sid, n.pgid), (100, 100, 100));
     assert_eq!(n.comm, Comm::from_c(b"c"));
     assert_eq!(n.start, Start::Exact(5_000));
+}
+
+#[test]
+fn gateways_that_come_and_go_are_pruned_like_any_process() {
+    // A gateway restarting every second, each instance leaving a helper that exits: a day's
+    // worth of instances holds no more than the retention bound and the live ones.
+    let mut g = LineageGraph::new(10);
+    for i in 0..6_000u32 {
+        let (gw, helper) = (1_000 + 2 * i, 1_001 + 2 * i);
+        let start = 10 * u64::from(i) + 1;
+        let instance = node_of(g.apply(&matched(gw, start)));
+        g.apply(&fork(helper, start + 1, gw, gw));
+        for (pid, start) in [(helper, start + 1), (gw, start)] {
+            g.apply(&ev(1, pid, start, What::Exit { status: 0 }));
+            g.apply(&ev(2, pid, start, What::Free));
+        }
+        assert!(g.node(instance).is_some_and(|n| !n.alive()));
+        assert_eq!(g.live_gateways(), 0);
+    }
+    assert!(g.len() <= 10, "{} nodes kept", g.len());
+    assert!(g.gateways().count() <= 10);
+    assert_counts(&g);
+    // A live instance stays, whatever its age.
+    let live = node_of(g.apply(&matched(30_000, 1)));
+    for i in 0..100u32 {
+        let pid = 40_000 + i;
+        g.apply(&matched(pid, 2));
+        g.apply(&ev(1, pid, 2, What::Exit { status: 0 }));
+        g.apply(&ev(2, pid, 2, What::Free));
+    }
+    assert!(g.node(live).is_some());
+    assert_eq!(g.live_gateways(), 1);
+    assert_counts(&g);
 }

@@ -127,7 +127,7 @@ impl JitStacks {
             located.iter().partition(|l| l.object.is_none());
         let addrs: Vec<u64> = compiled.iter().map(|l| l.offset).collect();
         let mut frames = match alive {
-            true => perf_map::name(symbolizer, pid, &addrs),
+            true => perf_map::name(pid, &addrs),
             false => addrs.iter().map(|&addr| perf_map::unnamed(addr)).collect(),
         };
         frames.extend(native.into_iter().flat_map(|l| name(symbolizer, l)));

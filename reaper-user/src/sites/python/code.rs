@@ -17,7 +17,9 @@ pub struct Memory(File);
 
 impl Memory {
     pub fn open(pid: u32) -> Option<Memory> {
-        File::open(proc_path(pid, "mem")).ok().map(Memory)
+        crate::untrusted::read::open(&proc_path(pid, "mem"))
+            .ok()
+            .map(Memory)
     }
 
     fn bytes(&self, at: u64, len: u64) -> Option<Vec<u8>> {

@@ -5,13 +5,10 @@
 //! first: an interpreter's exec then costs a read of its mappings, and the first one little
 //! more, so its layout is in the kernel before the program gets to fork.
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use blazesym::inspect::Inspector;
-use blazesym::inspect::source::{Elf, Source};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use reaper_common::ExeKey;
 use reaper_common::python::PyLayout;
@@ -21,6 +18,7 @@ use super::debug_offsets;
 use super::versions::{self, CodeLayout};
 use crate::procfs::{placement, proc_path};
 use crate::text::file_name;
+use crate::untrusted::Checked;
 
 /// A process's interpreter, as the probe and the namer need it.
 #[derive(Clone, Debug)]
@@ -93,8 +91,6 @@ pub struct Files {
     /// The executables whose layout was handed out for the kernel (see
     /// [`Interpreter::binary`]).
     binaries: HashSet<ExeKey>,
-    /// For the symbols an object does not export (a `.symtab` only).
-    inspector: Inspector,
 }
 
 impl Files {
@@ -113,19 +109,15 @@ impl Files {
                 continue;
             }
             seen.push(&m.path);
-            // `maps` writes every device as hex `MAJOR:MINOR`.
-            let Some(dev) = kernel_dev(&m.dev) else {
-                continue;
-            };
-            let key = ExeKey { dev, ino: m.inode };
+            let key = m.file;
             let runtime = match self.read.get(&key) {
                 Some(known) => known.clone(),
                 None => {
-                    let file = m
-                        .file(pid)
+                    let (file, _) = m
+                        .open(pid)
                         .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
-                    let runtime = runtime_of(&self.inspector, &file)
-                        .with_context(|| format!("reading {}", m.path))?;
+                    let runtime =
+                        runtime_of(&file).with_context(|| format!("reading {}", m.path))?;
                     self.read.insert(key, runtime.clone());
                     runtime
                 }
@@ -187,7 +179,7 @@ impl Files {
         let runtime = match self.read.get(&key) {
             Some(known) => known.clone(),
             None => {
-                let runtime = runtime_of(&self.inspector, path)?;
+                let runtime = runtime_of(&Checked::open(path)?)?;
                 self.read.insert(key, runtime.clone());
                 runtime
             }
@@ -213,17 +205,14 @@ impl Binary {
 
 /// The interpreter object file `file` holds, if it holds one: where `_PyRuntime` is, and the
 /// version `Py_Version` (3.11+'s `PY_VERSION_HEX`) names, with its offsets.
-fn runtime_of(inspector: &Inspector, file: &Path) -> Result<Option<Runtime>> {
-    let found = match exported(file)? {
-        Some(found) => Some(found),
-        None => symbol_table(inspector, file)?,
-    };
-    let Some((runtime, version)) = found else {
+fn runtime_of(file: &Checked) -> Result<Option<Runtime>> {
+    let reader = file.reader();
+    let elf = object::File::parse(&reader).context("not an object file")?;
+    let Some((runtime, version)) = symbols(&elf) else {
         return Ok(None);
     };
-    let object = File::open(file)?;
     let mut bytes = [0u8; 8];
-    object.read_exact_at(&mut bytes, version)?;
+    file.read_exact_at(&mut bytes, version)?;
     let version = u64::from_le_bytes(bytes) & 0xffff_ffff;
     if version >> 24 != 3 {
         bail!("Py_Version reads {version:#x}");
@@ -231,8 +220,7 @@ fn runtime_of(inspector: &Inspector, file: &Path) -> Result<Option<Runtime>> {
     let (major, minor) = ((version >> 24) as u8, ((version >> 16) & 0xff) as u8);
     let name = format!("python{major}.{minor}");
     let mut head = vec![0u8; debug_offsets::NEEDED];
-    object
-        .read_exact_at(&mut head, runtime)
+    file.read_exact_at(&mut head, runtime)
         .context("reading _PyRuntime")?;
     let offsets = versions::offsets(major, minor, &head).with_context(|| name.clone())?;
     Ok(Some(Runtime {
@@ -243,22 +231,18 @@ fn runtime_of(inspector: &Inspector, file: &Path) -> Result<Option<Runtime>> {
     }))
 }
 
-/// The file offsets of `_PyRuntime` and `Py_Version` among the symbols `file` exports
-/// (`.dynsym`: a libpython's, and an interpreter's built to load extension modules).
-fn exported(file: &Path) -> Result<Option<(u64, u64)>> {
-    let handle = File::open(file)?;
-    // SAFETY: a read-only private mapping, read only here; a file changed meanwhile reads as
-    // garbage at worst, which the version check and the probe's faulting reads survive.
-    let bytes = unsafe { memmap2::Mmap::map(&handle) }?;
-    let elf = object::File::parse(&*bytes).context("not an object file")?;
+/// The file offsets of `_PyRuntime` and `Py_Version`: among the symbols `elf` exports
+/// (`.dynsym`: a libpython's, and an interpreter's built to load extension modules), else in
+/// its symbol table (an interpreter that exports nothing).
+fn symbols<'a, R: object::ReadRef<'a>>(elf: &object::File<'a, R>) -> Option<(u64, u64)> {
     let address = |name: &str| {
+        let wanted = |s: &object::Symbol<'a, '_, R>| s.name() == Ok(name) && s.is_definition();
         elf.dynamic_symbols()
-            .find(|s| s.name() == Ok(name) && s.is_definition())
+            .find(wanted)
+            .or_else(|| elf.symbols().find(wanted))
             .map(|s| s.address())
     };
-    let (Some(runtime), Some(version)) = (address("_PyRuntime"), address("Py_Version")) else {
-        return Ok(None);
-    };
+    let (runtime, version) = (address("_PyRuntime")?, address("Py_Version")?);
     let offset = |address: u64| {
         elf.segments().find_map(|s| {
             let (start, (file_start, size)) = (s.address(), s.file_range());
@@ -267,20 +251,18 @@ fn exported(file: &Path) -> Result<Option<(u64, u64)>> {
                 .then(|| file_start + (address - start))
         })
     };
-    Ok(offset(runtime).zip(offset(version)))
+    offset(runtime).zip(offset(version))
 }
 
 /// Where file offset `at` of executable `file` lies from the start of its text as an exec
 /// maps it: the kernel's `start_code` is the lowest address of the executable `PT_LOAD`
 /// segments (`load_elf_binary`), moved by the same bias as everything else. `None` for an
 /// object that cannot be run (no `PT_INTERP`).
-fn text_offset(file: &Path, at: u64) -> Result<Option<u64>> {
+fn text_offset(file: &Checked, at: u64) -> Result<Option<u64>> {
     use object::elf::{PF_X, PT_INTERP, PT_LOAD};
     use object::read::elf::{ElfFile64, ProgramHeader as _};
-    let handle = File::open(file)?;
-    // SAFETY: as in `exported`.
-    let bytes = unsafe { memmap2::Mmap::map(&handle) }?;
-    let elf = ElfFile64::<object::Endianness>::parse(&*bytes).context("not a 64-bit ELF")?;
+    let reader = file.reader();
+    let elf = ElfFile64::<object::Endianness, _>::parse(&reader).context("not a 64-bit ELF")?;
     let endian = elf.endian();
     let headers = elf.elf_program_headers();
     if !headers.iter().any(|h| h.p_type(endian) == PT_INTERP) {
@@ -293,34 +275,13 @@ fn text_offset(file: &Path, at: u64) -> Result<Option<u64>> {
         .min();
     let address = loads().find_map(|h| {
         let (start, size) = (h.p_offset(endian), h.p_filesz(endian));
-        (start..start + size)
+        (start..start.saturating_add(size))
             .contains(&at)
-            .then(|| h.p_vaddr(endian) + (at - start))
+            .then(|| h.p_vaddr(endian).wrapping_add(at - start))
     });
     Ok(text
         .zip(address)
         .map(|(text, address)| address.wrapping_sub(text)))
-}
-
-/// As [`exported`], from the symbol table (an interpreter that exports nothing).
-fn symbol_table(inspector: &Inspector, file: &Path) -> Result<Option<(u64, u64)>> {
-    let src = Source::Elf(Elf {
-        debug_syms: false,
-        ..Elf::new(file)
-    });
-    let found = inspector
-        .lookup(&src, &["_PyRuntime", "Py_Version"])
-        .context("reading its symbols")?;
-    let offset = |i: usize| found.get(i)?.first()?.file_offset;
-    Ok(offset(0).zip(offset(1)))
-}
-
-/// `maps`' `MAJOR:MINOR` (hex) as the kernel's `dev_t` (`major << 20 | minor`).
-fn kernel_dev(maps_dev: &str) -> Option<u64> {
-    let (major, minor) = maps_dev.split_once(':')?;
-    let major = u64::from_str_radix(major, 16).ok()?;
-    let minor = u64::from_str_radix(minor, 16).ok()?;
-    Some(major << 20 | minor)
 }
 
 /// The pid namespace process `pid` numbers its threads in, when it is not the initial one
@@ -402,13 +363,6 @@ mod tests {
         assert!(matches!(find(&(exe.to_owned() + other)), Found::NotPython));
     }
 
-    #[test]
-    fn a_mappings_device_reads_as_the_kernels() {
-        assert_eq!(kernel_dev("08:01"), Some(8 << 20 | 1));
-        assert_eq!(kernel_dev("103:0a"), Some(0x103 << 20 | 0xa));
-        assert_eq!(kernel_dev("0801"), None);
-    }
-
     /// The offset from the start of the text the kernel maps, read from the file, is where
     /// the code is from the `startcode` of a process running it: this test's own function.
     #[test]
@@ -421,6 +375,7 @@ mod tests {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
         let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
         let start_code: u64 = fields[26 - 3].parse().unwrap();
+        let exe = Checked::open(&exe).unwrap();
         assert_eq!(text_offset(&exe, at).unwrap(), Some(address - start_code));
     }
 }
