@@ -204,6 +204,9 @@ impl Killer {
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
         let window = u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX);
         self.killed.retain(|k| now.saturating_sub(k.at) < window);
+        // What the graph no longer holds can be decided on no more: let go of it.
+        self.decided.retain(|&id| graph.node(id).is_some());
+        self.respawning.retain(|&id| graph.node(id).is_some());
         for &(id, reason, since) in active {
             if !self.opts.reasons.contains(&reason)
                 || now.saturating_sub(since) < grace

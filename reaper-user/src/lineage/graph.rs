@@ -74,6 +74,8 @@ pub struct Node {
     /// insert and remove each, on the hottest path, for lists only the closing tree and a
     /// kill need (see [`LineageGraph::spawned_by`]).
     spawned: u32,
+    /// Waiting in the retired queue to be pruned (so that it waits there once).
+    retired: bool,
 }
 
 impl Node {
@@ -328,6 +330,7 @@ impl LineageGraph {
             uncertain: false,
             real_children: HashSet::default(),
             spawned: 0,
+            retired: false,
         }
     }
 
@@ -445,8 +448,30 @@ impl LineageGraph {
         }
         self.zombies -= 1;
         self.nodes.get_mut(id).unwrap().reaped_at = Some(ts);
-        self.retired.push_back(id);
+        self.retire(id);
         self.prune();
+    }
+
+    /// Queues reaped node `id` to be pruned, once.
+    fn retire(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.get_mut(id)
+            && !node.retired
+        {
+            node.retired = true;
+            self.retired.push_back(id);
+        }
+    }
+
+    /// Queues node `id` to be pruned if it was reaped and holds no retained descendant any
+    /// more (its last one was pruned, or moved to another spawner).
+    fn retire_if_done(&mut self, id: NodeId) {
+        if self
+            .nodes
+            .get(id)
+            .is_some_and(|n| n.spawned == 0 && n.reaped_at.is_some())
+        {
+            self.retire(id);
+        }
     }
 
     /// Drops the oldest reaped leaves beyond the retention bound. A reaped node with retained
@@ -456,9 +481,10 @@ impl LineageGraph {
             let Some(id) = self.retired.pop_front() else {
                 break;
             };
-            let Some(node) = self.nodes.get(id) else {
+            let Some(node) = self.nodes.get_mut(id) else {
                 continue;
             };
+            node.retired = false;
             if node.spawned > 0 {
                 continue;
             }
@@ -477,9 +503,8 @@ impl LineageGraph {
             }
             if let Some(parent) = spawner.and_then(|s| self.nodes.get_mut(s)) {
                 parent.spawned = parent.spawned.saturating_sub(1);
-                if parent.spawned == 0 && parent.reaped_at.is_some() {
-                    self.retired.push_back(parent.id);
-                }
+                let id = parent.id;
+                self.retire_if_done(id);
             }
         }
     }

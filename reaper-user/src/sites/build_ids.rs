@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::mappings::{Mapping, mappings};
 use crate::untrusted::Checked;
 
+/// Files and build ids the index holds before it is pruned (see [`BuildIds::bound`]).
+const KEPT: usize = 4096;
+
 /// A build id as the kernel keeps it: padded with zeros to [`BUILD_ID_LEN`].
 pub type BuildId = [u8; BUILD_ID_LEN];
 
@@ -59,6 +62,19 @@ impl BuildIds {
         let id = id.map(|(id, _)| id);
         self.files.insert(m.file, id);
         id
+    }
+
+    /// Keeps the index within [`KEPT`] files and build ids: past it, only the build ids
+    /// `named()` gives (those of the sites located) are kept, and the files read are read
+    /// again when met. A day of restarts, upgrades and containers meets ever new files.
+    pub fn bound(&mut self, named: impl FnOnce() -> std::collections::HashSet<BuildId>) {
+        if self.files.len() <= KEPT && self.paths.len() <= KEPT {
+            return;
+        }
+        let named = named();
+        self.files
+            .retain(|_, id| id.is_some_and(|id| named.contains(&id)));
+        self.paths.retain(|id, _| named.contains(id));
     }
 
     /// Whether the file of `id` is known.

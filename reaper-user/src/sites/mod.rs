@@ -151,6 +151,7 @@ impl SpawnSites {
     /// frees in the kernel the stacks that spawned no process it holds.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.native.retain(&holds);
+        self.objects.bound();
         if let Some(jit) = self.jit.as_mut() {
             jit.retain(&holds);
         }

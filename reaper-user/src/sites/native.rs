@@ -10,7 +10,7 @@
 //! Every frame kept is code: a frame-pointer walk that ran off its stack into data (an
 //! address in no executable mapping, or an object no build id names) ends there, and the
 //! stack says it was cut ([`Site::truncated`]).
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::path::PathBuf;
 
 use aya::maps::{HashMap as KernelMap, MapData};
@@ -90,11 +90,19 @@ impl NativeStacks {
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.located.retain(|&(_, node), _| holds(node));
         self.named.retain(|&(_, node), _| holds(node));
-        for key in self.spawned.retain(&holds) {
-            let _ = self.store.remove(&key);
-            self.located.retain(|&(stack, _), _| stack != key);
-            self.named.retain(|&(stack, _), _| stack != key);
+        let freed: HashSet<u64> = self.spawned.retain(&holds).into_iter().collect();
+        for key in &freed {
+            let _ = self.store.remove(key);
         }
+        if !freed.is_empty() {
+            self.located.retain(|(stack, _), _| !freed.contains(stack));
+            self.named.retain(|(stack, _), _| !freed.contains(stack));
+        }
+        let located = &self.located;
+        self.build_ids.bound(|| {
+            let frames = located.values().flat_map(|site| &site.frames);
+            frames.filter_map(|l| l.build_id).collect()
+        });
     }
 
     /// Whether the stack of `key` was located.

@@ -42,7 +42,10 @@ impl SpawnSites {
                 },
             ) => {
                 self.forked(graph, node, *spawner, *stack, copy.as_deref());
-                seen.notes = self.look_again();
+                // A pending interpreter's own fork: it runs, so the loader may be done.
+                if let (Some(python), Some(spawner)) = (self.python.as_mut(), graph.current(*spawner)) {
+                    seen.notes = python.look_again_at(spawner.id);
+                }
             }
             (&Change::Execed { node, .. }, What::Exec { interpreter, .. }) => {
                 match self.exec(node, ev.pid, ev.start, *interpreter) {

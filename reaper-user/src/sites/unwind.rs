@@ -115,7 +115,23 @@ pub struct HostUnwinder {
     cache: CacheX86_64,
 }
 
+/// Objects read before [`Objects::bound`] lets go of those no kept unwinder uses.
+const KEPT: usize = 256;
+
 impl Objects {
+    /// Keeps the objects read within [`KEPT`]: past it, those no kept unwinder uses (a host
+    /// that is gone, a site unwound once) go, and are read again when met. A day of upgrades,
+    /// containers and venvs maps ever new files, each object megabytes of `.eh_frame`.
+    pub fn bound(&mut self) {
+        if self.read.len() > KEPT {
+            self.read.retain(|_, object| {
+                object
+                    .as_ref()
+                    .is_some_and(|o| Arc::strong_count(&o.eh_frame) > 1)
+            });
+        }
+    }
+
     /// An unwinder over the executable mappings of process `pid`, listed in `text` (parsed:
     /// `maps`); `kept`, when set up from the same text, is the one returned.
     fn unwinder(

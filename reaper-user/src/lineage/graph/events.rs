@@ -136,13 +136,11 @@ impl LineageGraph {
                         status: Some(*status),
                     },
                 );
-                let orphans = self
-                    .nodes
-                    .get(id)
-                    .unwrap()
-                    .real_children
-                    .iter()
-                    .copied()
+                // Its children are listed no more once it exited (a dead gateway would keep
+                // thousands): those alive are its orphans now.
+                let children = std::mem::take(&mut self.nodes.get_mut(id).unwrap().real_children);
+                let orphans = children
+                    .into_iter()
                     .filter(|c| {
                         self.nodes
                             .get(*c)
@@ -183,6 +181,8 @@ impl LineageGraph {
         }
         if let Some(n) = from.and_then(|f| self.nodes.get_mut(f)) {
             n.spawned = n.spawned.saturating_sub(1);
+            let id = n.id;
+            self.retire_if_done(id);
         }
         if let Some(n) = to.and_then(|t| self.nodes.get_mut(t)) {
             n.spawned += 1;

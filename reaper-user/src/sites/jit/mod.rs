@@ -34,6 +34,8 @@ pub struct JitStacks {
     named: HashMap<Key, Vec<Frame>>,
     /// The stack each process was spawned at.
     spawned: HashMap<NodeId, Key>,
+    /// Whether the hosts' map refused a host already (said once: it refuses every one then).
+    refused: bool,
 }
 
 impl JitStacks {
@@ -44,6 +46,7 @@ impl JitStacks {
             located: HashMap::new(),
             named: HashMap::new(),
             spawned: HashMap::new(),
+            refused: false,
         }
     }
 
@@ -52,7 +55,14 @@ impl JitStacks {
     pub fn host(&mut self, pid: u32, start: u64) -> Result<Option<String>, String> {
         match self.hosts.insert(pid, start, 0) {
             Ok(()) => Ok(Some("node".to_string())),
-            Err(e) => Err(format!("pid {pid} (node): the JIT hosts' map: {e}")),
+            Err(_) if self.refused => Ok(None),
+            Err(e) => {
+                self.refused = true;
+                Err(format!(
+                    "pid {pid} (node): the JIT hosts' map: {e} (said once: the next hosts \
+                     refused are not said)"
+                ))
+            }
         }
     }
 

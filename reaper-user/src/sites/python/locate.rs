@@ -93,7 +93,23 @@ pub struct Files {
     binaries: HashSet<ExeKey>,
 }
 
+/// Object files and executables remembered before the lists start again (a day of venvs,
+/// containers and upgrades meets ever new files; one forgotten is only read again).
+const REMEMBERED: usize = 4096;
+
 impl Files {
+    /// Remembers what object file `key` holds.
+    fn remember(&mut self, key: ExeKey, runtime: Option<Runtime>) {
+        if self.read.len() >= REMEMBERED {
+            self.read.clear();
+        }
+        if self.binaries.len() >= REMEMBERED {
+            // Handed out again when met: the kernel's map takes what it has room for.
+            self.binaries.clear();
+        }
+        self.read.insert(key, runtime);
+    }
+
     /// The interpreter process `pid` (started at `start`) runs, if it runs one, from one read
     /// of its mappings (two reads could see the loader's work half done by the first and done
     /// by the second); an error for one whose interpreter cannot be read.
@@ -118,7 +134,7 @@ impl Files {
                         .with_context(|| format!("{} (mapped) cannot be opened", m.path))?;
                     let runtime =
                         runtime_of(&file).with_context(|| format!("reading {}", m.path))?;
-                    self.read.insert(key, runtime.clone());
+                    self.remember(key, runtime.clone());
                     runtime
                 }
             };
@@ -180,7 +196,7 @@ impl Files {
             Some(known) => known.clone(),
             None => {
                 let runtime = runtime_of(&Checked::open(path)?)?;
-                self.read.insert(key, runtime.clone());
+                self.remember(key, runtime.clone());
                 runtime
             }
         };

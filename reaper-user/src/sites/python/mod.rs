@@ -56,8 +56,17 @@ struct Pending {
     looks: u32,
 }
 
+/// How many reasons why interpreters are not read are said, at most.
+const REFUSALS: usize = 32;
+
+/// Whether `e` says the process is gone (its /proc entry, or a zombie's empty mappings).
+fn gone(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// How many times an interpreter whose libpython is not mapped yet is looked at again (at
-/// each batch's end, its own forks, and a housekeeping look 1 ms on: about a second).
+/// each batch's end, at its own forks, and at housekeeping brought 1 ms on: about a second).
 const PENDING_LOOKS: u32 = 1000;
 
 impl PythonStacks {
@@ -80,11 +89,11 @@ impl PythonStacks {
         }
     }
 
-    /// Forgets the interpreter process node `node` ran: it exec'd another program.
+    /// Forgets the interpreter process node `node` ran: it exec'd another program. (Its
+    /// unnamed stacks were noted only while it ran an interpreter.)
     pub fn forget(&mut self, node: NodeId) {
-        self.interpreters.remove(&node);
         self.pending.remove(&node);
-        if !self.unnamed.is_empty() {
+        if self.interpreters.remove(&node).is_some() {
             self.unnamed.retain(|&(_, spawner)| spawner != node);
         }
     }
@@ -110,6 +119,15 @@ impl PythonStacks {
             .collect()
     }
 
+    /// Looks again at interpreter `node`, if it is still to be looked at (see
+    /// [`PythonStacks::look_again`]).
+    pub fn look_again_at(&mut self, node: NodeId) -> Vec<String> {
+        match self.pending.remove(&node) {
+            Some(p) => self.look(node, p).err().into_iter().collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// Whether an interpreter is still to be looked at again.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -129,21 +147,16 @@ impl PythonStacks {
                 return Ok(None);
             }
             Ok(Found::NotPython) => return Ok(None),
-            // Gone already: nothing to say about a process that ended.
-            Err(_) if !crate::procfs::proc_path(pid, "maps").exists() => return Ok(None),
-            Err(e) => {
-                let why = format!("{e:#}");
-                return match self.refused.insert(why.clone()) {
-                    true => Err(format!("pid {pid}: its Python frames are not read: {why}")),
-                    false => Ok(None),
-                };
+            // Gone already (or a zombie, which maps nothing): nothing to say about a process
+            // that ended.
+            Err(e) if gone(&e) || !crate::procfs::proc_path(pid, "maps").exists() => {
+                return Ok(None);
             }
+            Err(e) => return self.refuse(pid, format!("{e:#}")),
         };
         if let Err(e) = self.layouts.insert(pid, interpreter.probe, 0) {
-            return Err(format!(
-                "pid {pid} ({}): the interpreters' map: {e}",
-                interpreter.name
-            ));
+            let why = format!("the interpreters' map: {e}");
+            return self.refuse(pid, why);
         }
         if let Some(binary) = interpreter.binary {
             self.give(binary);
@@ -151,6 +164,19 @@ impl PythonStacks {
         let name = interpreter.name.clone();
         self.interpreters.insert(node, interpreter);
         Ok(Some(name))
+    }
+
+    /// Says why process `pid`'s frames are not read, once for each reason (and no more than
+    /// [`REFUSALS`] reasons in all: a reason may name a file, and files are many).
+    fn refuse(&mut self, pid: u32, why: String) -> Result<Option<String>, String> {
+        if self.refused.len() >= REFUSALS || !self.refused.insert(why.clone()) {
+            return Ok(None);
+        }
+        let more = match self.refused.len() == REFUSALS {
+            true => " (the last such note: more reasons are not said)",
+            false => "",
+        };
+        Err(format!("pid {pid}: its Python frames are not read: {why}{more}"))
     }
 
     /// Hands the exec probe an interpreter executable: from here an exec of that file gets
@@ -212,10 +238,13 @@ impl PythonStacks {
         self.pending.retain(|&node, _| holds(node));
         self.named.retain(|&(_, spawner), _| holds(spawner));
         self.unnamed.retain(|&(_, spawner)| holds(spawner));
-        for key in self.spawned.retain(holds) {
-            let _ = self.stacks.remove(&key);
-            self.named.retain(|&(stack, _), _| stack != key);
-            self.unnamed.retain(|&(stack, _)| stack != key);
+        let freed: HashSet<u64> = self.spawned.retain(holds).into_iter().collect();
+        for key in &freed {
+            let _ = self.stacks.remove(key);
+        }
+        if !freed.is_empty() {
+            self.named.retain(|(stack, _), _| !freed.contains(stack));
+            self.unnamed.retain(|(stack, _)| !freed.contains(stack));
         }
     }
 
