@@ -45,8 +45,10 @@ pub struct Reader {
     draining: bool,
 }
 
-/// Takes the next global sequence number. Taken before the reservation, so a failed one
-/// leaves a gap in the stream that the loss counters explain.
+/// Takes the next global sequence number. Every record takes one, sent or not: in its header,
+/// written into the reserved space ([`send`]) or into scratch space before the copy
+/// ([`send_prefix`]), and for a reservation that failed, taken then (no header is written).
+/// So every record lost leaves a gap in the stream that the loss counters explain.
 #[inline(always)]
 fn next_seq() -> u64 {
     match SEQ.get_ptr_mut(0) {

@@ -11,7 +11,15 @@ use crate::*;
 /// Starts `reaper-trace --quiet --state-dir STATE --output OUT --gateway-pid GW ARGS`.
 pub fn kept_run(state: &Path, out: &Path, gw: u64, args: &[&str]) -> Child {
     Command::new(reaper_trace())
-        .args(["--quiet", "--gateway-pid", &gw.to_string(), "--state-dir"])
+        // Ended by a signal, maybe SIGKILL: no API, whose socket it would leave behind.
+        .args([
+            "--quiet",
+            "--api",
+            "off",
+            "--gateway-pid",
+            &gw.to_string(),
+            "--state-dir",
+        ])
         .arg(state)
         .arg("--output")
         .arg(out)

@@ -536,3 +536,87 @@ fn bad_questions(socket: &std::path::Path) -> Vec<(String, String)> {
     got.push(get("/v1/status"));
     got
 }
+
+/// A socket left by a run that was killed (nobody listens; its name is no reaper-trace's
+/// pid): a run starting removes it and says so, and the clients skip one that turns up while
+/// it runs, answering from the live runs only.
+#[test]
+fn the_sockets_of_runs_that_are_gone_are_removed_and_skipped() {
+    let test = "the_sockets_of_runs_that_are_gone_are_removed_and_skipped";
+    if !require_root(test) {
+        return;
+    }
+    let dir = std::path::Path::new("/run/reaper-trace");
+    std::fs::create_dir_all(dir).unwrap();
+    // pid_max is at most 4194304: these name no process.
+    let left = |n: u32| {
+        let path = dir.join(format!(
+            "{}.sock",
+            4_000_000_000u32 + n + std::process::id()
+        ));
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        path
+    };
+    let before = left(0);
+    let scratch = reaper_tests::scratch("dead-sockets");
+    let go = scratch.join("go");
+    reaper_tests::make_fifo(&go);
+    let mut seen = None;
+    let run = reaper_tests::run_reaper_until(
+        &["--", "sh", "-c", &format!("read _ < {}", go.display())],
+        &[],
+        &scratch.join("release"),
+        ("the live run answered", Then::Release),
+        |events| {
+            let Some(ready) = events.iter().find(|e| e["event"] == "ready") else {
+                return false;
+            };
+            let gw = pid(&ready["gateway"][0]).to_string();
+            let during = left(1);
+            seen = Some((
+                before.exists(),
+                why(&[&gw]),
+                client("tree", &["--gateway", &gw]),
+                during.exists(),
+            ));
+            let _ = std::fs::remove_file(&during);
+            std::fs::write(&go, b"\n").unwrap();
+            true
+        },
+    );
+    let (still_there, asked, tree, during) = seen.expect("the run was ready");
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(
+        !still_there,
+        "{} was removed at the start",
+        before.display()
+    );
+    assert!(
+        during,
+        "a socket left while it runs stays until the next start"
+    );
+    let removed = run.all("note").iter().any(|n| {
+        n["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("removed the sockets of runs that are gone"))
+    });
+    assert!(
+        removed,
+        "the run says what it removed: {:?}",
+        run.all("note")
+    );
+    let said = String::from_utf8_lossy(&asked.stdout);
+    assert!(
+        asked.status.success(),
+        "why: {said}{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    assert!(said.starts_with("pid "), "{said}");
+    let drawn = String::from_utf8_lossy(&tree.stdout);
+    assert!(
+        tree.status.success(),
+        "tree: {drawn}{}",
+        String::from_utf8_lossy(&tree.stderr)
+    );
+    assert!(!drawn.contains("4000000"), "no dead run is named: {drawn}");
+}

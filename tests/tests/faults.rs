@@ -49,7 +49,8 @@ fn a_sigkilled_tracer_leaves_nothing_attached_and_a_restart_seeds_again() {
     let mut gateway = Command::new("sleep").arg("30").spawn().unwrap();
     let gw = gateway.id().to_string();
     let mut tracer = Command::new(reaper_trace())
-        .args(["--json", "--quiet", "--gateway-pid", &gw])
+        // SIGKILLed below: no API socket to leave behind.
+        .args(["--json", "--quiet", "--api", "off", "--gateway-pid", &gw])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -49,6 +49,21 @@ pub fn run(
     }
 }
 
+/// The sockets in /run/reaper-trace nobody listens on: left by a run that was killed.
+pub fn dead_api_sockets() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/run/reaper-trace") else {
+        return Vec::new();
+    };
+    let mut dead: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sock"))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_err())
+        .collect();
+    dead.sort();
+    dead
+}
+
 fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }

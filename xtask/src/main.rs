@@ -61,6 +61,9 @@ commands:
                    perf, forkstat and bpftrace (sections for --only: overhead, reader,
                    hooks, memory, idle, latency, state, report, before); with --before, this build's reader CPU, cost of tracking and
                    latency against git revision REV's, built from a worktree
+  soak [--mins N]  gateways that come and go for N minutes (default 60): one instance of a
+                   --gateway-exe program a second, each leaving a helper; fails unless the
+                   RSS at the end is within 10% of the RSS after the first ten minutes
   bench --only soak [--soak-mins N]
                    N minutes (default 30) of process churn: reaper-trace's RSS, fds and
                    graph size over time
@@ -106,6 +109,21 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             setup::ensure_all()?;
             build(&root, true)?;
             run_reaper(&root, &args[1..])
+        }
+        Some("soak") => {
+            let mins = match args.get(1).map(String::as_str) {
+                Some("--mins") => args
+                    .get(2)
+                    .and_then(|n| n.parse().ok())
+                    .context("soak: --mins N, a number of minutes")?,
+                None => 60,
+                Some(other) => bail!("soak: unknown option {other} (--mins N)"),
+            };
+            prereqs::install(&[prereqs::Need::Bench])?;
+            setup::ensure_all()?;
+            build(&root, true)?;
+            soak::gateways(&root.join("target/release/reaper-trace"), mins)?;
+            Ok(ExitCode::SUCCESS)
         }
         Some("bench") => {
             let opts = bench::BenchOptions::parse(&args[1..])?;
@@ -301,6 +319,16 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
         None => filters.extend(["--skip", "installed_artifacts::"]),
     }
     let mut tests = host_tests::run(root, &env, &filters, order)?;
+    // A test leaves nothing behind: a socket nobody serves is a run a test ended and left.
+    let left = host_tests::dead_api_sockets();
+    if !left.is_empty() {
+        let names: Vec<String> = left.iter().map(|p| p.display().to_string()).collect();
+        let said = format!("sockets nobody serves: {}", names.join(", "));
+        tests.fail(
+            "the host's tests left /run/reaper-trace clean".into(),
+            &said,
+        );
+    }
     // A short fuzz run of every target: each clean target counts as a passed test.
     let targets = fuzz::TARGETS.map(String::from);
     let (clean, crashed) = fuzz::run(root, FUZZ_SECS_IN_TEST, &targets)?;

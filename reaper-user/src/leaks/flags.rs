@@ -10,6 +10,7 @@ use crate::stream::events::{
     Ancestor, Argv, Cleared, Event, ExecutableLeaks, Flag, KindEvidence, LeakDetail, LeakSummary,
     Peer, PipeInfo, ProcText, ProcessLabel, SpawningThread,
 };
+use crate::stream::evidence::{PEERS_LISTED, PIPES_LISTED};
 
 fn state_text(state: u8) -> String {
     let name = match state {
@@ -71,7 +72,7 @@ pub fn detail_named(
             exited: n.exited.map(|e| e.ts),
         })
         .collect();
-    let pipes = evidence.map(pipes).unwrap_or_default();
+    let (pipes, pipes_omitted) = evidence.map(pipes).unwrap_or_default();
     let member = |n: &Node| label(n, name_of(n));
     let server = match evidence {
         Some(e) => e
@@ -91,6 +92,7 @@ pub fn detail_named(
         ancestors,
         chain: server,
         pipes,
+        pipes_omitted,
         state,
         rss_kib,
         ppid: node.ppid,
@@ -107,28 +109,29 @@ pub fn detail_named(
     }
 }
 
-fn pipes(e: &Evidence) -> Vec<PipeInfo> {
-    e.sample
-        .fds
-        .iter()
-        .filter(|f| f.fd.kind != FdKind::Other)
+/// The pipes, sockets and terminals evidence `e` found, the first [`PIPES_LISTED`] each with
+/// the first [`PEERS_LISTED`] holders of its other end, and how many more were not listed.
+fn pipes(e: &Evidence) -> (Vec<PipeInfo>, u64) {
+    let held = e.sample.fds.iter().filter(|f| f.fd.kind != FdKind::Other);
+    let omitted = held.clone().count().saturating_sub(PIPES_LISTED) as u64;
+    let listed = held
+        .take(PIPES_LISTED)
         .map(|f| {
-            let peers = e
+            let holders = e
                 .peers
                 .iter()
                 .find(|(fd, _)| *fd == f.fd.fd)
-                .map(|(_, holders)| {
-                    holders
-                        .iter()
-                        .map(|h| Peer {
-                            pid: h.pid,
-                            fd: h.fd,
-                            end: h.end.name().into(),
-                            comm: ProcText::new("comm", h.comm),
-                        })
-                        .collect()
+                .map_or(&[][..], |(_, holders)| holders.as_slice());
+            let peers = holders
+                .iter()
+                .take(PEERS_LISTED)
+                .map(|h| Peer {
+                    pid: h.pid,
+                    fd: h.fd,
+                    end: h.end.name().into(),
+                    comm: ProcText::new("comm", h.comm),
                 })
-                .unwrap_or_default();
+                .collect();
             PipeInfo {
                 fd: f.fd.fd,
                 kind: f.fd.kind.name().into(),
@@ -151,9 +154,11 @@ fn pipes(e: &Evidence) -> Vec<PipeInfo> {
                 index: f.fd.pty,
                 internal: f.internal,
                 peers,
+                peers_omitted: holders.len().saturating_sub(PEERS_LISTED) as u64,
             }
         })
-        .collect()
+        .collect();
+    (listed, omitted)
 }
 
 /// The event for an inspector finding.

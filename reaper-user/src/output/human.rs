@@ -68,8 +68,8 @@ pub(crate) fn who(pid: u32, comm: &ProcText, argv: &Argv) -> String {
 
 /// What the pipes and sockets show, for people: `fd 0 pipe:[88123] read end, other end held
 /// by 4705 (sleep) fd 5 write end`; a socket's end is not named (it reads and writes); the
-/// process's internal channels are counted, not listed.
-fn pipes_text(pipes: &[PipeInfo]) -> String {
+/// process's internal channels are counted, not listed; what the flag did not list is counted.
+fn pipes_text(pipes: &[PipeInfo], omitted: u64) -> String {
     let mut parts: Vec<String> = pipes
         .iter()
         .filter(|p| p.kind != "tty" && !p.internal)
@@ -103,8 +103,12 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
                     )
                 })
                 .collect();
+            let more = match p.peers_omitted {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
             match (p.other_end.as_ref(), holders.is_empty()) {
-                (_, false) => format!("{what}, other end held by {}", holders.join(", ")),
+                (_, false) => format!("{what}, other end held by {}{more}", holders.join(", ")),
                 ("closed", true) => format!("{what}, other end closed"),
                 ("open", true) => format!("{what}, other end open (holder not found)"),
                 _ => what,
@@ -114,6 +118,9 @@ fn pipes_text(pipes: &[PipeInfo]) -> String {
     let internal = pipes.iter().filter(|p| p.internal).count();
     if internal > 0 {
         parts.push(format!("{internal} fds of its own internal channels"));
+    }
+    if omitted > 0 {
+        parts.push(format!("{omitted} more fds of pipes, sockets or terminals"));
     }
     parts.join("; ")
 }
@@ -149,7 +156,7 @@ pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
         out.push_str("; ");
         out.push_str(&chain);
     }
-    let pipes = pipes_text(&detail.pipes);
+    let pipes = pipes_text(&detail.pipes, detail.pipes_omitted);
     if !pipes.is_empty() {
         out.push_str("; ");
         out.push_str(&pipes);

@@ -4,9 +4,9 @@
 //! by build id and a file offset (see [`native`]), and is named only when a flag needs it;
 //! Python frames are named then, from the spawner's memory.
 //! A JIT host's stack is copied instead and unwound here (see [`jit`]).
-use blazesym::symbolize::Symbolizer;
 use build_ids::SavedBuildId;
 use jit::JitStacks;
+use native::Namer;
 pub use native::{Located, Named};
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
@@ -49,9 +49,10 @@ pub struct SpawnSites {
     /// The objects copies were unwound with (JIT hosts' and native spawners').
     objects: unwind::Objects,
     /// Names frames while flags are being named: its caches (an object's symbols, its debug
-    /// information's line tables, the C library's separate debug file: megabytes) are
-    /// dropped after each round (see [`SpawnSites::named_all`]); each stack is named once.
-    symbolizer: Option<Symbolizer>,
+    /// information's line tables, the C library's separate debug file, the objects' copies:
+    /// megabytes) are dropped after each round (see [`SpawnSites::named_all`]); each stack is
+    /// named once.
+    namer: Option<Namer>,
 }
 
 impl SpawnSites {
@@ -68,7 +69,7 @@ impl SpawnSites {
             }),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             objects: unwind::Objects::default(),
-            symbolizer: None,
+            namer: None,
         }
     }
 
@@ -129,7 +130,7 @@ impl SpawnSites {
     /// `alive` whether it still runs.
     fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
         self.jit.as_mut()?.frames(
-            self.symbolizer.get_or_insert_with(Symbolizer::new),
+            self.namer.get_or_insert_with(Namer::default),
             child,
             pid,
             alive,
@@ -139,7 +140,7 @@ impl SpawnSites {
     /// A round of naming is over (a scan's flags, `--check`'s verdict): the symbolizer's
     /// caches go. Returns whether there were any (the round named native frames).
     pub fn named_all(&mut self) -> bool {
-        self.symbolizer.take().is_some()
+        self.namer.take().is_some()
     }
 
     /// Notes that native stack `stack` spawned process `child`.
@@ -172,8 +173,8 @@ impl SpawnSites {
 
     /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
     fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
-        let symbolizer = self.symbolizer.get_or_insert_with(Symbolizer::new);
-        self.native.frames(symbolizer, key, holders)
+        let namer = self.namer.get_or_insert_with(Namer::default);
+        self.native.frames(namer, key, holders)
     }
 
     /// Learns the objects a gateway runs, so its spawns are named after it is gone.

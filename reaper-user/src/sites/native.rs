@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use aya::maps::{HashMap as KernelMap, MapData};
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
+use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeStack};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,7 @@ use super::unwind::Unwound;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 use crate::untrusted::Checked;
+use crate::untrusted::object::Sealed;
 
 /// One frame of a stack, located in its object (as the checkpoint keeps it, too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,7 +215,7 @@ impl NativeStacks {
     /// information (once; later flags reuse them). `holders` as for [`NativeStacks::locate`]:
     /// objects not known yet are looked for in theirs. A frame whose object is not found by
     /// its build id ends the stack (its walk may have read data: nothing tells).
-    pub fn frames(&mut self, symbolizer: &Symbolizer, key: SiteKey, holders: &[u32]) -> Named {
+    pub fn frames(&mut self, namer: &mut Namer, key: SiteKey, holders: &[u32]) -> Named {
         if let Some(named) = self.named.get(&key) {
             return named.clone();
         }
@@ -241,13 +242,10 @@ impl NativeStacks {
                 break;
             }
             let build_id = l.build_id.map(|id| self.build_ids.show(&id));
-            for mut frame in name(
-                symbolizer,
-                &Located {
-                    object,
-                    ..l.clone()
-                },
-            ) {
+            for mut frame in namer.name(&Located {
+                object,
+                ..l.clone()
+            }) {
                 frame.build_id = build_id.clone();
                 named.frames.push(frame);
             }
@@ -257,35 +255,67 @@ impl NativeStacks {
     }
 }
 
-/// A frame named from its object's symbols and debug information, as the frames it stands
-/// for, innermost first: the functions inlined where it is (each with the line it is at in
-/// that function), then its own function. No object, or an object that is no longer the
-/// file the kernel named (another build id now, not a regular file): one frame that says only
-/// its offset, or its address. The caller adds the build id.
+/// Names frames for one round (a scan's flags, `--check`'s verdict, an answer), and is
+/// dropped after it: the symbolizer's caches (an object's symbols, its debug information's
+/// line tables: megabytes) and the copies of the objects it read.
 ///
-/// The symbolizer maps what it reads, so it reads a sealed copy of the object (see
-/// [`Checked::sealed_copy`]): a truncation of the file itself cannot fault it.
-pub fn name(symbolizer: &Symbolizer, l: &Located) -> Vec<Frame> {
-    let frame = Frame {
-        object: l.object.as_ref().map(|p| p.display().to_string()),
-        offset: l.offset,
-        ..Frame::default()
-    };
-    let copy = l
-        .object
-        .as_ref()
-        .and_then(|path| Checked::open(path).ok())
-        .filter(|file| l.build_id.is_none_or(|id| has_build_id(file, &id)))
-        .and_then(|file| file.sealed_copy().ok());
-    let Some(copy) = copy else {
-        return vec![frame];
-    };
-    let source = Source::Elf(Elf::new(copy.path()));
-    let Ok(Symbolized::Sym(sym)) =
-        symbolizer.symbolize_single(&source, Input::FileOffset(l.offset))
-    else {
-        return vec![frame];
-    };
+/// The symbolizer maps what it reads, so it reads a sealed copy of each object (see
+/// [`Checked::sealed_copy`]), made once a round: a truncation of the file itself cannot
+/// fault it.
+#[derive(Default)]
+pub struct Namer {
+    symbolizer: Symbolizer,
+    /// Each object's copy, by its path and the build id it must have; none for one that is
+    /// not the file the kernel named any more (or cannot be read).
+    copies: HashMap<(PathBuf, Option<BuildId>), Option<Sealed>>,
+}
+
+impl Namer {
+    /// The copy of `path`, while it is the file of `build_id` (when the kernel named one).
+    fn copy(&mut self, path: &std::path::Path, build_id: Option<BuildId>) -> Option<&Sealed> {
+        self.copies
+            .entry((path.to_owned(), build_id))
+            .or_insert_with(|| {
+                let file = Checked::open(path).ok()?;
+                if build_id.is_some_and(|id| !has_build_id(&file, &id)) {
+                    return None;
+                }
+                file.sealed_copy().ok()
+            })
+            .as_ref()
+    }
+
+    /// A frame named from its object's symbols and debug information, as the frames it
+    /// stands for, innermost first: the functions inlined where it is (each with the line it
+    /// is at in that function), then its own function. No object, or an object that is no
+    /// longer the file the kernel named (another build id now, not a regular file): one frame
+    /// that says only its offset, or its address. The caller adds the build id.
+    pub fn name(&mut self, l: &Located) -> Vec<Frame> {
+        let frame = Frame {
+            object: l.object.as_ref().map(|p| p.display().to_string()),
+            offset: l.offset,
+            ..Frame::default()
+        };
+        let Some(copy) = l
+            .object
+            .as_ref()
+            .and_then(|path| self.copy(path, l.build_id))
+        else {
+            return vec![frame];
+        };
+        let source = Source::Elf(Elf::new(copy.path()));
+        match self
+            .symbolizer
+            .symbolize_single(&source, Input::FileOffset(l.offset))
+        {
+            Ok(Symbolized::Sym(sym)) => named(frame, &sym),
+            _ => vec![frame],
+        }
+    }
+}
+
+/// `frame` as the symbol `sym` names it, and the functions inlined there.
+fn named(frame: Frame, sym: &Sym<'_>) -> Vec<Frame> {
     let at = |function: &str, code: Option<&CodeInfo>| {
         let mut named = Frame {
             function: Some(function.to_string()),

@@ -43,7 +43,9 @@ impl SpawnSites {
             ) => {
                 self.forked(graph, node, *spawner, *stack, copy.as_deref());
                 // A pending interpreter's own fork: it runs, so the loader may be done.
-                if let (Some(python), Some(spawner)) = (self.python.as_mut(), graph.current(*spawner)) {
+                if let (Some(python), Some(spawner)) =
+                    (self.python.as_mut(), graph.current(*spawner))
+                {
                     seen.notes = python.look_again_at(spawner.id);
                 }
             }

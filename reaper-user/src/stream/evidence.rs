@@ -102,10 +102,25 @@ pub struct PipeInfo {
     #[serde(skip_serializing_if = "is_false")]
     pub internal: bool,
     pub peers: Vec<Peer>,
+    /// Holders of the other end past the first [`PEERS_LISTED`], not listed (absent when
+    /// none): a pipe may have thousands.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peers_omitted: u64,
 }
+
+/// The pipes, sockets and terminals a flag lists at most ([`LeakDetail::pipes`]): a process
+/// may hold as many as its limit lets it; the rest are counted.
+pub const PIPES_LISTED: usize = 64;
+
+/// The holders of a channel's other end a flag lists at most ([`PipeInfo::peers`]).
+pub const PEERS_LISTED: usize = 16;
 
 fn is_false(b: &bool) -> bool {
     !b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a leak flag carries besides its reason.
@@ -118,7 +133,11 @@ pub struct LeakDetail {
     /// the ones it started that share its channel (`npm exec` > `sh -c` > `node server.js`).
     /// Just the flagged process when it is a server by itself.
     pub chain: Vec<ProcessLabel>,
+    /// Its pipes, sockets and terminals, the first [`PIPES_LISTED`] by fd.
     pub pipes: Vec<PipeInfo>,
+    /// Those it held past the first [`PIPES_LISTED`], not listed (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pipes_omitted: u64,
     /// `/proc/PID/stat` state, e.g. "S (sleeping)"; "Z (zombie)" for a zombie.
     pub state: String,
     pub rss_kib: Option<u64>,

@@ -81,6 +81,7 @@ fn a_node_servers_line_names_the_host_socket_shows_the_chain_and_counts_the_plum
         remote: None,
         internal,
         peers,
+        peers_omitted: 0,
     };
     let host = |fd| Peer {
         pid: 4700,
@@ -157,6 +158,25 @@ fn orphaned_line_names_the_exited_spawner_the_peer_and_the_rss() {
          ago, now a child of 1, escaped (another session, group or cgroup than the \
          gateway's); fd 0 pipe:[88123] read end, other end held by 4705 (sleep\\x1b) fd 5 \
          write end; RSS 312.0 MiB"
+    );
+}
+
+#[test]
+fn a_line_counts_the_channels_and_holders_the_flag_did_not_list() {
+    let mut d = detail(
+        vec![ancestor(4711, &["node", "bridge.cjs"], None)],
+        1,
+        false,
+    );
+    d.pipes[0].peers_omitted = 1_983;
+    d.pipes_omitted = 18_926;
+    let line = flag_line(2 * SEC, 4711, Reason::Deaf, SEC, &d);
+    assert!(
+        line.contains(
+            "other end held by 4705 (sleep\\x1b) fd 5 write end and 1983 more; 18926 more \
+             fds of pipes, sockets or terminals;"
+        ),
+        "{line}"
     );
 }
 

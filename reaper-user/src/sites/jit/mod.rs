@@ -11,9 +11,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use blazesym::symbolize::Symbolizer;
 
-use super::native::{Located, name};
+use super::native::{Located, Namer};
 use super::unwind::{self, Objects};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
@@ -123,7 +122,7 @@ impl JitStacks {
     /// then its native frames (once; later flags reuse them).
     pub fn frames(
         &mut self,
-        symbolizer: &Symbolizer,
+        namer: &mut Namer,
         child: NodeId,
         pid: u32,
         alive: bool,
@@ -140,7 +139,7 @@ impl JitStacks {
             true => perf_map::name(pid, &addrs),
             false => addrs.iter().map(|&addr| perf_map::unnamed(addr)).collect(),
         };
-        frames.extend(native.into_iter().flat_map(|l| name(symbolizer, l)));
+        frames.extend(native.into_iter().flat_map(|l| namer.name(l)));
         // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
         self.named.insert(key, frames.clone());
         Some(frames)

@@ -176,7 +176,9 @@ impl PythonStacks {
             true => " (the last such note: more reasons are not said)",
             false => "",
         };
-        Err(format!("pid {pid}: its Python frames are not read: {why}{more}"))
+        Err(format!(
+            "pid {pid}: its Python frames are not read: {why}{more}"
+        ))
     }
 
     /// Hands the exec probe an interpreter executable: from here an exec of that file gets

@@ -128,7 +128,9 @@ fn the_evidence_reads_back_exactly_as_written() {
                 end: "both".into(),
                 comm: ProcText::new("comm", &b"gw"[..]),
             }],
+            peers_omitted: 1_983,
         }],
+        pipes_omitted: 18_926,
         chain: vec![ProcessLabel {
             pid: 2,
             comm: ProcText::new("comm", &b"w"[..]),

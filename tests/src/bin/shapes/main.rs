@@ -7,6 +7,7 @@ use serde_json::json;
 
 mod channels;
 mod crowds;
+mod hostile;
 mod leaks;
 mod lineage;
 mod spawn_site;
@@ -25,6 +26,9 @@ fn main() {
         // line of its own (`stdio-server --session-key K1 --model m`), reading until EOF.
         read_stdin_to_eof();
         std::process::exit(0);
+    }
+    if args.get(1).is_some_and(|a| a == "hostile-python") {
+        hostile::python(&args);
     }
     let (Some(shape), Some(truth)) = (args.get(1), args.get(2)) else {
         eprintln!("usage: reaper-shapes SHAPE TRUTH_FILE");
@@ -67,6 +71,17 @@ fn main() {
         "normal" => normal(),
         "respawner" => respawner(truth),
         "hostile" => hostile(),
+        "hostile-loop" => hostile::fork_loop_when_let_go(truth),
+        "hostile-fds" => hostile::many_fds(truth),
+        "hostile-maps" => hostile::many_mappings(truth),
+        "hostile-peers" => hostile::many_peers(truth),
+        "hostile-args" => hostile::huge_args(truth),
+        "hostile-args-run" => hostile::huge_args_run(truth),
+        "hostile-library" => hostile::library(
+            truth,
+            args.get(3).map_or("", String::as_str),
+            args.get(4).map_or("/tmp", String::as_str),
+        ),
         "into-cgroup" => into_cgroup(&args),
         other => {
             eprintln!("unknown shape {other}");

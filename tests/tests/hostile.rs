@@ -1,0 +1,477 @@
+//! Hostile processes against the real kernel: each does to what reaper-trace reads of it what
+//! a buggy or hostile process can, beside a fork loop that must arrive whole (0 lost,
+//! `consistent`), and reaper-trace is alive afterwards and ends as it should. The shapes are
+//! `reaper-shapes hostile-*` (tests/src/bin/shapes/hostile.rs). Needs root (see
+//! `require_root`).
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reaper_tests::{
+    Run, Then, parent_of, pid, read_json, reaper_trace, require_root, run_reaper_until_polled,
+    run_shape_with, scratch, shapes,
+};
+use serde_json::Value;
+
+/// Every process of the fork loop `children` has its fork in the stream, nothing was lost, and
+/// reaper-trace ended as it should, with its summary.
+fn assert_whole(run: &Run, children: &Value) {
+    assert!(
+        run.status.success(),
+        "reaper-trace ended with {:?}\n{}",
+        run.status,
+        run.stderr
+    );
+    run.assert_lossless();
+    let forked: HashSet<u64> = run.all("fork").iter().map(|f| pid(&f["pid"])).collect();
+    let children = children.as_array().expect("the loop's children");
+    assert!(!children.is_empty());
+    let missing: Vec<u64> = children
+        .iter()
+        .map(pid)
+        .filter(|c| !forked.contains(c))
+        .collect();
+    assert!(missing.is_empty(), "forks not in the stream: {missing:?}");
+}
+
+/// Runs reaper-trace on `reaper-shapes SHAPE TRUTH` until the shape's `ready` truth is there
+/// and `proof` holds over it and the stream; then lets the shape end. Returns the run and that
+/// truth.
+fn run_hostile(
+    opts: &[&str],
+    shape: &str,
+    what: &str,
+    mut proof: impl FnMut(&[Value], &Value) -> bool,
+) -> (Run, Value) {
+    let dir = scratch(shape);
+    let truth = dir.join("truth.json");
+    let ready_at = dir.join("truth.json.ready");
+    let shapes = shapes();
+    let mut args = vec!["--orphan-grace", "0s", "--scan-interval", "200ms"];
+    args.extend_from_slice(opts);
+    args.extend([
+        "--",
+        shapes.to_str().unwrap(),
+        shape,
+        truth.to_str().unwrap(),
+    ]);
+    let mut ready = None;
+    let run = run_reaper_until_polled(
+        &args,
+        &[],
+        &dir.join("release"),
+        (what, Then::Release),
+        |events| {
+            if ready.is_none() && ready_at.exists() {
+                ready = Some(read_json(&ready_at));
+            }
+            ready.as_ref().is_some_and(|r| proof(events, r))
+        },
+    );
+    let ready = ready.unwrap_or_else(|| panic!("{shape} never said it was ready\n{}", run.stderr));
+    (run, ready)
+}
+
+/// The flag of `pid` among `events`, if any.
+fn flag_of(events: &[Value], pid: u64) -> Option<&Value> {
+    events
+        .iter()
+        .find(|e| e["event"] == "flag" && e["pid"].as_u64() == Some(pid))
+}
+
+#[test]
+fn a_process_holding_as_many_fds_as_its_limit_allows_is_judged_on_a_bounded_look() {
+    if !require_root(
+        "a_process_holding_as_many_fds_as_its_limit_allows_is_judged_on_a_bounded_look",
+    ) {
+        return;
+    }
+    let (run, ready) = run_hostile(&[], "hostile-fds", "its flag and the loop", |events, r| {
+        flag_of(events, pid(&r["h"])).is_some()
+    });
+    assert_whole(&run, &ready["children"]);
+    let fds = ready["prepared"]["fds"].as_u64().unwrap();
+    eprintln!(
+        "the orphan held {fds} fds (limit {})",
+        ready["prepared"]["limit"]
+    );
+    assert!(fds > 1000, "{ready}");
+    let flag = flag_of(&run.events, pid(&ready["h"])).unwrap();
+    let listed = flag["pipes"].as_array().unwrap().len() as u64;
+    let omitted = flag["pipes_omitted"].as_u64().unwrap_or(0);
+    assert_eq!(listed, 64, "the first 64 listed: {}", flag["pipes"]);
+    assert!(omitted > 900, "the rest counted: {omitted}");
+    // A look reads a bounded number of fds, whatever the process holds.
+    assert!(listed + omitted <= 16_384, "{listed} + {omitted}");
+}
+
+#[test]
+fn a_process_with_sixty_thousand_mappings_costs_a_bounded_read() {
+    if !require_root("a_process_with_sixty_thousand_mappings_costs_a_bounded_read") {
+        return;
+    }
+    let (run, ready) = run_hostile(
+        &["--spawn-stacks", "native"],
+        "hostile-maps",
+        "its flag and the loop",
+        |events, r| flag_of(events, pid(&r["h"])).is_some(),
+    );
+    assert_whole(&run, &ready["children"]);
+    let mapped = ready["prepared"]["mappings"].as_u64().unwrap();
+    eprintln!("the orphan mapped {mapped} regions");
+    assert!(mapped >= 50_000, "{ready}");
+    // Its own fork was read, from its site.
+    let h = pid(&ready["h"]);
+    assert!(
+        !run.forks_by(h).is_empty(),
+        "the orphan's fork is in the stream"
+    );
+}
+
+#[test]
+fn a_gateway_with_a_command_line_and_environment_at_the_kernels_limits_is_read_capped() {
+    let test = "a_gateway_with_a_command_line_and_environment_at_the_kernels_limits_is_read_capped";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("hostile-args");
+    let truth = dir.join("truth.json");
+    let (go, release) = (dir.join("go"), dir.join("release"));
+    // Started before reaper-trace, and taken as a gateway by pid: its command line is read
+    // from /proc, as a gateway found at start is.
+    let mut shape = Command::new(shapes())
+        .args(["hostile-args", truth.to_str().unwrap()])
+        .env("REAPER_SHAPES_GO", &go)
+        .env("REAPER_SHAPES_RELEASE", &release)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = dir.join("truth.json.started");
+    reaper_tests::wait_for_file(&started, reaper_tests::patience());
+    let sizes = read_json(&started);
+    eprintln!("the gateway's command line and environment: {sizes}");
+    assert!(sizes["cmdline"].as_u64().unwrap() > 2 << 20, "{sizes}");
+    assert!(sizes["environ"].as_u64().unwrap() > 2 << 20, "{sizes}");
+    let gw = sizes["pid"].as_u64().unwrap().to_string();
+    let ready_at = dir.join("truth.json.ready");
+    let mut ready = None;
+    let run = run_reaper_until_polled(
+        &["--gateway-pid", &gw],
+        &[],
+        &release,
+        ("the gateway announced, the loop done", Then::Release),
+        |events| {
+            if !events.iter().any(|e| e["event"] == "gateway") {
+                return false;
+            }
+            let _ = std::fs::write(&go, b"");
+            if ready.is_none() && ready_at.exists() {
+                ready = Some(read_json(&ready_at));
+            }
+            ready.is_some()
+        },
+    );
+    let _ = std::fs::write(&release, b"");
+    let status = shape.wait().unwrap();
+    assert!(status.success(), "the gateway: {status}");
+    let ready = ready.expect("the loop ran");
+    assert_whole(&run, &ready["children"]);
+    let gateway = &run.all("gateway")[0];
+    let args = gateway["argv"].as_array().expect("the argv, as text");
+    let read: usize = args.iter().map(|a| a.as_str().unwrap_or("").len()).sum();
+    eprintln!(
+        "the gateway event carries {} arguments, {read} bytes",
+        args.len()
+    );
+    assert!(read <= 256 << 10, "read up to the cap: {read} bytes");
+    assert_eq!(args[1], "hostile-args-run", "{gateway}");
+}
+
+#[test]
+fn why_asked_every_100ms_of_a_process_with_thousands_of_peers_during_a_fork_storm() {
+    let test = "why_asked_every_100ms_of_a_process_with_thousands_of_peers_during_a_fork_storm";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("hostile-peers");
+    let socket = dir.join("api.sock");
+    let truth = dir.join("truth.json");
+    let holders_at = dir.join("truth.json.holders");
+    let shapes = shapes();
+    let args = [
+        "--orphan-grace",
+        "0s",
+        "--scan-interval",
+        "200ms",
+        "--api",
+        socket.to_str().unwrap(),
+        "--",
+        shapes.to_str().unwrap(),
+        "hostile-peers",
+        truth.to_str().unwrap(),
+    ];
+    let mut answers = Vec::new();
+    let run = run_reaper_until_polled(
+        &args,
+        &[],
+        &dir.join("release"),
+        ("twenty answers of why", Then::Release),
+        |events| {
+            let Ok(text) = std::fs::read_to_string(&holders_at) else {
+                return false;
+            };
+            let h = pid(&serde_json::from_str::<Value>(&text).unwrap()["h"]);
+            if flag_of(events, h).is_none() {
+                return false;
+            }
+            // The storm goes on meanwhile: a question every 100 ms, until twenty answers have
+            // listed the holders the inspector has looked at by then (it looks at them on
+            // its own cadence: the first answers may find fewer).
+            let full = |a: &Value| a["pipes"][0]["peers_omitted"].as_u64().is_some();
+            let began = Instant::now();
+            while answers.iter().filter(|(_, a)| full(a)).count() < 20
+                && began.elapsed() < reaper_tests::patience()
+            {
+                let asked = Instant::now();
+                let out = Command::new(reaper_trace())
+                    .args([
+                        "why",
+                        &h.to_string(),
+                        "--json",
+                        "--api",
+                        socket.to_str().unwrap(),
+                    ])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "why: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                answers.push((
+                    asked.elapsed(),
+                    serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+                ));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            true
+        },
+    );
+    let truth = read_json(&truth);
+    assert_whole(&run, &truth["children"]);
+    let full: Vec<_> = answers
+        .iter()
+        .skip_while(|(_, a)| a["pipes"][0]["peers_omitted"].is_null())
+        .collect();
+    eprintln!(
+        "{} answers, {} once the holders were looked at",
+        answers.len(),
+        full.len()
+    );
+    assert!(
+        full.len() >= 20,
+        "twenty answers listing the holders: {answers:?}"
+    );
+    for (took, answer) in full {
+        let pipe = &answer["pipes"][0];
+        let (listed, omitted) = (
+            pipe["peers"].as_array().unwrap().len(),
+            pipe["peers_omitted"].as_u64(),
+        );
+        assert_eq!(listed, 16, "the first 16 holders listed: {pipe}");
+        // The holders found so far (those the inspector looked at, bounded work), the rest
+        // of them counted.
+        assert!(omitted.unwrap_or(0) > 0, "the rest counted: {pipe}");
+        eprintln!("why answered in {took:?}");
+    }
+}
+
+/// A `python3.99` maps a library that is cut and rewritten, or its path swapped, while it
+/// forks: reaper-trace reads the library (it is named like a libpython) and must neither fault
+/// nor block.
+fn a_library_under_attack(test: &str, how: &str) {
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(&format!("hostile-library-{how}"));
+    let (run, truth) = run_shape_with(
+        &["--spawn-stacks", "auto"],
+        "hostile-library",
+        &[how, dir.to_str().unwrap()],
+        &[],
+    );
+    assert_whole(&run, &truth["children"]);
+    let execs = run
+        .all("exec")
+        .iter()
+        .filter(|e| {
+            e["filename"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("/python3.99"))
+        })
+        .count();
+    assert_eq!(
+        execs as u64,
+        truth["rounds"].as_u64().unwrap(),
+        "each round's interpreter"
+    );
+    eprintln!("{}", run.stderr);
+}
+
+#[test]
+fn a_library_cut_and_rewritten_while_its_interpreter_forks_faults_nothing() {
+    a_library_under_attack(
+        "a_library_cut_and_rewritten_while_its_interpreter_forks_faults_nothing",
+        "truncate",
+    );
+}
+
+#[test]
+fn a_library_path_swapped_for_a_fifo_a_socket_or_a_device_blocks_nothing() {
+    a_library_under_attack(
+        "a_library_path_swapped_for_a_fifo_a_socket_or_a_device_blocks_nothing",
+        "swap",
+    );
+}
+
+/// Raises this test process's soft limit on fds to its hard one; returns it.
+fn raise_own_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit structs.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    limit.rlim_cur
+}
+
+/// CPU seconds process `pid` used so far (user and system).
+fn cpu_secs(pid: u64) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks
+}
+
+/// Opens connections to `connect` until `budget` are open or the fds run out, each sending a
+/// request line and never its end.
+fn flood<S: Write>(budget: usize, connect: impl Fn() -> std::io::Result<S>) -> Vec<S> {
+    let mut held = Vec::new();
+    while held.len() < budget {
+        let Ok(mut s) = connect() else {
+            break;
+        };
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+        held.push(s);
+    }
+    held
+}
+
+#[test]
+fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_run() {
+    let test = "a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_run";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("hostile-flood");
+    let socket = dir.join("api.sock");
+    let port = reaper_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let truth = dir.join("truth.json");
+    let shapes = shapes();
+    let go = dir.join("go");
+    let args = [
+        "--metrics",
+        &addr,
+        "--api",
+        socket.to_str().unwrap(),
+        "--",
+        shapes.to_str().unwrap(),
+        "hostile-loop",
+        truth.to_str().unwrap(),
+    ];
+    let limit = raise_own_fd_limit();
+    let ready_at = dir.join("truth.json.ready");
+    let mut seen = None;
+    let run = run_reaper_until_polled(
+        &args,
+        &[("REAPER_SHAPES_GO", go.to_str().unwrap())],
+        &dir.join("release"),
+        ("answers under a flood, the loop done", Then::Release),
+        |events| {
+            if seen.is_none() {
+                let Some(ready) = events.iter().find(|e| e["event"] == "ready") else {
+                    return false;
+                };
+                let reaper = parent_of(pid(&ready["gateway"][0])).expect("reaper-trace's pid");
+                // Half of this process's fds each, a few kept for the questions below.
+                let budget = (limit as usize).saturating_sub(64) / 2;
+                let began = Instant::now();
+                let mut metrics =
+                    flood(budget, || std::net::TcpStream::connect(("127.0.0.1", port)));
+                let api = flood(budget, || std::os::unix::net::UnixStream::connect(&socket));
+                let fds = std::fs::read_dir(format!("/proc/{reaper}/fd")).map_or(0, |d| d.count());
+                eprintln!(
+                    "{} connections to the metrics, {} to the API, in {:?}; reaper-trace holds {fds} fds",
+                    metrics.len(),
+                    api.len(),
+                    began.elapsed(),
+                );
+                metrics.truncate(metrics.len().saturating_sub(8));
+                let cpu = cpu_secs(reaper);
+                std::thread::sleep(Duration::from_secs(2));
+                let spent = cpu_secs(reaper) - cpu;
+                // A new client of each is answered.
+                let asked = Instant::now();
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut text = String::new();
+                let _ = s.read_to_string(&mut text);
+                let metrics_took = asked.elapsed();
+                let asked = Instant::now();
+                let why = Command::new(reaper_trace())
+                    .args(["why", "1", "--api", socket.to_str().unwrap()])
+                    .output()
+                    .unwrap();
+                let api_took = asked.elapsed();
+                let held = metrics.len() + api.len();
+                seen = Some((spent, text, metrics_took, why, api_took, held, fds));
+                drop((metrics, api));
+                std::fs::write(&go, b"").unwrap();
+            }
+            ready_at.exists()
+        },
+    );
+    let (spent, text, metrics_took, why, api_took, held, fds) = seen.expect("the flood ran");
+    eprintln!(
+        "{held} connections held: reaper-trace spent {spent:.2} s of CPU in 2 s; /metrics \
+         answered in {metrics_took:?}, the API in {api_took:?}"
+    );
+    assert!(held > 1000, "a flood: {held} connections");
+    // Its connections capped far below its limit: /proc reads, pidfds and kills keep theirs.
+    assert!(fds < 500, "reaper-trace held {fds} fds under the flood");
+    assert!(text.starts_with("HTTP/1.1 200"), "a new scrape: {text:?}");
+    assert!(
+        why.status.code() == Some(1),
+        "why of an untracked pid: {why:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&why.stdout).contains("not a descendant"),
+        "{why:?}"
+    );
+    // Flat: no loop retrying an accept that cannot succeed (a spin is a whole core).
+    assert!(
+        spent < 0.5,
+        "reaper-trace spent {spent:.2} s of CPU in 2 s of the flood"
+    );
+    let truth = read_json(&ready_at);
+    assert_whole(&run, &truth["children"]);
+}
