@@ -335,21 +335,6 @@ fn a_library_path_swapped_for_a_fifo_a_socket_or_a_device_blocks_nothing() {
     );
 }
 
-/// Raises this test process's soft limit on fds to its hard one; returns it.
-fn raise_own_fd_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid rlimit structs.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-        limit.rlim_cur = limit.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-    }
-    limit.rlim_cur
-}
-
 /// CPU seconds process `pid` used so far (user and system).
 fn cpu_secs(pid: u64) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -396,7 +381,7 @@ fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_r
         "hostile-loop",
         truth.to_str().unwrap(),
     ];
-    let limit = raise_own_fd_limit();
+    let limit = reaper_tests::raise_fd_limit();
     let ready_at = dir.join("truth.json.ready");
     let mut seen = None;
     let run = run_reaper_until_polled(

@@ -28,8 +28,27 @@ struct Sample {
     fds: usize,
     graph_nodes: u64,
     alive: u64,
+    gateways: u64,
     events: u64,
     flags: u64,
+}
+
+impl Sample {
+    /// A look at tracer `pid` `start` in, its scrape `text`.
+    fn take(pid: u32, text: &str, start: Instant) -> Sample {
+        Sample {
+            secs: start.elapsed().as_secs_f64(),
+            rss_kib: crate::bench::rss_kib(pid, "VmRSS:"),
+            fds: fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|d| d.count())
+                .unwrap_or(0),
+            graph_nodes: metric(text, "reaper_graph_nodes "),
+            alive: metric(text, "reaper_descendants_alive "),
+            gateways: metric(text, "reaper_gateways_alive "),
+            events: metric(text, "reaper_events_total{"),
+            flags: metric(text, "reaper_flags_total{"),
+        }
+    }
 }
 
 /// The churning gateway: about 110 processes a second of mixed shapes, and every 20 s a
@@ -105,17 +124,7 @@ pub fn run(reaper: &Path, minutes: u64) -> Result<()> {
         if text.is_empty() {
             continue; // stopping
         }
-        let s = Sample {
-            secs: start.elapsed().as_secs_f64(),
-            rss_kib: crate::bench::rss_kib(pid, "VmRSS:"),
-            fds: fs::read_dir(format!("/proc/{pid}/fd"))
-                .map(|d| d.count())
-                .unwrap_or(0),
-            graph_nodes: metric(&text, "reaper_graph_nodes "),
-            alive: metric(&text, "reaper_descendants_alive "),
-            events: metric(&text, "reaper_events_total{"),
-            flags: metric(&text, "reaper_flags_total{"),
-        };
+        let s = Sample::take(pid, &text, start);
         println!(
             "| {:.0} s | {:.1} MiB | {} | {} | {} | {} | {} |",
             s.secs,
@@ -188,25 +197,14 @@ pub fn gateways(reaper: &Path, minutes: u64) -> Result<()> {
         instances.retain_mut(|c| c.try_wait().ok().flatten().is_none());
         if Instant::now() >= next_sample {
             next_sample += every;
-            let text = scrape(port);
-            let s = Sample {
-                secs: start.elapsed().as_secs_f64(),
-                rss_kib: crate::bench::rss_kib(pid, "VmRSS:"),
-                fds: fs::read_dir(format!("/proc/{pid}/fd"))
-                    .map(|d| d.count())
-                    .unwrap_or(0),
-                graph_nodes: metric(&text, "reaper_graph_nodes "),
-                alive: metric(&text, "reaper_gateways_alive "),
-                events: metric(&text, "reaper_events_total{"),
-                flags: 0,
-            };
+            let s = Sample::take(pid, &scrape(port), start);
             println!(
                 "| {:.0} s | {:.1} MiB | {} | {} | {} | {} |",
                 s.secs,
                 s.rss_kib as f64 / 1024.0,
                 s.fds,
                 s.graph_nodes,
-                s.alive,
+                s.gateways,
                 s.events
             );
             samples.push(s);

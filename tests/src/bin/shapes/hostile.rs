@@ -24,21 +24,6 @@ pub(crate) fn fork_loop(n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Raises this process's soft limit on fds to its hard one; returns it.
-fn raise_fd_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid rlimit structs.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-        limit.rlim_cur = limit.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-    }
-    limit.rlim_cur
-}
-
 /// An orphan reading a pipe the gateway writes (its spawner exits; it calls setsid), which
 /// runs `prepare` before it says it is ready, then holds until released. Returns its pid and
 /// the pipe's write end.
@@ -124,7 +109,7 @@ pub(crate) fn fork_loop_when_let_go(truth: &str) -> Value {
 /// `hostile-fds`: the orphan holds as many fds as its limit allows, each a copy of its pipe.
 pub(crate) fn many_fds(truth: &str) -> Value {
     beside_a_fork_loop(truth, || {
-        let limit = raise_fd_limit();
+        let limit = reaper_tests::raise_fd_limit();
         let mut held = 0u64;
         // SAFETY: dup of stdin until the limit refuses.
         while unsafe { libc::dup(0) } >= 0 {
