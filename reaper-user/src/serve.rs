@@ -66,6 +66,32 @@ impl Listener for tokio::net::UnixListener {
     }
 }
 
+/// A listener bound before serving starts (a privileged port, /run, before privileges are
+/// dropped), not yet served: a std one, registered with the servers' runtime when handed to
+/// [`Thread::serve`], so that its readiness is the servers' thread's to see and never waits
+/// for the reader's.
+pub trait Bound: Send + 'static {
+    type Live: Listener;
+    /// Registers the listener with the runtime entered.
+    fn adopt(self) -> std::io::Result<Self::Live>;
+}
+
+impl Bound for std::net::TcpListener {
+    type Live = tokio::net::TcpListener;
+    fn adopt(self) -> std::io::Result<Self::Live> {
+        self.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(self)
+    }
+}
+
+impl Bound for std::os::unix::net::UnixListener {
+    type Live = tokio::net::UnixListener;
+    fn adopt(self) -> std::io::Result<Self::Live> {
+        self.set_nonblocking(true)?;
+        tokio::net::UnixListener::from_std(self)
+    }
+}
+
 /// The thread the servers run on, with a runtime of its own.
 pub struct Thread {
     runtime: tokio::runtime::Handle,
@@ -97,18 +123,28 @@ impl Thread {
 
     /// Serves `listener` with `handler`, each connection admitted by `admit` first (closed
     /// unanswered when it is not), within `limits`.
-    pub fn serve<L, A, H, F>(&self, listener: L, limits: Limits, admit: A, handler: H) -> Server
+    pub fn serve<B, A, H, F>(
+        &self,
+        listener: B,
+        limits: Limits,
+        admit: A,
+        handler: H,
+    ) -> std::io::Result<Server>
     where
-        L: Listener,
-        A: Fn(&L::Io) -> bool + Send + 'static,
+        B: Bound,
+        A: Fn(&<B::Live as Listener>::Io) -> bool + Send + 'static,
         H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {
+        let listener = {
+            let _servers = self.runtime.enter();
+            listener.adopt()?
+        };
         let (stop, stopped) = oneshot::channel();
         let serving = self
             .runtime
             .spawn(accept_loop(listener, limits, admit, handler, stopped));
-        Server { stop, serving }
+        Ok(Server { stop, serving })
     }
 }
 

@@ -40,6 +40,7 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     // Asked while the run holds the flag (the default socket: every run's is asked).
     let mut asked: Option<(Output, Output)> = None;
     let mut tree: Option<(Output, Output, Output)> = None;
+    let mut untracked: Option<Output> = None;
     let audit = reaper_tests::scratch(test).join("audit.ndjson");
     let (run, truth) = run_shape_until(
         &[
@@ -60,6 +61,7 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
                     client("tree", &["--kind", "no-such-program-here"]),
                     client("tree", &["--json"]),
                 ));
+                untracked = Some(why(&[&std::process::id().to_string()]));
             }
             asked.is_some()
         },
@@ -185,12 +187,13 @@ fn why_names_an_escapees_lineage_its_exited_spawner_its_pipe_and_its_flag() {
     let first = why(&[&b.to_string(), "--from", audit, "--at", &before]);
     assert_eq!(first.status.code(), Some(1), "{first:?}");
 
-    // A process no run tracks: exit status 1, and what /proc says of it.
-    let me = std::process::id().to_string();
-    let untracked = why(&[&me]);
+    // A process no run tracks, asked while this run served: exit status 1, the runs asked
+    // and what /proc says of it.
+    let untracked = untracked.expect("asked");
     let said = String::from_utf8_lossy(&untracked.stdout).into_owned();
     assert_eq!(untracked.status.code(), Some(1), "{said}");
     assert!(said.contains("what /proc says"), "{said}");
+    assert!(said.contains("not a descendant of any gateway"), "{said}");
 }
 
 /// A tree's processes, their state, parent and flags, and what they spawned: what a replay
@@ -466,9 +469,11 @@ fn the_api_group_may_ask_and_a_user_outside_it_may_not() {
         said.contains("gateway") || said.starts_with("pid "),
         "{said}"
     );
-    let said = String::from_utf8_lossy(&outsider.stdout).into_owned();
+    // A refusal is no answer: it is said on stderr, and stdout stays empty.
+    let said = String::from_utf8_lossy(&outsider.stderr).into_owned();
     assert_eq!(outsider.status.code(), Some(1), "{said}");
     assert!(said.contains("may be asked by root only"), "{said}");
+    assert!(outsider.stdout.is_empty(), "{:?}", outsider.stdout);
 
     // Bad questions get a clear status, and the run answers on (it ended normally above).
     for (question, status) in &bad_input {
@@ -617,4 +622,22 @@ fn the_sockets_of_runs_that_are_gone_are_removed_and_skipped() {
         String::from_utf8_lossy(&tree.stderr)
     );
     assert!(!drawn.contains("4000000"), "no dead run is named: {drawn}");
+}
+
+/// A question no run can answer (the socket named serves nothing): an error on stderr,
+/// nothing on stdout, exit status 1, for each client.
+#[test]
+fn a_question_no_run_can_take_is_an_error_on_stderr() {
+    let none = reaper_tests::scratch("no-run").join("nobody.sock");
+    let none = none.to_str().unwrap();
+    for out in [
+        why(&["1", "--api", none]),
+        client("tree", &["--api", none]),
+        client("events", &["--follow", "--api", none]),
+    ] {
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+        assert!(said.contains("no reaper-trace run serves"), "{said}");
+    }
 }

@@ -115,7 +115,7 @@ pub async fn events(cli: &EventsCli) -> Result<i32> {
         Some(pid) => format!("pid {pid} is not tracked by"),
         None => "no answer from".into(),
     };
-    eprintln!("reaper-trace: {}", runs.none_tracks(&none));
+    eprintln!("reaper-trace: {}", runs.none_tracks(&none)?);
     Ok(1)
 }
 
@@ -163,7 +163,7 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
         }
         Err(_) => "no such process".into(),
     };
-    let by = runs.none_tracks("not a descendant of any gateway traced by");
+    let by = runs.none_tracks("not a descendant of any gateway traced by")?;
     Ok((format!("pid {}: {by}; what /proc says: {proc}", cli.pid), 1))
 }
 
@@ -197,8 +197,8 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
     let answered = runs.bodies().await?;
     if answered.is_empty() {
         let by = match cli.gateway {
-            Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by")),
-            None => runs.none_tracks("no answer from"),
+            Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by"))?,
+            None => runs.none_tracks("no answer from")?,
         };
         return Ok((by, 1));
     }
@@ -243,15 +243,16 @@ struct Runs {
 }
 
 impl Runs {
-    /// Why no run answered: `none` and the runs asked, or why none could be.
-    fn none_tracks(&self, none: &str) -> String {
+    /// Why no run answered: `none` and the runs asked; an error when none could be asked
+    /// (no run serves its API, or none lets this user ask).
+    fn none_tracks(&self, none: &str) -> Result<String> {
         match (self.asked.is_empty(), self.denied.is_empty()) {
-            (true, true) => format!("no reaper-trace run serves its API in {SOCKET_DIR}"),
-            (true, false) => format!(
+            (true, true) => bail!("no reaper-trace run serves its API in {SOCKET_DIR}"),
+            (true, false) => bail!(
                 "{} may be asked by root only (or the run's own user or group)",
                 self.denied.join(", ")
             ),
-            (false, _) => format!("{none} {}", self.asked.join(", ")),
+            (false, _) => Ok(format!("{none} {}", self.asked.join(", "))),
         }
     }
 

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
-use tokio::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Asked, FollowFilter, Query};
@@ -117,13 +118,13 @@ impl Server {
         (listener, file): (UnixListener, SocketFile),
         access: Access,
         queries: mpsc::Sender<Query>,
-    ) -> Server {
+    ) -> std::io::Result<Server> {
         let admit = move |stream: &UnixStream| stream.peer_cred().is_ok_and(|c| access.allows(&c));
         let handler = move |req| respond(req, queries.clone());
-        Server {
+        Ok(Server {
             _file: file,
-            serving: thread.serve(listener, LIMITS, admit, handler),
-        }
+            serving: thread.serve(listener, LIMITS, admit, handler)?,
+        })
     }
 
     /// Stops taking connections and lets the answers under way end (a follower's stream ends

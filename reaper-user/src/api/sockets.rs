@@ -2,7 +2,7 @@
 //! leaves its socket file behind; clients skip a socket nobody answers, and a run starting
 //! removes those whose run is gone.
 use std::io::ErrorKind;
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -20,11 +20,23 @@ pub enum Serving {
     Nobody,
 }
 
-/// Whether a run listens at `socket` (connecting is immediate on a UNIX socket).
+/// Whether a run listens at `socket`. The connection is made without waiting: a UNIX
+/// socket's connect is immediate, or, once the listener's backlog is full (a run flooded, or
+/// stopped), says so at once instead of waiting for room: a run is there all the same.
 pub fn serving(socket: &Path) -> Serving {
-    match UnixStream::connect(socket) {
-        Ok(_) => Serving::Yes,
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => Serving::Refused,
+    use nix::errno::Errno;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect};
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let Ok(fd) = nix::sys::socket::socket(AddressFamily::Unix, SockType::Stream, flags, None)
+    else {
+        return Serving::Nobody;
+    };
+    let Ok(address) = UnixAddr::new(socket) else {
+        return Serving::Nobody;
+    };
+    match connect(fd.as_raw_fd(), &address) {
+        Ok(()) | Err(Errno::EAGAIN) => Serving::Yes,
+        Err(Errno::EACCES | Errno::EPERM) => Serving::Refused,
         Err(_) => Serving::Nobody,
     }
 }
@@ -92,6 +104,34 @@ mod tests {
         assert!(path.exists());
         assert_eq!(serving(&path), Serving::Nobody);
         assert_eq!(serving(&dir.path().join("none.sock")), Serving::Nobody);
+    }
+
+    #[test]
+    fn a_listener_whose_backlog_is_full_is_served_and_asking_does_not_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.sock");
+        // Never accepts: connections pile up in its backlog until it is full, as at a run
+        // that is stopped or flooded.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut held = Vec::new();
+        loop {
+            use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect};
+            let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+            let fd = nix::sys::socket::socket(AddressFamily::Unix, SockType::Stream, flags, None)
+                .unwrap();
+            match connect(fd.as_raw_fd(), &UnixAddr::new(&path).unwrap()) {
+                Ok(()) => held.push(fd),
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => panic!("connecting: {e}"),
+            }
+            assert!(held.len() < 1 << 20, "a backlog without end");
+        }
+        assert_eq!(
+            serving(&path),
+            Serving::Yes,
+            "after {} connections",
+            held.len()
+        );
     }
 
     #[test]

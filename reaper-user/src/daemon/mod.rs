@@ -103,9 +103,9 @@ impl Servers {
     /// Starts serving what was bound: the metrics from `registry`, the API's questions sent to
     /// `queries`.
     fn start(
-        metrics: Option<tokio::net::TcpListener>,
+        metrics: Option<std::net::TcpListener>,
         registry: std::sync::Arc<prometheus_client::registry::Registry>,
-        api: Option<(tokio::net::UnixListener, SocketFile)>,
+        api: Option<(std::os::unix::net::UnixListener, SocketFile)>,
         queries: Option<tokio::sync::mpsc::Sender<crate::api::Query>>,
         group: Option<u32>,
     ) -> Result<Servers> {
@@ -118,10 +118,15 @@ impl Servers {
             });
         }
         let thread = serve::Thread::start().context("starting the servers' thread")?;
-        let metrics = metrics.map(|listener| output_serve::serve(&thread, listener, registry));
+        let metrics = metrics
+            .map(|listener| output_serve::serve(&thread, listener, registry))
+            .transpose()
+            .context("serving the metrics")?;
         let api = api
             .zip(queries)
-            .map(|(bound, queries)| Server::start(&thread, bound, Access { group }, queries));
+            .map(|(bound, queries)| Server::start(&thread, bound, Access { group }, queries))
+            .transpose()
+            .context("serving the API")?;
         Ok(Servers {
             api,
             metrics,
@@ -204,7 +209,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     let junit = cli.junit.as_deref().map(JunitFile::create).transpose()?;
     let started = std::time::Instant::now();
     let metrics_listener = match cli.metrics {
-        Some(addr) => Some(output_serve::bind(addr).await?),
+        Some(addr) => Some(output_serve::bind(addr)?),
         None => None,
     };
     // Bound before privileges are dropped (/run is root's).
@@ -290,9 +295,12 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         let note = format!("warning: {e:#}; keeping full privileges");
         run.output().note(&note)?;
     }
-    // Serving starts now, on a thread of its own: capabilities are each thread's, and the
-    // drop above needs this one alone. The listeners were bound before (a privileged port,
-    // /run): a client that came meanwhile waits in their backlog.
+    // The outlets are written on threads of their own from now on (a stalled stdout or disk
+    // never holds the ring), and serving starts, on a thread of its own: capabilities are
+    // each thread's, and the drop above needs this one alone.
+    run.output().detach_outlets()?;
+    // The listeners were bound before (a privileged port, /run): a client that came
+    // meanwhile waits in their backlog.
     let servers = Servers::start(metrics_listener, registry, api, api_queries, cli.api_group)?;
     let ready = Event::Ready(Ready {
         schema: SCHEMA_VERSION,

@@ -1,9 +1,9 @@
 //! Where a run's events and answers go: the output (the NDJSON stream to stdout or a file,
 //! readable lines, the status line, notes) and the API's socket.
-use std::io::{BufWriter, Write};
+use std::io::Write;
 
 use anyhow::{Context, Result};
-use tokio::net::UnixListener;
+use std::os::unix::net::UnixListener;
 
 use crate::api::server::{Access, SocketFile};
 use crate::cli::{Api, Cli};
@@ -11,43 +11,55 @@ use crate::output::{
     Output,
     lines::WholeLines,
     logfile::{LogFile, Rotation},
+    outlet::Outlet,
     status::StatusLine,
 };
 use crate::procfs;
 
-/// The output `cli` asks for, its times counted from `t0`.
+/// The output `cli` asks for, its times counted from `t0`. Each outlet (stdout, stderr, the
+/// file) is one [`Outlet`], written on the caller's thread until [`Output::detach_outlets`].
 pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
-    let stdout =
-        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stdout())) as Box<dyn Write + Send>;
-    let stderr =
-        || Box::new(BufWriter::with_capacity(64 << 10, std::io::stderr())) as Box<dyn Write + Send>;
-    let mut json = Vec::new();
+    // `-- CMD` writes to the same stdout and stderr: lines then go out whole, so neither
+    // side splits the other's lines.
+    let shared = !cli.command.is_empty();
+    let outlet = |name: &str, w: Box<dyn Write + Send>| match shared {
+        true => Outlet::new(name, Box::new(WholeLines::new(w))),
+        false => Outlet::new(name, w),
+    };
+    let stdout = outlet("stdout", Box::new(std::io::stdout()));
+    let stderr = outlet("stderr", Box::new(std::io::stderr()));
+    let mut outlets = vec![stdout.handle(), stderr.handle()];
+    let mut json: Vec<Box<dyn Write + Send>> = Vec::new();
     if cli.json {
-        json.push(stdout());
+        json.push(Box::new(stdout.handle()));
     }
     if let Some(path) = &cli.output {
         let rotation = cli.rotate_size.map(|size| Rotation {
             size,
             keep: cli.rotate_keep,
         });
-        json.push(Box::new(LogFile::open(path, rotation)?) as Box<dyn Write + Send>);
+        let file = Outlet::new(
+            path.display().to_string(),
+            Box::new(LogFile::open(path, rotation)?),
+        );
+        outlets.push(file.handle());
+        json.push(Box::new(file));
     }
-    // `-- CMD` writes to the same stdout and stderr: readable lines then go out whole, so
-    // neither side splits the other's lines.
-    let shared = !cli.command.is_empty();
-    let human = match (cli.quiet, cli.json, shared) {
-        (true, _, _) => None,
-        (false, true, false) => Some(stderr()),
-        (false, false, false) => Some(stdout()),
-        (false, true, true) => Some(Box::new(WholeLines::new(std::io::stderr())) as Box<_>),
-        (false, false, true) => Some(Box::new(WholeLines::new(std::io::stdout())) as Box<_>),
+    let human = match (cli.quiet, cli.json) {
+        (true, _) => None,
+        (false, true) => Some(Box::new(stderr.handle()) as Box<dyn Write + Send>),
+        (false, false) => Some(Box::new(stdout.handle()) as Box<_>),
     };
     let mut out = Output::new(json, human, t0);
     out.set_findings_only(cli.check && !cli.verbose);
-    out.set_status(StatusLine::for_stderr(!cli.quiet));
-    // Notes are lines of their own on stderr, whole (`-- CMD` may write there too); with
-    // `--quiet` too: they are about the audit itself (a checkpoint not written), not events.
-    out.set_notes(Some(Box::new(WholeLines::new(std::io::stderr()))));
+    out.set_status(StatusLine::for_stderr(
+        !cli.quiet,
+        Box::new(stderr.handle()),
+    ));
+    // Notes are lines of their own on stderr; with `--quiet` too: they are about the audit
+    // itself (a checkpoint not written), not events.
+    out.set_notes(Some(Box::new(stderr)));
+    out.set_outlets(outlets);
     Ok(out)
 }
 

@@ -2,7 +2,9 @@
 //! reaper-trace's stdout and stderr): each write(2) is whole lines and at most `PIPE_BUF`
 //! bytes, which a pipe delivers without interleaving another writer's bytes, so neither side's
 //! lines are split by the other's. (A single line longer than `PIPE_BUF` cannot be kept whole
-//! on a pipe; it goes in one write of its own.)
+//! on a pipe; it goes in one write of its own.) It sits behind an
+//! [`Outlet`](super::outlet::Outlet), which hands on whole lines, or the status line's text
+//! (drawn in place, with no newline): a flush writes that rest as it is.
 use std::io::{self, Write};
 
 /// The most a pipe write keeps together (`PIPE_BUF` on Linux).
@@ -57,6 +59,10 @@ impl<W: Write> Write for WholeLines<W> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.write_lines()?;
+        if !self.buf.is_empty() {
+            self.inner.write_all(&self.buf)?;
+            self.buf.clear();
+        }
         self.inner.flush()
     }
 }
@@ -88,7 +94,7 @@ mod tests {
         }
         w.write_all(b"partial").unwrap();
         w.flush().unwrap();
-        let writes = &w.inner.0;
+        let (rest, writes) = w.inner.0.split_last().unwrap();
         assert!(writes.len() > 1);
         for chunk in writes {
             assert!(chunk.len() <= PIPE_BUF, "{}", chunk.len());
@@ -98,7 +104,7 @@ mod tests {
             writes.iter().map(Vec::len).sum::<usize>(),
             2000 * line.len()
         );
-        assert_eq!(w.buf, b"partial", "a line is written once it is whole");
+        assert_eq!(rest, b"partial", "the rest goes alone, at the flush");
     }
 
     #[test]

@@ -58,13 +58,13 @@ impl LogFile {
         })
     }
 
-    /// Queues one complete line (with its newline).
-    fn push_line(&mut self, line: &[u8]) {
-        if self.pending.len() + line.len() > self.max_backlog {
-            self.dropped_since_report += 1;
+    /// Queues complete lines (each with its newline).
+    fn push_lines(&mut self, lines: &[u8]) {
+        if self.pending.len() + lines.len() > self.max_backlog {
+            self.dropped_since_report += lines.iter().filter(|&&b| b == b'\n').count() as u64;
             return;
         }
-        self.pending.extend_from_slice(line);
+        self.pending.extend_from_slice(lines);
     }
 
     /// Writes the queued lines, rotating between lines; keeps what the disk refuses.
@@ -129,10 +129,11 @@ impl LogFile {
 }
 
 impl Write for LogFile {
-    /// Takes one complete NDJSON line per call (the way the stream is written).
-    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
-        self.push_line(line);
-        Ok(line.len())
+    /// Takes complete NDJSON lines (its [`Outlet`](super::outlet::Outlet) hands on whole
+    /// lines only).
+    fn write(&mut self, lines: &[u8]) -> io::Result<usize> {
+        self.push_lines(lines);
+        Ok(lines.len())
     }
 
     /// Writes what is queued. Never fails: a refusing disk is reported on stderr and the

@@ -6,6 +6,7 @@ pub mod label;
 pub mod lines;
 pub mod logfile;
 pub mod metrics;
+pub mod outlet;
 pub mod serve;
 pub mod status;
 pub mod tree;
@@ -17,6 +18,7 @@ use anyhow::{Context, Result};
 use crate::output::follow::{Follower, Followers};
 use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
+use crate::output::outlet::Outlet;
 use crate::output::status::StatusLine;
 use crate::procfs::boottime_now;
 use crate::stream::events::{Counts, Envelope, Event, Note};
@@ -47,6 +49,10 @@ pub struct Output {
     findings_only: bool,
     /// The API's followers of the stream.
     followers: Followers,
+    /// The outlets written through (a handle of each): detached from the reader's thread
+    /// once privileges are dropped, and asked at each flush what they dropped; with the
+    /// lines each dropped in the stall under way (none: it keeps up).
+    outlets: Vec<(Outlet, Option<u64>)>,
 }
 
 impl Output {
@@ -68,7 +74,60 @@ impl Output {
             line: Vec::with_capacity(1024),
             findings_only: false,
             followers: Followers::default(),
+            outlets: Vec::new(),
         }
+    }
+
+    /// The outlets the writers given write to (see [`Output::detach_outlets`]).
+    pub fn set_outlets(&mut self, outlets: Vec<Outlet>) {
+        self.outlets = outlets.into_iter().map(|o| (o, None)).collect();
+    }
+
+    /// From now on each outlet is written by a thread of its own, never by the reader's (see
+    /// [`outlet`]). Called once privileges are dropped: threads started before would keep
+    /// them.
+    pub fn detach_outlets(&mut self) -> Result<()> {
+        for (outlet, _) in &self.outlets {
+            outlet
+                .detach()
+                .with_context(|| format!("starting the thread that writes {}", outlet.name()))?;
+        }
+        Ok(())
+    }
+
+    /// Says when an outlet stops keeping up (its lines are dropped from then on) and when it
+    /// has caught up again, with how many it dropped: twice a stall, however long (the note
+    /// itself may be one of the lines a stalled stderr drops).
+    fn say_dropped(&mut self) -> Result<()> {
+        let mut said = Vec::new();
+        for (outlet, stall) in &mut self.outlets {
+            let dropped = outlet.take_dropped();
+            match *stall {
+                None if dropped > 0 => {
+                    *stall = Some(dropped);
+                    said.push(format!(
+                        "{} does not keep up: lines to it are dropped and counted while more \
+                         than {} MiB wait for it; tracing goes on, and the other outlets lose \
+                         nothing",
+                        outlet.name(),
+                        outlet::WAITING >> 20
+                    ));
+                }
+                None => {}
+                Some(total) if dropped == 0 && outlet.caught_up() => {
+                    *stall = None;
+                    said.push(format!(
+                        "{} keeps up again: {total} line(s) to it were dropped",
+                        outlet.name()
+                    ));
+                }
+                Some(total) => *stall = Some(total + dropped),
+            }
+        }
+        for text in said {
+            self.note(&text)?;
+        }
+        Ok(())
     }
 
     /// Readable lines for findings only (flags, kills, the verdict, the summary); the NDJSON
@@ -254,7 +313,7 @@ impl Output {
     }
 
     /// Flushes both outlets and the followers' lines (after every batch of events, so a
-    /// reader sees them at once).
+    /// reader sees them at once), and says what an outlet that did not keep up dropped.
     pub fn flush(&mut self) -> io::Result<()> {
         self.followers.flush();
         for w in &mut self.json {
@@ -263,7 +322,7 @@ impl Output {
         if let Some(w) = self.human.as_mut() {
             w.flush()?;
         }
-        Ok(())
+        self.say_dropped().map_err(io::Error::other)
     }
 }
 
@@ -304,6 +363,67 @@ mod tests {
                 })
                 .collect()
         }
+    }
+
+    /// A writer that takes each write only when the gate lets it.
+    struct Gated(std::sync::mpsc::Receiver<()>);
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.recv().map_err(|_| io::ErrorKind::BrokenPipe)?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_outlet_that_stalls_is_said_once_and_once_more_when_it_catches_up_with_the_count() {
+        let (open, gate) = std::sync::mpsc::sync_channel(0);
+        let stalled = Outlet::with_limit("stdout", Box::new(Gated(gate)), 200);
+        let stream = Kept::default();
+        let mut out = Output::new(
+            vec![Box::new(stream.clone())],
+            Some(Box::new(stalled.handle())),
+            0,
+        );
+        out.set_outlets(vec![stalled.handle()]);
+        out.detach_outlets().unwrap();
+        out.event(0, &Event::Ready(Ready::default())).unwrap();
+        out.ready_written().unwrap();
+        for pid in 0..50 {
+            out.event(1, &Event::Setsid(Setsid { pid, sid: pid }))
+                .unwrap();
+            out.flush().unwrap();
+        }
+        let notes = |stream: &Kept| -> Vec<String> {
+            let all = stream.events();
+            all.into_iter()
+                .filter(|e| e.starts_with("note: "))
+                .collect()
+        };
+        let said = notes(&stream);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].contains("stdout does not keep up"), "{said:?}");
+        // The reader comes back: what waited is taken, and the count is said.
+        let feeder = std::thread::spawn(move || while open.send(()).is_ok() {});
+        while !stalled.caught_up() {
+            std::thread::yield_now();
+        }
+        out.flush().unwrap();
+        let said = notes(&stream);
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(said[1].contains("stdout keeps up again: "), "{said:?}");
+        let dropped: u64 = said[1]
+            .split(": ")
+            .nth(2)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        assert!(dropped > 0 && dropped < 50, "{said:?}");
+        drop((out, stalled));
+        feeder.join().unwrap();
     }
 
     #[test]

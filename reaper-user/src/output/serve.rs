@@ -1,7 +1,7 @@
 //! The `/metrics` endpoint on the address `--metrics` names, served by [`crate::serve`] on the
 //! servers' thread: anything that can reach the address can connect, so it gets that server's
 //! limits (idle connections closed, a cap on connections, backoff on accept errors).
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 use crate::output::metrics::{encode, to_prometheus_text};
 use crate::serve::{self, Body};
@@ -27,10 +26,8 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Binds `addr` now (so that a bad address fails before tracing starts, and a privileged
 /// port is bound before privileges are dropped); serving starts with [`serve`].
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--metrics {addr}: cannot listen there"))
+pub fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).with_context(|| format!("--metrics {addr}: cannot listen there"))
 }
 
 /// Serves `/metrics` on `thread` until the run ends.
@@ -38,7 +35,7 @@ pub fn serve(
     thread: &serve::Thread,
     listener: TcpListener,
     registry: Arc<Registry>,
-) -> serve::Server {
+) -> std::io::Result<serve::Server> {
     let handler = move |req| respond(req, registry.clone());
     thread.serve(listener, LIMITS, |_: &tokio::net::TcpStream| true, handler)
 }

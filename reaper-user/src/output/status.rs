@@ -8,6 +8,8 @@ use crate::output::human::human_duration;
 use crate::output::metrics::StatusCounts;
 
 pub struct StatusLine {
+    /// Standard error (an [`Outlet`](super::outlet::Outlet) handle: never the reader's wait).
+    stderr: Box<dyn Write + Send>,
     shown: bool,
     started: Instant,
     /// Events counted at the last draw, and when.
@@ -15,9 +17,10 @@ pub struct StatusLine {
 }
 
 impl StatusLine {
-    /// A status line when stderr is a terminal and it is wanted.
-    pub fn for_stderr(wanted: bool) -> Option<StatusLine> {
+    /// A status line written to `stderr` when standard error is a terminal and it is wanted.
+    pub fn for_stderr(wanted: bool, stderr: Box<dyn Write + Send>) -> Option<StatusLine> {
         (wanted && std::io::stderr().is_terminal()).then(|| StatusLine {
+            stderr,
             shown: false,
             started: Instant::now(),
             last: None,
@@ -27,7 +30,10 @@ impl StatusLine {
     /// Wipes the line (before other output reaches the terminal).
     pub fn clear(&mut self) {
         if self.shown {
-            let _ = std::io::stderr().write_all(b"\r\x1b[K");
+            let _ = self
+                .stderr
+                .write_all(b"\r\x1b[K")
+                .and_then(|()| self.stderr.flush());
             self.shown = false;
         }
     }
@@ -43,7 +49,11 @@ impl StatusLine {
         };
         self.last = Some((now, counts.events));
         let text = status_text(counts, rate, now - self.started);
-        let _ = std::io::stderr().write_all(format!("\r\x1b[K{text}").as_bytes());
+        let line = format!("\r\x1b[K{text}");
+        let _ = self
+            .stderr
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stderr.flush());
         self.shown = true;
     }
 }

@@ -25,8 +25,8 @@ use super::referrers::Referrers;
 use super::unwind::Unwound;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
-use crate::untrusted::Checked;
 use crate::untrusted::object::Sealed;
+use crate::untrusted::{Checked, caps};
 
 /// One frame of a stack, located in its object (as the checkpoint keeps it, too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,13 +261,24 @@ impl NativeStacks {
 ///
 /// The symbolizer maps what it reads, so it reads a sealed copy of each object (see
 /// [`Checked::sealed_copy`]), made once a round: a truncation of the file itself cannot
-/// fault it.
-#[derive(Default)]
+/// fault it. It reads nothing else: no debug directory is searched, so a debug link in the
+/// object (a name the traced process chose: a FIFO's, a device's) is never opened, and an
+/// object whose compressed sections say they inflate past [`caps::OBJECT_COPY`] is not read.
 pub struct Namer {
     symbolizer: Symbolizer,
     /// Each object's copy, by its path and the build id it must have; none for one that is
     /// not the file the kernel named any more (or cannot be read).
     copies: HashMap<(PathBuf, Option<BuildId>), Option<Sealed>>,
+}
+
+impl Default for Namer {
+    fn default() -> Namer {
+        let none: [PathBuf; 0] = [];
+        Namer {
+            symbolizer: Symbolizer::builder().set_debug_dirs(Some(none)).build(),
+            copies: HashMap::default(),
+        }
+    }
 }
 
 impl Namer {
@@ -280,7 +291,9 @@ impl Namer {
                 if build_id.is_some_and(|id| !has_build_id(&file, &id)) {
                     return None;
                 }
-                file.sealed_copy().ok()
+                let copy = file.sealed_copy().ok()?;
+                copy.inflates_within(caps::OBJECT_COPY).ok()?;
+                Some(copy)
             })
             .as_ref()
     }

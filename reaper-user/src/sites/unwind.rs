@@ -39,7 +39,8 @@ impl Object {
         let elf = ElfFile64::<object::Endianness, _>::parse(&reader).ok()?;
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
-            Some((s.address()..s.address() + s.size(), s))
+            // A header's fields are the file's: a range that overflows is no section.
+            Some((s.address()..s.address().checked_add(s.size())?, s))
         };
         let (eh_frame_svma, eh_frame) = section(".eh_frame")?;
         let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr")?;
@@ -68,11 +69,13 @@ impl Object {
         let &(p_offset, p_vaddr, _) = self
             .loads
             .iter()
-            .find(|(o, _, size)| (o & !0xfff..o + size).contains(&offset))?;
+            .find(|(o, _, size)| (o & !0xfff..o.saturating_add(*size)).contains(&offset))?;
         // File offset `offset` is at `start`, and at `p_vaddr + (offset - p_offset)` in the
         // object's own addresses (a mapping may begin on the page before the segment's first
         // byte, or inside the segment).
-        (start + p_offset).checked_sub(p_vaddr + offset)
+        start
+            .checked_add(p_offset)?
+            .checked_sub(p_vaddr.checked_add(offset)?)
     }
 
     fn module(&self, name: &str, range: Range<u64>, base: u64) -> Module<Arc<[u8]>> {

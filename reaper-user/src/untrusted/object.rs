@@ -2,12 +2,14 @@
 //! the open neither blocks nor acts and what is read is the file checked, then read in bounded
 //! pieces and never mapped.
 use std::fs::{File, Metadata, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use object::{ReadCache, ReadCacheOps};
+use elsa::FrozenMap;
+use object::ReadRef;
 use reaper_common::ExeKey;
 
 use super::caps;
@@ -126,15 +128,17 @@ impl Checked {
         })
     }
 
-    /// For the `object` crate's parsers: each piece they ask for read when asked (none larger
-    /// than [`caps::OBJECT_PIECE`]), against the size the file had when opened.
-    pub fn reader(&self) -> ReadCache<Pieces<'_>> {
-        ReadCache::new(Pieces { file: self, at: 0 })
+    /// For the `object` crate's parsers (see [`Pieces`]): pass `&reader`.
+    pub fn reader(&self) -> Pieces<'_> {
+        Pieces::new(&self.file, self.len())
     }
 
     /// A private copy, sealed so that nothing can shrink, grow or write it: for a reader that
     /// maps what it reads (blazesym's symbolizer), whom a truncation of the file itself would
-    /// fault. At most [`caps::OBJECT_COPY`] bytes; the copy lives as long as the value.
+    /// fault. At most [`caps::OBJECT_COPY`] bytes, and only what is not zeros takes memory (a
+    /// sparse file's holes stay holes). Its debug links are blinded (see [`blind_links`]): a
+    /// reader that follows them opens no file the traced process named. The copy lives as
+    /// long as the value.
     pub fn sealed_copy(&self) -> io::Result<Sealed> {
         if self.len() > caps::OBJECT_COPY {
             return Err(refused(format!("{} bytes, too large to copy", self.len())));
@@ -148,7 +152,7 @@ impl Checked {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a descriptor just made, owned by nothing else.
-        let mut copy = unsafe { File::from_raw_fd(fd) };
+        let copy = unsafe { File::from_raw_fd(fd) };
         let mut buf = vec![0; 1 << 20];
         let mut at = 0;
         loop {
@@ -156,12 +160,16 @@ impl Checked {
             if n == 0 {
                 break; // the end, or the file was cut meanwhile: the copy holds what was there
             }
-            copy.write_all(&buf[..n])?;
+            if buf[..n].iter().any(|&b| b != 0) {
+                copy.write_all_at(&buf[..n], at)?;
+            }
             at += n as u64;
             if at > caps::OBJECT_COPY {
                 return Err(refused("the file grew too large to copy"));
             }
         }
+        copy.set_len(at)?;
+        blind_links(&copy)?;
         let seals =
             libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on a descriptor this value owns.
@@ -169,6 +177,57 @@ impl Checked {
             return Err(io::Error::last_os_error());
         }
         Ok(Sealed(copy))
+    }
+}
+
+/// The sections by which an ELF object names another file to read its debug information
+/// from (the name is the object's, so the traced process's choice: a FIFO's, a device's).
+const DEBUG_LINKS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
+
+/// Renames the debug-link sections of the ELF object in `copy` (the first byte of each name,
+/// `.` to `!`), so a reader looking them up by name finds none. Not an ELF object: left as
+/// it is (the reader refuses it itself).
+fn blind_links(copy: &File) -> io::Result<()> {
+    use object::elf::{FileHeader32, FileHeader64};
+    use object::read::elf::{FileHeader, SectionHeader as _};
+    fn blind<Elf: FileHeader<Endian = object::Endianness>>(copy: &File) -> io::Result<()> {
+        let reader = Pieces::new(copy, copy.metadata()?.len());
+        let Ok(header) = Elf::parse(&reader) else {
+            return Ok(());
+        };
+        let bad = |e: object::Error| refused(format!("its section headers do not read: {e}"));
+        let endian = header.endian().map_err(bad)?;
+        let sections = header.sections(endian, &reader).map_err(bad)?;
+        let mut names = Vec::new();
+        for section in sections.iter() {
+            let name = sections.section_name(endian, section).map_err(bad)?;
+            if DEBUG_LINKS.contains(&name) {
+                names.push(u64::from(section.sh_name(endian)));
+            }
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        let strings = header.shstrndx(endian, &reader).map_err(bad)?;
+        let table = sections
+            .section(object::SectionIndex(strings as usize))
+            .map_err(bad)?;
+        let table_at: u64 = table.sh_offset(endian).into();
+        for name in names {
+            let at = table_at
+                .checked_add(name)
+                .ok_or_else(|| refused("a name past the end"))?;
+            copy.write_all_at(b"!", at)?;
+        }
+        Ok(())
+    }
+    let mut ident = [0u8; 5];
+    if copy.read_exact_at(&mut ident, 0).is_err() || &ident[..4] != b"\x7fELF" {
+        return Ok(());
+    }
+    match ident[4] {
+        object::elf::ELFCLASS32 => blind::<FileHeader32<object::Endianness>>(copy),
+        _ => blind::<FileHeader64<object::Endianness>>(copy),
     }
 }
 
@@ -180,37 +239,108 @@ impl Sealed {
     pub fn path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
     }
+
+    /// Refuses an object whose compressed sections say they inflate to more than `cap` bytes
+    /// in all: a reader that inflates them (blazesym's, for debug information) allocates
+    /// what their headers say, whatever the bytes hold.
+    pub fn inflates_within(&self, cap: u64) -> io::Result<()> {
+        use object::{CompressionFormat, Object as _, ObjectSection as _};
+        let reader = Pieces::new(&self.0, self.0.metadata()?.len());
+        let parsed = object::File::parse(&reader).map_err(|e| refused(e.to_string()))?;
+        let mut total = 0u64;
+        for section in parsed.sections() {
+            let Ok(range) = section.compressed_file_range() else {
+                return Err(refused("a section's compression header does not read"));
+            };
+            if range.format != CompressionFormat::None {
+                total = total.saturating_add(range.uncompressed_size);
+            }
+        }
+        match total <= cap {
+            true => Ok(()),
+            false => Err(refused(format!(
+                "its compressed sections say they inflate to {total} bytes"
+            ))),
+        }
+    }
 }
 
-/// A checked file as the `object` crate reads it (see [`Checked::reader`]).
-pub struct Pieces<'a> {
-    file: &'a Checked,
-    at: u64,
+/// A checked file as the `object` crate's parsers read it (see [`Checked::reader`]): each
+/// piece they ask for is read when asked, against the size the file had when opened, and
+/// kept until the reader is dropped (they hold on to what they were given). A piece larger
+/// than [`caps::OBJECT_PIECE`] is refused before anything is allocated for it: a section
+/// header may say any size, and a sparse file may be any length.
+pub struct Pieces<'f> {
+    file: &'f File,
+    /// The file's size when opened.
+    len: u64,
+    pieces: FrozenMap<(u64, u64), Box<[u8]>>,
+    strings: FrozenMap<(u64, u8), Box<[u8]>>,
 }
 
-impl ReadCacheOps for Pieces<'_> {
-    fn len(&mut self) -> Result<u64, ()> {
-        Ok(self.file.len())
+/// The longest string a parser may ask for up to a delimiter (a symbol's or a section's name).
+const STRING_MAX: u64 = 4096;
+
+impl<'f> Pieces<'f> {
+    fn new(file: &'f File, len: u64) -> Pieces<'f> {
+        Pieces {
+            file,
+            len,
+            pieces: FrozenMap::new(),
+            strings: FrozenMap::new(),
+        }
+    }
+}
+
+impl<'a> ReadRef<'a> for &'a Pieces<'_> {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.len)
     }
 
-    fn seek(&mut self, pos: u64) -> Result<u64, ()> {
-        self.at = pos;
-        Ok(pos)
-    }
-
-    fn read(&mut self, buf: &mut [u8]) -> Result<usize, ()> {
-        let n = self.file.file.read_at(buf, self.at).map_err(|_| ())?;
-        self.at += n as u64;
-        Ok(n)
-    }
-
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ()> {
-        if buf.len() as u64 > caps::OBJECT_PIECE {
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        if size == 0 {
+            return Ok(&[]);
+        }
+        let end = offset.checked_add(size).ok_or(())?;
+        if size > caps::OBJECT_PIECE || end > self.len {
             return Err(());
         }
-        self.file.read_exact_at(buf, self.at).map_err(|_| ())?;
-        self.at += buf.len() as u64;
-        Ok(())
+        if let Some(piece) = self.pieces.get(&(offset, size)) {
+            return Ok(piece);
+        }
+        let mut piece = vec![0; usize::try_from(size).map_err(|_| ())?];
+        self.file
+            .read_exact_at(&mut piece, offset)
+            .map_err(|_| ())?;
+        Ok(self.pieces.insert((offset, size), piece.into_boxed_slice()))
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        if let Some(string) = self.strings.get(&(range.start, delimiter)) {
+            return Ok(string);
+        }
+        let end = range.end.min(self.len);
+        let most = end.checked_sub(range.start).ok_or(())?.min(STRING_MAX);
+        let mut bytes = vec![0; most as usize];
+        let mut got = 0;
+        while got < bytes.len() {
+            match self
+                .file
+                .read_at(&mut bytes[got..], range.start + got as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(_) => return Err(()),
+            }
+        }
+        let len = bytes[..got]
+            .iter()
+            .position(|&b| b == delimiter)
+            .ok_or(())?;
+        bytes.truncate(len);
+        Ok(self
+            .strings
+            .insert((range.start, delimiter), bytes.into_boxed_slice()))
     }
 }
 
@@ -300,5 +430,60 @@ mod tests {
             std::fs::metadata(&exe).unwrap().len()
         );
         assert!(sealed.set_len(64).is_err(), "sealed against shrinking");
+    }
+
+    #[test]
+    fn a_copy_names_no_debug_file_and_keeps_a_sparse_files_holes() {
+        use object::ObjectSection as _;
+        // Debian's /bin/true names its debug file in a .gnu_debuglink section.
+        let original = Checked::open(Path::new("/bin/true")).unwrap();
+        let reader = original.reader();
+        let parsed = object::File::parse(&reader).unwrap();
+        let link = parsed.section_by_name(".gnu_debuglink");
+        assert!(link.is_some(), "/bin/true has a debug link");
+        let copy = original.sealed_copy().unwrap();
+        let reader = Pieces::new(&copy.0, copy.0.metadata().unwrap().len());
+        let parsed = object::File::parse(&reader).unwrap();
+        assert!(parsed.section_by_name(".gnu_debuglink").is_none());
+        let blinded = parsed.section_by_name("!gnu_debuglink").expect("renamed");
+        assert_eq!(
+            blinded.size(),
+            link.unwrap().size(),
+            "only the name changed"
+        );
+
+        // 256 MiB of which 5 bytes are data: the copy takes a page or so.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = File::create(&path).unwrap();
+        file.set_len(256 << 20).unwrap();
+        file.write_all_at(b"hello", 100 << 20).unwrap();
+        let copy = Checked::open(&path).unwrap().sealed_copy().unwrap();
+        let meta = copy.0.metadata().unwrap();
+        assert_eq!(meta.len(), 256 << 20);
+        assert!(meta.blocks() * 512 <= 2 << 20, "{} blocks", meta.blocks());
+        let mut read = [0; 5];
+        copy.0.read_exact_at(&mut read, 100 << 20).unwrap();
+        assert_eq!(&read, b"hello");
+    }
+
+    #[test]
+    fn a_piece_past_the_cap_or_the_end_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = File::create(&path).unwrap();
+        // 8 GiB that cost nothing on disk: a section header may say any size within them.
+        file.set_len(8 << 30).unwrap();
+        file.write_all_at(b"name\0rest", 1 << 20).unwrap();
+        let opened = Checked::open(&path).unwrap();
+        let reader = opened.reader();
+        assert!((&reader).read_bytes_at(0, caps::OBJECT_PIECE + 1).is_err());
+        assert!((&reader).read_bytes_at((8 << 30) - 4, 8).is_err());
+        assert!((&reader).read_bytes_at(u64::MAX, 2).is_err());
+        assert_eq!((&reader).read_bytes_at(1 << 20, 4).unwrap(), b"name");
+        let name = (&reader).read_bytes_at_until((1 << 20)..(2 << 20), 0);
+        assert_eq!(name.unwrap(), b"name");
+        // No delimiter within the longest string asked for.
+        assert!((&reader).read_bytes_at_until(0..(1 << 20), 0xff).is_err());
     }
 }

@@ -262,9 +262,11 @@ fn symbols<'a, R: object::ReadRef<'a>>(elf: &object::File<'a, R>) -> Option<(u64
     let offset = |address: u64| {
         elf.segments().find_map(|s| {
             let (start, (file_start, size)) = (s.address(), s.file_range());
-            (start..start + size)
+            // A header's fields are the file's: sums that overflow are no segment.
+            (start..start.checked_add(size)?)
                 .contains(&address)
-                .then(|| file_start + (address - start))
+                .then(|| file_start.checked_add(address - start))
+                .flatten()
         })
     };
     offset(runtime).zip(offset(version))
