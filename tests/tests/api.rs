@@ -638,6 +638,10 @@ fn a_question_no_run_can_take_is_an_error_on_stderr() {
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(out.status.code(), Some(1), "{out:?}");
         assert!(out.stdout.is_empty(), "{out:?}");
-        assert!(said.contains("no reaper-trace run serves"), "{said}");
+        assert!(
+            said.contains("no reaper-trace run serves its API at "),
+            "{said}"
+        );
+        assert!(said.contains(none), "the socket asked: {said}");
     }
 }

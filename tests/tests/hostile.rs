@@ -422,6 +422,9 @@ fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_r
                     std::thread::sleep(Duration::from_secs(1));
                     spent.push(cpu_secs(reaper) - cpu);
                 }
+                let cpu = cpu_secs(reaper);
+                std::thread::sleep(Duration::from_secs(2));
+                let after = cpu_secs(reaper) - cpu;
                 // A new client of each is answered.
                 let asked = Instant::now();
                 let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -438,14 +441,14 @@ fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_r
                     .unwrap();
                 let api_took = asked.elapsed();
                 let held = metrics.len() + api.len();
-                seen = Some((spent, text, metrics_took, why, api_took, held, fds));
+                seen = Some((spent, after, text, metrics_took, why, api_took, held, fds));
                 drop((metrics, api));
                 std::fs::write(&go, b"").unwrap();
             }
             ready_at.exists()
         },
     );
-    let (spent, text, metrics_took, why, api_took, held, fds) = seen.expect("the flood ran");
+    let (spent, after, text, metrics_took, why, api_took, held, fds) = seen.expect("the flood ran");
     eprintln!(
         "{held} connections held: reaper-trace's CPU each second after the flood {spent:.2?}; \
          /metrics answered in {metrics_took:?}, the API in {api_took:?}"
@@ -462,10 +465,15 @@ fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_r
         String::from_utf8_lossy(&why.stdout).contains("not a descendant"),
         "{why:?}"
     );
-    // Settled: no loop retrying an accept that cannot succeed (a spin is a whole core).
+    // Settled, and staying so: no loop retrying an accept that cannot succeed (a spin is a
+    // whole core, for as long as the flood is held).
     assert!(
         spent.last().is_some_and(|&s| s < 0.25),
         "reaper-trace's CPU each second while the flood was held: {spent:.2?}"
+    );
+    assert!(
+        after < 0.5,
+        "reaper-trace spent {after:.2} s of CPU in the 2 s after it settled"
     );
     let truth = read_json(&ready_at);
     assert_whole(&run, &truth["children"]);

@@ -240,6 +240,8 @@ struct Runs {
     asked: Vec<String>,
     /// The sockets that refused this user.
     denied: Vec<String>,
+    /// The sockets no run answered on (a run that ended, or a path where none serves).
+    silent: Vec<String>,
 }
 
 impl Runs {
@@ -247,7 +249,13 @@ impl Runs {
     /// (no run serves its API, or none lets this user ask).
     fn none_tracks(&self, none: &str) -> Result<String> {
         match (self.asked.is_empty(), self.denied.is_empty()) {
-            (true, true) => bail!("no reaper-trace run serves its API in {SOCKET_DIR}"),
+            (true, true) if self.silent.is_empty() => {
+                bail!("no reaper-trace run serves its API in {SOCKET_DIR}")
+            }
+            (true, true) => bail!(
+                "no reaper-trace run serves its API at {}",
+                self.silent.join(", ")
+            ),
             (true, false) => bail!(
                 "{} may be asked by root only (or the run's own user or group)",
                 self.denied.join(", ")
@@ -285,13 +293,17 @@ async fn ask_runs(sockets: &[PathBuf], path: &str) -> Result<Runs> {
                 runs.denied.push(socket.display().to_string());
                 continue;
             }
-            Err(_) => continue, // a socket left by a run that ended
+            Err(_) => {
+                // A socket left by a run that ended, or a path where none serves.
+                runs.silent.push(socket.display().to_string());
+                continue;
+            }
         };
         match response.status() {
             StatusCode::OK => runs.answered.push((socket.clone(), response)),
             StatusCode::NOT_FOUND => runs.asked.push(socket.display().to_string()),
             // A run that is ending: as a socket left by one that ended.
-            StatusCode::SERVICE_UNAVAILABLE => continue,
+            StatusCode::SERVICE_UNAVAILABLE => runs.silent.push(socket.display().to_string()),
             status => {
                 let body = response.into_body().collect().await?.to_bytes();
                 bail!(

@@ -26,9 +26,22 @@ pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
         true => Outlet::new(name, Box::new(WholeLines::new(w))),
         false => Outlet::new(name, w),
     };
-    let stdout = outlet("stdout", Box::new(std::io::stdout()));
-    let stderr = outlet("stderr", Box::new(std::io::stderr()));
-    let mut outlets = vec![stdout.handle(), stderr.handle()];
+    // Stdout and stderr on one terminal (the usual interactive run) are written by one
+    // thread, through stdout: the status line, wiped before each readable line and drawn
+    // after them, then stays in place, as two threads could not keep it.
+    let one_terminal = one_terminal();
+    let stdout = match one_terminal {
+        true => outlet("the terminal", Box::new(std::io::stdout())),
+        false => outlet("stdout", Box::new(std::io::stdout())),
+    };
+    let stderr = match one_terminal {
+        true => stdout.handle(),
+        false => outlet("stderr", Box::new(std::io::stderr())),
+    };
+    let mut outlets = vec![stdout.handle()];
+    if !one_terminal {
+        outlets.push(stderr.handle());
+    }
     let mut json: Vec<Box<dyn Write + Send>> = Vec::new();
     if cli.json {
         json.push(Box::new(stdout.handle()));
@@ -40,7 +53,7 @@ pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
         });
         let file = Outlet::new(
             path.display().to_string(),
-            Box::new(LogFile::open(path, rotation)?),
+            Box::new(LogFile::open(path, rotation)?.say_on(Box::new(stderr.handle()))),
         );
         outlets.push(file.handle());
         json.push(Box::new(file));
@@ -61,6 +74,18 @@ pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
     out.set_notes(Some(Box::new(stderr)));
     out.set_outlets(outlets);
     Ok(out)
+}
+
+/// Whether stdout and stderr are the same terminal.
+fn one_terminal() -> bool {
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    let (out, err) = (std::io::stdout(), std::io::stderr());
+    if !out.is_terminal() || !err.is_terminal() {
+        return false;
+    }
+    let device = |fd| nix::sys::stat::fstat(fd).map(|s| s.st_rdev);
+    matches!((device(out.as_fd()), device(err.as_fd())), (Ok(a), Ok(b)) if a == b)
 }
 
 /// Questions of the API waiting for the event loop; a client past them waits its turn.

@@ -431,6 +431,8 @@ impl Pipeline {
 
     /// Writes the closing summary, then the tree of what is left alive for people.
     pub fn close(&mut self, account: Accounting, gateway_exit_code: Option<i32>) -> Result<()> {
+        // From here nothing is dropped for a slow outlet: the ring is read no more.
+        self.out.end_stalls()?;
         let figures = RunFigures {
             counts: self.out.counts.clone(),
             delivery: Delivery {

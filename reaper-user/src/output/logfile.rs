@@ -37,6 +37,9 @@ pub struct LogFile {
     /// A short write left the file in the middle of a line.
     mid_line: bool,
     max_backlog: usize,
+    /// Where it says that writing fails or works again: standard error, through its
+    /// outlet (see [`LogFile::say_on`]), or straight to it.
+    said: Option<Box<dyn Write + Send>>,
 }
 
 impl LogFile {
@@ -55,7 +58,25 @@ impl LogFile {
             dropped_since_report: 0,
             mid_line: false,
             max_backlog: MAX_BACKLOG,
+            said: None,
         })
+    }
+
+    /// Says what happens to the file on `stderr` (standard error's outlet: this file's own
+    /// thread never waits on a terminal).
+    pub fn say_on(mut self, stderr: Box<dyn Write + Send>) -> LogFile {
+        self.said = Some(stderr);
+        self
+    }
+
+    /// One line for the operator.
+    fn say(&mut self, text: &str) {
+        match self.said.as_mut() {
+            Some(w) => {
+                let _ = writeln!(w, "reaper-trace: {text}").and_then(|()| w.flush());
+            }
+            None => eprintln!("reaper-trace: {text}"),
+        }
     }
 
     /// Queues complete lines (each with its newline).
@@ -144,22 +165,24 @@ impl Write for LogFile {
         match self.write_pending() {
             Ok(()) => {
                 if self.failing.take().is_some() {
-                    eprintln!(
-                        "reaper-trace: {}: writing again; {} events dropped meanwhile",
+                    let text = format!(
+                        "{}: writing again; {} events dropped meanwhile",
                         self.path.display(),
                         self.dropped_since_report
                     );
+                    self.say(&text);
                     self.dropped_since_report = 0;
                 }
             }
             Err(e) => {
                 if self.failing.is_none() {
-                    eprintln!(
-                        "reaper-trace: warning: {}: {e}; still tracing, events wait in memory \
-                         (up to {} MiB, then they are dropped and counted)",
+                    let text = format!(
+                        "warning: {}: {e}; still tracing, events wait in memory (up to {} \
+                         MiB, then they are dropped and counted)",
                         self.path.display(),
                         MAX_BACKLOG >> 20
                     );
+                    self.say(&text);
                     self.failing = Some(e.kind());
                 }
             }
@@ -176,12 +199,12 @@ impl Drop for LogFile {
         let _ = self.flush();
         if self.failing.is_some() {
             let waiting = self.pending.iter().filter(|&&b| b == b'\n').count() as u64;
-            eprintln!(
-                "reaper-trace: {}: {} events could not be written (the stream on stdout, if \
-                 any, has them)",
+            let text = format!(
+                "{}: {} events could not be written (the stream on stdout, if any, has them)",
                 self.path.display(),
                 waiting + self.dropped_since_report
             );
+            self.say(&text);
         }
     }
 }

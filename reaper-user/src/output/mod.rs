@@ -95,6 +95,27 @@ impl Output {
         Ok(())
     }
 
+    /// The run's end: what is still written waits for room in a slow outlet rather than being
+    /// dropped, and an outlet still behind says how many lines it dropped in its stall.
+    pub fn end_stalls(&mut self) -> Result<()> {
+        let mut said = Vec::new();
+        for (outlet, stall) in &mut self.outlets {
+            outlet.wait_for_room();
+            let dropped = stall.take().unwrap_or(0) + outlet.take_dropped();
+            if dropped > 0 {
+                said.push(format!(
+                    "{} had not caught up at the end: {dropped} line(s) to it were dropped since \
+                     it stopped keeping up",
+                    outlet.name()
+                ));
+            }
+        }
+        for text in said {
+            self.note(&text)?;
+        }
+        Ok(())
+    }
+
     /// Says when an outlet stops keeping up (its lines are dropped from then on) and when it
     /// has caught up again, with how many it dropped: twice a stall, however long (the note
     /// itself may be one of the lines a stalled stderr drops).
@@ -408,7 +429,12 @@ mod tests {
         assert!(said[0].contains("stdout does not keep up"), "{said:?}");
         // The reader comes back: what waited is taken, and the count is said.
         let feeder = std::thread::spawn(move || while open.send(()).is_ok() {});
+        let cap = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !stalled.caught_up() {
+            assert!(
+                std::time::Instant::now() < cap,
+                "the outlet never caught up"
+            );
             std::thread::yield_now();
         }
         out.flush().unwrap();

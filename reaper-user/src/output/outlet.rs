@@ -42,6 +42,8 @@ struct Shared {
     counts: Arc<Counts>,
     /// The most that may wait (a test sets it low).
     limit: usize,
+    /// Set at the run's end: past the limit, a handle waits for room instead of dropping.
+    patient: std::sync::atomic::AtomicBool,
 }
 
 /// What the handles and the outlet's thread share.
@@ -86,6 +88,7 @@ impl Outlet {
                 place: Mutex::new(Place::Here(writer)),
                 counts: Arc::default(),
                 limit,
+                patient: false.into(),
             }),
         }
     }
@@ -159,6 +162,12 @@ impl Outlet {
         self.shared.counts.dropped.swap(0, Ordering::Relaxed)
     }
 
+    /// From now on a handle waits for room past the limit instead of dropping lines: the
+    /// run's end (the summary, the closing tree), when the ring is read no more.
+    pub fn wait_for_room(&self) {
+        self.shared.patient.store(true, Ordering::Relaxed);
+    }
+
     /// Whether what waits for the thread is down to half the limit: a stall is over.
     pub fn caught_up(&self) -> bool {
         self.shared.counts.waiting.load(Ordering::Relaxed) <= self.shared.limit / 2
@@ -185,8 +194,16 @@ impl Outlet {
             }
             Place::Away { to, .. } => {
                 let counts = &self.shared.counts;
-                let waiting = counts.waiting.load(Ordering::Relaxed);
-                if waiting.saturating_add(end) > self.shared.limit {
+                let full = || {
+                    let waiting = counts.waiting.load(Ordering::Relaxed);
+                    waiting.saturating_add(end) > self.shared.limit
+                };
+                while full() && self.shared.patient.load(Ordering::Relaxed) {
+                    // The thread takes what waits, or fails (then nothing more is taken).
+                    self.shared.check()?;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if full() {
                     let lines = self.buf[..end].iter().filter(|&&b| b == b'\n').count();
                     counts
                         .dropped
@@ -368,11 +385,13 @@ mod tests {
         outlet.write_all(b"lost\n").unwrap();
         outlet.flush().unwrap();
         // The thread meets the closed gate (a broken pipe) and says so from then on.
+        let cap = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let failed = loop {
             match outlet.flush() {
                 Err(e) => break e,
-                Ok(()) => std::thread::yield_now(),
+                Ok(()) => assert!(std::time::Instant::now() < cap, "the error never came"),
             }
+            std::thread::yield_now();
         };
         assert_eq!(failed.kind(), io::ErrorKind::BrokenPipe);
         assert!(failed.to_string().starts_with("test: "), "{failed}");

@@ -261,14 +261,18 @@ impl NativeStacks {
 ///
 /// The symbolizer maps what it reads, so it reads a sealed copy of each object (see
 /// [`Checked::sealed_copy`]), made once a round: a truncation of the file itself cannot
-/// fault it. It reads nothing else: no debug directory is searched, so a debug link in the
-/// object (a name the traced process chose: a FIFO's, a device's) is never opened, and an
-/// object whose compressed sections say they inflate past [`caps::OBJECT_COPY`] is not read.
+/// fault it. It reads nothing else: no debug directory is searched and the copy's debug
+/// links are renamed (see [`Checked::sealed_copy`]), so a debug file the object names (a
+/// name the traced process chose: a FIFO's, a device's) is never looked for; an object whose
+/// compressed sections say they inflate past [`caps::OBJECT_COPY`] is not read, and a round
+/// copies [`caps::OBJECT_COPIES`] at most.
 pub struct Namer {
     symbolizer: Symbolizer,
     /// Each object's copy, by its path and the build id it must have; none for one that is
     /// not the file the kernel named any more (or cannot be read).
     copies: HashMap<(PathBuf, Option<BuildId>), Option<Sealed>>,
+    /// Bytes copied this round (at most [`caps::OBJECT_COPIES`]).
+    copied: u64,
 }
 
 impl Default for Namer {
@@ -277,6 +281,7 @@ impl Default for Namer {
         Namer {
             symbolizer: Symbolizer::builder().set_debug_dirs(Some(none)).build(),
             copies: HashMap::default(),
+            copied: 0,
         }
     }
 }
@@ -284,6 +289,7 @@ impl Default for Namer {
 impl Namer {
     /// The copy of `path`, while it is the file of `build_id` (when the kernel named one).
     fn copy(&mut self, path: &std::path::Path, build_id: Option<BuildId>) -> Option<&Sealed> {
+        let copied = &mut self.copied;
         self.copies
             .entry((path.to_owned(), build_id))
             .or_insert_with(|| {
@@ -291,6 +297,9 @@ impl Namer {
                 if build_id.is_some_and(|id| !has_build_id(&file, &id)) {
                     return None;
                 }
+                *copied = copied
+                    .checked_add(file.len())
+                    .filter(|&n| n <= caps::OBJECT_COPIES)?;
                 let copy = file.sealed_copy().ok()?;
                 copy.inflates_within(caps::OBJECT_COPY).ok()?;
                 Some(copy)

@@ -32,6 +32,13 @@ pub const THREADS: usize = 4096;
 /// `.symtab`, a string table); a larger one is not read.
 pub const OBJECT_PIECE: u64 = 64 << 20;
 
+/// The most one reading of an object file keeps of its pieces in all (its headers, tables and
+/// names); past that a piece is not read.
+pub const OBJECT_PIECES: u64 = 256 << 20;
+
+/// The most one naming round copies of objects in all ([`super::Checked::sealed_copy`]).
+pub const OBJECT_COPIES: u64 = 2 << 30;
+
 /// The largest object file copied for the symbolizer ([`super::Checked::sealed_copy`]).
 pub const OBJECT_COPY: u64 = 1 << 30;
 

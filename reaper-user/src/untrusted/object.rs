@@ -160,8 +160,11 @@ impl Checked {
             if n == 0 {
                 break; // the end, or the file was cut meanwhile: the copy holds what was there
             }
-            if buf[..n].iter().any(|&b| b != 0) {
-                copy.write_all_at(&buf[..n], at)?;
+            // Page by page: a page of zeros is left a hole.
+            for (i, page) in buf[..n].chunks(4096).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    copy.write_all_at(page, at + (i * 4096) as u64)?;
+                }
             }
             at += n as u64;
             if at > caps::OBJECT_COPY {
@@ -185,50 +188,57 @@ impl Checked {
 const DEBUG_LINKS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
 
 /// Renames the debug-link sections of the ELF object in `copy` (the first byte of each name,
-/// `.` to `!`), so a reader looking them up by name finds none. Not an ELF object: left as
-/// it is (the reader refuses it itself).
+/// `.` to `!`), so a reader looking them up by name finds none. The symbolizer reads the
+/// header its own way, so only a header both read alike is taken: a 64-bit object of this
+/// machine's byte order, version 1, with section headers (what this machine's processes
+/// map); another is refused. Not an ELF object at all: left as it is (the symbolizer refuses
+/// it itself).
 fn blind_links(copy: &File) -> io::Result<()> {
-    use object::elf::{FileHeader32, FileHeader64};
+    use object::elf::{ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, EV_CURRENT, FileHeader64};
     use object::read::elf::{FileHeader, SectionHeader as _};
-    fn blind<Elf: FileHeader<Endian = object::Endianness>>(copy: &File) -> io::Result<()> {
-        let reader = Pieces::new(copy, copy.metadata()?.len());
-        let Ok(header) = Elf::parse(&reader) else {
-            return Ok(());
-        };
-        let bad = |e: object::Error| refused(format!("its section headers do not read: {e}"));
-        let endian = header.endian().map_err(bad)?;
-        let sections = header.sections(endian, &reader).map_err(bad)?;
-        let mut names = Vec::new();
-        for section in sections.iter() {
-            let name = sections.section_name(endian, section).map_err(bad)?;
-            if DEBUG_LINKS.contains(&name) {
-                names.push(u64::from(section.sh_name(endian)));
-            }
-        }
-        if names.is_empty() {
-            return Ok(());
-        }
-        let strings = header.shstrndx(endian, &reader).map_err(bad)?;
-        let table = sections
-            .section(object::SectionIndex(strings as usize))
-            .map_err(bad)?;
-        let table_at: u64 = table.sh_offset(endian).into();
-        for name in names {
-            let at = table_at
-                .checked_add(name)
-                .ok_or_else(|| refused("a name past the end"))?;
-            copy.write_all_at(b"!", at)?;
-        }
-        Ok(())
-    }
-    let mut ident = [0u8; 5];
-    if copy.read_exact_at(&mut ident, 0).is_err() || &ident[..4] != b"\x7fELF" {
+    let mut ident = [0u8; 16];
+    if copy.read_exact_at(&mut ident, 0).is_err() || ident[..4] != *b"\x7fELF" {
         return Ok(());
     }
-    match ident[4] {
-        object::elf::ELFCLASS32 => blind::<FileHeader32<object::Endianness>>(copy),
-        _ => blind::<FileHeader64<object::Endianness>>(copy),
+    let native = match cfg!(target_endian = "little") {
+        true => ELFDATA2LSB,
+        false => ELFDATA2MSB,
+    };
+    if ident[4] != ELFCLASS64 || ident[5] != native || ident[6] != EV_CURRENT {
+        return Err(refused(
+            "not a 64-bit ELF object of this machine's byte order",
+        ));
     }
+    let reader = Pieces::new(copy, copy.metadata()?.len());
+    let bad = |e: object::Error| refused(format!("its headers do not read: {e}"));
+    let header = FileHeader64::<object::Endianness>::parse(&reader).map_err(bad)?;
+    let endian = header.endian().map_err(bad)?;
+    if header.e_shoff(endian) == 0 {
+        return Err(refused("it has no section headers"));
+    }
+    let sections = header.sections(endian, &reader).map_err(bad)?;
+    let mut names = Vec::new();
+    for section in sections.iter() {
+        let name = sections.section_name(endian, section).map_err(bad)?;
+        if DEBUG_LINKS.contains(&name) {
+            names.push(u64::from(section.sh_name(endian)));
+        }
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    let strings = header.shstrndx(endian, &reader).map_err(bad)?;
+    let table = sections
+        .section(object::SectionIndex(strings as usize))
+        .map_err(bad)?;
+    let table_at = table.sh_offset(endian);
+    for name in names {
+        let at = table_at
+            .checked_add(name)
+            .ok_or_else(|| refused("a section's name lies past the end"))?;
+        copy.write_all_at(b"!", at)?;
+    }
+    Ok(())
 }
 
 /// A sealed private copy of a file (see [`Checked::sealed_copy`]).
@@ -268,12 +278,15 @@ impl Sealed {
 /// A checked file as the `object` crate's parsers read it (see [`Checked::reader`]): each
 /// piece they ask for is read when asked, against the size the file had when opened, and
 /// kept until the reader is dropped (they hold on to what they were given). A piece larger
-/// than [`caps::OBJECT_PIECE`] is refused before anything is allocated for it: a section
-/// header may say any size, and a sparse file may be any length.
+/// than [`caps::OBJECT_PIECE`], or past [`caps::OBJECT_PIECES`] kept in all, is refused before
+/// anything is allocated for it: a section header may say any size, and a sparse file may be
+/// any length.
 pub struct Pieces<'f> {
     file: &'f File,
     /// The file's size when opened.
     len: u64,
+    /// Bytes the pieces kept may still take (see [`caps::OBJECT_PIECES`]).
+    budget: std::cell::Cell<u64>,
     pieces: FrozenMap<(u64, u64), Box<[u8]>>,
     strings: FrozenMap<(u64, u8), Box<[u8]>>,
 }
@@ -286,9 +299,19 @@ impl<'f> Pieces<'f> {
         Pieces {
             file,
             len,
+            budget: std::cell::Cell::new(caps::OBJECT_PIECES),
             pieces: FrozenMap::new(),
             strings: FrozenMap::new(),
         }
+    }
+}
+
+impl Pieces<'_> {
+    /// Takes `size` bytes of the budget, or refuses.
+    fn take(&self, size: u64) -> Result<(), ()> {
+        let left = self.budget.get().checked_sub(size).ok_or(())?;
+        self.budget.set(left);
+        Ok(())
     }
 }
 
@@ -308,6 +331,7 @@ impl<'a> ReadRef<'a> for &'a Pieces<'_> {
         if let Some(piece) = self.pieces.get(&(offset, size)) {
             return Ok(piece);
         }
+        self.take(size)?;
         let mut piece = vec![0; usize::try_from(size).map_err(|_| ())?];
         self.file
             .read_exact_at(&mut piece, offset)
@@ -319,8 +343,15 @@ impl<'a> ReadRef<'a> for &'a Pieces<'_> {
         if let Some(string) = self.strings.get(&(range.start, delimiter)) {
             return Ok(string);
         }
-        let end = range.end.min(self.len);
-        let most = end.checked_sub(range.start).ok_or(())?.min(STRING_MAX);
+        if range.end > self.len {
+            return Err(());
+        }
+        let most = range
+            .end
+            .checked_sub(range.start)
+            .ok_or(())?
+            .min(STRING_MAX);
+        self.take(most)?;
         let mut bytes = vec![0; most as usize];
         let mut got = 0;
         while got < bytes.len() {
@@ -452,8 +483,22 @@ mod tests {
             "only the name changed"
         );
 
-        // 256 MiB of which 5 bytes are data: the copy takes a page or so.
+        // A header the symbolizer would read otherwise than the parser: refused.
         let dir = tempfile::tempdir().unwrap();
+        let odd = |what: &str, at: u64, bytes: &[u8]| {
+            let path = dir.path().join(what);
+            std::fs::copy("/bin/true", &path).unwrap();
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.write_all_at(bytes, at).unwrap();
+            Checked::open(&path).unwrap().sealed_copy().err()
+        };
+        assert!(odd("big-endian", 5, &[object::elf::ELFDATA2MSB]).is_some());
+        assert!(odd("32-bit", 4, &[object::elf::ELFCLASS32]).is_some());
+        // e_shoff, at 0x28 in a 64-bit header.
+        let e = odd("no-sections", 0x28, &[0; 8]).expect("refused");
+        assert!(e.to_string().contains("no section headers"), "{e}");
+
+        // 256 MiB of which 5 bytes are data: the copy takes a page or so.
         let path = dir.path().join("sparse");
         let file = File::create(&path).unwrap();
         file.set_len(256 << 20).unwrap();
@@ -483,7 +528,9 @@ mod tests {
         assert_eq!((&reader).read_bytes_at(1 << 20, 4).unwrap(), b"name");
         let name = (&reader).read_bytes_at_until((1 << 20)..(2 << 20), 0);
         assert_eq!(name.unwrap(), b"name");
-        // No delimiter within the longest string asked for.
+        // No delimiter within the longest string asked for; a range past the end.
         assert!((&reader).read_bytes_at_until(0..(1 << 20), 0xff).is_err());
+        let past = ((8 << 30) - 2)..((8 << 30) + 10);
+        assert!((&reader).read_bytes_at_until(past, 0).is_err());
     }
 }
