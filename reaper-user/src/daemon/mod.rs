@@ -8,16 +8,16 @@ mod descriptors;
 mod event_loop;
 mod outlets;
 pub mod pipeline;
+mod servers;
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    api::server::{Access, Server, SocketFile},
     capture::loader::{
         Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
         StackMaps,
@@ -38,7 +38,6 @@ use crate::{
     },
     privileges,
     procfs::{self, Stat, boottime_now},
-    serve,
     sites::SpawnSites,
     state::{self, StateDir, StateLock, Taken},
     stream::{
@@ -53,6 +52,7 @@ use command::{GatewayCommand, exit_code, spawn_gateway};
 use event_loop::{Signals, Sources, drain, event_loop};
 use outlets::{API_QUEUE, api_socket, output_for};
 use pipeline::{KeptState, Pipeline};
+use servers::Servers;
 
 /// Time for probes still running on another CPU to finish after detaching.
 const DETACH_SETTLE: Duration = Duration::from_millis(20);
@@ -88,63 +88,6 @@ struct Tracing {
     _held: Option<StateLock>,
     /// The API and the metrics, closed when the run ends.
     servers: Servers,
-}
-
-/// What the run serves, on the servers' thread: the API (its socket removed when closed) and
-/// the metrics.
-struct Servers {
-    api: Option<Server>,
-    metrics: Option<serve::Server>,
-    /// Last: the servers above run on it.
-    thread: Option<serve::Thread>,
-}
-
-impl Servers {
-    /// Starts serving what was bound: the metrics from `registry`, the API's questions sent to
-    /// `queries`.
-    fn start(
-        metrics: Option<std::net::TcpListener>,
-        registry: std::sync::Arc<prometheus_client::registry::Registry>,
-        api: Option<(std::os::unix::net::UnixListener, SocketFile)>,
-        queries: Option<tokio::sync::mpsc::Sender<crate::api::Query>>,
-        group: Option<u32>,
-    ) -> Result<Servers> {
-        if metrics.is_none() && api.is_none() {
-            let (api, metrics, thread) = (None, None, None);
-            return Ok(Servers {
-                api,
-                metrics,
-                thread,
-            });
-        }
-        let thread = serve::Thread::start().context("starting the servers' thread")?;
-        let metrics = metrics
-            .map(|listener| output_serve::serve(&thread, listener, registry))
-            .transpose()
-            .context("serving the metrics")?;
-        let api = api
-            .zip(queries)
-            .map(|(bound, queries)| Server::start(&thread, bound, Access { group }, queries))
-            .transpose()
-            .context("serving the API")?;
-        Ok(Servers {
-            api,
-            metrics,
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops serving: the API's answers under way end (a follower's last lines), then the
-    /// thread.
-    async fn close(self) {
-        if let Some(api) = self.api {
-            api.close().await;
-        }
-        if let Some(metrics) = self.metrics {
-            metrics.close(std::time::Duration::ZERO).await;
-        }
-        drop(self.thread);
-    }
 }
 
 /// Checks what was asked, takes back the state directory, loads and attaches the probes,
