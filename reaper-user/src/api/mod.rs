@@ -1,7 +1,7 @@
 //! The running audit's local, read-only API: HTTP/1.1 with JSON bodies on a UNIX socket
-//! (`--api`), asked by `reaper-trace why PID`. The answers are built by the event loop at its
-//! housekeeping tick, every 100 ms (see [`Query`]), from what it holds: the lineage graph,
-//! the flags, the spawn sites. Nothing on it changes what is traced or kills anything.
+//! (`--api`), asked by `reaper-trace why PID`. The answers are built as the questions come
+//! (see [`Query`]), from what the run holds: the lineage graph, the flags, the spawn sites,
+//! and a fresh look at the process asked about. Nothing on it changes what is traced or kills anything.
 //!
 //! Paths (`/v1/...`; a later version adds paths, never changes these):
 //! - `GET /v1/status`: the run ([`Status`]).
@@ -40,7 +40,7 @@ pub fn default_path(pid: u32) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("{pid}.sock"))
 }
 
-/// A question for the event loop, with where its answer goes.
+/// A question for the run (`daemon/answers.rs`), with where its answer goes.
 pub struct Query {
     pub asked: Asked,
     pub reply: oneshot::Sender<Answer>,
@@ -84,9 +84,9 @@ pub struct KindCount {
     pub instances: u64,
 }
 
-/// What the event loop answered: the body's JSON, or `None` for a process it does not track
-/// (the answer crosses to the connection's task as bytes: the stream's types share their
-/// strings within the event loop's thread).
+/// What the run answered: the body's JSON, or `None` for a process it does not track (the
+/// answer crosses to the connection's task as bytes: the stream's types share their strings
+/// within the reader's thread).
 pub type Answer = Option<Vec<u8>>;
 
 /// `GET /v1/status`.

@@ -1,6 +1,6 @@
 //! Serves the API on its UNIX socket (through [`crate::serve`], on the servers' thread): each
-//! request a [`Query`] the event loop answers at its housekeeping tick. Only root, reaper-trace's own
-//! user and the members of `--api-group` may ask (the socket is 0600, or 0660 and the group's;
+//! request a [`Query`] the run answers as it comes (`daemon/answers.rs`). Only root,
+//! reaper-trace's own user and the members of `--api-group` may ask (the socket is 0600, or 0660 and the group's;
 //! each connection's peer credentials are checked too).
 use std::convert::Infallible;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

@@ -1,7 +1,7 @@
 //! The event loop: the ring read on the pace of the poll clock while records stream, the
 //! upkeep on the housekeeping tick, the leak rules and `--kill` on the scan's timer (both on
 //! the poll clock's ticks while records stream), until a stop condition.
-use std::{pin::Pin, time::Duration};
+use std::{cell::RefCell, pin::Pin, time::Duration};
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
@@ -9,10 +9,7 @@ use tokio::{
     io::unix::AsyncFd,
     pin,
     signal::unix::{SignalKind, signal},
-    sync::{
-        mpsc::{Receiver, UnboundedReceiver},
-        oneshot,
-    },
+    sync::{mpsc::UnboundedReceiver, oneshot},
     time::{Instant, Sleep, sleep_until},
 };
 
@@ -20,7 +17,7 @@ use super::checkpoints::Checkpoints;
 use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
-use crate::api::Query;
+use super::rounds::Rounds;
 use crate::capture::loader::{KernelMaps, ReaderMarks};
 use crate::capture::poll_clock::PollClock;
 use crate::cli::Cli;
@@ -52,8 +49,6 @@ pub(super) struct Sources {
     pub(super) kill_reports: Option<UnboundedReceiver<KillReport>>,
     /// The lineage checkpoint's writer; none without `--state-dir`.
     pub(super) checkpoints: Option<Checkpoints>,
-    /// The API's questions; none with `--api off`.
-    pub(super) api: Option<Receiver<Query>>,
     pub(super) signals: Signals,
 }
 
@@ -181,6 +176,13 @@ impl Chores {
         }
     }
 
+    /// The next leak scan at `at`, if that is sooner than it is due.
+    fn scan_sooner(&mut self, at: Instant) {
+        if at < self.scan_due {
+            self.scan_done(at);
+        }
+    }
+
     /// Whether a tick is to do housekeeping.
     fn house_due_on_tick(&self, now: Instant) -> bool {
         self.on_ticks && now >= self.house_due
@@ -200,11 +202,15 @@ impl Chores {
 /// it. When a poll finds nothing, it tells the kernel it goes idle (the
 /// next record then wakes it at once), polls once more to catch a record that raced that,
 /// and sleeps. Housekeeping also polls, which bounds even that race's delay.
+///
+/// The run is borrowed at each wake-up, for what that wake-up does, and never across an
+/// await: the API's answers (`daemon/answers.rs`) borrow it between.
 pub(super) async fn event_loop(
     cli: &Cli,
     selectors: &mut Selectors,
-    run: &mut Pipeline,
+    shared: &RefCell<Pipeline>,
     sources: &mut Sources,
+    rounds: &mut Rounds,
 ) -> Result<Stop> {
     let Sources {
         ring,
@@ -213,7 +219,6 @@ pub(super) async fn event_loop(
         kill_reports,
         checkpoints,
         signals,
-        api,
     } = sources;
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     // `--wakeup-interval 0`: every record wakes the reader (the kernel is told not to batch),
@@ -234,13 +239,7 @@ pub(super) async fn event_loop(
     loop {
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
-        let look_again = if run.has_pending_interpreters() {
-            Some(LOOK_AGAIN_INTERPRETER)
-        } else if run.has_pending_reparents() {
-            Some(LOOK_AGAIN)
-        } else {
-            None
-        };
+        let look_again = look_again(&shared.borrow());
         if let Some(wait) = look_again {
             chores.look_again_within(wait);
         }
@@ -252,7 +251,7 @@ pub(super) async fn event_loop(
             ready = ring.readable_mut() => {
                 // Clear first, then drain: a record arriving meanwhile re-arms readiness.
                 ready.context("waiting on the ring buffer")?.clear_ready();
-                drain(ring.get_mut(), run, &mut kernel.marks)?;
+                drain(ring.get_mut(), &mut shared.borrow_mut(), &mut kernel.marks)?;
                 if batching {
                     poll.start().context("starting the poll clock")?;
                 }
@@ -260,10 +259,11 @@ pub(super) async fn event_loop(
             }
             tick = poll.tick(), if poll.ticking() => {
                 tick.context("waiting on the poll clock")?;
-                let mut n = drain(ring.get_mut(), run, &mut kernel.marks)?;
+                let mut run = shared.borrow_mut();
+                let mut n = drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
                 if n == 0 {
                     kernel.reader_idle.going_idle()?;
-                    n = drain(ring.get_mut(), run, &mut kernel.marks)?;
+                    n = drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
                 }
                 match n {
                     0 => {
@@ -282,27 +282,31 @@ pub(super) async fn event_loop(
                 // A chore done on a tick writes its lines at once, as on its own timer.
                 let now = Instant::now();
                 if chores.house_due_on_tick(now) {
-                    keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
+                    keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
                     chores.house_done();
                     flush = true;
                 }
                 if chores.scan_due_on_tick(now) {
-                    chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
+                    let next = scan_leaks(cli, &mut run, ring.get_mut(), &mut kernel.marks, rounds)?;
+                    chores.scan_done(next);
                     flush = true;
                 }
             }
             _ = &mut chores.house => {
-                keep_house(cli, selectors, run, ring.get_mut(), kernel, checkpoints, api)?;
+                let mut run = shared.borrow_mut();
+                keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
                 chores.house_done();
             }
             _ = &mut chores.scan => {
-                chores.scan_done(scan_leaks(cli, run, ring.get_mut(), &mut kernel.marks)?);
+                let next =
+                    scan_leaks(cli, &mut shared.borrow_mut(), ring.get_mut(), &mut kernel.marks, rounds)?;
+                chores.scan_done(next);
             }
-            Some(report) = next_report(kill_reports) => run.report_kill(report)?,
+            Some(report) = next_report(kill_reports) => shared.borrow_mut().report_kill(report)?,
             status = command.wait(), if command.running() => {
                 command.status = Some(status?);
                 // Its exit event may still be in the ring.
-                drain(ring.get_mut(), run, &mut kernel.marks)?;
+                drain(ring.get_mut(), &mut shared.borrow_mut(), &mut kernel.marks)?;
                 if cli.check {
                     settle.as_mut().reset(Instant::now() + cli.settle_time());
                     settling = true;
@@ -311,6 +315,12 @@ pub(super) async fn event_loop(
             _ = &mut settle, if settling => return Ok(Stop::Done),
             Ok(name) = &mut signals.first => return Ok(Stop::Signal(name)),
             _ = &mut stop_at => return Ok(Stop::Duration),
+        }
+        rounds.failure().context("writing output")?;
+        let mut run = shared.borrow_mut();
+        // A round's rules may want the next look sooner (an orphan grace that started).
+        if rounds.take_done() {
+            chores.scan_sooner(next_scan(cli.scan_interval, run.next_look()));
         }
         if flush {
             run.output().flush().context("writing output")?;
@@ -322,8 +332,20 @@ pub(super) async fn event_loop(
     }
 }
 
+/// How soon housekeeping is to look again at what is pending: a child whose parent exited,
+/// an interpreter not yet mapped.
+fn look_again(run: &Pipeline) -> Option<Duration> {
+    if run.has_pending_interpreters() {
+        Some(LOOK_AGAIN_INTERPRETER)
+    } else if run.has_pending_reparents() {
+        Some(LOOK_AGAIN)
+    } else {
+        None
+    }
+}
+
 /// Housekeeping: losses checked (and the graph made exact again after one), interpreters and
-/// pid files looked at again, the checkpoint when due, the API's questions answered.
+/// pid files looked at again, the checkpoint when due.
 fn keep_house(
     cli: &Cli,
     selectors: &mut Selectors,
@@ -331,7 +353,6 @@ fn keep_house(
     ring: &mut RingBuf<MapData>,
     kernel: &mut KernelMaps,
     checkpoints: &mut Option<Checkpoints>,
-    api: &mut Option<Receiver<Query>>,
 ) -> Result<()> {
     let losses = kernel.counters.losses()?;
     drain(ring, run, &mut kernel.marks)?;
@@ -342,29 +363,25 @@ fn keep_house(
     if let Some(checkpoints) = checkpoints.as_mut() {
         checkpoints.due(run)?;
     }
-    // The API's questions wait for this tick (about 100 ms at most), not a branch of their
-    // own: a pending receiver polled at every wake-up of a fork storm cost the reader some 8%
-    // (measured).
-    while let Some(query) = api.as_mut().and_then(|rx| rx.try_recv().ok()) {
-        run.answer(query);
-    }
     Ok(())
 }
 
-/// The leak scan: the rules, `--kill`'s decisions, the status line. Returns when the next
-/// one is due.
+/// The leak scan: zombies whose free lags recorded, then a round of the rules started (its
+/// flags, `--kill`'s decisions and the status line follow when it is done, see [`Rounds`]).
+/// Returns when the next one is due: a scan interval from now (once the round is written,
+/// the event loop brings it forward to when its rules want a look, see `scan_sooner`; what
+/// they want now is what the round under way is to look at).
 fn scan_leaks(
     cli: &Cli,
     run: &mut Pipeline,
     ring: &mut RingBuf<MapData>,
     marks: &mut ReaderMarks,
+    rounds: &mut Rounds,
 ) -> Result<Instant> {
     drain(ring, run, marks)?;
     run.release_lagging(FREE_LAG)?;
-    run.scan_leaks()?;
-    run.decide_kills()?;
-    run.output().draw_status().context("writing output")?;
-    Ok(next_scan(cli.scan_interval, run.next_look()))
+    rounds.start();
+    Ok(Instant::now() + cli.scan_interval)
 }
 
 /// When the next leak scan runs: a scan interval from now, or sooner when an orphan grace

@@ -2,14 +2,19 @@
 //! stop condition, then detach, drain and summarise. The parts and the path a record takes
 //! through them are [`pipeline`]'s; the loop that drives them on their timers is
 //! [`event_loop`]'s; the `-- CMD` gateway is [`command`]'s.
+mod answers;
 mod checkpoints;
 mod command;
 mod descriptors;
 mod event_loop;
 mod outlets;
 pub mod pipeline;
+mod rounds;
 mod servers;
+mod worker;
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
@@ -62,20 +67,49 @@ const SETTLE_TRIES: usize = 1000;
 
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
-    let mut tracing = start(&cli).await?;
+    let tracing = start(&cli).await?;
+    // The API's answers are a task of their own beside the event loop, on this thread: the
+    // run's parts share their strings within it (`Rc`), and the answers borrow them between
+    // the event loop's wake-ups.
+    let local = tokio::task::LocalSet::new();
+    local.run_until(trace(&cli, tracing)).await
+}
+
+/// The event loop, with the API's answers beside it, until a stop; then the close.
+async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
+    // Started once privileges are dropped (capabilities are a thread's).
+    let slow = Rc::new(worker::Worker::start()?);
+    let answers = tracing.queries.take().map(|queries| {
+        let task = answers::answer_all(tracing.run.clone(), queries, slow.clone());
+        tokio::task::spawn_local(task)
+    });
+    let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
     let stop = event_loop(
-        &cli,
+        cli,
         &mut tracing.selectors,
-        &mut tracing.run,
+        &tracing.run,
         &mut tracing.sources,
+        &mut rounds,
     )
-    .await?;
-    close(&cli, tracing, stop).await
+    .await;
+    // The answers end before the close takes the run's parts (a question asked from here is
+    // told the run is ending); a round under way is written first.
+    if let Some(answers) = answers {
+        answers.abort();
+        let _ = answers.await;
+    }
+    let finished = rounds.finish().await;
+    let stop = stop?;
+    finished?;
+    close(cli, tracing, stop).await
 }
 
 /// A run between its start and its stop: each part with its owner.
 struct Tracing {
-    run: Pipeline,
+    /// Borrowed by the event loop at each wake-up and by the API's answers between.
+    run: Rc<RefCell<Pipeline>>,
+    /// The API's questions; none with `--api off`.
+    queries: Option<tokio::sync::mpsc::Receiver<crate::api::Query>>,
     selectors: Selectors,
     sources: Sources,
     /// The probes: dropped (detached) at the stop, unless a kept state's go on.
@@ -281,10 +315,10 @@ async fn start(cli: &Cli) -> Result<Tracing> {
         kill_reports,
         checkpoints,
         signals,
-        api: asked,
     };
     Ok(Tracing {
-        run,
+        run: Rc::new(RefCell::new(run)),
+        queries: asked,
         selectors,
         sources,
         attached,
@@ -342,7 +376,7 @@ fn pipeline_for(
 /// the summary, and the last checkpoint. Returns the exit status.
 async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     let Tracing {
-        mut run,
+        run,
         sources,
         attached,
         junit,
@@ -350,6 +384,9 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         servers,
         ..
     } = tracing;
+    let mut run = Rc::try_unwrap(run)
+        .map_err(|_| anyhow!("the API's answers still held the run at its close"))?
+        .into_inner();
     let Sources {
         mut ring,
         mut kernel,

@@ -21,7 +21,7 @@ use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
-use crate::lineage::graph::{Change, LineageGraph, Seed};
+use crate::lineage::graph::{Change, LineageGraph, NodeId, Seed};
 use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
@@ -35,7 +35,9 @@ use crate::text::Args;
 
 mod answers;
 mod resume;
+mod scan;
 pub use resume::KeptState;
+pub use scan::Unread;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -62,6 +64,8 @@ pub struct Pipeline {
     last_exit: u64,
     /// Boot-time ns the run started at.
     started: u64,
+    /// The flags a round raised that it has not written yet (see [`Pipeline::judge_round`]).
+    unwritten: Vec<(NodeId, Reason)>,
 }
 
 impl Pipeline {
@@ -89,6 +93,7 @@ impl Pipeline {
             sites: None,
             last_exit: boottime_now(),
             started: boottime_now(),
+            unwritten: Vec::new(),
         }
     }
 
@@ -117,7 +122,7 @@ impl Pipeline {
     }
 
     /// Operator notes, written.
-    fn tell(&mut self, notes: &[String]) -> Result<()> {
+    pub fn tell(&mut self, notes: &[String]) -> Result<()> {
         for note in notes {
             self.out.note(note)?;
         }
@@ -160,6 +165,12 @@ impl Pipeline {
         if let Change::Exited { node, .. } = change {
             self.last_exit = ev.ts;
             for cleared in self.inspector.exited(node) {
+                if let crate::leaks::Change::Cleared { reason, .. } = cleared
+                    && !self.unwritten.is_empty()
+                    && self.never_written(node, reason)
+                {
+                    continue;
+                }
                 if let Some(event) = flags::change_event(&self.graph, &cleared, ev.ts) {
                     self.out.event(ev.ts, &event)?;
                 }
@@ -298,34 +309,24 @@ impl Pipeline {
         self.write(found)
     }
 
-    /// One round of the leak rules: writes the flags that started or stopped holding, and
-    /// sets the gauges from what the scan saw.
-    pub fn scan_leaks(&mut self) -> Result<()> {
-        let began = Instant::now();
-        let now = boottime_now();
-        let changes = self.inspector.scan(&self.graph, now);
-        self.write_scan(&changes, began, now)
-    }
-
     /// The stop's last look: clears the flags of processes that ended since the last scan
     /// and raises none. What a stop leaves is a chain half torn down (its outer process gone,
     /// its leaf a few milliseconds from its own exit); judged, such a leaf is a new server
     /// "orphaned" for the time it takes to exit.
     pub fn clear_ended(&mut self) -> Result<()> {
         let began = Instant::now();
-        let now = boottime_now();
         let changes = self.inspector.clear_ended(&self.graph);
-        self.write_scan(&changes, began, now)
+        self.write_scan(&changes, Some(began))
     }
 
-    /// Writes a round's flags that started or stopped holding, and sets the gauges from what
-    /// the round saw.
+    /// Writes a round's flags that started or stopped holding; with the time the round
+    /// `began`, sets the gauges from what the round saw.
     fn write_scan(
         &mut self,
         changes: &[crate::leaks::Change],
-        began: Instant,
-        now: u64,
+        began: Option<Instant>,
     ) -> Result<()> {
+        let now = boottime_now();
         let mut found: Vec<Event> = changes
             .iter()
             .filter_map(|change| flags::change_event(&self.graph, change, now))
@@ -346,6 +347,19 @@ impl Pipeline {
         }
         self.gateways.retain(|id| self.graph.node(id).is_some());
         self.out.events(now, &found)?;
+        if let Some(began) = began {
+            self.set_gauges(began);
+        }
+        // Naming read objects' symbols and line tables, megabytes freed at once: their pages
+        // go back (see `resident`; the round's other blocks are small, or mapped apart).
+        if symbolized {
+            crate::resident::give_back_freed();
+        }
+        Ok(())
+    }
+
+    /// The gauges, from what a round that `began` then saw.
+    fn set_gauges(&mut self, began: Instant) {
         let flagged = flags::flagged_now(&self.graph, &self.inspector, &mut self.flagged_rss);
         self.out.metrics.set_state(&ScanState {
             alive: self.graph.live_count(),
@@ -360,12 +374,6 @@ impl Pipeline {
                 .inspect(|k| self.kinds.clone_from(k)),
             took: began.elapsed(),
         });
-        // Naming read objects' symbols and line tables, megabytes freed at once: their pages
-        // go back (see `resident`; the round's other blocks are small, or mapped apart).
-        if symbolized {
-            crate::resident::give_back_freed();
-        }
-        Ok(())
     }
 
     /// When the rules next need a look sooner than the scan interval (an orphan grace ends),

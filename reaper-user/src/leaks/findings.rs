@@ -10,7 +10,7 @@ use crate::procfs::placement::Placement;
 pub use super::rules::Reason;
 
 /// The /proc facts about a live process, and who holds the other ends of its pipes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Evidence {
     pub sample: Sample,
     /// The holders of each pipe and socket in `sample`, by fd.

@@ -19,7 +19,7 @@
 //! flagged once, on the outermost process. A process's internal channels count for nothing.
 use std::time::Duration;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::channels::{self, Holders};
 use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
@@ -28,6 +28,7 @@ use super::rules::accumulating::{Crowds, Verdict, Watched};
 use super::rules::orphaned::Breaks;
 use super::rules::{self, Observed, zombie};
 use super::sampler::{Sample, Sampler};
+use crate::identity::ProcessId;
 use crate::procfs::placement::Placement;
 
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
@@ -108,6 +109,53 @@ pub struct Inspector {
     breaks: Breaks,
     /// `accumulating`'s count across looks.
     crowds: Crowds,
+}
+
+/// One round of the rules, taken in steps so that its /proc reads can be made away from the
+/// graph: [`Inspector::plan`] (what is due), the looks (each a [`Look`], sampled wherever its
+/// owner runs them), [`Inspector::judge_round`] (the rules), then who holds the other ends of
+/// the new flags' channels ([`Round::evidence`], read like the looks).
+pub struct Round {
+    /// Boot-time ns the round judges at.
+    pub now: u64,
+    /// The flags that started or stopped holding.
+    pub changes: Vec<Change>,
+    /// The looks due, until taken.
+    pub looks: Vec<Look>,
+    /// What was sampled.
+    sampled: HashSet<NodeId>,
+}
+
+/// One process to sample, and its last sample (a socket's peer is taken from it when the
+/// socket is the same).
+pub struct Look {
+    pub id: NodeId,
+    pub process: ProcessId,
+    pub before: Option<Sample>,
+}
+
+impl Round {
+    /// The new flags' evidence: those whose evidence is a channel, who holds the other ends
+    /// to be looked up (every live tracked process, gateways included, may hold one), and the
+    /// rest, whose evidence is their kind and count (`accumulating`: a thousand instances of
+    /// a kind must not send a thousand processes' fds to be read every scan they trickle
+    /// in), their memory and placement to be read.
+    pub fn evidence(&mut self) -> (Vec<&mut Evidence>, Vec<&mut Evidence>) {
+        let flagged = self.changes.iter_mut().filter_map(|c| match c {
+            Change::Flag(f) if f.evidence.is_some() => Some(&mut **f),
+            _ => None,
+        });
+        let (with_peers, without): (Vec<&mut Flagged>, Vec<&mut Flagged>) =
+            flagged.partition(|f| f.reason != Reason::Accumulating);
+        (evidence_of(with_peers), evidence_of(without))
+    }
+}
+
+fn evidence_of(flags: Vec<&mut Flagged>) -> Vec<&mut Evidence> {
+    flags
+        .into_iter()
+        .filter_map(|f| f.evidence.as_mut())
+        .collect()
 }
 
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
@@ -205,51 +253,80 @@ impl Inspector {
         self.crowds.crowd_of(graph, &servers, id, &watched)
     }
 
-    /// One round at boot-time `now`: samples what is due, applies the rules, and returns the
-    /// flags that started or stopped holding.
+    /// One round at boot-time `now`, all its steps taken here (see [`Round`]): samples what
+    /// is due, applies the rules, and returns the flags that started or stopped holding.
+    #[cfg(test)]
     pub fn scan(&mut self, graph: &LineageGraph, now: u64) -> Vec<Change> {
+        let mut round = self.plan(graph, now);
+        let sampled = std::mem::take(&mut round.looks)
+            .into_iter()
+            .map(|look| {
+                let sample = self.sampler.sample(look.process, look.before.as_ref());
+                (look, sample)
+            })
+            .collect();
+        self.judge_round(graph, &mut round, sampled);
+        let (mut with_peers, mut without) = round.evidence();
+        self.add_peers(graph, graph.alive(), &mut with_peers);
+        for e in without.iter_mut() {
+            evidence::add_process_facts(e);
+        }
+        round.changes
+    }
+
+    /// A round's first step, at boot-time `now`: the flags of the processes that exited
+    /// cleared, and the looks that are due (see [`Round`]).
+    pub fn plan(&mut self, graph: &LineageGraph, now: u64) -> Round {
         let mut changes = Vec::new();
         self.forget_the_dead(graph, &mut changes);
-        let sampled = self.sample_due(graph, now);
+        let looks = self.due(graph, now);
+        Round {
+            now,
+            changes,
+            looks,
+            sampled: HashSet::default(),
+        }
+    }
+
+    /// A round's second step, its looks taken (`sampled`: each look and what it found, none
+    /// for a process gone meanwhile): the samples remembered, the rules applied. The flags
+    /// that start or stop holding are the round's changes; those that hold are held from
+    /// here (see [`Inspector::withdraw`] for one never written).
+    pub fn judge_round(
+        &mut self,
+        graph: &LineageGraph,
+        round: &mut Round,
+        sampled: Vec<(Look, Option<Sample>)>,
+    ) {
+        let now = round.now;
+        round.sampled = self.remember(graph, sampled, now);
         let count = self.crowds.due(now);
-        if !sampled.is_empty() || count {
+        let changes = &mut round.changes;
+        if !round.sampled.is_empty() || count {
             let servers = self.servers(graph);
             for server in &servers {
-                if sampled.contains(&server[0]) {
-                    self.judge(server, now, &mut changes);
+                if round.sampled.contains(&server[0]) {
+                    self.judge(server, now, changes);
                 }
             }
             let watched = Looked(&self.watches);
             let max = self.opts.max_instances;
             let verdict = self.crowds.judge(graph, &servers, &watched, max, now);
-            self.apply_crowds(verdict, &servers, &mut changes);
+            self.apply_crowds(verdict, &servers, changes);
         }
-        self.check_zombies(graph, now, &mut changes);
-        // Who holds the other ends is looked up for the flags whose evidence is a channel; an
-        // `accumulating` flag's evidence is its kind and count (a thousand instances of a kind
-        // must not send a thousand processes' fds to be read every scan they trickle in).
-        let (mut with_peers, mut without): (Vec<&mut Flagged>, Vec<&mut Flagged>) = changes
-            .iter_mut()
-            .filter_map(|c| match c {
-                Change::Flag(f) if f.evidence.is_some() => Some(&mut **f),
-                _ => None,
-            })
-            .partition(|f| f.reason != Reason::Accumulating);
-        let mut evidence: Vec<&mut Evidence> = with_peers
-            .iter_mut()
-            .filter_map(|f| f.evidence.as_mut())
-            .collect();
-        // Every live tracked process (gateways included) may hold an other end.
-        self.add_peers(graph, graph.alive(), &mut evidence);
-        for e in without.iter_mut().filter_map(|f| f.evidence.as_mut()) {
-            evidence::add_process_facts(e);
-        }
-        for c in &changes {
+        self.check_zombies(graph, now, changes);
+        for c in changes.iter() {
             if let Change::Flag(f) = c {
                 self.raised[f.reason as usize] += 1;
             }
         }
-        changes
+    }
+
+    /// A flag the rules raised that was never written: its process exited before the round
+    /// that raised it was done (its exit cleared it, see [`Inspector::exited`]). Not counted.
+    pub fn never_written(&mut self, reason: Reason) {
+        let raised = &mut self.raised[reason as usize];
+        *raised = raised.saturating_sub(1);
     }
 
     /// The flags of processes that ended (exited, or were reaped) since the last scan,
@@ -497,6 +574,7 @@ impl Inspector {
 }
 
 mod evidence;
+pub use evidence::{Lookout, Near};
 mod looks;
 
 #[cfg(test)]
@@ -534,6 +612,60 @@ mod tests {
                 Change::Cleared { reason, .. } => ("cleared", *reason),
             })
             .collect()
+    }
+
+    /// A round in its steps, its looks answered with made-up samples (the rules need no
+    /// /proc): a pipe read end whose writers are gone, for `--idle-after`, is `deaf`. Its
+    /// process exits before the round is written: its exit clears the flag, and a flag never
+    /// written is not counted.
+    #[test]
+    fn a_round_judges_the_samples_its_looks_bring_and_a_flag_never_written_is_not_counted() {
+        let mut g = LineageGraph::new(100);
+        g.add_seed(gateway(100));
+        record(&mut g, 1, (200, 5_000), fork(100));
+        let id = g.current(200).unwrap().id;
+        let mut inspector = inspector();
+        let deaf = || {
+            let fd = crate::procfs::facts::OpenFd {
+                fd: 0,
+                kind: crate::procfs::facts::FdKind::Pipe,
+                inode: Some(9),
+                end: crate::procfs::facts::End::Read,
+                pty: None,
+            };
+            let fact = crate::leaks::FdFact {
+                fd,
+                other_end_open: Some(false),
+                peer_inode: None,
+                socket: None,
+                internal: false,
+            };
+            Sample {
+                pid: 200,
+                state: b'S',
+                fds: vec![fact],
+                ..Sample::default()
+            }
+        };
+        let round_at = |inspector: &mut Inspector, now: u64| {
+            let mut round = inspector.plan(&g, now);
+            let looks = std::mem::take(&mut round.looks);
+            let sampled = looks.into_iter().map(|l| (l, Some(deaf()))).collect();
+            inspector.judge_round(&g, &mut round, sampled);
+            round.changes
+        };
+        // The first look comes within a sample period (15 s: idle-after / 4), then one each.
+        assert_eq!(reasons(&round_at(&mut inspector, 100 * SECOND)), []);
+        assert_eq!(reasons(&round_at(&mut inspector, 115 * SECOND)), []);
+        let flagged = round_at(&mut inspector, 176 * SECOND);
+        assert_eq!(reasons(&flagged), [("flag", Reason::Deaf)]);
+        assert_eq!(inspector.raised(Reason::Deaf), 1);
+
+        record(&mut g, 177 * SECOND, (200, 5_000), What::Exit { status: 0 });
+        assert_eq!(reasons(&inspector.exited(id)), [("cleared", Reason::Deaf)]);
+        inspector.never_written(Reason::Deaf);
+        assert_eq!(inspector.raised(Reason::Deaf), 0);
+        assert_eq!(inspector.active().count(), 0);
     }
 
     #[test]

@@ -11,4 +11,4 @@ mod sampler;
 
 pub use findings::*;
 pub use inspector::*;
-pub use sampler::FdFact;
+pub use sampler::{FdFact, Sample};

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::footprint::{Spawner, cpu_ticks, start_sleepers_given};
 use super::*;
 
-/// Questions asked of each path: the answers wait for the housekeeping tick (100 ms).
+/// Questions asked of each path.
 const ASKED: usize = 40;
 
 pub(crate) fn api(bins: &Bins, opts: &BenchOptions) -> Result<()> {

@@ -1,36 +1,30 @@
-//! The API's answers (see [`crate::api`]), made by the event loop at its housekeeping tick
-//! (every 100 ms, after the ring was read): one
-//! process's lineage, evidence and flags, or the run's status. Bounded work: one process's
-//! /proc files at most.
+//! The API's answers (see [`crate::api`]) from the run's parts: one process's lineage,
+//! evidence and flags, the tree, the run's status. What reads /proc is not here: the
+//! answers' task (`daemon/answers.rs`) has it read on the slow side's thread, between the
+//! steps here, each of which reads only what the run holds.
 use super::Pipeline;
 
 use crate::api::{
-    Answer, Asked, Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Query,
-    ServerOf, Status, TreeFilter,
+    Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, ServerOf, Status, TreeFilter,
 };
+use crate::identity::ProcessId;
 use crate::kill;
-use crate::leaks::flags;
+use crate::leaks::{Evidence, Near, Sample, flags};
 use crate::lineage::graph::{Node, NodeId};
 use crate::output::follow::Follower;
 use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
 use crate::sites::NamedThisRound;
 
-impl Pipeline {
-    /// Answers one question of the API.
-    pub fn answer(&mut self, query: Query) {
-        let answer: Answer = match query.asked {
-            Asked::Status => serde_json::to_vec(&self.status()).ok(),
-            Asked::Process(pid) => self.process(pid).and_then(|p| serde_json::to_vec(&p).ok()),
-            Asked::Kinds => serde_json::to_vec(&self.kinds()).ok(),
-            Asked::Tree(filter) => self.tree(&filter).and_then(|t| serde_json::to_vec(&t).ok()),
-            Asked::Follow { filter, lines } => self.follow(&filter, lines).then(Vec::new),
-        };
-        // A client that went away meanwhile does not want it.
-        let _ = query.reply.send(answer);
-    }
+/// The process a `why` asks about, as the graph knows it when asked.
+pub struct Asked {
+    pub id: NodeId,
+    /// Alive: the process to sample and its last sample (see [`crate::leaks::Inspector::to_sample`]).
+    pub to_sample: Option<(ProcessId, Option<Sample>)>,
+}
 
-    fn status(&self) -> Status {
+impl Pipeline {
+    pub fn status(&self) -> Status {
         Status {
             pid: crate::procfs::own_pid(),
             gateways: self.gateway_pids(),
@@ -40,7 +34,7 @@ impl Pipeline {
         }
     }
 
-    fn kinds(&self) -> Vec<KindCount> {
+    pub fn kinds(&self) -> Vec<KindCount> {
         let counts = self.kinds.iter();
         counts
             .map(|(kind, instances)| KindCount {
@@ -52,7 +46,7 @@ impl Pipeline {
 
     /// Sends the stream's lines from now on to `lines`, those `filter` picks; false for a
     /// `pid` not tracked.
-    fn follow(&mut self, filter: &FollowFilter, lines: FollowQueue) -> bool {
+    pub fn follow(&mut self, filter: &FollowFilter, lines: FollowQueue) -> bool {
         let descendants: Vec<u32> = match filter.pid {
             Some(pid) => {
                 let Some(top) = self.graph.current(pid).map(|n| n.id) else {
@@ -73,24 +67,39 @@ impl Pipeline {
     }
 
     /// The live tree of the processes `filter` picks; none for a `gateway` not tracked.
-    fn tree(&self, filter: &TreeFilter) -> Option<Vec<Branch>> {
+    pub fn tree(&self, filter: &TreeFilter) -> Option<Vec<Branch>> {
         let flags = flags::active_by_node(&self.inspector);
         picked_tree(&self.graph, &flags, filter)
     }
 
-    /// The process the graph knows by `pid` now (the live one, or the last one that had it),
-    /// as a flag would show it, with the flags it holds.
-    fn process(&mut self, pid: u32) -> Option<Process> {
+    /// The first step of `why PID`: the process the graph knows by `pid` now (the live one,
+    /// or the last one that had it), and what to sample of it.
+    pub fn asked(&self, pid: u32) -> Option<Asked> {
         let node = self.graph.current(pid)?;
-        let evidence = match node.alive() {
-            true => self.inspector.evidence(&self.graph, node),
-            false => None,
-        };
+        let to_sample = node.alive().then(|| self.inspector.to_sample(node));
+        Some(Asked {
+            id: node.id,
+            to_sample,
+        })
+    }
+
+    /// The second step, once sampled: `sample`'s internal channels marked, and who may hold
+    /// its other ends (see [`crate::leaks::Inspector::near`]).
+    pub fn near(&self, id: NodeId, sample: &mut Sample) -> Near {
+        self.inspector.near(&self.graph, id, sample)
+    }
+
+    /// The last step: process `id` as a flag would show it, with `evidence` read of it (none
+    /// when it is not alive, or it could not be read), with the flags it holds; none when the
+    /// graph let it go meanwhile.
+    pub fn process(&mut self, id: NodeId, evidence: Option<Evidence>) -> Option<Process> {
+        let node = self.graph.node(id)?;
+        let pid = node.pid;
         let mut detail = flags::detail(&self.graph, node, evidence.as_ref());
         if let Some(crowd) = self.inspector.crowd_of(&self.graph, node.id) {
             flags::add_crowd(&mut detail, &crowd);
         }
-        let (id, start, alive) = (node.id, node.start.boottime_ns(), node.alive());
+        let (start, alive) = (node.start.boottime_ns(), node.alive());
         let exited = node.exited.map(|e| e.ts);
         let flags = self.held_by(id);
         // An inner process of a server: the server is judged, flagged and killed whole, from

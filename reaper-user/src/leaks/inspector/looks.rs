@@ -3,16 +3,16 @@
 //! server looked at whole; and what a look remembers of the process.
 use rustc_hash::FxHashSet as HashSet;
 
-use super::{Inspector, Watch, nanos};
-use crate::identity::ProcessId;
+use super::{Inspector, Look, Watch, nanos};
 use crate::leaks::channels;
 use crate::leaks::findings::Reason;
+use crate::leaks::sampler::Sample;
 use crate::lineage::graph::{LineageGraph, NodeId};
 
 impl Inspector {
-    /// Samples the live descendants that are due, with the rest of their servers (a server is
-    /// judged on all its processes at one moment). Returns what was sampled.
-    pub(super) fn sample_due(&mut self, graph: &LineageGraph, now: u64) -> HashSet<NodeId> {
+    /// The live descendants whose looks are due, with the rest of their servers (a server is
+    /// judged on all its processes at one moment); each is next due a sample period on.
+    pub(super) fn due(&mut self, graph: &LineageGraph, now: u64) -> Vec<Look> {
         let every = self.opts.sample_every();
         let grace = nanos(self.opts.orphan_grace);
         self.breaks.begin_round();
@@ -37,34 +37,61 @@ impl Inspector {
             }
         }
         if due.is_empty() {
-            return due;
+            return Vec::new();
         }
         for server in self.servers(graph) {
             if server.iter().any(|id| due.contains(id)) {
                 due.extend(server);
             }
         }
-        for &id in &due {
-            let Some(node) = graph.node(id) else { continue };
-            self.refresh(node.process(), id, now, every);
+        let mut looks = Vec::with_capacity(due.len());
+        for id in due {
+            let (Some(node), Some(w)) = (graph.node(id), self.watches.get_mut(&id)) else {
+                continue;
+            };
+            w.next_sample = now.saturating_add(every);
+            looks.push(Look {
+                id,
+                process: node.process(),
+                before: w.last.clone(),
+            });
+        }
+        looks
+    }
+
+    /// Remembers what the looks found, at boot-time `now`; returns the processes looked at
+    /// that are still alive (one that exited meanwhile is its exit record's: its flags were
+    /// cleared there).
+    pub(super) fn remember(
+        &mut self,
+        graph: &LineageGraph,
+        sampled: Vec<(Look, Option<Sample>)>,
+        now: u64,
+    ) -> HashSet<NodeId> {
+        let mut looked = HashSet::default();
+        for (look, sample) in sampled {
+            let alive = graph.node(look.id).filter(|n| n.alive());
+            if alive.is_none_or(|n| n.process() != look.process) {
+                continue;
+            }
+            looked.insert(look.id);
+            if let Some(sample) = sample {
+                self.refresh(look.id, sample, now);
+            }
         }
         // Internal channels need every fresh sample's holders in the index first.
-        for &id in &due {
+        for &id in &looked {
             if let Some(s) = self.watches.get_mut(&id).and_then(|w| w.last.as_mut()) {
                 channels::mark_internal(id, &mut s.fds, &self.holders);
             }
         }
-        due
+        looked
     }
 
-    /// Takes a fresh sample of one process and updates what its watch remembers.
-    fn refresh(&mut self, process: ProcessId, id: NodeId, now: u64, every: u64) {
+    /// Updates what the watch of process `id` remembers from a fresh sample `s`.
+    fn refresh(&mut self, id: NodeId, s: Sample, now: u64) {
         let Some(w) = self.watches.get_mut(&id) else {
             return;
-        };
-        w.next_sample = now.saturating_add(every);
-        let Some(s) = self.sampler.sample(process, w.last.as_ref()) else {
-            return; // gone meanwhile: its exit event is on its way
         };
         if s.io != w.io {
             let first = w.io.is_none();

@@ -1,0 +1,92 @@
+//! The API's answers, a task of their own beside the event loop: a question is taken as it
+//! comes (not at a tick of the reader's), what reads /proc is done on the slow side's thread
+//! ([`Worker`]), and each step between reads only what the run holds, borrowing it for that
+//! step alone. The task runs on the reader's thread only when a
+//! question or a read's result wakes it: the event loop polls nothing for it (a receiver
+//! polled at each wake-up of a fork storm cost the reader some 8%).
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use serde::Serialize;
+use tokio::sync::{mpsc::Receiver, oneshot};
+
+use super::pipeline::Pipeline;
+use super::worker::Worker;
+use crate::api::{Answer, Asked, Query};
+
+/// Answers the questions `queries` brings, one at a time, until the run drops this task or
+/// the servers close.
+pub(super) async fn answer_all(
+    run: Rc<RefCell<Pipeline>>,
+    mut queries: Receiver<Query>,
+    slow: Rc<Worker>,
+) {
+    while let Some(query) = queries.recv().await {
+        answer(&run, &slow, query).await;
+    }
+}
+
+async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
+    let reply = query.reply;
+    // A borrow of the run never lives across an await (the event loop's next borrow would
+    // panic): no expression that borrows it awaits.
+    match query.asked {
+        Asked::Status => send_json(reply, &run.borrow().status()),
+        Asked::Kinds => send_json(reply, &run.borrow().kinds()),
+        Asked::Tree(filter) => match run.borrow().tree(&filter) {
+            Some(tree) => send_json(reply, &tree),
+            None => refuse(reply),
+        },
+        Asked::Follow { filter, lines } => {
+            let followed = run.borrow_mut().follow(&filter, lines);
+            let _ = reply.send(followed.then(Vec::new));
+        }
+        Asked::Process(pid) => match process(run, slow, pid).await {
+            Some(process) => send_json(reply, &process),
+            None => refuse(reply),
+        },
+    }
+}
+
+/// `why PID`: the process as the graph knows it, sampled on the slow side, who may hold its
+/// channels' other ends taken from the run, their fds read on the slow side, then the answer
+/// built from the run.
+async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<crate::api::Process> {
+    let asked = run.borrow().asked(pid)?;
+    let mut evidence = None;
+    if let Some((process, before)) = asked.to_sample {
+        let sampled = slow.run(move |lookout| {
+            let sample = lookout.sample(process, before.as_ref());
+            (sample, lookout.take_notes())
+        });
+        let (sample, notes) = sampled.await.unwrap_or_default();
+        tell(run, &notes);
+        if let Some(mut sample) = sample {
+            let near = run.borrow().near(asked.id, &mut sample);
+            let id = asked.id;
+            evidence = slow
+                .run(move |lookout| lookout.evidence(id, sample, &near))
+                .await;
+        }
+    }
+    run.borrow_mut().process(asked.id, evidence)
+}
+
+/// What the operator is to be told, written; a failed write is the outlet's to report.
+fn tell(run: &RefCell<Pipeline>, notes: &[String]) {
+    let mut run = run.borrow_mut();
+    for note in notes {
+        let _ = run.output().note(note);
+    }
+}
+
+/// Sends `value` as JSON. Serialized here, on the reader's thread: the answers share the
+/// run's strings (`Rc`), which cannot cross to another.
+fn send_json(reply: oneshot::Sender<Answer>, value: &impl Serialize) {
+    let _ = reply.send(serde_json::to_vec(value).ok());
+}
+
+/// No answer: the client says the process or gateway is not tracked.
+fn refuse(reply: oneshot::Sender<Answer>) {
+    let _ = reply.send(None);
+}

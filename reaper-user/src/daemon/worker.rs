@@ -1,0 +1,95 @@
+//! The slow side's thread: the /proc reads and the serializing of the API's answers, away
+//! from the ring's reader. It takes jobs from a bounded queue, one at a time, each with the
+//! [`Lookout`] (its own /proc and socket readers); a full queue refuses a job at once, so the
+//! reader never waits to hand one over.
+use std::future::Future;
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread;
+
+use anyhow::{Context, Result};
+use tokio::sync::oneshot;
+
+use crate::leaks::Lookout;
+
+/// Jobs that may wait for the slow side's thread: the answers are asked one at a time, so one
+/// waits at most unless a job outlived the answer that asked it.
+const QUEUE: usize = 8;
+
+type Job = Box<dyn FnOnce(&mut Lookout) + Send>;
+
+/// The slow side's thread. Dropped, its queue closes and the thread ends after the job it is
+/// on; it is not waited for (a job reading a process's /proc must not hold the run's close).
+pub(super) struct Worker {
+    jobs: SyncSender<Job>,
+}
+
+impl Worker {
+    /// Starts the thread; capabilities are a thread's, so start it once privileges are
+    /// dropped.
+    pub(super) fn start() -> Result<Worker> {
+        let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
+        thread::Builder::new()
+            .name("reaper-slow".into())
+            .spawn(move || {
+                let mut lookout = Lookout::default();
+                for job in queue {
+                    job(&mut lookout);
+                }
+            })
+            .context("starting the slow side's thread")?;
+        Ok(Worker { jobs })
+    }
+
+    /// Runs `job` on the slow side's thread; its result, or none when the queue is full or
+    /// the thread is gone.
+    pub(super) fn run<R, F>(&self, job: F) -> impl Future<Output = Option<R>> + use<R, F>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Lookout) -> R + Send + 'static,
+    {
+        let (done, result) = oneshot::channel();
+        let queued = self.jobs.try_send(Box::new(move |lookout: &mut Lookout| {
+            // The answer that asked may have gone: nobody wants the result then.
+            let _ = done.send(job(lookout));
+        }));
+        async move {
+            match queued {
+                Ok(()) => result.await.ok(),
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_runs_on_the_slow_sides_thread_and_its_result_comes_back() {
+        let worker = Worker::start().unwrap();
+        let name = worker.run(|_| thread::current().name().map(str::to_owned));
+        assert_eq!(name.await, Some(Some("reaper-slow".to_owned())));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_a_job_at_once() {
+        let worker = Worker::start().unwrap();
+        // The thread held on a job, the queue filled behind it.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (on_it, started) = std::sync::mpsc::channel::<()>();
+        let holding = worker.run(move |_| {
+            on_it.send(()).unwrap();
+            held.recv().ok()
+        });
+        // `run` queues at once, before its future is awaited: the thread is on it now.
+        started.recv().unwrap();
+        let waiting: Vec<_> = (0..QUEUE).map(|_| worker.run(|_| ())).collect();
+        assert_eq!(worker.run(|_| ()).await, None, "refused, not waited for");
+        release.send(()).unwrap();
+        assert_eq!(holding.await, Some(Some(())));
+        for job in waiting {
+            assert_eq!(job.await, Some(()));
+        }
+    }
+}
