@@ -1,7 +1,7 @@
 //! The API's answers, a task of their own beside the event loop: a question is taken as it
-//! comes (not at a tick of the reader's), what reads /proc is done on the slow side's thread
-//! ([`Worker`]), and each step between reads only what the run holds, borrowing it for that
-//! step alone. The task runs on the reader's thread only when a
+//! comes (not at a tick of the reader's), what reads /proc is done on the answers' thread of
+//! the slow side ([`Worker`]), and each step between reads only what the run holds,
+//! borrowing it for that step alone. The task runs on the reader's thread only when a
 //! question or a read's result wakes it: the event loop polls nothing for it (a receiver
 //! polled at each wake-up of a fork storm cost the reader some 8%).
 use std::cell::RefCell;
@@ -19,7 +19,7 @@ use crate::api::{Answer, Asked, Query};
 pub(super) async fn answer_all(
     run: Rc<RefCell<Pipeline>>,
     mut queries: Receiver<Query>,
-    slow: Rc<Worker>,
+    slow: Worker,
 ) {
     while let Some(query) = queries.recv().await {
         answer(&run, &slow, query).await;

@@ -77,12 +77,17 @@ pub async fn run(cli: Cli) -> Result<i32> {
 
 /// The event loop, with the API's answers beside it, until a stop; then the close.
 async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
-    // Started once privileges are dropped (capabilities are a thread's).
-    let slow = Rc::new(worker::Worker::start()?);
-    let answers = tracing.queries.take().map(|queries| {
-        let task = answers::answer_all(tracing.run.clone(), queries, slow.clone());
-        tokio::task::spawn_local(task)
-    });
+    // The slow side's threads, started once privileges are dropped (capabilities are a
+    // thread's): one for the answers, so that a `why` never waits behind a round's looks.
+    let answers = match tracing.queries.take() {
+        Some(queries) => {
+            let slow = worker::Worker::start("reaper-answers")?;
+            let task = answers::answer_all(tracing.run.clone(), queries, slow);
+            Some(tokio::task::spawn_local(task))
+        }
+        None => None,
+    };
+    let slow = worker::Worker::start("reaper-rounds")?;
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
     let stop = event_loop(
         cli,

@@ -1,7 +1,7 @@
 //! The leak scan's rounds, a task each beside the event loop: the event loop starts one when
 //! a scan is due (and none is under way), the round reads what the run holds in its steps
 //! (see [`crate::daemon::pipeline::ScanRound`]) and has its looks and its new flags'
-//! evidence read on the slow side's thread ([`Worker`]) between them. Every live process's
+//! evidence read on the rounds' thread of the slow side ([`Worker`]) between them. Every live process's
 //! fds, read for the other ends of a new flag's pipes, took 400 ms with 10,000 tracked: the
 //! ring is read meanwhile.
 use std::cell::{Cell, RefCell};
@@ -16,6 +16,7 @@ use super::worker::Worker;
 /// The rounds of a run: at most one under way.
 pub(super) struct Rounds {
     run: Rc<RefCell<Pipeline>>,
+    /// Shared with the round under way.
     slow: Rc<Worker>,
     under_way: Option<JoinHandle<()>>,
     /// A round's failure (writing its lines), for the event loop to end the run with.
@@ -26,10 +27,10 @@ pub(super) struct Rounds {
 }
 
 impl Rounds {
-    pub(super) fn new(run: Rc<RefCell<Pipeline>>, slow: Rc<Worker>) -> Rounds {
+    pub(super) fn new(run: Rc<RefCell<Pipeline>>, slow: Worker) -> Rounds {
         Rounds {
             run,
-            slow,
+            slow: Rc::new(slow),
             under_way: None,
             failed: Rc::default(),
             done: Rc::default(),
@@ -76,8 +77,8 @@ impl Rounds {
 }
 
 /// One round: planned, its looks sampled, judged, its new flags' evidence read, written.
-/// What a job the slow side refused would have read is left unread (it takes one job of each
-/// asker at a time, so it refuses only once its thread is gone).
+/// What a job the slow side refused would have read is left unread (a round asks one job at
+/// a time, so its thread refuses only once it is gone).
 async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
     let mut scan = run.borrow_mut().plan_round()?;
     let looks = scan.take_looks();

@@ -1,5 +1,6 @@
-//! The slow side's thread: the /proc reads and the serializing of the API's answers, away
-//! from the ring's reader. It takes jobs from a bounded queue, one at a time, each with the
+//! The slow side: a thread that reads /proc away from the ring's reader, one for the leak
+//! scan's rounds and one for the API's answers (a `why` never waits behind a round's looks).
+//! Each takes jobs from a bounded queue, one at a time, each job with the thread's
 //! [`Lookout`] (its own /proc and socket readers); a full queue refuses a job at once, so the
 //! reader never waits to hand one over.
 use std::future::Future;
@@ -11,36 +12,36 @@ use tokio::sync::oneshot;
 
 use crate::leaks::Lookout;
 
-/// Jobs that may wait for the slow side's thread: the answers are asked one at a time, so one
-/// waits at most unless a job outlived the answer that asked it.
+/// Jobs that may wait for a thread: its asker (the rounds, the answers) has one under way at
+/// a time, so one waits at most unless a job outlived what asked it.
 const QUEUE: usize = 8;
 
 type Job = Box<dyn FnOnce(&mut Lookout) + Send>;
 
-/// The slow side's thread. Dropped, its queue closes and the thread ends after the job it is
+/// A thread of the slow side. Dropped, its queue closes and the thread ends after the job it is
 /// on; it is not waited for (a job reading a process's /proc must not hold the run's close).
 pub(super) struct Worker {
     jobs: SyncSender<Job>,
 }
 
 impl Worker {
-    /// Starts the thread; capabilities are a thread's, so start it once privileges are
-    /// dropped.
-    pub(super) fn start() -> Result<Worker> {
+    /// Starts the thread, named `name`; capabilities are a thread's, so start it once
+    /// privileges are dropped.
+    pub(super) fn start(name: &str) -> Result<Worker> {
         let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
         thread::Builder::new()
-            .name("reaper-slow".into())
+            .name(name.into())
             .spawn(move || {
                 let mut lookout = Lookout::default();
                 for job in queue {
                     job(&mut lookout);
                 }
             })
-            .context("starting the slow side's thread")?;
+            .with_context(|| format!("starting the slow side's thread {name}"))?;
         Ok(Worker { jobs })
     }
 
-    /// Runs `job` on the slow side's thread; its result, or none when the queue is full or
+    /// Runs `job` on the thread; its result, or none when the queue is full or
     /// the thread is gone.
     pub(super) fn run<R, F>(&self, job: F) -> impl Future<Output = Option<R>> + use<R, F>
     where
@@ -67,14 +68,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_runs_on_the_slow_sides_thread_and_its_result_comes_back() {
-        let worker = Worker::start().unwrap();
+        let worker = Worker::start("reaper-test").unwrap();
         let name = worker.run(|_| thread::current().name().map(str::to_owned));
-        assert_eq!(name.await, Some(Some("reaper-slow".to_owned())));
+        assert_eq!(name.await, Some(Some("reaper-test".to_owned())));
     }
 
     #[tokio::test]
     async fn a_full_queue_refuses_a_job_at_once() {
-        let worker = Worker::start().unwrap();
+        let worker = Worker::start("reaper-test").unwrap();
         // The thread held on a job, the queue filled behind it.
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (on_it, started) = std::sync::mpsc::channel::<()>();
