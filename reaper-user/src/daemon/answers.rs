@@ -33,10 +33,13 @@ async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
     match query.asked {
         Asked::Status => send_json(reply, &run.borrow().status()),
         Asked::Kinds => send_json(reply, &run.borrow().kinds()),
-        Asked::Tree(filter) => match run.borrow().tree(&filter) {
-            Some(tree) => send_json(reply, &tree),
-            None => refuse(reply),
-        },
+        Asked::Tree(filter) => {
+            let tree = run.borrow().tree(&filter);
+            match tree {
+                Some(tree) => send_json(reply, &tree),
+                None => refuse(reply),
+            }
+        }
         Asked::Follow { filter, lines } => {
             let followed = run.borrow_mut().follow(&filter, lines);
             let _ = reply.send(followed.then(Vec::new));
@@ -60,7 +63,8 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
             (sample, lookout.take_notes())
         });
         let (sample, notes) = sampled.await.unwrap_or_default();
-        tell(run, &notes);
+        // A note that cannot be written is the outlet's to report, not this answer's.
+        let _ = run.borrow_mut().tell(&notes);
         if let Some(mut sample) = sample {
             let near = run.borrow().near(asked.id, &mut sample);
             let id = asked.id;
@@ -70,14 +74,6 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
         }
     }
     run.borrow_mut().process(asked.id, evidence)
-}
-
-/// What the operator is to be told, written; a failed write is the outlet's to report.
-fn tell(run: &RefCell<Pipeline>, notes: &[String]) {
-    let mut run = run.borrow_mut();
-    for note in notes {
-        let _ = run.output().note(note);
-    }
 }
 
 /// Sends `value` as JSON. Serialized here, on the reader's thread: the answers share the

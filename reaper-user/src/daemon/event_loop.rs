@@ -1,6 +1,7 @@
 //! The event loop: the ring read on the pace of the poll clock while records stream, the
-//! upkeep on the housekeeping tick, the leak rules and `--kill` on the scan's timer (both on
-//! the poll clock's ticks while records stream), until a stop condition.
+//! upkeep on the housekeeping tick, a round of the leak rules started on the scan's timer
+//! (both on the poll clock's ticks while records stream) and written, with `--kill`'s
+//! decisions, at the wake-up after its reads are done, until a stop condition.
 use std::{cell::RefCell, pin::Pin, time::Duration};
 
 use anyhow::{Context, Result};
@@ -318,8 +319,11 @@ pub(super) async fn event_loop(
         }
         rounds.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
-        // A round's rules may want the next look sooner (an orphan grace that started).
-        if rounds.take_done() {
+        // A round read what it needed: written against the graph as the kernel left it, and
+        // its rules may want the next look sooner (an orphan grace that started).
+        if run.round_ready() {
+            drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
+            run.commit_round(true).context("writing output")?;
             chores.scan_sooner(next_scan(cli.scan_interval, run.next_look()));
         }
         if flush {
@@ -380,7 +384,7 @@ fn scan_leaks(
 ) -> Result<Instant> {
     drain(ring, run, marks)?;
     run.release_lagging(FREE_LAG)?;
-    rounds.start();
+    rounds.start(run);
     Ok(Instant::now() + cli.scan_interval)
 }
 

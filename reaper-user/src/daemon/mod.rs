@@ -97,15 +97,16 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
         &mut rounds,
     )
     .await;
-    // The answers end before the close takes the run's parts (a question asked from here is
-    // told the run is ending); a round under way is written first.
+    // The answers and a round under way end before the close takes the run's parts (a
+    // question asked from here is told the run is ending; a round judged is written by the
+    // close).
     if let Some(answers) = answers {
         answers.abort();
         let _ = answers.await;
     }
-    let finished = rounds.finish().await;
+    let stopped = rounds.stop().await;
     let stop = stop?;
-    finished?;
+    stopped?;
     close(cli, tracing, stop).await
 }
 
@@ -390,7 +391,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         ..
     } = tracing;
     let mut run = Rc::try_unwrap(run)
-        .map_err(|_| anyhow!("the API's answers still held the run at its close"))?
+        .map_err(|_| anyhow!("the API's answers or a round still held the run at its close"))?
         .into_inner();
     let Sources {
         mut ring,
@@ -431,6 +432,8 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     run.keep_exact(losses, &kernel.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
+    // A round judged before the stop, written (no kill starts now); then the stop's own look.
+    run.commit_round(false)?;
     run.clear_ended()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {
         run.report_kill(r)?;

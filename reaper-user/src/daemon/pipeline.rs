@@ -21,7 +21,7 @@ use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
-use crate::lineage::graph::{Change, LineageGraph, NodeId, Seed};
+use crate::lineage::graph::{Change, LineageGraph, Seed};
 use crate::lineage::seed::TrackedMap;
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
@@ -37,7 +37,6 @@ mod answers;
 mod resume;
 mod scan;
 pub use resume::KeptState;
-pub use scan::Unread;
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -64,8 +63,8 @@ pub struct Pipeline {
     last_exit: u64,
     /// Boot-time ns the run started at.
     started: u64,
-    /// The flags a round raised that it has not written yet (see [`Pipeline::judge_round`]).
-    unwritten: Vec<(NodeId, Reason)>,
+    /// A round of the rules judged, not yet written (see [`Pipeline::judge_round`]).
+    judged: Option<scan::Judged>,
 }
 
 impl Pipeline {
@@ -93,7 +92,7 @@ impl Pipeline {
             sites: None,
             last_exit: boottime_now(),
             started: boottime_now(),
-            unwritten: Vec::new(),
+            judged: None,
         }
     }
 
@@ -166,7 +165,6 @@ impl Pipeline {
             self.last_exit = ev.ts;
             for cleared in self.inspector.exited(node) {
                 if let crate::leaks::Change::Cleared { reason, .. } = cleared
-                    && !self.unwritten.is_empty()
                     && self.never_written(node, reason)
                 {
                     continue;
@@ -175,6 +173,7 @@ impl Pipeline {
                     self.out.event(ev.ts, &event)?;
                 }
             }
+            self.cleared_at_exit(ev.pid, ev.ts)?;
         }
         self.write(gateway)
     }

@@ -1,19 +1,20 @@
 //! The leak scan's rounds, a task each beside the event loop: the event loop starts one when
-//! a scan is due (and none is under way), the round reads what the run holds in its steps
-//! (see [`crate::daemon::pipeline::ScanRound`]) and has its looks and its new flags'
-//! evidence read on the rounds' thread of the slow side ([`Worker`]) between them. Every live process's
-//! fds, read for the other ends of a new flag's pipes, took 400 ms with 10,000 tracked: the
-//! ring is read meanwhile.
+//! a scan is due (and none is under way or waiting to be written); the round reads what the
+//! run holds in its steps (see `daemon/pipeline/scan.rs`) and has its looks and its new
+//! flags' evidence read on the rounds' thread of the slow side ([`Worker`]) between them;
+//! then the event loop, at its next wake-up, drains the ring and writes the round. Every
+//! live process's fds, read for the other ends of a new flag's pipes, took 400 ms with
+//! 10,000 tracked: the ring is read meanwhile.
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use anyhow::Result;
 use tokio::task::JoinHandle;
 
-use super::pipeline::{Pipeline, Unread};
+use super::pipeline::Pipeline;
 use super::worker::Worker;
 
-/// The rounds of a run: at most one under way.
+/// The rounds of a run: at most one under way or waiting to be written.
 pub(super) struct Rounds {
     run: Rc<RefCell<Pipeline>>,
     /// Shared with the round under way.
@@ -21,9 +22,6 @@ pub(super) struct Rounds {
     under_way: Option<JoinHandle<()>>,
     /// A round's failure (writing its lines), for the event loop to end the run with.
     failed: Rc<Cell<Option<anyhow::Error>>>,
-    /// A round was written since the event loop last asked (its rules may want a look sooner
-    /// than the scan interval: an orphan grace that started).
-    done: Rc<Cell<bool>>,
 }
 
 impl Rounds {
@@ -33,29 +31,22 @@ impl Rounds {
             slow: Rc::new(slow),
             under_way: None,
             failed: Rc::default(),
-            done: Rc::default(),
         }
     }
 
-    /// Starts a round, unless one is still under way (the slow side is behind: the round due
-    /// is the one under way).
-    pub(super) fn start(&mut self) {
-        if self.under_way.as_ref().is_some_and(|r| !r.is_finished()) {
+    /// Starts a round, unless one is under way or waits to be written in `run` (the slow
+    /// side is behind: the round due is that one).
+    pub(super) fn start(&mut self, run: &Pipeline) {
+        let busy = self.under_way.as_ref().is_some_and(|r| !r.is_finished());
+        if busy || run.has_judged_round() {
             return;
         }
-        let (run, slow) = (self.run.clone(), self.slow.clone());
-        let (failed, done) = (self.failed.clone(), self.done.clone());
+        let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
         self.under_way = Some(tokio::task::spawn_local(async move {
-            match round(&run, &slow).await {
-                Ok(()) => done.set(true),
-                Err(e) => failed.set(Some(e)),
+            if let Err(e) = round(&shared, &slow).await {
+                failed.set(Some(e));
             }
         }));
-    }
-
-    /// Whether a round was written since the last call.
-    pub(super) fn take_done(&self) -> bool {
-        self.done.take()
     }
 
     /// A round's failure, once.
@@ -66,22 +57,24 @@ impl Rounds {
         }
     }
 
-    /// Lets the round under way finish (its reads are bounded), so that what it judged is
-    /// written before the close.
-    pub(super) async fn finish(mut self) -> Result<()> {
+    /// Ends the round under way where it is: the run stopped. One not yet judged judges
+    /// nothing (what a stop leaves is half torn down, see `Pipeline::clear_ended`); one
+    /// judged is written by the close, with what of its evidence was read.
+    pub(super) async fn stop(mut self) -> Result<()> {
         if let Some(round) = self.under_way.take() {
+            round.abort();
             let _ = round.await;
         }
         self.failure()
     }
 }
 
-/// One round: planned, its looks sampled, judged, its new flags' evidence read, written.
-/// What a job the slow side refused would have read is left unread (a round asks one job at
-/// a time, so its thread refuses only once it is gone).
+/// One round: planned, its looks sampled, judged, its new flags' evidence read; the event
+/// loop writes it. What a job the slow side refused would have read is left unread (a round
+/// asks one job at a time, so its thread refuses only once it is gone).
 async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
-    let mut scan = run.borrow_mut().plan_round()?;
-    let looks = scan.take_looks();
+    let mut planned = run.borrow_mut().plan_round()?;
+    let looks = planned.take_looks();
     let mut sampled = Vec::new();
     if !looks.is_empty() {
         let job = slow.run(move |lookout| {
@@ -98,21 +91,14 @@ async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
         (sampled, notes) = job.await.unwrap_or_default();
         run.borrow_mut().tell(&notes)?;
     }
-    let unread = run.borrow_mut().judge_round(&mut scan, sampled);
-    let read = match unread {
-        Some(mut unread) => {
-            let job = slow.run(move |lookout| {
-                let Unread {
-                    with_peers,
-                    without,
-                    near,
-                } = &mut unread;
-                lookout.read_evidence(with_peers, without, near);
-                unread
-            });
-            job.await
-        }
-        None => None,
-    };
-    run.borrow_mut().commit_round(scan, read)
+    let unread = run.borrow_mut().judge_round(planned, sampled);
+    if let Some(mut unread) = unread {
+        let job = slow.run(move |lookout| {
+            unread.read(lookout);
+            unread
+        });
+        let read = job.await;
+        run.borrow_mut().evidence_read(read);
+    }
+    Ok(())
 }

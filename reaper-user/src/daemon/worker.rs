@@ -4,7 +4,7 @@
 //! [`Lookout`] (its own /proc and socket readers); a full queue refuses a job at once, so the
 //! reader never waits to hand one over.
 use std::future::Future;
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender};
 use std::thread;
 
 use anyhow::{Context, Result};
@@ -34,7 +34,10 @@ impl Worker {
             .spawn(move || {
                 let mut lookout = Lookout::default();
                 for job in queue {
-                    job(&mut lookout);
+                    // A job that panics (said on stderr by the panic hook) has no result; the
+                    // thread goes on with the next, or every later job would be refused.
+                    let job = std::panic::AssertUnwindSafe(|| job(&mut lookout));
+                    let _ = std::panic::catch_unwind(job);
                 }
             })
             .with_context(|| format!("starting the slow side's thread {name}"))?;
@@ -56,7 +59,7 @@ impl Worker {
         async move {
             match queued {
                 Ok(()) => result.await.ok(),
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => None,
+                Err(_) => None,
             }
         }
     }
@@ -92,5 +95,12 @@ mod tests {
         for job in waiting {
             assert_eq!(job.await, Some(()));
         }
+    }
+
+    #[tokio::test]
+    async fn a_job_that_panics_has_no_result_and_the_next_one_runs() {
+        let worker = Worker::start("reaper-test").unwrap();
+        assert_eq!(worker.run(|_| -> u8 { panic!("a job's bug") }).await, None);
+        assert_eq!(worker.run(|_| 7).await, Some(7));
     }
 }

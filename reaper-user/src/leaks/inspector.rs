@@ -114,7 +114,7 @@ pub struct Inspector {
 /// One round of the rules, taken in steps so that its /proc reads can be made away from the
 /// graph: [`Inspector::plan`] (what is due), the looks (each a [`Look`], sampled wherever its
 /// owner runs them), [`Inspector::judge_round`] (the rules), then who holds the other ends of
-/// the new flags' channels ([`Round::evidence`], read like the looks).
+/// the new flags' channels ([`Round::evidence_slots`], read like the looks).
 pub struct Round {
     /// Boot-time ns the round judges at.
     pub now: u64,
@@ -135,27 +135,34 @@ pub struct Look {
 }
 
 impl Round {
-    /// The new flags' evidence: those whose evidence is a channel, who holds the other ends
-    /// to be looked up (every live tracked process, gateways included, may hold one), and the
-    /// rest, whose evidence is their kind and count (`accumulating`: a thousand instances of
-    /// a kind must not send a thousand processes' fds to be read every scan they trickle
-    /// in), their memory and placement to be read.
-    pub fn evidence(&mut self) -> (Vec<&mut Evidence>, Vec<&mut Evidence>) {
-        let flagged = self.changes.iter_mut().filter_map(|c| match c {
-            Change::Flag(f) if f.evidence.is_some() => Some(&mut **f),
-            _ => None,
-        });
-        let (with_peers, without): (Vec<&mut Flagged>, Vec<&mut Flagged>) =
-            flagged.partition(|f| f.reason != Reason::Accumulating);
-        (evidence_of(with_peers), evidence_of(without))
+    /// Where the new flags' evidence is to be read, by index in `changes`: those whose
+    /// evidence is a channel, who holds the other ends to be looked up (every live tracked
+    /// process, gateways included, may hold one); and the rest, whose evidence is their kind
+    /// and count (`accumulating`: a thousand instances of a kind must not send a thousand
+    /// processes' fds to be read every scan they trickle in), their memory and placement to
+    /// be read.
+    pub fn evidence_slots(&self) -> (Vec<usize>, Vec<usize>) {
+        let flagged = self
+            .changes
+            .iter()
+            .enumerate()
+            .filter_map(|(at, c)| match c {
+                Change::Flag(f) if f.evidence.is_some() => Some((at, f.reason)),
+                _ => None,
+            });
+        let (with_peers, without): (Vec<_>, Vec<_>) =
+            flagged.partition(|&(_, reason)| reason != Reason::Accumulating);
+        let at = |each: Vec<(usize, Reason)>| each.into_iter().map(|(at, _)| at).collect();
+        (at(with_peers), at(without))
     }
-}
 
-fn evidence_of(flags: Vec<&mut Flagged>) -> Vec<&mut Evidence> {
-    flags
-        .into_iter()
-        .filter_map(|f| f.evidence.as_mut())
-        .collect()
+    /// The evidence of the flag at index `at` of `changes`.
+    pub fn evidence_at(&mut self, at: usize) -> Option<&mut Evidence> {
+        match self.changes.get_mut(at)? {
+            Change::Flag(f) => f.evidence.as_mut(),
+            Change::Cleared { .. } => None,
+        }
+    }
 }
 
 /// How often an unresolved pipe may send the peer lookup to every process in /proc.
@@ -266,10 +273,21 @@ impl Inspector {
             })
             .collect();
         self.judge_round(graph, &mut round, sampled);
-        let (mut with_peers, mut without) = round.evidence();
-        self.add_peers(graph, graph.alive(), &mut with_peers);
-        for e in without.iter_mut() {
-            evidence::add_process_facts(e);
+        let (with_peers, without) = round.evidence_slots();
+        let mut taken: Vec<Evidence> = (with_peers.iter())
+            .filter_map(|&at| round.evidence_at(at).map(std::mem::take))
+            .collect();
+        let mut refs: Vec<&mut Evidence> = taken.iter_mut().collect();
+        self.add_peers(graph, graph.alive(), &mut refs);
+        for (at, e) in with_peers.into_iter().zip(taken) {
+            if let Some(slot) = round.evidence_at(at) {
+                *slot = e;
+            }
+        }
+        for at in without {
+            if let Some(e) = round.evidence_at(at) {
+                evidence::add_process_facts(e);
+            }
         }
         round.changes
     }
@@ -290,8 +308,8 @@ impl Inspector {
 
     /// A round's second step, its looks taken (`sampled`: each look and what it found, none
     /// for a process gone meanwhile): the samples remembered, the rules applied. The flags
-    /// that start or stop holding are the round's changes; those that hold are held from
-    /// here (see [`Inspector::withdraw`] for one never written).
+    /// that start or stop holding are the round's changes; those raised are held from here
+    /// (see [`Inspector::withdraw`] for one that is not to be written).
     pub fn judge_round(
         &mut self,
         graph: &LineageGraph,
@@ -322,9 +340,20 @@ impl Inspector {
         }
     }
 
-    /// A flag the rules raised that was never written: its process exited before the round
-    /// that raised it was done (its exit cleared it, see [`Inspector::exited`]). Not counted.
-    pub fn never_written(&mut self, reason: Reason) {
+    /// A flag the rules raised that is not to be written: its process is no longer what it
+    /// was flagged as by the time its round is written (it exited, a zombie was reaped). Held
+    /// no more (its exit may have cleared it already) and not counted.
+    pub fn withdraw(&mut self, id: NodeId, reason: Reason) {
+        match reason {
+            Reason::Zombie => {
+                self.zombies.remove(&id);
+            }
+            _ => {
+                if let Some(w) = self.watches.get_mut(&id) {
+                    w.flags.retain(|(r, _)| *r != reason);
+                }
+            }
+        }
         let raised = &mut self.raised[reason as usize];
         *raised = raised.saturating_sub(1);
     }
@@ -663,7 +692,7 @@ mod tests {
 
         record(&mut g, 177 * SECOND, (200, 5_000), What::Exit { status: 0 });
         assert_eq!(reasons(&inspector.exited(id)), [("cleared", Reason::Deaf)]);
-        inspector.never_written(Reason::Deaf);
+        inspector.withdraw(id, Reason::Deaf);
         assert_eq!(inspector.raised(Reason::Deaf), 0);
         assert_eq!(inspector.active().count(), 0);
     }

@@ -1,7 +1,8 @@
 //! The API's answers (see [`crate::api`]) from the run's parts: one process's lineage,
-//! evidence and flags, the tree, the run's status. What reads /proc is not here: the
-//! answers' task (`daemon/answers.rs`) has it read on the slow side's thread, between the
-//! steps here, each of which reads only what the run holds.
+//! evidence and flags, the tree, the run's status. The sample and the holders' fds are not
+//! read here: the answers' task (`daemon/answers.rs`) has them read on its thread of the
+//! slow side, between the steps here, which read what the run holds (and, naming a chain's
+//! members as they are now, their /proc `stat`).
 use super::Pipeline;
 
 use crate::api::{

@@ -1,31 +1,64 @@
 //! A round of the leak rules in steps (see [`crate::leaks::Round`]), each reading only what
 //! the run holds: the looks and the new flags' evidence are read from /proc between them,
-//! wherever the caller has them read (`daemon/rounds.rs`: the slow side's thread).
+//! wherever the caller has them read (`daemon/rounds.rs`: a thread of the slow side).
+//!
+//! A judged round waits here (`Pipeline::judged`) for its evidence, then for the event loop
+//! to write it right after a drain of the ring (`Pipeline::commit_round`), so what it writes
+//! is judged against the graph as the kernel left it: a flag whose process exited (or, a
+//! zombie's, was reaped) meanwhile is withdrawn, never written; a `cleared` of a process
+//! that exited meanwhile is written at its exit record, after its `exit` as the flags its
+//! exit clears are.
 use std::time::Instant;
 
 use anyhow::Result;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::Pipeline;
-use crate::leaks::{Evidence, Look, Near, Reason, Round, Sample};
+use crate::leaks::{Change, Evidence, Look, Lookout, Near, Reason, Round, Sample, flags};
 use crate::lineage::graph::NodeId;
 use crate::procfs::boottime_now;
 
-/// A round under way.
-pub struct ScanRound {
+/// A round planned, its looks to be sampled.
+pub struct Planned {
     round: Round,
     began: Instant,
 }
 
-/// The new flags' evidence, taken out of a round to be read elsewhere, then put back by
-/// [`Pipeline::commit_round`] (see [`Round::evidence`]).
+/// A judged round, waiting for its evidence and its commit.
+pub(super) struct Judged {
+    round: Round,
+    began: Instant,
+    /// Its evidence was read (or could not be: then it is the samples' alone).
+    read: bool,
+    /// Each flag it raised, by process and reason: its index in the round's changes.
+    flags: HashMap<(NodeId, Reason), usize>,
+    /// The `cleared` changes of each pid: their indices.
+    cleared: HashMap<u32, Vec<usize>>,
+    /// The changes not to write at the commit: withdrawn, or written already.
+    skip: HashSet<usize>,
+}
+
+/// The new flags' evidence, copied out of a judged round to be read elsewhere, each with its
+/// change's index; put back by [`Pipeline::evidence_read`].
 pub struct Unread {
-    pub with_peers: Vec<Evidence>,
-    pub without: Vec<Evidence>,
+    pub with_peers: Vec<(usize, Evidence)>,
+    pub without: Vec<(usize, Evidence)>,
     /// Where the other ends of `with_peers`' channels are looked for.
     pub near: Near,
 }
 
-impl ScanRound {
+impl Unread {
+    /// Reads it with `lookout` (see [`Lookout::read_evidence`]).
+    pub fn read(&mut self, lookout: &mut Lookout) {
+        fn each(slots: &mut [(usize, Evidence)]) -> Vec<&mut Evidence> {
+            slots.iter_mut().map(|(_, e)| e).collect()
+        }
+        let (with_peers, without) = (each(&mut self.with_peers), each(&mut self.without));
+        lookout.read_evidence(with_peers, without, &self.near);
+    }
+}
+
+impl Planned {
     /// The looks due, to be sampled and given back to [`Pipeline::judge_round`].
     pub fn take_looks(&mut self) -> Vec<Look> {
         std::mem::take(&mut self.round.looks)
@@ -35,76 +68,152 @@ impl ScanRound {
 impl Pipeline {
     /// A round's first step: the flags of processes that exited cleared (written now), and
     /// the looks due.
-    pub fn plan_round(&mut self) -> Result<ScanRound> {
+    pub fn plan_round(&mut self) -> Result<Planned> {
         let began = Instant::now();
         let mut round = self.inspector.plan(&self.graph, boottime_now());
         let cleared = std::mem::take(&mut round.changes);
         self.write_scan(&cleared, None)?;
-        Ok(ScanRound { round, began })
+        Ok(Planned { round, began })
     }
 
-    /// The next step, the looks sampled: the rules applied. The flags raised are held from
-    /// here and written at [`Pipeline::commit_round`], unless their process exits first (see
-    /// [`Pipeline::record`]). Returns their evidence to be read.
+    /// The next step, the looks sampled: the rules applied. The round waits here for its
+    /// evidence (returned to be read, none when there is none) and its commit; the flags it
+    /// raised are held from now on.
     pub fn judge_round(
         &mut self,
-        scan: &mut ScanRound,
+        planned: Planned,
         sampled: Vec<(Look, Option<Sample>)>,
     ) -> Option<Unread> {
-        self.inspector
-            .judge_round(&self.graph, &mut scan.round, sampled);
-        self.unwritten = (scan.round.changes.iter())
-            .filter_map(|c| match c {
-                crate::leaks::Change::Flag(f) => Some((f.node, f.reason)),
-                _ => None,
-            })
-            .collect();
-        let (with_peers, without) = scan.round.evidence();
-        if with_peers.is_empty() && without.is_empty() {
-            return None;
+        let Planned { mut round, began } = planned;
+        self.inspector.judge_round(&self.graph, &mut round, sampled);
+        let (mut flags, mut cleared) = (HashMap::default(), HashMap::<u32, Vec<usize>>::default());
+        for (at, change) in round.changes.iter().enumerate() {
+            match change {
+                Change::Flag(f) => {
+                    flags.insert((f.node, f.reason), at);
+                }
+                Change::Cleared { pid, .. } => cleared.entry(*pid).or_default().push(at),
+            }
         }
-        let take = |each: Vec<&mut Evidence>| each.into_iter().map(std::mem::take).collect();
-        let near = match with_peers.is_empty() {
-            true => Near::default(),
-            false => Near::every_live(&self.graph),
+        let (with_peers, without) = round.evidence_slots();
+        let copy = |slots: Vec<usize>, round: &mut Round| -> Vec<(usize, Evidence)> {
+            let each = slots.into_iter();
+            each.filter_map(|at| Some((at, round.evidence_at(at)?.clone())))
+                .collect()
         };
-        Some(Unread {
-            with_peers: take(with_peers),
-            without: take(without),
-            near,
-        })
+        let unread = Unread {
+            near: match with_peers.is_empty() {
+                true => Near::default(),
+                false => Near::every_live(&self.graph),
+            },
+            with_peers: copy(with_peers, &mut round),
+            without: copy(without, &mut round),
+        };
+        let read = unread.with_peers.is_empty() && unread.without.is_empty();
+        self.judged = Some(Judged {
+            round,
+            began,
+            read,
+            flags,
+            cleared,
+            skip: HashSet::default(),
+        });
+        (!read).then_some(unread)
     }
 
-    /// The last step, the evidence read (`read`, as [`Pipeline::judge_round`] returned it):
-    /// the flags that started or stopped holding written, but for those whose process exited
-    /// meanwhile; the gauges set; `--kill`'s decisions; the status line.
-    pub fn commit_round(&mut self, mut scan: ScanRound, read: Option<Unread>) -> Result<()> {
-        if let Some(read) = read {
-            let (with_peers, without) = scan.round.evidence();
-            let back = with_peers.into_iter().zip(read.with_peers);
-            for (slot, e) in back.chain(without.into_iter().zip(read.without)) {
+    /// The evidence of the judged round read (`read`, as [`Pipeline::judge_round`] returned
+    /// it; none when it could not be: the samples stay its evidence): the round is ready to
+    /// be written.
+    pub fn evidence_read(&mut self, read: Option<Unread>) {
+        let Some(judged) = self.judged.as_mut() else {
+            return;
+        };
+        judged.read = true;
+        let Some(read) = read else {
+            return;
+        };
+        for (at, e) in read.with_peers.into_iter().chain(read.without) {
+            if let Some(slot) = judged.round.evidence_at(at) {
                 *slot = e;
             }
         }
-        let unwritten = std::mem::take(&mut self.unwritten);
-        scan.round.changes.retain(|c| match c {
-            crate::leaks::Change::Flag(f) => unwritten.contains(&(f.node, f.reason)),
-            _ => true,
+    }
+
+    /// Whether a judged round waits to be written.
+    pub fn has_judged_round(&self) -> bool {
+        self.judged.is_some()
+    }
+
+    /// Whether a judged round's evidence is read: the event loop is to drain the ring, then
+    /// write it.
+    pub fn round_ready(&self) -> bool {
+        self.judged.as_ref().is_some_and(|j| j.read)
+    }
+
+    /// Writes the judged round, its evidence read or not, right after a drain: the flags
+    /// that started or stopped holding, but for a flag whose process no longer is what it was
+    /// flagged as (exited, or a zombie reaped), which is withdrawn; the gauges; with `kill`,
+    /// `--kill`'s decisions; the status line.
+    pub fn commit_round(&mut self, kill: bool) -> Result<()> {
+        let Some(mut judged) = self.judged.take() else {
+            return Ok(());
+        };
+        for (&(id, reason), &at) in &judged.flags {
+            let node = self.graph.node(id);
+            let still = match reason {
+                Reason::Zombie => node.is_some_and(|n| n.zombie()),
+                _ => node.is_some_and(|n| n.alive()),
+            };
+            if !still && !judged.skip.contains(&at) {
+                self.inspector.withdraw(id, reason);
+                judged.skip.insert(at);
+            }
+        }
+        let mut changes = std::mem::take(&mut judged.round.changes);
+        let mut at = 0;
+        changes.retain(|_| {
+            at += 1;
+            !judged.skip.contains(&(at - 1))
         });
-        self.write_scan(&scan.round.changes, Some(scan.began))?;
-        self.decide_kills()?;
+        self.write_scan(&changes, Some(judged.began))?;
+        if kill {
+            self.decide_kills()?;
+        }
         self.out.draw_status()?;
         Ok(self.out.flush()?)
     }
 
-    /// Whether the flag `reason` of process `id`, cleared by its exit, was raised by a round
-    /// not yet written: then neither it nor its clearing is written.
+    /// At the exit record of process `id` (`pid`): the flag `reason` its exit cleared, if the
+    /// judged round raised it, is withdrawn (neither it nor its clearing is written; returns
+    /// true).
     pub(super) fn never_written(&mut self, id: NodeId, reason: Reason) -> bool {
-        let Some(at) = self.unwritten.iter().position(|&f| f == (id, reason)) else {
+        let Some(judged) = self.judged.as_mut() else {
             return false;
         };
-        self.unwritten.swap_remove(at);
-        self.inspector.never_written(reason);
+        let Some(&at) = judged.flags.get(&(id, reason)) else {
+            return false;
+        };
+        judged.skip.insert(at);
+        self.inspector.withdraw(id, reason);
         true
+    }
+
+    /// At the exit record of `pid`: the `cleared` changes the judged round holds for it,
+    /// written now (after its `exit`, as the flags its exit clears are), not at the commit.
+    pub(super) fn cleared_at_exit(&mut self, pid: u32, ts: u64) -> Result<()> {
+        let Some(judged) = self.judged.as_mut() else {
+            return Ok(());
+        };
+        let Some(ats) = judged.cleared.remove(&pid) else {
+            return Ok(());
+        };
+        for at in ats {
+            judged.skip.insert(at);
+            let change = &judged.round.changes[at];
+            if let Some(event) = flags::change_event(&self.graph, change, ts) {
+                self.out.event(ts, &event)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -31,15 +31,16 @@ impl Near {
     /// Every live process the graph holds (a round's new flags may have their other ends
     /// anywhere among them).
     pub fn every_live(graph: &LineageGraph) -> Near {
-        let among = graph.alive().map(|n| (n.pid, n.comm)).collect();
-        let known = graph.alive().map(|n| n.pid).collect();
+        let among: Vec<(u32, Comm)> = graph.alive().map(|n| (n.pid, n.comm)).collect();
+        let known = among.iter().map(|&(pid, _)| pid).collect();
         Near { among, known }
     }
 }
 
 /// Reads what evidence needs from /proc and the kernel's sockets: a process's sample, and the
-/// fds of the processes near it. The inspector has its own for its scans; the API's answers
-/// have theirs, on the slow side's thread.
+/// fds of the processes near it. The rounds and the answers each have theirs, on their
+/// thread of the slow side; the inspector has its own for what it still reads itself (a
+/// `respawning` flag's evidence, `--check`'s).
 #[derive(Default)]
 pub struct Lookout {
     sampler: Sampler,
@@ -64,14 +65,13 @@ impl Lookout {
     /// placement of each.
     pub fn read_evidence(
         &mut self,
-        with_peers: &mut [Evidence],
-        without: &mut [Evidence],
+        mut with_peers: Vec<&mut Evidence>,
+        without: Vec<&mut Evidence>,
         near: &Near,
     ) {
-        let mut with_peers: Vec<&mut Evidence> = with_peers.iter_mut().collect();
         let among = near.among.iter().copied();
         add_peers(&mut self.peers, among, &near.known, &mut with_peers);
-        without.iter_mut().for_each(add_process_facts);
+        without.into_iter().for_each(add_process_facts);
     }
 
     /// What the operator is to be told (see [`Sampler::take_notes`]).
