@@ -372,9 +372,10 @@ fn keep_house(
 
 /// The leak scan: zombies whose free lags recorded, then a round of the rules started (its
 /// flags, `--kill`'s decisions and the status line follow when it is done, see [`Rounds`]).
-/// Returns when the next one is due: a scan interval from now (once the round is written,
-/// the event loop brings it forward to when its rules want a look, see `scan_sooner`; what
-/// they want now is what the round under way is to look at).
+/// A round whose reads are done is written first, so that the one due can start. Returns
+/// when the next one is due: a scan interval from now (once the round is written, the event
+/// loop brings it forward to when its rules want a look, see `scan_sooner`; what they want
+/// now is what the round under way is to look at).
 fn scan_leaks(
     cli: &Cli,
     run: &mut Pipeline,
@@ -384,6 +385,9 @@ fn scan_leaks(
 ) -> Result<Instant> {
     drain(ring, run, marks)?;
     run.release_lagging(FREE_LAG)?;
+    if run.round_ready() {
+        run.commit_round(true).context("writing output")?;
+    }
     rounds.start(run);
     Ok(Instant::now() + cli.scan_interval)
 }

@@ -100,6 +100,8 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     // The answers and a round under way end before the close takes the run's parts (a
     // question asked from here is told the run is ending; a round judged is written by the
     // close).
+    // Both aborted before either is awaited: an await lets the other run on.
+    rounds.abort();
     if let Some(answers) = answers {
         answers.abort();
         let _ = answers.await;

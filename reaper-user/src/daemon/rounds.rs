@@ -36,9 +36,17 @@ impl Rounds {
 
     /// Starts a round, unless one is under way or waits to be written in `run` (the slow
     /// side is behind: the round due is that one).
-    pub(super) fn start(&mut self, run: &Pipeline) {
+    pub(super) fn start(&mut self, run: &mut Pipeline) {
         let busy = self.under_way.as_ref().is_some_and(|r| !r.is_finished());
-        if busy || run.has_judged_round() {
+        if busy {
+            return;
+        }
+        // A round that ended judged but unread (it panicked meanwhile) is written as it is,
+        // or no round would start again.
+        if run.has_judged_round() && !run.round_ready() {
+            run.evidence_read(None);
+        }
+        if run.has_judged_round() {
             return;
         }
         let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
@@ -57,9 +65,16 @@ impl Rounds {
         }
     }
 
+    /// Ends the round under way where it is (see [`Rounds::stop`]); awaited by `stop`.
+    pub(super) fn abort(&self) {
+        if let Some(round) = &self.under_way {
+            round.abort();
+        }
+    }
+
     /// Ends the round under way where it is: the run stopped. One not yet judged judges
     /// nothing (what a stop leaves is half torn down, see `Pipeline::clear_ended`); one
-    /// judged is written by the close, with what of its evidence was read.
+    /// judged is written by the close, with its evidence if it was read, else its samples.
     pub(super) async fn stop(mut self) -> Result<()> {
         if let Some(round) = self.under_way.take() {
             round.abort();

@@ -35,9 +35,12 @@ impl Worker {
                 let mut lookout = Lookout::default();
                 for job in queue {
                     // A job that panics (said on stderr by the panic hook) has no result; the
-                    // thread goes on with the next, or every later job would be refused.
+                    // thread goes on with the next and readers of its own, or every later job
+                    // would be refused.
                     let job = std::panic::AssertUnwindSafe(|| job(&mut lookout));
-                    let _ = std::panic::catch_unwind(job);
+                    if std::panic::catch_unwind(job).is_err() {
+                        lookout = Lookout::default();
+                    }
                 }
             })
             .with_context(|| format!("starting the slow side's thread {name}"))?;

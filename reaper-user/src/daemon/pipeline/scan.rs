@@ -6,8 +6,9 @@
 //! to write it right after a drain of the ring (`Pipeline::commit_round`), so what it writes
 //! is judged against the graph as the kernel left it: a flag whose process exited (or, a
 //! zombie's, was reaped) meanwhile is withdrawn, never written; a `cleared` of a process
-//! that exited meanwhile is written at its exit record, after its `exit` as the flags its
-//! exit clears are.
+//! whose exit record came meanwhile is written there, after its `exit` as the flags its exit
+//! clears are (one the upkeep found exited from /proc gets it at the commit, after).
+//! The rules judged it before: only what is written is held to the graph as it is now.
 use std::time::Instant;
 
 use anyhow::Result;
@@ -32,7 +33,7 @@ pub(super) struct Judged {
     read: bool,
     /// Each flag it raised, by process and reason: its index in the round's changes.
     flags: HashMap<(NodeId, Reason), usize>,
-    /// The `cleared` changes of each pid: their indices.
+    /// The `cleared` changes of each pid (a live process's: not a zombie's): their indices.
     cleared: HashMap<u32, Vec<usize>>,
     /// The changes not to write at the commit: withdrawn, or written already.
     skip: HashSet<usize>,
@@ -84,6 +85,7 @@ impl Pipeline {
         planned: Planned,
         sampled: Vec<(Look, Option<Sample>)>,
     ) -> Option<Unread> {
+        debug_assert!(self.judged.is_none(), "one round judged at a time");
         let Planned { mut round, began } = planned;
         self.inspector.judge_round(&self.graph, &mut round, sampled);
         let (mut flags, mut cleared) = (HashMap::default(), HashMap::<u32, Vec<usize>>::default());
@@ -92,6 +94,8 @@ impl Pipeline {
                 Change::Flag(f) => {
                     flags.insert((f.node, f.reason), at);
                 }
+                // A zombie's clearing (reaped) names a pid already gone, perhaps reused.
+                Change::Cleared { reason, .. } if *reason == Reason::Zombie => {}
                 Change::Cleared { pid, .. } => cleared.entry(*pid).or_default().push(at),
             }
         }

@@ -39,8 +39,8 @@ impl Near {
 
 /// Reads what evidence needs from /proc and the kernel's sockets: a process's sample, and the
 /// fds of the processes near it. The rounds and the answers each have theirs, on their
-/// thread of the slow side; the inspector has its own for what it still reads itself (a
-/// `respawning` flag's evidence, `--check`'s).
+/// thread of the slow side; the inspector has a sampler and an index of its own for what it
+/// still reads itself (a `respawning` flag's evidence, `--check`'s).
 #[derive(Default)]
 pub struct Lookout {
     sampler: Sampler,
