@@ -231,7 +231,8 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", default_value = "orphaned,deaf", value_parser = parse_kill_reasons)]
     pub kill_reasons: KillReasons,
 
-    /// With --kill: how long a flag must hold before the first signal.
+    /// With --kill: how long a flag must hold, counted from when it is written, before the
+    /// first signal.
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
 

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::mpsc,
@@ -137,6 +137,11 @@ pub struct Killer {
     opts: KillOptions,
     /// Nodes already decided on (a node is never decided twice).
     decided: HashSet<NodeId>,
+    /// When each active flag was first offered (boot-time ns): the grace counts from there
+    /// at the earliest, since a flag is offered only once the stream has it. A round's flag
+    /// is written a moment after its look (its peers are read first), and `since` is the
+    /// look's time or the condition's start; only the flags still active are kept.
+    offered: HashMap<(NodeId, Reason), u64>,
     /// Recent kills, to recognise a respawn.
     killed: Vec<Killed>,
     /// Spawners found respawning: their children with that argv are left alone.
@@ -155,6 +160,7 @@ impl Killer {
         let killer = Killer {
             opts,
             decided: HashSet::default(),
+            offered: HashMap::default(),
             killed: Vec::new(),
             respawning: HashSet::default(),
             protected: self_and_ancestors(),
@@ -192,8 +198,9 @@ impl Killer {
         }
     }
 
-    /// Looks at the active flags (node, reason, since) at boot-time `now` and starts a
-    /// sequence for each one that has held for the grace time.
+    /// Looks at the active flags (node, reason, since) at boot-time `now`, each already
+    /// written, and starts a sequence for each one that has held for the grace time since it
+    /// was first offered here (or since `since`, if later).
     pub fn decide(
         &mut self,
         graph: &LineageGraph,
@@ -207,9 +214,12 @@ impl Killer {
         // What the graph no longer holds can be decided on no more: let go of it.
         self.decided.retain(|&id| graph.node(id).is_some());
         self.respawning.retain(|&id| graph.node(id).is_some());
+        let still: HashSet<(NodeId, Reason)> = active.iter().map(|&(id, r, _)| (id, r)).collect();
+        self.offered.retain(|key, _| still.contains(key));
         for &(id, reason, since) in active {
+            let held_from = since.max(*self.offered.entry((id, reason)).or_insert(now));
             if !self.opts.reasons.contains(&reason)
-                || now.saturating_sub(since) < grace
+                || now.saturating_sub(held_from) < grace
                 || self.decided.contains(&id)
             {
                 continue;
@@ -500,6 +510,33 @@ mod tests {
             .collect();
         assert_eq!(outcomes, [(me, "not_in_lineage")]);
         assert!(decided.respawning.is_empty());
+    }
+
+    #[test]
+    fn the_grace_counts_from_when_a_flag_is_first_offered_not_from_its_look() {
+        use crate::lineage::graph::testing::{fork, gateway, record};
+        const SEC: u64 = 1_000_000_000;
+        // Pids above pid_max (32768 here): none is reaper-trace or one of its ancestors.
+        let (gw, helper) = (40_000, 40_001);
+        let mut graph = LineageGraph::new(16);
+        graph.add_seed(gateway(gw));
+        record(&mut graph, 1, (helper, 1), fork(gw));
+        let node = graph.current(helper).unwrap().id;
+        let (mut killer, _reports) = Killer::new(KillOptions {
+            reasons: vec![Reason::Orphaned],
+            grace: Duration::from_secs(1),
+            term_timeout: Duration::from_secs(5),
+            dry_run: true,
+        });
+        // Looked at (and `since`) at 10 s, written and offered at 10.5 s.
+        let flag = [(node, Reason::Orphaned, 10 * SEC)];
+        let decided = |killer: &mut Killer, now| killer.decide(&graph, &flag, now).reports.len();
+        assert_eq!(decided(&mut killer, 10 * SEC + SEC / 2), 0);
+        assert_eq!(decided(&mut killer, 11 * SEC + SEC / 4), 0, "a second after the look");
+        assert_eq!(decided(&mut killer, 11 * SEC + SEC / 2), 1, "a second after the offer");
+        // A flag no longer active is forgotten: raised again, its grace starts again.
+        killer.decide(&graph, &[], 12 * SEC);
+        assert!(killer.offered.is_empty());
     }
 
     #[test]

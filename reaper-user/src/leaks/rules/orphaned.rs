@@ -25,7 +25,8 @@ pub const ABOUT: About = About {
 /// Its spawn chain broke at least `--orphan-grace` ago and it still holds a channel (it can
 /// still be waiting on, or keeping open, a channel of a session that is gone). One that exits
 /// within the grace (a server reading EOF when its host crashed) never holds. `Some(now)`: it
-/// holds from the look that confirmed it (so `--kill`'s `--grace` counts from the flag).
+/// holds from the look that confirmed it (`--kill`'s `--grace` counts from the flag's write,
+/// a moment later: see `Killer::decide`).
 fn rule(o: &Observed) -> Option<u64> {
     let broke = o.broken_since?;
     (o.holds_channel && o.now.saturating_sub(broke) >= o.orphan_grace).then_some(o.now)
