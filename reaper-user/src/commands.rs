@@ -57,7 +57,7 @@ pub fn main() {
         std::process::exit(exit_status::USAGE);
     }
     if cli.mount_bpffs {
-        match crate::state::pins::mount_bpffs() {
+        match crate::capture::pins::mount_bpffs() {
             Ok(Some(note)) => eprintln!("reaper-trace: {note}"),
             Ok(None) => eprintln!("reaper-trace: bpffs is already mounted at /sys/fs/bpf"),
             Err(e) => {

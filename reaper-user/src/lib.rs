@@ -71,16 +71,16 @@ pub mod docs {
 
 /// For the integration tests: the parts they drive or check against the real kernel.
 pub mod testing {
+    pub use crate::capture::pins::is_bpffs;
     pub use crate::identity::boottime_to_ticks;
     pub use crate::kill::{KillOptions, Killer, Outcome};
     pub use crate::leaks::Reason;
     pub use crate::lineage::graph::{LineageGraph, Seed};
-    pub use crate::output::human::{flag_line, spawn_site_text};
     pub use crate::procfs::{boottime_now, read_stat};
     pub use crate::sites::build_ids::build_id_of;
-    pub use crate::state::pins::is_bpffs;
     pub use crate::stream::events::LeakDetail;
     pub use crate::stream::evidence::Frame;
+    pub use crate::stream::readable::{flag_line, spawn_site_text};
     pub use crate::text::{Args, Comm};
 
     /// The ingest path as a run's reader takes records (decode, graph, events, NDJSON lines

@@ -17,13 +17,11 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::capture::loader::LossCounts;
+use crate::capture::pins::PinDir;
 use crate::lineage::graph::saved::SavedNode;
 use crate::sites::SavedUnwound;
 use crate::sites::build_ids::SavedBuildId;
 use reaper_common::{LAYOUT, ReaderMark};
-
-pub mod pins;
-use pins::PinDir;
 
 /// The checkpoint's layout version: a run takes back only its own.
 pub const FORMAT: u32 = 1;

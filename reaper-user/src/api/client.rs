@@ -13,9 +13,10 @@ use tokio::net::UnixStream;
 
 use super::{Branch, FollowFilter, Process, SOCKET_DIR, TreeFilter};
 use crate::leaks::Reason;
-use crate::output::human::{evidence_text, human_duration, who};
 use crate::output::tree::render;
 use crate::procfs;
+use crate::stream::readable::evidence_text;
+use crate::stream::words::{human_duration, who};
 use crate::text::escape_for_terminal;
 
 mod from_audit;

@@ -21,11 +21,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::leaks::Reason;
-use crate::stream::events::LeakDetail;
-
 pub use crate::output::follow::{FollowFilter, FollowQueue};
-pub use crate::output::tree::Branch;
+pub use crate::output::tree::{Branch, TreeFilter};
+pub use crate::stream::answer::{Held, Kill, Process, ServerOf};
 
 pub mod client;
 pub mod server;
@@ -60,21 +58,6 @@ pub enum Asked {
     },
 }
 
-/// The processes `/v1/tree` draws: the live and zombie ones every given filter picks, each
-/// with the spawners its lineage runs through.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TreeFilter {
-    /// Those descended from this tracked process (a gateway, or any process of the tree),
-    /// itself included.
-    pub gateway: Option<u32>,
-    /// Those whose executable or command line contains this text (an `accumulating` flag's
-    /// kind names one: `node /srv/mcp.js`).
-    pub kind: Option<String>,
-    /// Those holding a flag for this reason.
-    pub reason: Option<Reason>,
-}
-
 /// A kind and its live instances (`/v1/kinds`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -103,61 +86,4 @@ pub struct Status {
     pub uptime_secs: u64,
     /// Clients following the event stream now (`/v1/events?follow`).
     pub followers: usize,
-}
-
-/// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Process {
-    pub pid: u32,
-    /// Boot-time ns it started (with `pid`, its identity).
-    pub start: u64,
-    pub alive: bool,
-    /// Boot-time ns of its exit, once it exited.
-    pub exited: Option<u64>,
-    /// Boot-time ns the answer was made at (what `since` and `exited` are measured against).
-    pub now: u64,
-    /// The flags it holds now.
-    pub flags: Vec<Held>,
-    /// Whether `--kill` could act on it, and why or why not (on the outermost process of
-    /// its `server`, when it is an inner one without a flag of its own).
-    pub kill: Kill,
-    /// When it is an inner process of a server judged as one from its outermost process (a
-    /// wrapper chain: `npm exec` > `sh -c` > `node server.js`): that process, whose flags
-    /// stand for the whole server (`chain` lists the server from it down to this one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server: Option<ServerOf>,
-    /// Its lineage, spawner's thread, channels and who holds their other ends, RSS, spawn
-    /// site: as a flag's.
-    #[serde(flatten)]
-    pub detail: LeakDetail,
-}
-
-/// The outermost process of the server a process is part of.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ServerOf {
-    pub pid: u32,
-    /// The flags it holds now.
-    pub flags: Vec<Held>,
-}
-
-/// What `--kill` could do to a process (with the run's `--kill-reasons`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Kill {
-    /// The run kills (`--kill`).
-    pub enabled: bool,
-    /// A kill would follow one of its flags, once held for `--grace`.
-    pub could: bool,
-    pub why: String,
-}
-
-/// A flag held.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Held {
-    pub reason: Reason,
-    /// Boot-time ns since when it holds.
-    pub since: u64,
 }

@@ -18,9 +18,9 @@ use ratatui::{DefaultTerminal, Frame};
 
 use super::client::{get, readable};
 use super::{Branch, KindCount, Process, Status};
-use crate::output::human::human_duration;
 use crate::output::tree::State;
 use crate::procfs::facts::read_rss_kib;
+use crate::stream::words::human_duration;
 use crate::text::escape_for_terminal;
 
 /// A live view of a running audit: its gateways, kinds and flags; select a flag (↑↓, Enter)

@@ -16,13 +16,13 @@ use reaper_common::{
 
 use crate::capture::btf::KernelBtf;
 use crate::capture::features::{self, KernelFeatures};
+use crate::capture::pins::{self, PinDir};
 pub use crate::capture::shared::{
     Accounting, KernelCounters, LossCounts, ReaderIdle, ReaderMarks, StackMaps, TakeOver,
 };
 use crate::capture::sizes::MapSizes;
 use crate::capture::tracefs;
 use crate::procfs::boottime_now;
-use crate::state::pins::{self, PinDir};
 
 /// The smallest ring that stacks are copied into: room for 16 of the largest copies.
 const COPY_RING_MIN: u32 = 16 * COPY_MAX as u32;

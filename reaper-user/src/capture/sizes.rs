@@ -4,7 +4,7 @@ use anyhow::Result;
 use reaper_common::{SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON, names};
 
 use super::loader::LoadOptions;
-use crate::state::pins::PinDir;
+use crate::capture::pins::PinDir;
 
 /// Distinct spawn stacks the kernel keeps (each up to 32 frames with their build ids: ~1 KiB,
 /// allocated as used).

@@ -28,7 +28,7 @@ use crate::{
         StackMaps,
     },
     cli::{Cli, SpawnStacks},
-    gateways::Selectors,
+    gateways::{self, Selectors},
     identity,
     kill::{KillOptions, KillReport, Killer},
     leaks::InspectOptions,
@@ -160,7 +160,12 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     }
     // Check the gateways before touching the kernel: a typo should cost nothing.
     let (pid_gateways, exited_gateways) = seed::check_gateways(&cli.gateway_pid, cli.allow_init)?;
-    let mut selectors = Selectors::from_cli(cli)?;
+    let mut selectors = Selectors::asked(&gateways::Asked {
+        exes: &cli.gateway_exe,
+        units: &cli.gateway_unit,
+        cgroups: &cli.gateway_cgroup,
+        pidfiles: &cli.gateway_pidfile,
+    })?;
     selectors.check_pidfiles()?;
     // A state that cannot be taken back stops the run before the kernel is touched.
     let traced = traced(cli, &selectors);

@@ -158,7 +158,7 @@ impl Pipeline {
         if gateway.is_some() {
             self.learn_gateway_code(ev.pid);
         }
-        if let Some(event) = Event::of_change(&self.graph, &change, ev.pid, interpreter) {
+        if let Some(event) = change.event(&self.graph, ev.pid, interpreter) {
             self.out.event(ev.ts, &event)?;
         }
         if let Change::Exited { node, .. } = change {

@@ -10,11 +10,11 @@ pub mod exe;
 pub mod pidfile;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use anyhow::Result;
 
 use crate::capture::loader::{SelectorMaps, SelectorNeeds};
-use crate::cli::Cli;
 use crate::procfs::Stat;
 use cgroup::CgroupDir;
 use exe::{Exe, ExeKind};
@@ -38,32 +38,41 @@ pub struct Selectors {
     entries: Vec<(String, Selector)>,
 }
 
+/// The selectors the command line asks for, beside `--gateway-pid` and `-- CMD` (which
+/// always have their numbers): `--gateway-exe`, `--gateway-unit`, `--gateway-cgroup`,
+/// `--gateway-pidfile`.
+pub struct Asked<'a> {
+    pub exes: &'a [PathBuf],
+    pub units: &'a [String],
+    pub cgroups: &'a [PathBuf],
+    pub pidfiles: &'a [PathBuf],
+}
+
 impl Selectors {
     /// The number of `--gateway-pid`.
     pub const PID: usize = 0;
     /// The number of `-- CMD`.
     pub const COMMAND: usize = 1;
 
-    /// Checks every selector of the command line (before the kernel is touched: a typo costs
-    /// nothing).
-    pub fn from_cli(cli: &Cli) -> Result<Selectors> {
+    /// Checks every selector asked for (before the kernel is touched: a typo costs nothing).
+    pub fn asked(asked: &Asked) -> Result<Selectors> {
         let mut entries = vec![
             ("pid".to_owned(), Selector::Pid),
             ("command".to_owned(), Selector::Command),
         ];
-        for path in &cli.gateway_exe {
+        for path in asked.exes {
             let label = format!("exe:{}", path.display());
             entries.push((label, Selector::Exe(Exe::resolve(path)?)));
         }
-        for name in &cli.gateway_unit {
+        for name in asked.units {
             let label = format!("unit:{name}");
             entries.push((label, Selector::Cgroup(CgroupDir::of_unit(name)?)));
         }
-        for path in &cli.gateway_cgroup {
+        for path in asked.cgroups {
             let label = format!("cgroup:{}", path.display());
             entries.push((label, Selector::Cgroup(CgroupDir::resolve(path)?)));
         }
-        for path in &cli.gateway_pidfile {
+        for path in asked.pidfiles {
             let label = format!("pidfile:{}", path.display());
             entries.push((label, Selector::Pidfile(Pidfile::new(path)?)));
         }

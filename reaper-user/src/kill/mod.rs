@@ -532,8 +532,16 @@ mod tests {
         let flag = [(node, Reason::Orphaned, 10 * SEC)];
         let decided = |killer: &mut Killer, now| killer.decide(&graph, &flag, now).reports.len();
         assert_eq!(decided(&mut killer, 10 * SEC + SEC / 2), 0);
-        assert_eq!(decided(&mut killer, 11 * SEC + SEC / 4), 0, "a second after the look");
-        assert_eq!(decided(&mut killer, 11 * SEC + SEC / 2), 1, "a second after the offer");
+        assert_eq!(
+            decided(&mut killer, 11 * SEC + SEC / 4),
+            0,
+            "a second after the look"
+        );
+        assert_eq!(
+            decided(&mut killer, 11 * SEC + SEC / 2),
+            1,
+            "a second after the offer"
+        );
         // A flag no longer active is forgotten: raised again, its grace starts again.
         killer.decide(&graph, &[], 12 * SEC);
         assert!(killer.offered.is_empty());

@@ -15,8 +15,9 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::output::human::{evidence_text, who};
 use crate::stream::events::LeakedProcess;
+use crate::stream::readable::evidence_text;
+use crate::stream::words::who;
 use crate::text::escape_markup as esc;
 
 /// The report file, created at start so that a bad path is an error before anything runs.

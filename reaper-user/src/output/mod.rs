@@ -2,7 +2,6 @@
 pub mod follow;
 pub mod human;
 pub mod junit;
-pub mod label;
 pub mod lines;
 pub mod logfile;
 pub mod metrics;

@@ -4,8 +4,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::output::human::human_duration;
 use crate::output::metrics::StatusCounts;
+use crate::stream::words::human_duration;
 
 pub struct StatusLine {
     /// Standard error (an [`Outlet`](super::outlet::Outlet) handle: never the reader's wait).

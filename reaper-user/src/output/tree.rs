@@ -6,11 +6,25 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::TreeFilter;
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::output::human::describe_status;
 use crate::stream::events::{Argv, ProcText};
+use crate::stream::readable::describe_status;
+
+/// The processes `/v1/tree` draws: the live and zombie ones every given filter picks, each
+/// with the spawners its lineage runs through.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TreeFilter {
+    /// Those descended from this tracked process (a gateway, or any process of the tree),
+    /// itself included.
+    pub gateway: Option<u32>,
+    /// Those whose executable or command line contains this text (an `accumulating` flag's
+    /// kind names one: `node /srv/mcp.js`).
+    pub kind: Option<String>,
+    /// Those holding a flag for this reason.
+    pub reason: Option<Reason>,
+}
 
 /// One process of the tree, with the processes it spawned that lead to a live one.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

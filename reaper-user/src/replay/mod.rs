@@ -19,12 +19,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::api::{Held, Kill, Process, ServerOf, TreeFilter};
 use crate::capture::decode::{KernelEvent, What};
 use crate::identity::boottime_to_ticks;
 use crate::leaks::flags;
 use crate::lineage::graph::{LineageGraph, NodeId, Seed};
+use crate::output::tree::TreeFilter;
 use crate::output::tree::{Branch, picked_tree};
+use crate::stream::answer::{Held, Kill, Process, ServerOf};
 use crate::stream::events::{self as ev, Event, LeakDetail, ProcessLabel, Ready};
 use crate::stream::reading::{self, Line, each_line};
 use crate::text::Comm;

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::audit::{Audit, FlagRow, LiveProc, MAX_ARGV_CHARS, OTHER_EXECUTABLES};
-use crate::output::human::{human_duration, human_rss};
 use crate::stream::evidence::ESCAPED_MEANING;
+use crate::stream::words::{human_duration, human_rss};
 use crate::text::{escape_for_terminal, escape_markup};
 
 mod plots;

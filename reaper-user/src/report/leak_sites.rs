@@ -4,8 +4,8 @@
 //! them), so "27 flags: … < MCPServerTask._run_stdio (mcp_tool.py:1230)" reads at a glance.
 use std::collections::BTreeMap;
 
-use crate::output::human::spawn_site_text;
 use crate::stream::evidence::Frame;
+use crate::stream::readable::spawn_site_text;
 
 /// At most this many sites are followed (the rest are counted).
 pub const MAX_SITES: usize = 500;

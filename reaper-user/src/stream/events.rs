@@ -11,7 +11,6 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::leaks::Reason;
-use crate::lineage::graph::{Change, LineageGraph};
 
 pub use super::fields::{Argv, ProcText};
 pub use super::kinds::{Counts, Kind, Lifecycle};
@@ -151,59 +150,6 @@ events! {
 }
 
 impl Event {
-    /// The stream's event for what a record about process `pid` changed in `graph`, built
-    /// from the node it names (`interpreter`: an exec's, when its frames are read). A gateway
-    /// match has none of its own: the tracer announces the gateway with its selector's name;
-    /// a record that changed nothing has none.
-    pub fn of_change(
-        graph: &LineageGraph,
-        change: &Change,
-        pid: u32,
-        interpreter: Option<String>,
-    ) -> Option<Event> {
-        let node = change.node().and_then(|id| graph.node(id));
-        Some(match (change, node) {
-            (&Change::Forked { untracked, .. }, Some(n)) => Event::Fork(Fork {
-                pid,
-                ppid: n.ppid,
-                spawner: n.spawner_pid.unwrap_or_default(),
-                comm: ProcText::new("comm", n.comm),
-                start: n.start.boottime_ns(),
-                sid: n.sid,
-                pgid: n.pgid,
-                uid: n.uid.unwrap_or_default(),
-                cgroup_id: n.cgroup_id.unwrap_or_default(),
-                untracked,
-                thread: SpawningThread::of(n.spawning_thread),
-            }),
-            (&Change::Execed { tid, truncated, .. }, Some(n)) => Event::Exec(Exec {
-                pid,
-                filename: ProcText::new("filename", n.filename.clone().unwrap_or_default()),
-                argv: Argv::new(n.argv.clone()),
-                truncated,
-                tid,
-                interpreter,
-            }),
-            (Change::Exited { .. }, Some(n)) => {
-                let status = n.exited.and_then(|e| e.status).unwrap_or_default();
-                let (exit_code, signal, core) = wait_status(status);
-                Event::Exit(Exit {
-                    pid,
-                    exit_code,
-                    signal,
-                    core,
-                })
-            }
-            // Its node may be pruned already: the pid is all it says.
-            (Change::Reaped { .. }, _) => Event::Reaped(Reaped {
-                pid,
-                from_proc: false,
-            }),
-            (Change::Setsid { .. }, Some(n)) => Event::Setsid(Setsid { pid, sid: n.sid }),
-            _ => return None,
-        })
-    }
-
     /// The process the event is about; none for the run's own (`ready`, `lost`, `note`,
     /// `summary`, the verdict).
     pub fn pid(&self) -> Option<u32> {

@@ -83,7 +83,7 @@ impl Serialize for Counts {
 /// What the stream says about one kind of event, wherever it is asked: its wire name (the
 /// `event` field, the report's list of known events), its lifecycle kind (counted in
 /// `summary.counts` and `reaper_events_total{kind}`), and whether it is a finding (a
-/// readable line under `--check`). Its readable line is [`crate::output::human`]'s.
+/// readable line under `--check`). Its readable line is its struct's ([`Readable`]).
 #[derive(Debug)]
 pub struct Kind {
     pub name: &'static str,

@@ -1,12 +1,16 @@
 //! What the stream says: the wire types of every event, with their evidence and the fields
-//! that name a process. Every step builds these and returns them; only [`crate::output`]
+//! that name a process, and of the API's answer about a process ([`answer`]). Every step builds these and returns them; only [`crate::output`]
 //! writes them (NDJSON, readable lines, metrics), and [`crate::report`] reads them back.
+pub mod answer;
 pub mod events;
 pub mod evidence;
 pub mod fields;
 pub mod kinds;
+pub mod label;
 mod members;
+pub mod readable;
 pub mod reading;
+pub mod words;
 
 use events::Event;
 

@@ -174,7 +174,7 @@ pub struct Why<'a> {
 impl Why<'_> {
     /// How long the flag's condition has held, for people.
     fn held(&self) -> String {
-        crate::output::human::human_duration(self.ts.saturating_sub(self.since))
+        crate::stream::words::human_duration(self.ts.saturating_sub(self.since))
     }
 }
 

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use super::{About, Observed, Reason, Why};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::output::human::{human_duration, thread_text, who};
+use crate::stream::words::{human_duration, thread_text, who};
 
 pub const ABOUT: About = About {
     reason: Reason::Orphaned,

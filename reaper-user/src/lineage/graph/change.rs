@@ -6,7 +6,10 @@
 //! [`LineageGraph::apply`]: super::LineageGraph::apply
 use reaper_common::MatchedAt;
 
-use super::NodeId;
+use super::{LineageGraph, NodeId};
+use crate::stream::events::{
+    Argv, Event, Exec, Exit, Fork, ProcText, Reaped, Setsid, SpawningThread, wait_status,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -61,5 +64,58 @@ impl Change {
             | Change::Matched { node, .. } => Some(node),
             Change::Unknown { .. } | Change::Duplicate => None,
         }
+    }
+
+    /// The stream's event for what a record about process `pid` changed in `graph`, built
+    /// from the node it names (`interpreter`: an exec's, when its frames are read). A gateway
+    /// match has none of its own: the tracer announces the gateway with its selector's name;
+    /// a record that changed nothing has none.
+    pub fn event(
+        &self,
+        graph: &LineageGraph,
+        pid: u32,
+        interpreter: Option<String>,
+    ) -> Option<Event> {
+        let node = self.node().and_then(|id| graph.node(id));
+        Some(match (self, node) {
+            (&Change::Forked { untracked, .. }, Some(n)) => Event::Fork(Fork {
+                pid,
+                ppid: n.ppid,
+                spawner: n.spawner_pid.unwrap_or_default(),
+                comm: ProcText::new("comm", n.comm),
+                start: n.start.boottime_ns(),
+                sid: n.sid,
+                pgid: n.pgid,
+                uid: n.uid.unwrap_or_default(),
+                cgroup_id: n.cgroup_id.unwrap_or_default(),
+                untracked,
+                thread: SpawningThread::of(n.spawning_thread),
+            }),
+            (&Change::Execed { tid, truncated, .. }, Some(n)) => Event::Exec(Exec {
+                pid,
+                filename: ProcText::new("filename", n.filename.clone().unwrap_or_default()),
+                argv: Argv::new(n.argv.clone()),
+                truncated,
+                tid,
+                interpreter,
+            }),
+            (Change::Exited { .. }, Some(n)) => {
+                let status = n.exited.and_then(|e| e.status).unwrap_or_default();
+                let (exit_code, signal, core) = wait_status(status);
+                Event::Exit(Exit {
+                    pid,
+                    exit_code,
+                    signal,
+                    core,
+                })
+            }
+            // Its node may be pruned already: the pid is all it says.
+            (Change::Reaped { .. }, _) => Event::Reaped(Reaped {
+                pid,
+                from_proc: false,
+            }),
+            (Change::Setsid { .. }, Some(n)) => Event::Setsid(Setsid { pid, sid: n.sid }),
+            _ => return None,
+        })
     }
 }

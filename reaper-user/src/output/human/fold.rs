@@ -1,8 +1,9 @@
 //! Folding for people: one scan's `accumulating` findings of one kind under one gateway make
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
-use super::{human_line, human_rss};
+use super::human_line;
 use crate::stream::events::{Cleared, Event, Flag};
+use crate::stream::words::human_rss;
 use crate::text::escape_for_terminal;
 
 /// The readable lines of a batch of findings (one scan's): the `accumulating` flags of one

@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 
 use super::{at, esc, restarts};
-use crate::output::human::human_duration;
 use crate::report::{audit::Audit, timeline::Point};
+use crate::stream::words::human_duration;
 
 /// Two stacked SVG plots sharing the time axis: process counts, and flagged RSS.
 pub(super) fn timeline(h: &mut String, a: &Audit) {

@@ -3,8 +3,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{LeakDetail, Name, ProcText};
 use crate::leaks::Reason;
-use crate::output::human::{check_lines, flag_line};
 use crate::stream::kinds::Readable;
+use crate::stream::readable::{check_lines, flag_line};
 
 /// A leak flag starts holding.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -5,9 +5,9 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::{Argv, ProcText, SpawningThread};
-use crate::output::human::thread_text;
 use crate::procfs::placement::Placement;
 use crate::stream::kinds::Readable;
+use crate::stream::words::thread_text;
 
 /// A process found in /proc at start (or re-read after a loss).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

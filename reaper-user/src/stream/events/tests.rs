@@ -358,7 +358,7 @@ fn a_records_event_is_built_from_the_graphs_change() {
     let mut take = |what, interpreter: Option<&str>| {
         let ev = record(what);
         let change = graph.apply(&ev);
-        let event = Event::of_change(&graph, &change, ev.pid, interpreter.map(str::to_owned));
+        let event = change.event(&graph, ev.pid, interpreter.map(str::to_owned));
         lines.push(event.map(|e| written(&e)).unwrap_or_default());
     };
     take(

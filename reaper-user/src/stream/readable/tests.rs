@@ -1,7 +1,9 @@
-//! Unit tests of `human.rs`.
+//! Unit tests of `readable.rs` and of the readable lines built with it.
 use super::*;
 use crate::leaks::Reason;
-use crate::stream::events::{Ancestor, Exec, Peer, Ready, Resumed};
+use crate::output::human::human_line;
+use crate::stream::events::{Ancestor, Argv, Event, Exec, Peer, ProcText, Ready, Resumed};
+use crate::stream::words::human_duration;
 use crate::text::{Args, Comm};
 
 #[test]

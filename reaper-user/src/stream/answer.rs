@@ -1,0 +1,64 @@
+//! What the API answers of one process (`GET /v1/process/PID`, `why`): wire types, as the
+//! events are, so that the live run ([`crate::api`]) and an audit read back
+//! ([`crate::replay`]) answer in the same words.
+use serde::{Deserialize, Serialize};
+
+use crate::leaks::Reason;
+use crate::stream::events::LeakDetail;
+
+/// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Process {
+    pub pid: u32,
+    /// Boot-time ns it started (with `pid`, its identity).
+    pub start: u64,
+    pub alive: bool,
+    /// Boot-time ns of its exit, once it exited.
+    pub exited: Option<u64>,
+    /// Boot-time ns the answer was made at (what `since` and `exited` are measured against).
+    pub now: u64,
+    /// The flags it holds now.
+    pub flags: Vec<Held>,
+    /// Whether `--kill` could act on it, and why or why not (on the outermost process of
+    /// its `server`, when it is an inner one without a flag of its own).
+    pub kill: Kill,
+    /// When it is an inner process of a server judged as one from its outermost process (a
+    /// wrapper chain: `npm exec` > `sh -c` > `node server.js`): that process, whose flags
+    /// stand for the whole server (`chain` lists the server from it down to this one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerOf>,
+    /// Its lineage, spawner's thread, channels and who holds their other ends, RSS, spawn
+    /// site: as a flag's.
+    #[serde(flatten)]
+    pub detail: LeakDetail,
+}
+
+/// The outermost process of the server a process is part of.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerOf {
+    pub pid: u32,
+    /// The flags it holds now.
+    pub flags: Vec<Held>,
+}
+
+/// What `--kill` could do to a process (with the run's `--kill-reasons`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Kill {
+    /// The run kills (`--kill`).
+    pub enabled: bool,
+    /// A kill would follow one of its flags, once held for `--grace`.
+    pub could: bool,
+    pub why: String,
+}
+
+/// A flag held.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Held {
+    pub reason: Reason,
+    /// Boot-time ns since when it holds.
+    pub since: u64,
+}
