@@ -165,8 +165,9 @@ pub struct EventHeader {
     pub generation: u16,
     /// Process id (thread-group id) the event is about.
     pub pid: u32,
-    /// Global sequence number, taken before the ring-buffer reservation: a failed reservation
-    /// leaves a gap that the per-CPU loss counters account for.
+    /// Global sequence number. Every record takes one, sent or not (a reservation or a copy
+    /// that fails takes one too), so a lost record leaves a gap that the per-CPU loss
+    /// counters account for.
     pub seq: u64,
     /// `bpf_ktime_get_boot_ns()` when the event happened.
     pub ts: u64,
