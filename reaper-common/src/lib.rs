@@ -83,56 +83,70 @@ pub const PATH_KEY_LEN: usize = 256;
 /// A path as a map key (see [`PATH_KEY_LEN`]).
 pub type PathKey = [u8; PATH_KEY_LEN];
 
-/// What a record in the ring buffer describes. The discriminant is the first byte of every
-/// record, so user space can tell records apart before it knows their size.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Fork = 1,
-    Exec = 2,
-    Exit = 3,
-    Free = 4,
-    Setsid = 5,
-    Gateway = 6,
+/// The table of record kinds: `Kind = discriminant, "name", its record;` makes
+/// [`EventKind`], [`EventKind::ALL`] (the order of the loss counters, see [`LossSlot`]),
+/// [`EventKind::from_u32`], [`EventKind::name`] and [`EventKind::min_len`]. A kind is one row
+/// here, its record's struct below, its probe in the kernel programs; in user space, its
+/// decoding (`capture/decode.rs`), what the graph does with it (`lineage/graph/events.rs`)
+/// and its event both ways (`lineage/graph/change.rs`: the event a change writes, the record
+/// a line read back stands for), a test there taking every kind of this table around.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $kind:ident = $n:literal, $name:literal, $min_len:expr;)*) => {
+        /// What a record in the ring buffer describes. The discriminant is the first byte of
+        /// every record, so user space can tell records apart before it knows their size.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum EventKind {
+            $($(#[$doc])* $kind = $n,)*
+        }
+
+        impl EventKind {
+            /// All kinds, in the order of their loss counters (see [`LossSlot`]).
+            pub const ALL: [EventKind; [$($n),*].len()] = [$(EventKind::$kind),*];
+
+            pub fn from_u32(v: u32) -> Option<EventKind> {
+                match v {
+                    $($n => Some(EventKind::$kind),)*
+                    _ => None,
+                }
+            }
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(EventKind::$kind => $name,)*
+                }
+            }
+
+            /// The fewest bytes a record of this kind has: its struct, or the fixed part of
+            /// a record sent with variable length.
+            pub const fn min_len(self) -> usize {
+                match self {
+                    $(EventKind::$kind => $min_len,)*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// A tracked process created a new process ([`ForkEvent`]).
+    Fork = 1, "fork", core::mem::size_of::<ForkEvent>();
+    /// A tracked process executed a new program ([`ExecEvent`], argv cut to its length).
+    Exec = 2, "exec", EXEC_FIXED_LEN;
+    /// The last thread of a tracked process exited ([`ExitEvent`]).
+    Exit = 3, "exit", core::mem::size_of::<ExitEvent>();
+    /// A tracked process was released ([`FreeEvent`]).
+    Free = 4, "free", core::mem::size_of::<FreeEvent>();
+    /// A tracked process called setsid() ([`SetsidEvent`]).
+    Setsid = 5, "setsid", core::mem::size_of::<SetsidEvent>();
+    /// A process matched a gateway selector in the kernel ([`GatewayEvent`]).
+    Gateway = 6, "gateway", core::mem::size_of::<GatewayEvent>();
 }
 
 impl EventKind {
-    /// All kinds, in the order of their loss counters (see [`LossSlot`]).
-    pub const ALL: [EventKind; 6] = [
-        EventKind::Fork,
-        EventKind::Exec,
-        EventKind::Exit,
-        EventKind::Free,
-        EventKind::Setsid,
-        EventKind::Gateway,
-    ];
-
-    pub fn from_u32(v: u32) -> Option<EventKind> {
-        match v {
-            1 => Some(EventKind::Fork),
-            2 => Some(EventKind::Exec),
-            3 => Some(EventKind::Exit),
-            4 => Some(EventKind::Free),
-            5 => Some(EventKind::Setsid),
-            6 => Some(EventKind::Gateway),
-            _ => None,
-        }
-    }
-
     /// The slot of this kind in the per-CPU loss counters.
     pub const fn loss_slot(self) -> u32 {
         self as u32 - 1
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            EventKind::Fork => "fork",
-            EventKind::Exec => "exec",
-            EventKind::Exit => "exit",
-            EventKind::Free => "free",
-            EventKind::Setsid => "setsid",
-            EventKind::Gateway => "gateway",
-        }
     }
 }
 
@@ -141,9 +155,9 @@ pub struct LossSlot;
 impl LossSlot {
     /// A tracked process forked a child that could not be inserted into the full tracked map:
     /// the child's own descendants will not be followed in the kernel.
-    pub const TRACKED_FULL: u32 = 6;
+    pub const TRACKED_FULL: u32 = EventKind::ALL.len() as u32;
     /// Number of slots in `LOSSES`.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = Self::TRACKED_FULL + 1;
 }
 
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and

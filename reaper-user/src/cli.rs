@@ -336,7 +336,7 @@ pub struct KillReasons(pub Vec<Reason>);
 pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
     let mut out = Vec::new();
     for name in s.split(',').map(str::trim) {
-        match Reason::killable(name) {
+        match crate::leaks::rules::killable(name) {
             Some(r) if !out.contains(&r) => out.push(r),
             Some(_) => {}
             None if name == "zombie" => {
@@ -347,7 +347,7 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
                 );
             }
             None => {
-                let killable = Reason::killable_names().join(", ");
+                let killable = crate::leaks::rules::killable_names().join(", ");
                 return Err(format!("`{name}` is not a reason to kill (use {killable})"));
             }
         }
@@ -358,10 +358,10 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
 /// A rule's name (`orphaned`, `accumulating`, ...), as its flags carry it.
 pub fn parse_reason(s: &str) -> Result<Reason, String> {
     let rules = crate::leaks::rules::TABLE;
-    match rules.iter().find(|r| r.name == s.trim()) {
+    match rules.iter().find(|r| r.reason.name() == s.trim()) {
         Some(rule) => Ok(rule.reason),
         None => {
-            let names: Vec<&str> = rules.iter().map(|r| r.name).collect();
+            let names: Vec<&str> = rules.iter().map(|r| r.reason.name()).collect();
             Err(format!("`{s}` is not a rule (use {})", names.join(", ")))
         }
     }

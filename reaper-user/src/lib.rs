@@ -75,12 +75,13 @@ pub mod testing {
     pub use crate::identity::boottime_to_ticks;
     pub use crate::kill::{KillOptions, Killer, Outcome};
     pub use crate::leaks::Reason;
+    pub use crate::leaks::rules::line::flag_line;
     pub use crate::lineage::graph::{LineageGraph, Seed};
     pub use crate::procfs::{boottime_now, read_stat};
     pub use crate::sites::build_ids::build_id_of;
     pub use crate::stream::events::LeakDetail;
     pub use crate::stream::evidence::Frame;
-    pub use crate::stream::readable::{flag_line, spawn_site_text};
+    pub use crate::stream::readable::spawn_site_text;
     pub use crate::text::{Args, Comm};
 
     /// The ingest path as a run's reader takes records (decode, graph, events, NDJSON lines

@@ -41,7 +41,7 @@ fn reasons_of(doc: &str, header: &str) -> Vec<String> {
 
 #[test]
 fn the_rules_tables_name_every_reason_a_flag_can_carry_and_no_other() {
-    let code: BTreeSet<String> = RULES.iter().map(|a| a.name.to_owned()).collect();
+    let code: BTreeSet<String> = RULES.iter().map(|a| a.reason.name().to_owned()).collect();
     for (doc, name, header) in [
         (README, "README.md", "| reason | flagged when |"),
         (
@@ -265,7 +265,7 @@ fn the_schemas_reason_enum_is_the_rules_table() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    let table: Vec<&str> = RULES.iter().map(|a| a.name).collect();
+    let table: Vec<&str> = RULES.iter().map(|a| a.reason.name()).collect();
     assert_eq!(listed, table, "schema/events.schema.json's reason enum");
 }
 

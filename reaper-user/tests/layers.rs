@@ -4,8 +4,7 @@
 //!
 //! Imports are read as text: every `crate::module` path in a module's files, test code left
 //! out (files named `tests.rs` or `testing.rs`, and the item after each `#[cfg(test)]`),
-//! comments too. What still runs upward is listed in [`UPWARD`]; the test fails on any other,
-//! and on a listed one that no longer exists, so the list only shrinks.
+//! comments too.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -45,13 +44,6 @@ const FLOORS: &[&[&str]] = &[
     // The run itself, and the binary's words.
     &["daemon"],
     &["commands"],
-];
-
-/// Imports that still run upward or across a floor, (from, to), each a loop to undo.
-const UPWARD: &[(&str, &str)] = &[
-    // The wire types name a leak's reason, whose names and rules are the rules' table; and a
-    // flag's readable line says why in its rule's words.
-    ("stream", "leaks"),
 ];
 
 fn src() -> PathBuf {
@@ -157,7 +149,7 @@ fn named_modules(code: &str) -> BTreeSet<String> {
 }
 
 #[test]
-fn every_import_runs_down_a_floor_but_the_listed_ones() {
+fn every_import_runs_down_a_floor() {
     let floor: BTreeMap<&str, usize> = FLOORS
         .iter()
         .enumerate()
@@ -178,7 +170,7 @@ fn every_import_runs_down_a_floor_but_the_listed_ones() {
             "the module `{m}` is on no floor: give it one in FLOORS and in docs/design.md"
         );
     }
-    let (mut upward, mut seen) = (Vec::new(), BTreeSet::new());
+    let mut upward = Vec::new();
     for m in &modules {
         let mut names = BTreeSet::new();
         for file in files_of(m) {
@@ -190,14 +182,8 @@ fn every_import_runs_down_a_floor_but_the_listed_ones() {
             .iter()
             .filter(|t| *t != m && floor.contains_key(t.as_str()))
         {
-            if floor[to.as_str()] < floor[m.as_str()] {
-                continue;
-            }
-            match UPWARD.contains(&(m.as_str(), to.as_str())) {
-                true => {
-                    seen.insert((m.clone(), to.clone()));
-                }
-                false => upward.push(format!("{m} -> {to}")),
+            if floor[to.as_str()] >= floor[m.as_str()] {
+                upward.push(format!("{m} -> {to}"));
             }
         }
     }
@@ -205,14 +191,6 @@ fn every_import_runs_down_a_floor_but_the_listed_ones() {
         upward.is_empty(),
         "imports up or across a floor: {upward:?} (move the part imported down, or the \
          importer up)"
-    );
-    let gone: Vec<_> = UPWARD
-        .iter()
-        .filter(|(f, t)| !seen.contains(&(f.to_string(), t.to_string())))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "listed in UPWARD but no longer imported: {gone:?}; take them off the list"
     );
 }
 

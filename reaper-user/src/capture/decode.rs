@@ -167,6 +167,14 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent> {
     let Some(kind) = EventKind::from_u32(u32::from(header.kind)) else {
         bail!("unknown record kind {}", header.kind);
     };
+    if bytes.len() < kind.min_len() {
+        bail!(
+            "{} record of {} bytes is shorter than its fixed part ({} bytes)",
+            kind.name(),
+            bytes.len(),
+            kind.min_len()
+        );
+    }
     let what = match kind {
         EventKind::Fork => {
             let ev: ForkEvent = read(bytes)?;

@@ -97,6 +97,9 @@ impl Announcer {
                 .get(selector)
                 .map_or("unknown", String::as_str)
                 .to_owned(),
+            ppid: node.ppid,
+            sid: node.sid,
+            pgid: node.pgid,
             comm: ProcText::new("comm", node.comm),
             argv: Argv::new(argv),
         });

@@ -17,6 +17,7 @@
 //! channel end with are one server ([`super::channels`]), looked at together, judged on what
 //! all of them do (a wrapper moves no data while the server under it answers requests) and
 //! flagged once, on the outermost process. A process's internal channels count for nothing.
+use super::rules::Rules;
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};

@@ -19,16 +19,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::capture::decode::{KernelEvent, What};
-use crate::identity::boottime_to_ticks;
 use crate::leaks::flags;
-use crate::lineage::graph::{LineageGraph, NodeId, Seed};
+use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::output::tree::TreeFilter;
 use crate::output::tree::{Branch, picked_tree};
 use crate::stream::answer::{Held, Kill, Process, ServerOf};
-use crate::stream::events::{self as ev, Event, LeakDetail, ProcessLabel, Ready};
+use crate::stream::events::{Event, LeakDetail, ProcessLabel, Ready};
 use crate::stream::reading::{self, Line, each_line};
-use crate::text::Comm;
 pub use at::At;
 use at::Clocks;
 
@@ -381,113 +378,7 @@ impl Replay {
 
     /// What one line does to the graph and the flags, as its record did to the run's.
     fn apply(&mut self, ts: u64, event: Event) {
-        let start_of =
-            |graph: &LineageGraph, pid: u32| graph.current(pid).map(|n| n.start.boottime_ns());
-        let kernel = |pid: u32, start: u64, what: What| KernelEvent {
-            seq: 0,
-            generation: 0,
-            ts,
-            pid,
-            start,
-            what,
-        };
         match event {
-            Event::Snapshot(s) => {
-                let start_ticks = match s.start {
-                    0 => start_of(&self.graph, s.pid).map_or(0, boottime_to_ticks),
-                    ns => boottime_to_ticks(ns),
-                };
-                self.graph.add_seed(Seed {
-                    pid: s.pid,
-                    start_ticks,
-                    ppid: s.ppid,
-                    sid: s.sid,
-                    pgid: s.pgid,
-                    comm: Comm::from_c(s.comm.bytes()),
-                    argv: s.argv.args().clone(),
-                    is_gateway: false,
-                    uncertain: false,
-                });
-            }
-            Event::Gateway(g) => {
-                let what = What::Gateway {
-                    selector: 0,
-                    matched_at: reaper_common::MatchedAt::Exec,
-                    ppid: 0,
-                    sid: 0,
-                    pgid: 0,
-                    cgroup_id: 0,
-                    comm: Comm::from_c(g.comm.bytes()),
-                };
-                self.graph.apply(&kernel(g.pid, g.start, what));
-            }
-            Event::Fork(f) => {
-                let what = What::Fork {
-                    spawner: f.spawner,
-                    ppid: f.ppid,
-                    sid: f.sid,
-                    pgid: f.pgid,
-                    uid: f.uid,
-                    cgroup_id: f.cgroup_id,
-                    comm: Comm::from_c(f.comm.bytes()),
-                    spawner_tid: f.thread.as_ref().map_or(f.spawner, |t| t.tid),
-                    stack: Default::default(),
-                    copy: None,
-                    untracked: f.untracked,
-                };
-                self.graph.apply(&kernel(f.pid, f.start, what));
-            }
-            Event::Exec(e) => {
-                let Some(start) = start_of(&self.graph, e.pid) else {
-                    return;
-                };
-                let what = What::Exec {
-                    old_tid: e.tid,
-                    comm: Comm::of_program(e.filename.bytes()),
-                    filename: e.filename.bytes().into(),
-                    argv: e.argv.args().clone(),
-                    truncated: e.truncated,
-                    interpreter: None,
-                };
-                self.graph.apply(&kernel(e.pid, start, what));
-            }
-            Event::Exit(e) => {
-                let Some(node) = self.graph.current(e.pid) else {
-                    return;
-                };
-                let (id, start) = (node.id, node.start.boottime_ns());
-                match ev::wait_status_of(e.exit_code, e.signal.as_deref(), e.core) {
-                    Some(status) => {
-                        self.graph
-                            .apply(&kernel(e.pid, start, What::Exit { status }));
-                    }
-                    // Learnt from /proc: gone, how is not known.
-                    None => self.graph.mark_gone(id, ts),
-                }
-            }
-            Event::Reaped(r) => {
-                let Some(node) = self.graph.current(r.pid) else {
-                    return;
-                };
-                let (id, start) = (node.id, node.start.boottime_ns());
-                match r.from_proc {
-                    true => self.graph.mark_gone(id, ts),
-                    false => {
-                        self.graph.apply(&kernel(r.pid, start, What::Free));
-                    }
-                }
-            }
-            Event::Setsid(s) => {
-                if let Some(start) = start_of(&self.graph, s.pid) {
-                    self.graph
-                        .apply(&kernel(s.pid, start, What::Setsid { sid: s.sid }));
-                }
-            }
-            Event::Reparent(r) => {
-                if let Some(id) = self.graph.current(r.pid).map(|n| n.id) {
-                    self.graph.reparent(id, r.new_ppid);
-                }
-            }
             Event::Flag(flag) => {
                 let Some(id) = self.graph.current(flag.pid).map(|n| n.id) else {
                     return;
@@ -520,13 +411,18 @@ impl Replay {
                     }
                 }
             }
-            Event::Kill(k) if self.asked == Some(k.pid) => {
-                if let Some(id) = self.graph.current(k.pid).map(|n| n.id) {
+            Event::Kill(k) => {
+                let asked = self.asked == Some(k.pid);
+                if let Some(id) = self.graph.current(k.pid).map(|n| n.id).filter(|_| asked) {
                     let step = format!("sent {} for {} ({})", k.signal, k.reason, k.result);
                     self.kills.entry(id).or_default().push(step);
                 }
             }
-            _ => {}
+            // Every other line is the lineage's, or the run's own (see
+            // `LineageGraph::replay`, which names each kind).
+            lineage => {
+                self.graph.replay(ts, &lineage);
+            }
         }
     }
 }

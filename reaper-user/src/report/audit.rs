@@ -1,6 +1,7 @@
 //! Reads an audit (the NDJSON stream) in one streaming pass and keeps only what the report
 //! shows: a downsampled timeline, the flags (up to a cap), the processes alive at the end and
 //! counts by executable. Memory follows what is alive and flagged, not the number of lines.
+use crate::leaks::rules::Rules;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 

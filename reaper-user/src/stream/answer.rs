@@ -3,8 +3,8 @@
 //! ([`crate::replay`]) answer in the same words.
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::Reason;
 use crate::stream::events::LeakDetail;
+use crate::stream::reason::Reason;
 
 /// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

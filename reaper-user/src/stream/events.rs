@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::leaks::Reason;
+use super::reason::Reason;
 
 pub use super::fields::{Argv, ProcText};
 pub use super::kinds::{Counts, Kind, Lifecycle};

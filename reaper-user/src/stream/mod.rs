@@ -10,6 +10,7 @@ pub mod label;
 mod members;
 pub mod readable;
 pub mod reading;
+pub mod reason;
 pub mod words;
 
 use events::Event;

@@ -1,10 +1,9 @@
 //! What a flag's evidence and `--check`'s verdict say to people (the `why` answer, the
 //! JUnit report and a flag's readable line share them), with every string that came from a
-//! process escaped for a terminal (in the words of [`crate::stream::words`]).
-use crate::leaks::Reason;
-use crate::leaks::rules::Why;
+//! process escaped for a terminal (in the words of [`crate::stream::words`]). A flag's own
+//! line says why in its rule's words: it is the rules' (`leaks::rules::line`).
 use crate::stream::events::{LeakDetail, LeakedProcess, PipeInfo, ProcessLabel, wait_status};
-use crate::stream::evidence::{ESCAPED_MEANING, Frame};
+use crate::stream::evidence::Frame;
 use crate::text::{escape_for_terminal, file_name};
 
 use crate::stream::words::{human_rss, who};
@@ -91,7 +90,7 @@ fn chain_text(chain: &[ProcessLabel]) -> Option<String> {
 }
 
 /// The evidence after the reason: where it runs, the server's processes, channels, RSS.
-pub(crate) fn evidence_text(out: &mut String, detail: &LeakDetail) {
+pub fn evidence_text(out: &mut String, detail: &LeakDetail) {
     let place = &detail.placement;
     if let Some(ns) = place.nspid {
         out.push_str(&format!(", pid {ns} in its pid namespace"));
@@ -150,22 +149,6 @@ pub fn spawn_site_text(frames: &[Frame]) -> Option<String> {
         })
         .collect();
     (!named.is_empty()).then(|| named.join(" < "))
-}
-
-/// One line a person can act on, for a flag raised at `ts`.
-pub fn flag_line(ts: u64, pid: u32, reason: Reason, since: u64, detail: &LeakDetail) -> String {
-    let me = who(pid, &detail.comm, &detail.argv);
-    let why = reason.why(&Why { ts, since, detail });
-    let mut line = format!("LEAK {reason} pid {me}: {why}");
-    let spawner = detail.lineage.iter().rev().nth(1).copied();
-    if reason != Reason::Zombie && spawner.is_some_and(|s| s != detail.ppid) {
-        line.push_str(&format!(", now a child of {}", detail.ppid));
-    }
-    if detail.escaped {
-        line.push_str(&format!(", escaped ({ESCAPED_MEANING})"));
-    }
-    evidence_text(&mut line, detail);
-    line
 }
 
 /// `--check`'s verdict for people: one line, then one per leaked process.

@@ -4,7 +4,6 @@ use super::{About, Observed, Reason};
 
 pub const ABOUT: About = About {
     reason: Reason::Deaf,
-    name: "deaf",
     killable: true,
     counts_a_kind: false,
     live: Some(rule),

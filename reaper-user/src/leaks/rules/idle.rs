@@ -4,7 +4,6 @@ use super::{About, Observed, Reason};
 
 pub const ABOUT: About = About {
     reason: Reason::Idle,
-    name: "idle",
     killable: true,
     counts_a_kind: false,
     live: Some(rule),

@@ -1,9 +1,9 @@
 //! The leak rules, one module per reason, and the table of them ([`TABLE`]). A reason's module
 //! holds all of what it is: the rule that raises its flag, what clears it and the words its
-//! `cleared` event says, its readable "why", and whether `--kill` may act on it. Adding a
-//! reason is its module, its row in [`TABLE`] and its variant of [`Reason`] here, the schema's
-//! `reason` enum, and its rows in docs/leaks.md and the README (tests hold all of them to the
-//! table).
+//! `cleared` event says, its readable "why", and whether `--kill` may act on it. Its name is
+//! the stream's ([`Reason`], in `stream::reason`: the events name it). Adding a reason is its
+//! module, its row in [`TABLE`], its variant of [`Reason`], the schema's `reason` enum, and
+//! its rows in docs/leaks.md and the README (tests hold all of them to the table).
 //!
 //! A rule reads what one look at a server found (a process, or a process and the wrappers it
 //! shares a channel with, see [`super::channels`]) and what the inspector remembers of it, and
@@ -11,42 +11,20 @@
 //! [`super::Inspector`]) and turns the answers into `flag` and `cleared` events. A rule reads
 //! no /proc and keeps no state of its own. A channel is a pipe or socket to another process:
 //! internal ones count for nothing.
-use serde::{Deserialize, Serialize};
-
 use crate::stream::events::LeakDetail;
+pub use crate::stream::reason::Reason;
 
 pub mod accumulating;
 mod deaf;
 mod idle;
+pub mod line;
 pub mod orphaned;
 mod respawning;
 pub mod zombie;
 
-/// Why a process is flagged: the `reason` of the `flag`, `cleared` and `kill` events, written
-/// by its name (`orphaned`, ...). Each is a module of [`self`], in [`TABLE`].
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    Orphaned,
-    Idle,
-    Deaf,
-    Zombie,
-    Respawning,
-    Accumulating,
-    /// A reason this build does not know, read back from a later build's stream; never
-    /// raised (so never written).
-    #[default]
-    #[serde(other)]
-    Other,
-}
-
 /// What a reason is (each reason's module has one: its `ABOUT`).
 pub struct About {
     pub reason: Reason,
-    /// Its name on the wire and for `--kill-reasons`.
-    pub name: &'static str,
     /// Whether `--kill` may act on it (`--kill-reasons` may name it).
     pub killable: bool,
     /// Whether its flags name a kind and how many of it are alive (a crowd): the readable
@@ -72,63 +50,55 @@ pub const TABLE: [&About; 6] = [
     &accumulating::ABOUT,
 ];
 
-impl Reason {
-    pub const ALL: [Reason; TABLE.len()] = [
-        Reason::Orphaned,
-        Reason::Idle,
-        Reason::Deaf,
-        Reason::Zombie,
-        Reason::Respawning,
-        Reason::Accumulating,
-    ];
-
+/// What the rules say of a reason (its row of [`TABLE`]).
+pub trait Rules {
     /// Its row of [`TABLE`] (none for [`Reason::Other`]).
-    pub fn about(self) -> Option<&'static About> {
+    fn about(self) -> Option<&'static About>;
+
+    /// Whether its flags name a crowd (see [`About::counts_a_kind`]).
+    fn counts_a_kind(self) -> bool;
+
+    /// Why its flag stopped holding for a process still alive, as seen in `o`.
+    fn cleared_because(self, o: &Observed) -> &'static str;
+
+    /// Why it was flagged, for the readable line.
+    fn why(self, why: &Why) -> String;
+}
+
+impl Rules for Reason {
+    fn about(self) -> Option<&'static About> {
         TABLE.iter().copied().find(|a| a.reason == self)
     }
 
-    pub fn name(self) -> &'static str {
-        self.about().map_or("other", |a| a.name)
-    }
-
-    /// A `--kill-reasons` name: the rules a kill may follow (zombies cannot be killed).
-    pub fn killable(name: &str) -> Option<Reason> {
-        TABLE
-            .iter()
-            .find(|a| a.killable && a.name == name)
-            .map(|a| a.reason)
-    }
-
-    /// The `--kill-reasons` names, for a message.
-    pub fn killable_names() -> Vec<&'static str> {
-        TABLE
-            .iter()
-            .filter(|a| a.killable)
-            .map(|a| a.name)
-            .collect()
-    }
-
-    /// Whether its flags name a crowd (see [`About::counts_a_kind`]).
-    pub fn counts_a_kind(self) -> bool {
+    fn counts_a_kind(self) -> bool {
         self.about().is_some_and(|a| a.counts_a_kind)
     }
 
-    /// Why its flag stopped holding for a process still alive, as seen in `o`.
-    pub fn cleared_because(self, o: &Observed) -> &'static str {
+    fn cleared_because(self, o: &Observed) -> &'static str {
         self.about().map_or("no longer holds", |a| (a.cleared)(o))
     }
 
-    /// Why it was flagged, for the readable line.
-    pub fn why(self, why: &Why) -> String {
+    fn why(self, why: &Why) -> String {
         self.about()
             .map_or_else(|| self.name().to_owned(), |a| (a.why)(why))
     }
 }
 
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// A `--kill-reasons` name: the rules a kill may follow (zombies cannot be killed).
+pub fn killable(name: &str) -> Option<Reason> {
+    TABLE
+        .iter()
+        .find(|a| a.killable && a.reason.name() == name)
+        .map(|a| a.reason)
+}
+
+/// The `--kill-reasons` names, for a message.
+pub fn killable_names() -> Vec<&'static str> {
+    TABLE
+        .iter()
+        .filter(|a| a.killable)
+        .map(|a| a.reason.name())
+        .collect()
 }
 
 /// What the rules see of one live server at one look.
@@ -219,11 +189,11 @@ mod tests {
 
     #[test]
     fn kill_reasons_are_the_killable_rows() {
-        let killable: Vec<&str> = TABLE
+        let names: Vec<&str> = TABLE
             .iter()
-            .filter_map(|a| Reason::killable(a.name).map(Reason::name))
+            .filter_map(|a| killable(a.reason.name()).map(Reason::name))
             .collect();
-        assert_eq!(killable, ["orphaned", "idle", "deaf", "accumulating"]);
-        assert_eq!(Reason::killable("zombie"), None);
+        assert_eq!(names, ["orphaned", "idle", "deaf", "accumulating"]);
+        assert_eq!(killable("zombie"), None);
     }
 }

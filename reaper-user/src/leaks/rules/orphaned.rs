@@ -14,7 +14,6 @@ use crate::stream::words::{human_duration, thread_text, who};
 
 pub const ABOUT: About = About {
     reason: Reason::Orphaned,
-    name: "orphaned",
     killable: true,
     counts_a_kind: false,
     live: Some(rule),

@@ -4,7 +4,6 @@ use super::{About, Reason};
 
 pub const ABOUT: About = About {
     reason: Reason::Respawning,
-    name: "respawning",
     killable: false,
     counts_a_kind: false,
     live: None,

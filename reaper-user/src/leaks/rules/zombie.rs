@@ -5,7 +5,6 @@ use crate::lineage::graph::Node;
 
 pub const ABOUT: About = About {
     reason: Reason::Zombie,
-    name: "zombie",
     killable: false,
     counts_a_kind: false,
     live: None,

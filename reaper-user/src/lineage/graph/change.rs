@@ -3,13 +3,22 @@
 //! node it names) once; spawn sites, the upkeep and the gateways' announcer read it; none of
 //! them writes the graph.
 //!
+//! Both ways of a kind are here: the event a change writes ([`Change::event`]), and what a
+//! line of the stream read back does to a graph, as its record did ([`LineageGraph::replay`],
+//! for `why --from` and `tree --from`), which names every kind of event, so a new one is
+//! decided on here or does not compile. A test takes every kernel kind around both.
+//!
 //! [`LineageGraph::apply`]: super::LineageGraph::apply
 use reaper_common::MatchedAt;
 
-use super::{LineageGraph, NodeId};
+use super::{LineageGraph, NodeId, Seed};
+use crate::capture::decode::{KernelEvent, What};
+use crate::identity::boottime_to_ticks;
 use crate::stream::events::{
     Argv, Event, Exec, Exit, Fork, ProcText, Reaped, Setsid, SpawningThread, wait_status,
+    wait_status_of,
 };
+use crate::text::Comm;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -119,3 +128,131 @@ impl Change {
         })
     }
 }
+
+impl LineageGraph {
+    /// Applies a line of the stream read back (its event, stamped `ts`) as its record was
+    /// applied to the run's graph: the lineage, who was alive and who had each pid come out as
+    /// the run knew them. What a line does not carry (a fork's stacks, an exec's interpreter,
+    /// a gateway's selector) the graph does not need to say who spawned whom. Returns whether
+    /// the line is one of the lineage's; the others (the run's own, the findings) change
+    /// nothing here.
+    pub fn replay(&mut self, ts: u64, event: &Event) -> bool {
+        let start_of = |graph: &LineageGraph, pid: u32| graph.current(pid).map(|n| n.start);
+        let record = |pid: u32, start: u64, what: What| KernelEvent {
+            seq: 0,
+            generation: 0,
+            ts,
+            pid,
+            start,
+            what,
+        };
+        match event {
+            Event::Snapshot(s) => {
+                let start_ticks = match s.start {
+                    0 => start_of(self, s.pid).map_or(0, |start| start.ticks()),
+                    ns => boottime_to_ticks(ns),
+                };
+                self.add_seed(Seed {
+                    pid: s.pid,
+                    start_ticks,
+                    ppid: s.ppid,
+                    sid: s.sid,
+                    pgid: s.pgid,
+                    comm: Comm::from_c(s.comm.bytes()),
+                    argv: s.argv.args().clone(),
+                    is_gateway: false,
+                    uncertain: false,
+                });
+            }
+            Event::Gateway(g) => {
+                let what = What::Gateway {
+                    selector: 0,
+                    matched_at: MatchedAt::Exec,
+                    ppid: g.ppid,
+                    sid: g.sid,
+                    pgid: g.pgid,
+                    cgroup_id: 0,
+                    comm: Comm::from_c(g.comm.bytes()),
+                };
+                self.apply(&record(g.pid, g.start, what));
+            }
+            Event::Fork(f) => {
+                let what = What::Fork {
+                    spawner: f.spawner,
+                    ppid: f.ppid,
+                    sid: f.sid,
+                    pgid: f.pgid,
+                    uid: f.uid,
+                    cgroup_id: f.cgroup_id,
+                    comm: Comm::from_c(f.comm.bytes()),
+                    spawner_tid: f.thread.as_ref().map_or(f.spawner, |t| t.tid),
+                    stack: Default::default(),
+                    copy: None,
+                    untracked: f.untracked,
+                };
+                self.apply(&record(f.pid, f.start, what));
+            }
+            Event::Exec(e) => {
+                if let Some(start) = start_of(self, e.pid) {
+                    let what = What::Exec {
+                        old_tid: e.tid,
+                        comm: Comm::of_program(e.filename.bytes()),
+                        filename: e.filename.bytes().into(),
+                        argv: e.argv.args().clone(),
+                        truncated: e.truncated,
+                        interpreter: None,
+                    };
+                    self.apply(&record(e.pid, start.boottime_ns(), what));
+                }
+            }
+            Event::Exit(e) => {
+                if let Some(node) = self.current(e.pid) {
+                    let (id, start) = (node.id, node.start.boottime_ns());
+                    match wait_status_of(e.exit_code, e.signal.as_deref(), e.core) {
+                        Some(status) => {
+                            self.apply(&record(e.pid, start, What::Exit { status }));
+                        }
+                        // Learnt from /proc: gone, how is not known.
+                        None => self.mark_gone(id, ts),
+                    }
+                }
+            }
+            Event::Reaped(r) => {
+                if let Some(node) = self.current(r.pid) {
+                    let (id, start) = (node.id, node.start.boottime_ns());
+                    match r.from_proc {
+                        true => self.mark_gone(id, ts),
+                        false => {
+                            self.apply(&record(r.pid, start, What::Free));
+                        }
+                    }
+                }
+            }
+            Event::Setsid(s) => {
+                if let Some(start) = start_of(self, s.pid) {
+                    let what = What::Setsid { sid: s.sid };
+                    self.apply(&record(s.pid, start.boottime_ns(), what));
+                }
+            }
+            Event::Reparent(r) => {
+                if let Some(id) = self.current(r.pid).map(|n| n.id) {
+                    self.reparent(id, r.new_ppid);
+                }
+            }
+            // The run's own lines and the findings: not the lineage's.
+            Event::Ready(_)
+            | Event::Lost(_)
+            | Event::Summary(_)
+            | Event::Flag(_)
+            | Event::Kill(_)
+            | Event::Cleared(_)
+            | Event::Check(_)
+            | Event::StopCommand(_)
+            | Event::Note(_) => return false,
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -2,6 +2,7 @@
 //! one readable line, not one per instance (27 older instances, one line). The NDJSON stream
 //! keeps one event per instance.
 use super::human_line;
+use crate::leaks::rules::Rules;
 use crate::stream::events::{Cleared, Event, Flag};
 use crate::stream::words::human_rss;
 use crate::text::escape_for_terminal;

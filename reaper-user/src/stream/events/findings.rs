@@ -1,10 +1,11 @@
-//! The findings: a leak flag raised and cleared, a kill step, and `--check`'s verdict.
+//! The findings: a leak flag raised and cleared, a kill step, and `--check`'s verdict. A
+//! flag's readable line is its rule's (`leaks::rules::line`).
 use serde::{Deserialize, Serialize};
 
 use super::{LeakDetail, Name, ProcText};
-use crate::leaks::Reason;
 use crate::stream::kinds::Readable;
-use crate::stream::readable::{check_lines, flag_line};
+use crate::stream::readable::check_lines;
+use crate::stream::reason::Reason;
 
 /// A leak flag starts holding.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -66,12 +67,6 @@ pub struct LeakedProcess {
     pub pid: u32,
     #[serde(flatten)]
     pub detail: LeakDetail,
-}
-
-impl Readable for Flag {
-    fn readable(&self, ts: u64) -> String {
-        flag_line(ts, self.pid, self.reason, self.since, &self.detail)
-    }
 }
 
 impl Readable for Cleared {

@@ -24,6 +24,11 @@ pub struct Gateway {
     /// Which selector found it: "pid", "command", "exe:PATH", "cgroup:PATH",
     /// "unit:NAME" or "pidfile:PATH".
     pub selector: String,
+    /// Its real parent, session and process group when it became a gateway (0 read back
+    /// from a stream written before they were).
+    pub ppid: u32,
+    pub sid: u32,
+    pub pgid: u32,
     #[serde(flatten)]
     pub comm: ProcText,
     #[serde(flatten)]

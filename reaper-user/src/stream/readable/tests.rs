@@ -1,6 +1,7 @@
 //! Unit tests of `readable.rs` and of the readable lines built with it.
 use super::*;
 use crate::leaks::Reason;
+use crate::leaks::rules::line::flag_line;
 use crate::output::human::human_line;
 use crate::stream::events::{Ancestor, Argv, Event, Exec, Peer, ProcText, Ready, Resumed};
 use crate::stream::words::human_duration;

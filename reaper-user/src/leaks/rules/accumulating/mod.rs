@@ -26,7 +26,6 @@ pub use crowds::{Crowds, Verdict, Watched};
 
 pub const ABOUT: About = About {
     reason: Reason::Accumulating,
-    name: "accumulating",
     killable: true,
     counts_a_kind: true,
     live: None,
