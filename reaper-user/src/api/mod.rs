@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 pub use crate::output::follow::{FollowFilter, FollowQueue};
 pub use crate::output::tree::{Branch, TreeFilter};
-pub use crate::stream::answer::{Held, Kill, Process, ServerOf};
+pub use crate::stream::answer::{Held, Kill, Process};
 
 pub mod client;
 pub mod server;

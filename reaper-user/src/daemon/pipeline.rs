@@ -462,7 +462,7 @@ impl Pipeline {
         let summary = closing.summary(figures);
         self.out.event(boottime_now(), &summary)?;
         self.out.end_status();
-        let active = flags::active_by_node(&self.inspector);
+        let active = self.inspector.held().by_node();
         let tree = crate::output::tree::render_alive_tree(&self.graph, &active);
         self.out.human_block(&tree)?;
         self.out.flush()?;

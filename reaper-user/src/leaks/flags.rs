@@ -204,18 +204,6 @@ fn flag_event(graph: &LineageGraph, f: &Flagged, now: u64) -> Option<Event> {
     }))
 }
 
-/// The flags holding now, by node.
-pub fn active_by_node(inspector: &Inspector) -> BTreeMap<NodeId, Vec<Reason>> {
-    let mut marks: BTreeMap<NodeId, Vec<Reason>> = BTreeMap::new();
-    for (id, reason, _) in inspector.active() {
-        marks.entry(id).or_default().push(reason);
-    }
-    for reasons in marks.values_mut() {
-        reasons.sort();
-    }
-    marks
-}
-
 /// The flags holding now: by reason, the RSS of the flagged live processes (each once), and
 /// each flagged node with its RSS.
 pub struct FlaggedNow {
@@ -257,7 +245,7 @@ pub fn flagged_now(graph: &LineageGraph, inspector: &Inspector, rss: &mut RssCac
         rss_kib: 0,
         nodes: Vec::new(),
     };
-    let flagged = active_by_node(inspector);
+    let flagged = inspector.held().by_node();
     rss.kib.retain(|id, _| flagged.contains_key(id));
     for (id, reasons) in flagged {
         for r in reasons {

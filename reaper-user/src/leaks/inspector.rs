@@ -24,6 +24,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::channels::{self, Holders};
 use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
+use super::held::HeldFlags;
 use super::peers::PeerIndex;
 use super::rules::accumulating::{Crowds, Verdict, Watched};
 use super::rules::orphaned::Breaks;
@@ -68,27 +69,19 @@ struct Watch {
     io_since: u64,
     /// Since when a pipe read end has had no writers.
     eof_since: Option<u64>,
-    /// Active flags and since when (on a server's outermost process only).
-    flags: Vec<(Reason, u64)>,
     /// The last sample.
     last: Option<Sample>,
 }
 
-/// The watches as the `accumulating` count asks about them.
-struct Looked<'a>(&'a HashMap<NodeId, Box<Watch>>);
+/// The watches and the flags as the `accumulating` count asks about them.
+struct Looked<'a>(&'a HashMap<NodeId, Box<Watch>>, &'a HeldFlags);
 
 impl Watched for Looked<'_> {
     fn looked_at(&self, id: NodeId) -> Option<bool> {
         self.0.get(&id).map(|w| w.last.is_some())
     }
     fn flagged(&self, id: NodeId) -> bool {
-        self.0.get(&id).is_some_and(|w| w.has(Reason::Accumulating))
-    }
-}
-
-impl Watch {
-    fn has(&self, r: Reason) -> bool {
-        self.flags.iter().any(|(f, _)| *f == r)
+        self.1.holds(id, Reason::Accumulating)
     }
 }
 
@@ -98,8 +91,9 @@ pub struct Inspector {
     /// Boxed: a table of 10,000 watches is mostly slack at its load factor, and a slack
     /// bucket then costs a pointer, not a whole watch (two of the 25 MiB at 10,000 tracked).
     watches: HashMap<NodeId, Box<Watch>>,
-    /// Flagged zombies: pid and since.
-    zombies: HashMap<NodeId, (u32, u64)>,
+    /// The flags held: a live rule's on a server's outermost process (which is watched), a
+    /// zombie's on the zombie (which is not).
+    held: HeldFlags,
     peers: PeerIndex,
     /// Who holds each channel end, from the last samples.
     holders: Holders,
@@ -174,7 +168,7 @@ impl Inspector {
         Inspector {
             opts,
             watches: HashMap::default(),
-            zombies: HashMap::default(),
+            held: HeldFlags::default(),
             peers: PeerIndex::default(),
             holders: Holders::default(),
             sampler: Sampler::default(),
@@ -209,19 +203,13 @@ impl Inspector {
     /// The flags of a process that just exited, cleared from its exit record (not at the
     /// next scan: a flag must not outlive the process's own `exit` event).
     pub fn exited(&mut self, id: NodeId) -> Vec<Change> {
-        let Some(w) = self.watches.get_mut(&id) else {
+        if !self.watches.contains_key(&id) {
             return Vec::new();
-        };
-        let pid = w.pid;
+        }
         self.crowds.ended(id);
-        w.flags
-            .drain(..)
-            .map(|(reason, _)| Change::Cleared {
-                pid,
-                reason,
-                because: "exited",
-            })
-            .collect()
+        let mut changes = Vec::new();
+        clear_live_flags(&mut self.held, id, "exited", &mut changes);
+        changes
     }
 
     /// Flags raised so far, by reason.
@@ -231,15 +219,12 @@ impl Inspector {
 
     /// Active flags: node, reason, since.
     pub fn active(&self) -> impl Iterator<Item = (NodeId, Reason, u64)> + '_ {
-        let live = self
-            .watches
-            .iter()
-            .flat_map(|(id, w)| w.flags.iter().map(move |(r, s)| (*id, *r, *s)));
-        let zombies = self
-            .zombies
-            .iter()
-            .map(|(id, (_, since))| (*id, Reason::Zombie, *since));
-        live.chain(zombies)
+        self.held.iter()
+    }
+
+    /// The flags held now.
+    pub fn held(&self) -> &HeldFlags {
+        &self.held
     }
 
     /// The outermost process of the server `id` is part of, as the last look saw their
@@ -257,7 +242,7 @@ impl Inspector {
     /// `id`'s kind and its live instances now, as an `accumulating` flag would give them.
     pub fn crowd_of(&mut self, graph: &LineageGraph, id: NodeId) -> Option<Crowd> {
         let servers = self.servers(graph);
-        let watched = Looked(&self.watches);
+        let watched = Looked(&self.watches, &self.held);
         self.crowds.crowd_of(graph, &servers, id, &watched)
     }
 
@@ -328,7 +313,7 @@ impl Inspector {
                     self.judge(server, now, changes);
                 }
             }
-            let watched = Looked(&self.watches);
+            let watched = Looked(&self.watches, &self.held);
             let max = self.opts.max_instances;
             let verdict = self.crowds.judge(graph, &servers, &watched, max, now);
             self.apply_crowds(verdict, &servers, changes);
@@ -345,16 +330,7 @@ impl Inspector {
     /// was flagged as by the time its round is written (it exited, a zombie was reaped). Held
     /// no more (its exit may have cleared it already) and not counted.
     pub fn withdraw(&mut self, id: NodeId, reason: Reason) {
-        match reason {
-            Reason::Zombie => {
-                self.zombies.remove(&id);
-            }
-            _ => {
-                if let Some(w) = self.watches.get_mut(&id) {
-                    w.flags.retain(|(r, _)| *r != reason);
-                }
-            }
-        }
+        self.held.clear(id, reason);
         let raised = &mut self.raised[reason as usize];
         *raised = raised.saturating_sub(1);
     }
@@ -378,15 +354,13 @@ impl Inspector {
         changes: &mut Vec<Change>,
     ) {
         for (id, because) in verdict.clear {
-            let Some(w) = self.watches.get_mut(&id) else {
-                continue;
-            };
-            w.flags.retain(|(r, _)| *r != Reason::Accumulating);
-            changes.push(Change::Cleared {
-                pid: w.pid,
-                reason: Reason::Accumulating,
-                because,
-            });
+            if let Some(pid) = self.held.clear(id, Reason::Accumulating) {
+                changes.push(Change::Cleared {
+                    pid,
+                    reason: Reason::Accumulating,
+                    because,
+                });
+            }
         }
         let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
         for (id, since, crowd) in verdict.raise {
@@ -396,7 +370,9 @@ impl Inspector {
             let Some(sample) = w.last.clone() else {
                 continue;
             };
-            w.flags.push((Reason::Accumulating, since));
+            if !self.held.raise(id, w.pid, Reason::Accumulating, since) {
+                continue;
+            }
             changes.push(Change::Flag(Box::new(Flagged {
                 node: id,
                 pid: w.pid,
@@ -416,19 +392,13 @@ impl Inspector {
     /// Clears the flags of descendants that exited.
     fn forget_the_dead(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
         let holders = &mut self.holders;
-        let (crowds, breaks) = (&mut self.crowds, &mut self.breaks);
+        let (crowds, breaks, held) = (&mut self.crowds, &mut self.breaks, &mut self.held);
         self.watches.retain(|id, w| {
             let alive = graph.node(*id).is_some_and(Node::alive);
             if !alive {
                 crowds.ended(*id);
                 breaks.forget(*id);
-                for (reason, _) in &w.flags {
-                    changes.push(Change::Cleared {
-                        pid: w.pid,
-                        reason: *reason,
-                        because: "exited",
-                    });
-                }
+                clear_live_flags(held, *id, "exited", changes);
                 if let Some(last) = &w.last {
                     holders.remove(*id, &last.fds);
                 }
@@ -460,14 +430,10 @@ impl Inspector {
         let top = server[0];
         // A process that became part of a server upwards is no longer judged by itself.
         for &inner in &server[1..] {
-            let Some(w) = self.watches.get_mut(&inner) else {
-                continue;
-            };
             for (reason, _) in rules::live() {
-                if w.has(reason) {
-                    w.flags.retain(|(r, _)| *r != reason);
+                if let Some(pid) = self.held.clear(inner, reason) {
                     changes.push(Change::Cleared {
-                        pid: w.pid,
+                        pid,
                         reason,
                         because: "part of its spawner's server now",
                     });
@@ -487,7 +453,7 @@ impl Inspector {
             waits_for_input: samples.iter().all(|s| s.state != b'R')
                 && samples.iter().any(|s| s.waits_for_input()),
             has_live_peer: samples.iter().any(|s| s.has_live_peer()),
-            idle_held: self.watches.get(&top).is_some_and(|w| w.has(Reason::Idle)),
+            idle_held: self.held.holds(top, Reason::Idle),
             broken_since: self.breaks.since(top),
             orphan_grace: nanos(self.opts.orphan_grace),
             io_since: watches.iter().map(|w| w.io_since).max().unwrap_or(now),
@@ -495,16 +461,16 @@ impl Inspector {
             now,
             idle_after: nanos(self.opts.idle_after),
         };
-        let Some(w) = self.watches.get_mut(&top) else {
+        let Some(pid) = self.watches.get(&top).map(|w| w.pid) else {
             return;
         };
         for (reason, rule) in rules::live() {
-            match (rule(&seen), w.has(reason)) {
+            match (rule(&seen), self.held.holds(top, reason)) {
                 (Some(since), false) => {
-                    w.flags.push((reason, since));
+                    self.held.raise(top, pid, reason, since);
                     changes.push(Change::Flag(Box::new(Flagged {
                         node: top,
-                        pid: w.pid,
+                        pid,
                         reason,
                         since,
                         evidence: Some(Evidence {
@@ -517,9 +483,9 @@ impl Inspector {
                     })));
                 }
                 (None, true) => {
-                    w.flags.retain(|(r, _)| *r != reason);
+                    self.held.clear(top, reason);
                     changes.push(Change::Cleared {
-                        pid: w.pid,
+                        pid,
                         reason,
                         because: reason.cleared_because(&seen),
                     });
@@ -539,10 +505,9 @@ impl Inspector {
             let Some(exited) = zombie::rule(node, now, after) else {
                 continue;
             };
-            if self.zombies.contains_key(&node.id) {
+            if !self.held.raise(node.id, node.pid, Reason::Zombie, exited) {
                 continue;
             }
-            self.zombies.insert(node.id, (node.pid, exited));
             changes.push(Change::Flag(Box::new(Flagged {
                 node: node.id,
                 pid: node.pid,
@@ -556,17 +521,21 @@ impl Inspector {
 
     /// Clears the `zombie` flags of processes no longer zombies (reaped, or pruned).
     fn forget_the_reaped(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
-        self.zombies.retain(|id, (pid, _)| {
-            let still = graph.node(*id).is_some_and(Node::zombie);
-            if !still {
+        let reaped: Vec<NodeId> = (self.held.iter())
+            .filter(|&(id, reason, _)| {
+                reason == Reason::Zombie && !graph.node(id).is_some_and(Node::zombie)
+            })
+            .map(|(id, _, _)| id)
+            .collect();
+        for id in reaped {
+            if let Some(pid) = self.held.clear(id, Reason::Zombie) {
                 changes.push(Change::Cleared {
-                    pid: *pid,
+                    pid,
                     reason: Reason::Zombie,
                     because: zombie::REAPED,
                 });
             }
-            still
-        });
+        }
     }
 
     /// Raises a flag no rule raises (the killer's `respawning`), held until the process exits.
@@ -587,10 +556,9 @@ impl Inspector {
                 ..Watch::default()
             })
         });
-        if w.has(reason) {
+        if !self.held.raise(id, w.pid, reason, now) {
             return None;
         }
-        w.flags.push((reason, now));
         self.raised[reason as usize] += 1;
         Some(Change::Flag(Box::new(Flagged {
             node: id,
@@ -600,6 +568,29 @@ impl Inspector {
             evidence,
             crowd: None,
         })))
+    }
+}
+
+/// Clears the flags of the live rules process `id` holds (a zombie's stays until it is
+/// reaped), each a `cleared` saying `because`.
+fn clear_live_flags(
+    held: &mut HeldFlags,
+    id: NodeId,
+    because: &'static str,
+    changes: &mut Vec<Change>,
+) {
+    let reasons: Vec<Reason> = (held.of(id).iter())
+        .map(|h| h.reason)
+        .filter(|&r| r != Reason::Zombie)
+        .collect();
+    for reason in reasons {
+        if let Some(pid) = held.clear(id, reason) {
+            changes.push(Change::Cleared {
+                pid,
+                reason,
+                because,
+            });
+        }
     }
 }
 

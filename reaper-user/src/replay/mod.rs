@@ -19,11 +19,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use crate::leaks::answer::{self, Witness};
 use crate::leaks::flags;
-use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::leaks::held::HeldFlags;
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::tree::TreeFilter;
 use crate::output::tree::{Branch, picked_tree};
-use crate::stream::answer::{Held, Kill, Process, ServerOf};
+use crate::stream::answer::{Held, Kill, Process};
 use crate::stream::events::{Event, LeakDetail, ProcessLabel, Ready};
 use crate::stream::reading::{self, Line, each_line};
 pub use at::At;
@@ -84,17 +86,8 @@ pub fn tree(
 ) -> Result<Replayed<Option<Vec<Branch>>>> {
     let mut replay = Replay::new(at, None);
     replay.read_all(inputs)?;
-    let flags = replay
-        .held
-        .iter()
-        .map(|(id, held)| {
-            let mut reasons: Vec<_> = held.iter().map(|h| h.reason).collect();
-            reasons.sort();
-            (*id, reasons)
-        })
-        .collect();
     Ok(Replayed {
-        answer: picked_tree(&replay.graph, &flags, filter),
+        answer: picked_tree(&replay.graph, &replay.held.by_node(), filter),
         now: replay.moment(),
         booted_at_unix_ns: replay.boot,
     })
@@ -103,11 +96,12 @@ pub fn tree(
 /// An audit being read back. See the module documentation.
 struct Replay {
     graph: LineageGraph,
-    /// The flags holding, by process: raised by `flag` lines, ended by `cleared` lines and
-    /// by the run's end.
-    held: HashMap<NodeId, Vec<Held>>,
+    /// The flags holding: raised by `flag` lines, ended by `cleared` lines and by the run's
+    /// end.
+    held: HeldFlags,
     /// The pid `why` asks about, and what only its processes need: each one's last flag's
-    /// evidence and the `--kill` steps taken on it.
+    /// evidence; and the `--kill` steps taken on each process (an inner process's answer
+    /// names its server's).
     asked: Option<u32>,
     recorded: HashMap<NodeId, Box<LeakDetail>>,
     kills: HashMap<NodeId, Vec<String>>,
@@ -143,7 +137,7 @@ impl Replay {
     fn new(at: Option<At>, asked: Option<u32>) -> Replay {
         Replay {
             graph: LineageGraph::new(RETAIN_DEAD),
-            held: HashMap::default(),
+            held: HeldFlags::default(),
             asked,
             recorded: HashMap::default(),
             kills: HashMap::default(),
@@ -258,7 +252,7 @@ impl Replay {
             self.part_of.clear();
         }
         // The run before's flags ended with it: each run judges afresh.
-        self.held.clear();
+        self.held.clear_everything();
         self.runs += 1;
         for (ts, event) in self.waiting.take().unwrap_or_default() {
             self.timed(ts, event);
@@ -311,60 +305,15 @@ impl Replay {
         }
     }
 
-    /// Process `id` as `/v1/process` would show it: its lineage and state from the graph, its
-    /// channels and spawn site as its last flag recorded them.
+    /// Process `id` as `/v1/process` would show it (see [`answer::process`]): its lineage
+    /// and state from the graph, its channels and spawn site as its last flag recorded them.
     fn process(&self, id: NodeId, now: u64) -> Option<Process> {
-        let node = self.graph.node(id)?;
-        let known = flags::detail_named(&self.graph, node, None, |n| n.comm);
-        let server = self.part_of.get(&id);
-        let known = match server {
-            Some((_, chain)) => LeakDetail {
-                chain: chain.clone(),
-                ..known
-            },
-            None => known,
+        let mut recorded = Recorded {
+            flagged: &self.recorded,
+            part_of: &self.part_of,
+            kills: &self.kills,
         };
-        let detail = match self.recorded.get(&id) {
-            Some(flagged) => LeakDetail {
-                lineage: known.lineage,
-                ancestors: known.ancestors,
-                ppid: known.ppid,
-                escaped: known.escaped,
-                argv: known.argv,
-                thread: known.thread,
-                state: match node.alive() {
-                    true => flagged.state.clone(),
-                    false => known.state,
-                },
-                ..(**flagged).clone()
-            },
-            None => known,
-        };
-        let steps = self.kills.get(&id);
-        let kill = Kill {
-            enabled: steps.is_some(),
-            could: false,
-            why: match steps {
-                Some(steps) => format!("the run {}", steps.join(", ")),
-                None => "what it would do is judged by a running audit, not read back".into(),
-            },
-        };
-        Some(Process {
-            pid: node.pid,
-            start: node.start.boottime_ns(),
-            alive: node.alive(),
-            exited: node.exited.map(|e| e.ts),
-            now,
-            flags: self.held.get(&id).cloned().unwrap_or_default(),
-            kill,
-            server: server.and_then(|(top, _)| {
-                Some(ServerOf {
-                    pid: self.graph.node(*top)?.pid,
-                    flags: self.held.get(top).cloned().unwrap_or_default(),
-                })
-            }),
-            detail,
-        })
+        answer::process(&self.graph, &self.held, id, &mut recorded, now)
     }
 
     /// The moment the replay stands at: the one asked for when the audit goes on after it,
@@ -383,12 +332,9 @@ impl Replay {
                 let Some(id) = self.graph.current(flag.pid).map(|n| n.id) else {
                     return;
                 };
-                let held = self.held.entry(id).or_default();
-                held.retain(|h| h.reason != flag.reason);
-                held.push(Held {
-                    reason: flag.reason,
-                    since: flag.since,
-                });
+                // Raised again, it holds from the new line's `since`.
+                self.held.clear(id, flag.reason);
+                self.held.raise(id, flag.pid, flag.reason, flag.since);
                 let Some(asked) = self.asked else { return };
                 if asked == flag.pid {
                     self.recorded.insert(id, flag.detail);
@@ -404,16 +350,10 @@ impl Replay {
                 let Some(id) = self.graph.current(c.pid).map(|n| n.id) else {
                     return;
                 };
-                if let Some(held) = self.held.get_mut(&id) {
-                    held.retain(|h| h.reason != c.reason);
-                    if held.is_empty() {
-                        self.held.remove(&id);
-                    }
-                }
+                self.held.clear(id, c.reason);
             }
             Event::Kill(k) => {
-                let asked = self.asked == Some(k.pid);
-                if let Some(id) = self.graph.current(k.pid).map(|n| n.id).filter(|_| asked) {
+                if let Some(id) = self.graph.current(k.pid).map(|n| n.id) {
                     let step = format!("sent {} for {} ({})", k.signal, k.reason, k.result);
                     self.kills.entry(id).or_default().push(step);
                 }
@@ -423,6 +363,53 @@ impl Replay {
             lineage => {
                 self.graph.replay(ts, &lineage);
             }
+        }
+    }
+}
+
+/// What an audit read back knows of a process beyond the graph and the flags: its last
+/// flag's evidence, the server a flag named it part of, the `--kill` steps the run took.
+struct Recorded<'a> {
+    flagged: &'a HashMap<NodeId, Box<LeakDetail>>,
+    part_of: &'a HashMap<NodeId, (NodeId, Vec<ProcessLabel>)>,
+    kills: &'a HashMap<NodeId, Vec<String>>,
+}
+
+impl Witness for Recorded<'_> {
+    fn detail(&mut self, graph: &LineageGraph, node: &Node) -> LeakDetail {
+        // Named as the stream named them, not as /proc does now.
+        let known = flags::detail_named(graph, node, None, |n| n.comm);
+        match self.flagged.get(&node.id) {
+            Some(flagged) => LeakDetail {
+                lineage: known.lineage,
+                ancestors: known.ancestors,
+                ppid: known.ppid,
+                escaped: known.escaped,
+                argv: known.argv,
+                thread: known.thread,
+                state: match node.alive() {
+                    true => flagged.state.clone(),
+                    false => known.state,
+                },
+                ..(**flagged).clone()
+            },
+            None => known,
+        }
+    }
+
+    fn server(&self, _: &LineageGraph, node: &Node) -> Option<(NodeId, Vec<ProcessLabel>)> {
+        self.part_of.get(&node.id).cloned()
+    }
+
+    fn kill(&self, _: &LineageGraph, node: &Node, _: &[Held]) -> Kill {
+        let steps = self.kills.get(&node.id);
+        Kill {
+            enabled: steps.is_some(),
+            could: false,
+            why: match steps {
+                Some(steps) => format!("the run {}", steps.join(", ")),
+                None => "what it would do is judged by a running audit, not read back".into(),
+            },
         }
     }
 }

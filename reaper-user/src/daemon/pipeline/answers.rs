@@ -6,16 +6,18 @@
 use super::Pipeline;
 
 use crate::api::{
-    Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, ServerOf, Status, TreeFilter,
+    Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Status, TreeFilter,
 };
 use crate::identity::ProcessId;
 use crate::kill;
-use crate::leaks::{Evidence, Near, Sample, flags};
-use crate::lineage::graph::{Node, NodeId};
+use crate::leaks::answer::{self, Witness};
+use crate::leaks::{Crowd, Evidence, Inspector, Near, Reason, Sample, flags};
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::follow::Follower;
 use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
-use crate::sites::NamedThisRound;
+use crate::sites::{NamedThisRound, SpawnSites};
+use crate::stream::events::{LeakDetail, ProcessLabel};
 
 /// The process a `why` asks about, as the graph knows it when asked.
 pub struct Asked {
@@ -69,8 +71,7 @@ impl Pipeline {
 
     /// The live tree of the processes `filter` picks; none for a `gateway` not tracked.
     pub fn tree(&self, filter: &TreeFilter) -> Option<Vec<Branch>> {
-        let flags = flags::active_by_node(&self.inspector);
-        picked_tree(&self.graph, &flags, filter)
+        picked_tree(&self.graph, &self.inspector.held().by_node(), filter)
     }
 
     /// The first step of `why PID`: the process the graph knows by `pid` now (the live one,
@@ -92,83 +93,74 @@ impl Pipeline {
 
     /// The last step: process `id` as a flag would show it, with `evidence` read of it (none
     /// when it is not alive, or it could not be read), with the flags it holds; none when the
-    /// graph let it go meanwhile.
+    /// graph let it go meanwhile (see [`answer::process`]).
     pub fn process(&mut self, id: NodeId, evidence: Option<Evidence>) -> Option<Process> {
-        let node = self.graph.node(id)?;
-        let pid = node.pid;
-        let mut detail = flags::detail(&self.graph, node, evidence.as_ref());
-        if let Some(crowd) = self.inspector.crowd_of(&self.graph, node.id) {
-            flags::add_crowd(&mut detail, &crowd);
-        }
-        let (start, alive) = (node.start.boottime_ns(), node.alive());
-        let exited = node.exited.map(|e| e.ts);
-        let flags = self.held_by(id);
-        // An inner process of a server: the server is judged, flagged and killed whole, from
-        // its outermost process.
-        let top = match alive {
-            true => self.inspector.outermost(&self.graph, id),
-            false => id,
+        let crowd = self.inspector.crowd_of(&self.graph, id);
+        let mut live = Live {
+            inspector: &self.inspector,
+            sites: self.sites.as_mut(),
+            evidence,
+            crowd,
+            kill_enabled: self.killer.is_some(),
+            kill_reasons: &self.kill_reasons,
         };
-        let server = (top != id).then(|| {
-            let chain = self.graph.chain(id);
-            let from_top = chain.iter().skip_while(|n| n.id != top);
-            detail.chain = from_top
-                .map(|n| flags::label(n, flags::current_name(n)))
-                .collect();
-            ServerOf {
-                pid: self.graph.node(top).map_or(0, |n| n.pid),
-                flags: self.held_by(top),
-            }
-        });
-        // An inner process without a flag of its own is killed with its server, when its
-        // outermost process is.
-        let (could, why) = match (&server, flags.is_empty()) {
-            (Some(s), true) => {
-                let outer = self.graph.node(top).unwrap_or(node);
-                let (could, why) = self.could_kill(outer, &s.flags);
-                (
-                    could,
-                    format!("its server's outermost process {}: {why}", s.pid),
-                )
-            }
-            _ => self.could_kill(node, &flags),
-        };
-        let kill = Kill {
-            enabled: self.killer.is_some(),
-            could,
-            why,
-        };
-        (detail.spawned_at, detail.spawned_at_truncated) =
-            self.spawned_at(pid, &mut NamedThisRound::default());
+        let held = self.inspector.held();
+        let process = answer::process(&self.graph, held, id, &mut live, boottime_now());
         // The symbolizer's caches (megabytes) go now, as after a scan's naming.
         if self.sites.as_mut().is_some_and(|sites| sites.named_all()) {
             crate::resident::give_back_freed();
         }
-        Some(Process {
-            pid,
-            start,
-            alive,
-            exited,
-            now: boottime_now(),
-            flags,
-            kill,
-            server,
-            detail,
-        })
+        process
+    }
+}
+
+/// What a run knows of a process beyond the graph and the flags: its /proc read now, its
+/// spawn site named now, and what `--kill` would do.
+struct Live<'a> {
+    inspector: &'a Inspector,
+    sites: Option<&'a mut SpawnSites>,
+    evidence: Option<Evidence>,
+    crowd: Option<Crowd>,
+    kill_enabled: bool,
+    kill_reasons: &'a [Reason],
+}
+
+impl Witness for Live<'_> {
+    fn detail(&mut self, graph: &LineageGraph, node: &Node) -> LeakDetail {
+        let mut detail = flags::detail(graph, node, self.evidence.as_ref());
+        if let Some(crowd) = &self.crowd {
+            flags::add_crowd(&mut detail, crowd);
+        }
+        if let Some(sites) = self.sites.as_deref_mut() {
+            (detail.spawned_at, detail.spawned_at_truncated) =
+                sites.spawned_at(graph, node.pid, &mut NamedThisRound::default());
+        }
+        detail
     }
 
-    /// Whether `--kill` could act on `node`, holding `flags`, and why or why not.
-    fn could_kill(&self, node: &Node, flags: &[Held]) -> (bool, String) {
+    fn server(&self, graph: &LineageGraph, node: &Node) -> Option<(NodeId, Vec<ProcessLabel>)> {
+        if !node.alive() {
+            return None;
+        }
+        let top = self.inspector.outermost(graph, node.id);
+        if top == node.id {
+            return None;
+        }
+        let chain = graph.chain(node.id);
+        let from_top = chain.iter().skip_while(|n| n.id != top);
+        let labels = from_top
+            .map(|n| flags::label(n, flags::current_name(n)))
+            .collect();
+        Some((top, labels))
+    }
+
+    fn kill(&self, graph: &LineageGraph, node: &Node, flags: &[Held]) -> Kill {
         let held: Vec<_> = flags.iter().map(|f| f.reason).collect();
-        kill::could_kill(&self.graph, node, &held, &self.kill_reasons)
-    }
-
-    /// The flags process `id` holds now.
-    fn held_by(&self, id: NodeId) -> Vec<Held> {
-        let active = self.inspector.active();
-        active
-            .filter(|(flagged, _, _)| *flagged == id)
-            .map(|(_, reason, since)| Held { reason, since })
-            .collect()
+        let (could, why) = kill::could_kill(graph, node, &held, self.kill_reasons);
+        Kill {
+            enabled: self.kill_enabled,
+            could,
+            why,
+        }
     }
 }

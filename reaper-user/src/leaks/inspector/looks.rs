@@ -31,7 +31,9 @@ impl Inspector {
             });
             // A broken chain is judged for `orphaned` at the first look after its grace.
             let grace_look = self.breaks.due(graph, node, now, grace);
-            let urgent = grace_look || w.has(Reason::Idle) || w.has(Reason::Deaf);
+            let urgent = grace_look
+                || self.held.holds(node.id, Reason::Idle)
+                || self.held.holds(node.id, Reason::Deaf);
             if urgent || now >= w.next_sample {
                 due.insert(node.id);
             }
