@@ -52,8 +52,8 @@ async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
 }
 
 /// `why PID`: the process as the graph knows it, sampled on the slow side, who may hold its
-/// channels' other ends taken from the run, their fds read on the slow side, then the answer
-/// built from the run.
+/// channels' other ends taken from the run, their fds read on the slow side, its spawn site
+/// named on the slow side, then the answer built from the run.
 async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<crate::api::Process> {
     let asked = run.borrow().asked(pid)?;
     let mut evidence = None;
@@ -73,7 +73,16 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
                 .await;
         }
     }
-    run.borrow_mut().process(asked.id, evidence)
+    let to_name = run.borrow_mut().spawn_to_name(asked.id);
+    let spawned = match to_name {
+        Some(mut to_name) => {
+            let naming = std::mem::take(&mut to_name.naming);
+            let named = slow.run(move |_| naming.name()).await;
+            run.borrow_mut().spawn_named(to_name, named)
+        }
+        None => Default::default(),
+    };
+    run.borrow_mut().process(asked.id, evidence, spawned)
 }
 
 /// Sends `value` as JSON. Serialized here, on the reader's thread: the answers share the

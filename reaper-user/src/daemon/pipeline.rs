@@ -27,7 +27,7 @@ use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
-use crate::sites::{self, NamedThisRound, SpawnSites};
+use crate::sites::{self, Asked, NamedSites, Naming, SpawnSites};
 use crate::stream::Stamped;
 use crate::stream::events::{Delivery, Event};
 use crate::stream::evidence::Frame;
@@ -37,6 +37,17 @@ mod answers;
 mod resume;
 mod scan;
 pub use resume::KeptState;
+
+/// The frames that spawned each process a round asked about, by pid, and whether they were
+/// cut.
+type SpawnedAt = rustc_hash::FxHashMap<u32, (Arc<[Frame]>, bool)>;
+
+/// What naming a round's spawn sites needs (see `sites::naming`), read on the slow side, and
+/// the pids it asks about.
+pub struct ToName {
+    pub naming: Naming,
+    asked: Vec<(u32, Asked)>,
+}
 
 /// How long the run waits, once nothing is alive, for the last zombies to be reaped.
 const ZOMBIE_SETTLE: Duration = Duration::from_millis(500);
@@ -112,11 +123,37 @@ impl Pipeline {
         Ok(seen.interpreter)
     }
 
-    /// The frames that spawned process `pid` (see [`SpawnSites::spawned_at`]).
-    fn spawned_at(&mut self, pid: u32, named: &mut NamedThisRound) -> (Arc<[Frame]>, bool) {
-        match self.sites.as_mut() {
-            Some(sites) => sites.spawned_at(&self.graph, pid, named),
-            None => Default::default(),
+    /// What naming the frames that spawned each of `pids` needs (see `sites::naming`): none
+    /// without `--spawn-stacks`, or when nothing is to be read.
+    fn spawns_to_name(&mut self, pids: impl IntoIterator<Item = u32>) -> Option<ToName> {
+        let sites = self.sites.as_mut()?;
+        let mut naming = Naming::default();
+        let asked = pids
+            .into_iter()
+            .map(|pid| (pid, sites.ask(&self.graph, pid, &mut naming)))
+            .collect();
+        Some(ToName { naming, asked })
+    }
+
+    /// Keeps what naming `to_name` read (none when it could not be read: the frames are
+    /// then left out), and gives each pid asked about its frames.
+    fn spawns_named(&mut self, asked: Vec<(u32, Asked)>, named: Option<NamedSites>) -> SpawnedAt {
+        let (Some(sites), Some(named)) = (self.sites.as_mut(), named) else {
+            return SpawnedAt::default();
+        };
+        let remembered = sites.remember(named);
+        asked
+            .into_iter()
+            .map(|(pid, at)| (pid, remembered.of(at)))
+            .collect()
+    }
+
+    /// The frames that spawned each of `pids`, named here, on the reader's thread: only at
+    /// the run's end (`--check`'s verdict), when the ring no longer waits on it.
+    fn spawned_at_the_end(&mut self, pids: impl IntoIterator<Item = u32>) -> SpawnedAt {
+        match self.spawns_to_name(pids) {
+            Some(ToName { naming, asked }) => self.spawns_named(asked, Some(naming.name())),
+            None => SpawnedAt::default(),
         }
     }
 
@@ -315,7 +352,7 @@ impl Pipeline {
     pub fn clear_ended(&mut self) -> Result<()> {
         let began = Instant::now();
         let changes = self.inspector.clear_ended(&self.graph);
-        self.write_scan(&changes, Some(began))
+        self.write_scan(&changes, &SpawnedAt::default(), Some(began))
     }
 
     /// Writes a round's flags that started or stopped holding; with the time the round
@@ -323,6 +360,7 @@ impl Pipeline {
     fn write_scan(
         &mut self,
         changes: &[crate::leaks::Change],
+        spawned: &SpawnedAt,
         began: Option<Instant>,
     ) -> Result<()> {
         let now = boottime_now();
@@ -332,27 +370,20 @@ impl Pipeline {
             .collect();
         let notes = self.inspector.take_notes();
         self.tell(&notes)?;
-        let mut named = NamedThisRound::default();
         for event in &mut found {
-            if let Event::Flag(flag) = event {
-                (flag.detail.spawned_at, flag.detail.spawned_at_truncated) =
-                    self.spawned_at(flag.pid, &mut named);
+            if let Event::Flag(flag) = event
+                && let Some(site) = spawned.get(&flag.pid)
+            {
+                (flag.detail.spawned_at, flag.detail.spawned_at_truncated) = site.clone();
             }
         }
-        let mut symbolized = false;
         if let Some(sites) = self.sites.as_mut() {
-            symbolized = sites.named_all();
             sites.retain(|id| self.graph.node(id).is_some());
         }
         self.gateways.retain(|id| self.graph.node(id).is_some());
         self.out.events(now, &found)?;
         if let Some(began) = began {
             self.set_gauges(began);
-        }
-        // Naming read objects' symbols and line tables, megabytes freed at once: their pages
-        // go back (see `resident`; the round's other blocks are small, or mapped apart).
-        if symbolized {
-            crate::resident::give_back_freed();
         }
         Ok(())
     }
@@ -381,8 +412,8 @@ impl Pipeline {
         self.inspector.next_look()
     }
 
-    /// `--kill`: starts a sequence for each flag held past the grace time, and flags the
-    /// spawners found respawning what was killed.
+    /// `--kill`: starts a sequence for each flag held past the grace time; the spawners found
+    /// respawning what was killed are flagged by the next round of the rules.
     pub fn decide_kills(&mut self) -> Result<()> {
         let Some(killer) = self.killer.as_mut() else {
             return Ok(());
@@ -395,14 +426,7 @@ impl Pipeline {
         for r in decided.reports {
             self.report_kill(r)?;
         }
-        for spawner in decided.respawning {
-            let raised = self
-                .inspector
-                .raise(&self.graph, spawner, Reason::Respawning, now);
-            if let Some(ev) = raised.and_then(|c| flags::change_event(&self.graph, &c, now)) {
-                self.out.event(now, &ev)?;
-            }
-        }
+        self.inspector.respawning(decided.respawning);
         Ok(())
     }
 
@@ -423,14 +447,12 @@ impl Pipeline {
         };
         let (mut verdict, code) = closing.check_verdict(gateway_exit_code);
         if let Event::Check(check) = &mut verdict {
-            let mut named = NamedThisRound::default();
+            let spawned = self.spawned_at_the_end(check.leaked.iter().map(|l| l.pid));
             for leaked in &mut check.leaked {
-                (leaked.detail.spawned_at, leaked.detail.spawned_at_truncated) =
-                    self.spawned_at(leaked.pid, &mut named);
+                if let Some(site) = spawned.get(&leaked.pid) {
+                    (leaked.detail.spawned_at, leaked.detail.spawned_at_truncated) = site.clone();
+                }
             }
-        }
-        if let Some(sites) = self.sites.as_mut() {
-            sites.named_all();
         }
         self.out.event(boottime_now(), &verdict)?;
         Ok((verdict, code))

@@ -1,7 +1,8 @@
 //! The leak scan's rounds, a task each beside the event loop: the event loop starts one when
 //! a scan is due (and none is under way or waiting to be written); the round reads what the
 //! run holds in its steps (see `daemon/pipeline/scan.rs`) and has its looks and its new
-//! flags' evidence read on the rounds' thread of the slow side ([`Worker`]) between them;
+//! flags' evidence read and their spawn sites named on the rounds' thread of the slow side
+//! ([`Worker`]) between them;
 //! then the event loop, at its next wake-up, drains the ring and writes the round. Every
 //! live process's fds, read for the other ends of a new flag's pipes, took 400 ms with
 //! 10,000 tracked: the ring is read meanwhile.
@@ -44,7 +45,7 @@ impl Rounds {
         // A round that ended judged but unread (it panicked meanwhile) is written as it is,
         // or no round would start again.
         if run.has_judged_round() && !run.round_ready() {
-            run.evidence_read(None);
+            run.round_unread();
         }
         if run.has_judged_round() {
             return;
@@ -84,8 +85,8 @@ impl Rounds {
     }
 }
 
-/// One round: planned, its looks sampled, judged, its new flags' evidence read; the event
-/// loop writes it. What a job the slow side refused would have read is left unread (a round
+/// One round: planned, its looks sampled, judged, its new flags' evidence read, their spawn
+/// sites named; the event loop writes it. What a job the slow side refused would have read is left unread (a round
 /// asks one job at a time, so its thread refuses only once it is gone).
 async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
     let mut planned = run.borrow_mut().plan_round()?;
@@ -114,6 +115,12 @@ async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
         });
         let read = job.await;
         run.borrow_mut().evidence_read(read);
+    }
+    let to_name = run.borrow_mut().round_to_name();
+    if let Some(mut to_name) = to_name {
+        let naming = std::mem::take(&mut to_name.naming);
+        let named = slow.run(move |_| naming.name()).await;
+        run.borrow_mut().round_named(Some(to_name), named);
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ use super::held::HeldFlags;
 use super::peers::PeerIndex;
 use super::rules::accumulating::{Crowds, Verdict, Watched};
 use super::rules::orphaned::Breaks;
+use super::rules::respawning::Respawners;
 use super::rules::{self, Observed, zombie};
 use super::sampler::{Sample, Sampler};
 use crate::identity::ProcessId;
@@ -104,6 +105,8 @@ pub struct Inspector {
     breaks: Breaks,
     /// `accumulating`'s count across looks.
     crowds: Crowds,
+    /// `respawning`'s spawners, found by the killer, for the next round.
+    respawners: Respawners,
 }
 
 /// One round of the rules, taken in steps so that its /proc reads can be made away from the
@@ -175,6 +178,7 @@ impl Inspector {
             raised: [0; Reason::ALL.len()],
             breaks: Breaks::default(),
             crowds: Crowds::default(),
+            respawners: Respawners::default(),
         }
     }
 
@@ -319,6 +323,7 @@ impl Inspector {
             self.apply_crowds(verdict, &servers, changes);
         }
         self.check_zombies(graph, now, changes);
+        self.raise_respawning(graph, now, changes);
         for c in changes.iter() {
             if let Change::Flag(f) = c {
                 self.raised[f.reason as usize] += 1;
@@ -538,36 +543,37 @@ impl Inspector {
         }
     }
 
-    /// Raises a flag no rule raises (the killer's `respawning`), held until the process exits.
-    pub fn raise(
-        &mut self,
-        graph: &LineageGraph,
-        id: NodeId,
-        reason: Reason,
-        now: u64,
-    ) -> Option<Change> {
-        let node = graph.node(id).filter(|n| n.alive())?;
-        let evidence = self.evidence(graph, node);
-        let w = self.watches.entry(id).or_insert_with(|| {
-            Box::new(Watch {
+    /// The killer found `spawners` respawning what it killed: the next round looks at each
+    /// and flags it.
+    pub fn respawning(&mut self, spawners: impl IntoIterator<Item = NodeId>) {
+        self.respawners.found(spawners);
+    }
+
+    /// Raises the `respawning` flags of the spawners the killer found, each on what this
+    /// round's look at it found; held until it exits.
+    fn raise_respawning(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
+        for id in self.respawners.take() {
+            let Some(node) = graph.node(id).filter(|n| n.alive()) else {
+                continue;
+            };
+            if !self.held.raise(id, node.pid, Reason::Respawning, now) {
+                continue;
+            }
+            let sample = self.watches.get(&id).and_then(|w| w.last.clone());
+            changes.push(Change::Flag(Box::new(Flagged {
+                node: id,
                 pid: node.pid,
-                next_sample: now,
-                io_since: now,
-                ..Watch::default()
-            })
-        });
-        if !self.held.raise(id, w.pid, reason, now) {
-            return None;
+                reason: Reason::Respawning,
+                since: now,
+                evidence: sample.map(|sample| Evidence {
+                    sample,
+                    peers: Vec::new(),
+                    server: vec![id],
+                    placement: Placement::default(),
+                }),
+                crowd: None,
+            })));
         }
-        self.raised[reason as usize] += 1;
-        Some(Change::Flag(Box::new(Flagged {
-            node: id,
-            pid: node.pid,
-            reason,
-            since: now,
-            evidence,
-            crowd: None,
-        })))
     }
 }
 

@@ -3,27 +3,27 @@
 //! own frames (see [`python`]); a fork record names both. Each native frame names its object
 //! by build id and a file offset (see [`native`]), and is named only when a flag needs it;
 //! Python frames are named then, from the spawner's memory.
-//! A JIT host's stack is copied instead and unwound here (see [`jit`]).
+//! A JIT host's stack is copied instead and unwound here (see [`jit`]). What reads objects
+//! and perf maps to name frames runs on the slow side (see [`naming`]).
 use build_ids::SavedBuildId;
 use jit::JitStacks;
-use native::Namer;
-pub use native::{Located, Named};
+pub use naming::{Asked, NamedSites, Naming};
+pub use native::Located;
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
 use reaper_common::interpreter::Interpreter;
 use serde::{Deserialize, Serialize};
-pub use spawns::NamedThisRound;
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
 use crate::lineage::graph::saved::SavedStart;
 use crate::procfs::proc_path;
-use crate::stream::evidence::Frame;
 
 pub mod build_ids;
 mod jit;
 mod mappings;
+mod naming;
 mod native;
 pub mod python;
 mod referrers;
@@ -48,11 +48,6 @@ pub struct SpawnSites {
     jit: Option<JitStacks>,
     /// The objects copies were unwound with (JIT hosts' and native spawners').
     objects: unwind::Objects,
-    /// Names frames while flags are being named: its caches (an object's symbols, its debug
-    /// information's line tables, the C library's separate debug file, the objects' copies:
-    /// megabytes) are dropped after each round (see [`SpawnSites::named_all`]); each stack is
-    /// named once.
-    namer: Option<Namer>,
 }
 
 impl SpawnSites {
@@ -69,7 +64,6 @@ impl SpawnSites {
             }),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             objects: unwind::Objects::default(),
-            namer: None,
         }
     }
 
@@ -125,24 +119,6 @@ impl SpawnSites {
         }
     }
 
-    /// The frames `child` was spawned at, when they were unwound from a copy (see
-    /// [`jit`]): its host's JavaScript frames, then its native ones. `pid` is the host's,
-    /// `alive` whether it still runs.
-    fn unwound_frames(&mut self, child: NodeId, pid: u32, alive: bool) -> Option<Vec<Frame>> {
-        self.jit.as_mut()?.frames(
-            self.namer.get_or_insert_with(Namer::default),
-            child,
-            pid,
-            alive,
-        )
-    }
-
-    /// A round of naming is over (a scan's flags, `--check`'s verdict): the symbolizer's
-    /// caches go. Returns whether there were any (the round named native frames).
-    pub fn named_all(&mut self) -> bool {
-        self.namer.take().is_some()
-    }
-
     /// Notes that native stack `stack` spawned process `child`.
     fn spawned(&mut self, stack: u64, child: NodeId) {
         self.native.spawned(stack, child);
@@ -169,12 +145,6 @@ impl SpawnSites {
     /// Locates the native stack of `key` (see [`NativeStacks::locate`]).
     fn locate(&mut self, key: SiteKey, holders: &[u32]) {
         self.native.locate(key, holders);
-    }
-
-    /// The native frames of the stack of `key`, named (see [`NativeStacks::frames`]).
-    fn frames(&mut self, key: SiteKey, holders: &[u32]) -> Named {
-        let namer = self.namer.get_or_insert_with(Namer::default);
-        self.native.frames(namer, key, holders)
     }
 
     /// Learns the objects a gateway runs, so its spawns are named after it is gone.

@@ -60,6 +60,15 @@ pub struct Named {
     pub truncated: bool,
 }
 
+/// A site's frames for naming (see [`NativeStacks::to_name`]).
+pub enum SiteFrames {
+    Named(Named),
+    Located {
+        frames: Vec<(Located, Option<String>)>,
+        truncated: bool,
+    },
+}
+
 /// The native stacks of spawns, by [`SiteKey`].
 pub struct NativeStacks {
     store: KernelMap<MapData, u64, NativeStack>,
@@ -211,16 +220,16 @@ impl NativeStacks {
         })
     }
 
-    /// The frames of the stack of `key`, named from their objects' symbols and debug
-    /// information (once; later flags reuse them). `holders` as for [`NativeStacks::locate`]:
-    /// objects not known yet are looked for in theirs. A frame whose object is not found by
-    /// its build id ends the stack (its walk may have read data: nothing tells).
-    pub fn frames(&mut self, namer: &mut Namer, key: SiteKey, holders: &[u32]) -> Named {
+    /// The frames of site `key` for naming (see `sites::naming`): named already, or each
+    /// located in its object (an object known by its build id found among those the
+    /// processes running the spawner's code, `holders`, map), with its build id in words.
+    /// A frame whose object is not found ends the stack, which is then cut.
+    pub fn to_name(&mut self, key: SiteKey, holders: &[u32]) -> SiteFrames {
         if let Some(named) = self.named.get(&key) {
-            return named.clone();
+            return SiteFrames::Named(named.clone());
         }
         let Some(site) = self.located.get(&key) else {
-            return Named::default();
+            return SiteFrames::Named(Named::default());
         };
         let unknown = |l: &Located| l.build_id.is_some_and(|id| !self.build_ids.knows(&id));
         if site.frames.iter().any(unknown) {
@@ -228,30 +237,30 @@ impl NativeStacks {
                 self.build_ids.learn(pid);
             }
         }
-        let mut named = Named {
-            frames: Vec::new(),
-            truncated: site.truncated,
-        };
+        let mut frames = Vec::new();
+        let mut truncated = site.truncated;
         for l in &site.frames {
             let object = match (l.build_id, &l.object) {
                 (Some(id), None) => self.build_ids.open(&id).map(|(_, path)| path),
                 _ => l.object.clone(),
             };
             if object.is_none() {
-                named.truncated = true;
+                truncated = true;
                 break;
             }
             let build_id = l.build_id.map(|id| self.build_ids.show(&id));
-            for mut frame in namer.name(&Located {
+            let located = Located {
                 object,
                 ..l.clone()
-            }) {
-                frame.build_id = build_id.clone();
-                named.frames.push(frame);
-            }
+            };
+            frames.push((located, build_id));
         }
-        self.named.insert(key, named.clone());
-        named
+        SiteFrames::Located { frames, truncated }
+    }
+
+    /// Keeps site `key`'s frames as a round named them: it is named once.
+    pub fn remember(&mut self, key: SiteKey, named: Named) {
+        self.named.insert(key, named);
     }
 }
 

@@ -1,22 +1,12 @@
 //! Spawn sites and the lineage: what a record's change means for them (a fork's stacks noted
-//! and located while its spawner runs, an exec's program looked at), and the frames that
-//! spawned a process, for a flag. The graph is only read here: it answers who runs a
-//! spawner's code ([`LineageGraph::code_holders`]).
-use std::sync::Arc;
-
+//! and located while its spawner runs, an exec's program looked at). The graph is only read
+//! here: it answers who runs a spawner's code ([`LineageGraph::code_holders`]).
 use reaper_common::interpreter::Interpreter;
-use rustc_hash::FxHashMap;
 
 use super::native::SiteKey;
-use super::{Located, Named, SpawnSites};
+use super::{Located, SpawnSites};
 use crate::capture::decode::{CopiedStack, KernelEvent, What};
 use crate::lineage::graph::{Change, LineageGraph, NodeId, SpawnStack};
-use crate::stream::evidence::Frame;
-
-/// The spawn sites one round of naming (a scan's flags, `--check`'s verdict) named, by
-/// (spawner, Python stack, native stack): the instances of one site share one list (a scan
-/// can flag thousands of them).
-pub type NamedThisRound = FxHashMap<(NodeId, Option<u64>, Option<u64>), (Arc<[Frame]>, bool)>;
 
 /// What a record's change told the spawn sites.
 #[derive(Default)]
@@ -160,43 +150,5 @@ impl SpawnSites {
     /// Interpreters wait to be looked at again (their libpython not mapped at their exec).
     pub fn has_pending(&self) -> bool {
         self.python.as_ref().is_some_and(|p| p.has_pending())
-    }
-
-    /// The frames that spawned process `pid`, when its fork's stacks were taken: its
-    /// spawner's Python frames (named at the fork), then its native ones; and whether they were
-    /// cut. `named` holds what this round named already.
-    pub fn spawned_at(
-        &mut self,
-        graph: &LineageGraph,
-        pid: u32,
-        named: &mut NamedThisRound,
-    ) -> (Arc<[Frame]>, bool) {
-        let Some(node) = graph.current(pid) else {
-            return Default::default();
-        };
-        let Some(spawner) = node.spawner.and_then(|s| graph.node(s)) else {
-            return Default::default();
-        };
-        // A JIT host's stack is copied and unwound for each fork: its own.
-        if let Some(frames) = self.unwound_frames(node.id, spawner.pid, spawner.alive()) {
-            return (frames.into(), false);
-        }
-        let stack = node.spawn_stack;
-        let key = (spawner.id, stack.python, stack.native);
-        if let Some(known) = named.get(&key) {
-            return known.clone();
-        }
-        let mut frames = Vec::new();
-        if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
-            frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
-        }
-        let mut native = match stack.native {
-            Some(native) => self.frames((native, spawner.id), &graph.code_holders(spawner.id)),
-            None => Named::default(),
-        };
-        frames.append(&mut native.frames);
-        let found = (Arc::from(frames), native.truncated);
-        named.insert(key, found.clone());
-        found
     }
 }

@@ -3,7 +3,9 @@
 //! read here: the answers' task (`daemon/answers.rs`) has them read on its thread of the
 //! slow side, between the steps here, which read what the run holds (and, naming a chain's
 //! members as they are now, their /proc `stat`).
-use super::Pipeline;
+use std::sync::Arc;
+
+use super::{Pipeline, ToName};
 
 use crate::api::{
     Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Status, TreeFilter,
@@ -16,8 +18,9 @@ use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::follow::Follower;
 use crate::output::tree::picked_tree;
 use crate::procfs::boottime_now;
-use crate::sites::{NamedThisRound, SpawnSites};
+use crate::sites::NamedSites;
 use crate::stream::events::{LeakDetail, ProcessLabel};
+use crate::stream::evidence::Frame;
 
 /// The process a `why` asks about, as the graph knows it when asked.
 pub struct Asked {
@@ -91,35 +94,52 @@ impl Pipeline {
         self.inspector.near(&self.graph, id, sample)
     }
 
+    /// What naming the frames that spawned process `id` needs (see `sites::naming`), read on
+    /// the slow side; none when there is nothing to read.
+    pub fn spawn_to_name(&mut self, id: NodeId) -> Option<ToName> {
+        let pid = self.graph.node(id)?.pid;
+        self.spawns_to_name([pid]).filter(|t| !t.naming.is_empty())
+    }
+
+    /// The frames that spawned the process `to_name` asked about, as `named` read them (none:
+    /// they could not be read).
+    pub fn spawn_named(&mut self, to_name: ToName, named: Option<NamedSites>) -> Spawned {
+        let spawned = self.spawns_named(to_name.asked, named);
+        spawned.into_values().next().unwrap_or_default()
+    }
+
     /// The last step: process `id` as a flag would show it, with `evidence` read of it (none
-    /// when it is not alive, or it could not be read), with the flags it holds; none when the
-    /// graph let it go meanwhile (see [`answer::process`]).
-    pub fn process(&mut self, id: NodeId, evidence: Option<Evidence>) -> Option<Process> {
+    /// when it is not alive, or it could not be read) and the frames that `spawned` it, with
+    /// the flags it holds; none when the graph let it go meanwhile (see [`answer::process`]).
+    pub fn process(
+        &mut self,
+        id: NodeId,
+        evidence: Option<Evidence>,
+        spawned: Spawned,
+    ) -> Option<Process> {
         let crowd = self.inspector.crowd_of(&self.graph, id);
         let mut live = Live {
             inspector: &self.inspector,
-            sites: self.sites.as_mut(),
             evidence,
+            spawned,
             crowd,
             kill_enabled: self.killer.is_some(),
             kill_reasons: &self.kill_reasons,
         };
         let held = self.inspector.held();
-        let process = answer::process(&self.graph, held, id, &mut live, boottime_now());
-        // The symbolizer's caches (megabytes) go now, as after a scan's naming.
-        if self.sites.as_mut().is_some_and(|sites| sites.named_all()) {
-            crate::resident::give_back_freed();
-        }
-        process
+        answer::process(&self.graph, held, id, &mut live, boottime_now())
     }
 }
+
+/// The frames that spawned a process, and whether they were cut.
+pub type Spawned = (Arc<[Frame]>, bool);
 
 /// What a run knows of a process beyond the graph and the flags: its /proc read now, its
 /// spawn site named now, and what `--kill` would do.
 struct Live<'a> {
     inspector: &'a Inspector,
-    sites: Option<&'a mut SpawnSites>,
     evidence: Option<Evidence>,
+    spawned: Spawned,
     crowd: Option<Crowd>,
     kill_enabled: bool,
     kill_reasons: &'a [Reason],
@@ -131,10 +151,7 @@ impl Witness for Live<'_> {
         if let Some(crowd) = &self.crowd {
             flags::add_crowd(&mut detail, crowd);
         }
-        if let Some(sites) = self.sites.as_deref_mut() {
-            (detail.spawned_at, detail.spawned_at_truncated) =
-                sites.spawned_at(graph, node.pid, &mut NamedThisRound::default());
-        }
+        (detail.spawned_at, detail.spawned_at_truncated) = self.spawned.clone();
         detail
     }
 

@@ -2,8 +2,9 @@
 //! the run holds: the looks and the new flags' evidence are read from /proc between them,
 //! wherever the caller has them read (`daemon/rounds.rs`: a thread of the slow side).
 //!
-//! A judged round waits here (`Pipeline::judged`) for its evidence, then for the event loop
-//! to write it right after a drain of the ring (`Pipeline::commit_round`), so what it writes
+//! A judged round waits here (`Pipeline::judged`) for its evidence, then for its new flags'
+//! spawn sites to be named (both read on the slow side), then for the event loop to write it
+//! right after a drain of the ring (`Pipeline::commit_round`), so what it writes
 //! is judged against the graph as the kernel left it: a flag whose process exited (or, a
 //! zombie's, was reaped) meanwhile is withdrawn, never written; a `cleared` of a process
 //! whose exit record came meanwhile is written there, after its `exit` as the flags its exit
@@ -14,10 +15,11 @@ use std::time::Instant;
 use anyhow::Result;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::Pipeline;
+use super::{Pipeline, SpawnedAt, ToName};
 use crate::leaks::{Change, Evidence, Look, Lookout, Near, Reason, Round, Sample, flags};
 use crate::lineage::graph::NodeId;
 use crate::procfs::boottime_now;
+use crate::sites::NamedSites;
 
 /// A round planned, its looks to be sampled.
 pub struct Planned {
@@ -29,14 +31,27 @@ pub struct Planned {
 pub(super) struct Judged {
     round: Round,
     began: Instant,
-    /// Its evidence was read (or could not be: then it is the samples' alone).
-    read: bool,
+    /// What it waits for.
+    stage: Stage,
+    /// Its new flags' spawn sites, named.
+    spawned: SpawnedAt,
     /// Each flag it raised, by process and reason: its index in the round's changes.
     flags: HashMap<(NodeId, Reason), usize>,
     /// The `cleared` changes of each pid (a live process's: not a zombie's): their indices.
     cleared: HashMap<u32, Vec<usize>>,
     /// The changes not to write at the commit: withdrawn, or written already.
     skip: HashSet<usize>,
+}
+
+/// What a judged round waits for before it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Its new flags' evidence, read on the slow side.
+    Evidence,
+    /// Its new flags' spawn sites, named on the slow side.
+    Names,
+    /// Nothing: the event loop is to write it.
+    Ready,
 }
 
 /// The new flags' evidence, copied out of a judged round to be read elsewhere, each with its
@@ -73,7 +88,7 @@ impl Pipeline {
         let began = Instant::now();
         let mut round = self.inspector.plan(&self.graph, boottime_now());
         let cleared = std::mem::take(&mut round.changes);
-        self.write_scan(&cleared, None)?;
+        self.write_scan(&cleared, &SpawnedAt::default(), None)?;
         Ok(Planned { round, began })
     }
 
@@ -117,7 +132,11 @@ impl Pipeline {
         self.judged = Some(Judged {
             round,
             began,
-            read,
+            stage: match read {
+                true => Stage::Names,
+                false => Stage::Evidence,
+            },
+            spawned: SpawnedAt::default(),
             flags,
             cleared,
             skip: HashSet::default(),
@@ -126,13 +145,13 @@ impl Pipeline {
     }
 
     /// The evidence of the judged round read (`read`, as [`Pipeline::judge_round`] returned
-    /// it; none when it could not be: the samples stay its evidence): the round is ready to
-    /// be written.
+    /// it; none when it could not be: the samples stay its evidence): its spawn sites are to
+    /// be named next.
     pub fn evidence_read(&mut self, read: Option<Unread>) {
         let Some(judged) = self.judged.as_mut() else {
             return;
         };
-        judged.read = true;
+        judged.stage = Stage::Names;
         let Some(read) = read else {
             return;
         };
@@ -148,10 +167,50 @@ impl Pipeline {
         self.judged.is_some()
     }
 
-    /// Whether a judged round's evidence is read: the event loop is to drain the ring, then
+    /// What naming the judged round's new flags' spawn sites needs, once its evidence is
+    /// read; none when there is nothing to read (the round is then ready to be written).
+    pub fn round_to_name(&mut self) -> Option<ToName> {
+        let judged = self.judged.as_ref().filter(|j| j.stage == Stage::Names)?;
+        let pids: Vec<u32> = (judged.round.changes.iter())
+            .filter_map(|c| match c {
+                Change::Flag(f) => Some(f.pid),
+                Change::Cleared { .. } => None,
+            })
+            .collect();
+        let to_name = self.spawns_to_name(pids).filter(|t| !t.naming.is_empty());
+        if to_name.is_none() {
+            self.round_named(None, None);
+        }
+        to_name
+    }
+
+    /// The judged round's spawn sites named (`named`, for what `to_name` asked; none when
+    /// they could not be: its flags then name no spawn site): it is ready to be written.
+    pub fn round_named(&mut self, to_name: Option<ToName>, named: Option<NamedSites>) {
+        let spawned = match to_name {
+            Some(to_name) => self.spawns_named(to_name.asked, named),
+            None => SpawnedAt::default(),
+        };
+        if let Some(judged) = self.judged.as_mut() {
+            judged.spawned = spawned;
+            judged.stage = Stage::Ready;
+        }
+    }
+
+    /// A judged round waiting for reads that will not come (what read them is gone): it is
+    /// written as it is.
+    pub fn round_unread(&mut self) {
+        if let Some(judged) = self.judged.as_mut() {
+            judged.stage = Stage::Ready;
+        }
+    }
+
+    /// Whether a judged round's reads are done: the event loop is to drain the ring, then
     /// write it.
     pub fn round_ready(&self) -> bool {
-        self.judged.as_ref().is_some_and(|j| j.read)
+        self.judged
+            .as_ref()
+            .is_some_and(|j| j.stage == Stage::Ready)
     }
 
     /// Writes the judged round, its evidence read or not, right after a drain: the flags
@@ -179,7 +238,7 @@ impl Pipeline {
             at += 1;
             !judged.skip.contains(&(at - 1))
         });
-        self.write_scan(&changes, Some(judged.began))?;
+        self.write_scan(&changes, &judged.spawned, Some(judged.began))?;
         if kill {
             self.decide_kills()?;
         }

@@ -38,6 +38,22 @@ impl Inspector {
                 due.insert(node.id);
             }
         }
+        // The spawners the killer found respawning: looked at now (a gateway too), each look
+        // its flag's evidence.
+        for &id in self.respawners.waiting() {
+            let Some(node) = graph.node(id).filter(|n| n.alive()) else {
+                continue;
+            };
+            self.watches.entry(id).or_insert_with(|| {
+                Box::new(Watch {
+                    pid: node.pid,
+                    next_sample: now,
+                    io_since: now,
+                    ..Watch::default()
+                })
+            });
+            due.insert(id);
+        }
         if due.is_empty() {
             return Vec::new();
         }

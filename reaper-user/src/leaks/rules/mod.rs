@@ -19,7 +19,7 @@ mod deaf;
 mod idle;
 pub mod line;
 pub mod orphaned;
-mod respawning;
+pub mod respawning;
 pub mod zombie;
 
 /// What a reason is (each reason's module has one: its `ABOUT`).

@@ -12,16 +12,16 @@ use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 
-use super::native::{Located, Namer};
+use super::native::Located;
 use super::unwind::{self, Objects};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
-mod perf_map;
+pub mod perf_map;
 
 /// A stack as one host took it: a hash of its located frames, and the host's node.
-type Key = (u64, NodeId);
+pub type Key = (u64, NodeId);
 
 /// The kernel's list of JIT hosts, and the stacks unwound from their copies.
 pub struct JitStacks {
@@ -117,32 +117,27 @@ impl JitStacks {
         self.spawned.insert(child, key);
     }
 
-    /// The frames `child` was spawned at, if its stack was unwound here: its host's
-    /// JavaScript frames, named from the host's perf map while the host (process `pid`) runs,
-    /// then its native frames (once; later flags reuse them).
-    pub fn frames(
-        &mut self,
-        namer: &mut Namer,
-        child: NodeId,
-        pid: u32,
-        alive: bool,
-    ) -> Option<Vec<Frame>> {
+    /// The stack `child` was spawned at, if its stack was unwound here, and its frames if
+    /// they were named already (see `sites::naming`).
+    pub fn to_name(&self, child: NodeId) -> Option<(Key, Option<Vec<Frame>>)> {
         let key = *self.spawned.get(&child)?;
-        if let Some(named) = self.named.get(&key) {
-            return Some(named.clone());
-        }
-        let located = self.located.get(&key)?;
+        Some((key, self.named.get(&key).cloned()))
+    }
+
+    /// Stack `key`'s frames, located: its compiled JavaScript's addresses (named from the
+    /// host's perf map while it runs), then its native frames.
+    pub fn located(&self, key: Key) -> (Vec<u64>, Vec<Located>) {
+        let located = self.located.get(&key).map_or(&[][..], Vec::as_slice);
         let (compiled, native): (Vec<&Located>, Vec<&Located>) =
             located.iter().partition(|l| l.object.is_none());
-        let addrs: Vec<u64> = compiled.iter().map(|l| l.offset).collect();
-        let mut frames = match alive {
-            true => perf_map::name(pid, &addrs),
-            false => addrs.iter().map(|&addr| perf_map::unnamed(addr)).collect(),
-        };
-        frames.extend(native.into_iter().flat_map(|l| namer.name(l)));
-        // Named while the host runs: kept. Unnamed (host gone): nothing better will come.
-        self.named.insert(key, frames.clone());
-        Some(frames)
+        let addrs = compiled.iter().map(|l| l.offset).collect();
+        (addrs, native.into_iter().cloned().collect())
+    }
+
+    /// Keeps stack `key`'s frames as a round named them: named while the host runs, nothing
+    /// better will come; unnamed (the host gone), nothing better either.
+    pub fn remember(&mut self, key: Key, frames: Vec<Frame>) {
+        self.named.insert(key, frames);
     }
 
     /// The located frames `child` was spawned at, if its stack was unwound here.

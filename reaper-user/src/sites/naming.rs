@@ -1,0 +1,264 @@
+//! Naming the frames that spawned a process, in three steps, so that what reads objects and
+//! perf maps runs on the slow side, never on the ring's reader:
+//!
+//! 1. [`SpawnSites::ask`], on the reader's thread, takes out of what the sites hold what
+//!    naming a process's spawn needs, owned: its frames located (each object found, its build
+//!    id in words), a Python spawner's frames (named at its fork, or now from its memory: a
+//!    few small reads), what was named already. A round (a scan's flags, `--check`'s
+//!    verdict, an answer) asks once a site ([`Naming`]).
+//! 2. [`Naming::name`], wherever it is called (a thread of the slow side), reads each object
+//!    (a sealed copy, symbolized: megabytes of symbols and line tables, see [`Namer`]) and a
+//!    JIT host's perf map (up to 64 MiB).
+//! 3. [`SpawnSites::remember`], back on the reader's thread, keeps what was named (a site is
+//!    named once) and gives each process its frames.
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::SpawnSites;
+use super::jit::{self, perf_map};
+use super::native::{Located, Named, Namer, SiteFrames, SiteKey};
+use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::stream::evidence::Frame;
+
+/// How a round tells sites apart: the stack a JIT host's copy was unwound to, or a
+/// spawner's Python and native stacks (the instances of one site share one naming).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum SiteOf {
+    Jit(jit::Key),
+    Native(NodeId, Option<u64>, Option<u64>),
+}
+
+/// One part of a spawn's frames, innermost first: to be named, or named already.
+enum Part {
+    Known(Vec<Frame>),
+    /// A JIT host's stack: its compiled JavaScript's addresses, named from its perf map while
+    /// it runs (`host`, `alive`), then its native frames.
+    Jit {
+        key: jit::Key,
+        host: u32,
+        alive: bool,
+        compiled: Vec<u64>,
+        native: Vec<Located>,
+    },
+    /// A native site's frames, each located in its object, with its build id in words.
+    Native {
+        site: SiteKey,
+        frames: Vec<(Located, Option<String>)>,
+        truncated: bool,
+    },
+}
+
+/// A part named.
+enum NamedPart {
+    Known(Vec<Frame>),
+    Jit(jit::Key, Vec<Frame>),
+    Native(SiteKey, Named),
+}
+
+/// One site's naming: its parts, and whether its stack was cut.
+struct Site {
+    parts: Vec<Part>,
+    truncated: bool,
+}
+
+/// What a round names (see the module documentation): one naming a site, each process asked
+/// about pointing at its site's.
+#[derive(Default)]
+pub struct Naming {
+    sites: Vec<Site>,
+    by_site: HashMap<SiteOf, usize>,
+}
+
+/// What a round named, to be remembered ([`SpawnSites::remember`]).
+pub struct NamedSites {
+    sites: Vec<(Vec<NamedPart>, bool)>,
+}
+
+/// Where a process's frames are in its round's naming (see [`SpawnSites::ask`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Asked(Option<usize>);
+
+impl Naming {
+    /// Whether there is anything to read.
+    pub fn is_empty(&self) -> bool {
+        self.sites.is_empty()
+    }
+
+    /// Names every site: reads objects and perf maps (a thread of the slow side's work). The
+    /// symbolizer's caches (megabytes) go when it is done, and their pages back to the
+    /// system (see `resident`).
+    pub fn name(self) -> NamedSites {
+        let mut namer = Namer::default();
+        let sites = self.sites.into_iter().map(|site| {
+            let parts = (site.parts.into_iter())
+                .map(|part| part.name(&mut namer))
+                .collect();
+            (parts, site.truncated)
+        });
+        let named = NamedSites {
+            sites: sites.collect(),
+        };
+        drop(namer);
+        crate::resident::give_back_freed();
+        named
+    }
+}
+
+impl Part {
+    fn name(self, namer: &mut Namer) -> NamedPart {
+        match self {
+            Part::Known(frames) => NamedPart::Known(frames),
+            Part::Jit {
+                key,
+                host,
+                alive,
+                compiled,
+                native,
+            } => {
+                let mut frames = match alive {
+                    true => perf_map::name(host, &compiled),
+                    false => compiled
+                        .iter()
+                        .map(|&addr| perf_map::unnamed(addr))
+                        .collect(),
+                };
+                frames.extend(native.iter().flat_map(|l| namer.name(l)));
+                NamedPart::Jit(key, frames)
+            }
+            Part::Native {
+                site,
+                frames,
+                truncated,
+            } => {
+                let mut named = Named {
+                    frames: Vec::new(),
+                    truncated,
+                };
+                for (located, build_id) in &frames {
+                    for mut frame in namer.name(located) {
+                        frame.build_id = build_id.clone();
+                        named.frames.push(frame);
+                    }
+                }
+                NamedPart::Native(site, named)
+            }
+        }
+    }
+}
+
+impl SpawnSites {
+    /// What naming the frames that spawned process `pid` needs, added to `naming` (once a
+    /// site); where its frames will be.
+    pub fn ask(&mut self, graph: &LineageGraph, pid: u32, naming: &mut Naming) -> Asked {
+        let Some(node) = graph.current(pid) else {
+            return Asked(None);
+        };
+        let Some(spawner) = node.spawner.and_then(|s| graph.node(s)) else {
+            return Asked(None);
+        };
+        // A JIT host's stack is copied and unwound for each fork: its own.
+        let jit = self.jit.as_ref().and_then(|jit| jit.to_name(node.id));
+        let stack = node.spawn_stack;
+        let site_of = match jit {
+            Some((key, _)) => SiteOf::Jit(key),
+            None => SiteOf::Native(spawner.id, stack.python, stack.native),
+        };
+        if let Some(&at) = naming.by_site.get(&site_of) {
+            return Asked(Some(at));
+        }
+        let site = match jit {
+            Some((_, Some(frames))) => Site {
+                parts: vec![Part::Known(frames)],
+                truncated: false,
+            },
+            Some((key, None)) => {
+                let located = self.jit.as_ref().map(|j| j.located(key));
+                let (compiled, native) = located.unwrap_or_default();
+                Site {
+                    parts: vec![Part::Jit {
+                        key,
+                        host: spawner.pid,
+                        alive: spawner.alive(),
+                        compiled,
+                        native,
+                    }],
+                    truncated: false,
+                }
+            }
+            None => {
+                let mut parts = Vec::new();
+                if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
+                    let frames = python.frames(key, spawner.id, spawner.pid, spawner.alive());
+                    parts.push(Part::Known(frames));
+                }
+                let mut truncated = false;
+                if let Some(native) = stack.native {
+                    let site = (native, spawner.id);
+                    let part = match self.native.to_name(site, &graph.code_holders(spawner.id)) {
+                        SiteFrames::Named(named) => {
+                            truncated = named.truncated;
+                            Part::Known(named.frames)
+                        }
+                        SiteFrames::Located {
+                            frames,
+                            truncated: cut,
+                        } => {
+                            truncated = cut;
+                            Part::Native {
+                                site,
+                                frames,
+                                truncated: cut,
+                            }
+                        }
+                    };
+                    parts.push(part);
+                }
+                Site { parts, truncated }
+            }
+        };
+        naming.sites.push(site);
+        naming.by_site.insert(site_of, naming.sites.len() - 1);
+        Asked(Some(naming.sites.len() - 1))
+    }
+
+    /// Keeps what a round named (a site is named once), and gives back each site's frames
+    /// and whether they were cut, by [`Asked`] ([`Remembered::of`]).
+    pub fn remember(&mut self, named: NamedSites) -> Remembered {
+        let sites = named.sites.into_iter().map(|(parts, truncated)| {
+            let mut frames = Vec::new();
+            for part in parts {
+                match part {
+                    NamedPart::Known(mut known) => frames.append(&mut known),
+                    NamedPart::Jit(key, mut named) => {
+                        if let Some(jit) = self.jit.as_mut() {
+                            jit.remember(key, named.clone());
+                        }
+                        frames.append(&mut named);
+                    }
+                    NamedPart::Native(site, named) => {
+                        frames.extend(named.frames.iter().cloned());
+                        self.native.remember(site, named);
+                    }
+                }
+            }
+            (Arc::from(frames), truncated)
+        });
+        Remembered(sites.collect())
+    }
+}
+
+/// Each site's frames, as a round named them.
+#[derive(Default)]
+pub struct Remembered(Vec<(Arc<[Frame]>, bool)>);
+
+impl Remembered {
+    /// The frames of the process asked about as `asked`, and whether they were cut; none
+    /// when it has no spawn stack.
+    pub fn of(&self, asked: Asked) -> (Arc<[Frame]>, bool) {
+        asked
+            .0
+            .and_then(|at| self.0.get(at).cloned())
+            .unwrap_or_default()
+    }
+}
