@@ -158,7 +158,7 @@ impl SpawnSites {
             return Asked(None);
         };
         // A JIT host's stack is copied and unwound for each fork: its own.
-        let jit = self.jit.as_ref().and_then(|jit| jit.to_name(node.id));
+        let jit = self.jit.as_ref().and_then(|jit| jit.for_naming(node.id));
         let stack = node.spawn_stack;
         let site_of = match jit {
             Some((key, _)) => SiteOf::Jit(key),
@@ -195,7 +195,10 @@ impl SpawnSites {
                 let mut truncated = false;
                 if let Some(native) = stack.native {
                     let site = (native, spawner.id);
-                    let part = match self.native.to_name(site, &graph.code_holders(spawner.id)) {
+                    let part = match self
+                        .native
+                        .for_naming(site, &graph.code_holders(spawner.id))
+                    {
                         SiteFrames::Named(named) => {
                             truncated = named.truncated;
                             Part::Known(named.frames)

@@ -60,7 +60,7 @@ pub struct Named {
     pub truncated: bool,
 }
 
-/// A site's frames for naming (see [`NativeStacks::to_name`]).
+/// A site's frames for naming (see [`NativeStacks::for_naming`]).
 pub enum SiteFrames {
     Named(Named),
     Located {
@@ -224,7 +224,7 @@ impl NativeStacks {
     /// located in its object (an object known by its build id found among those the
     /// processes running the spawner's code, `holders`, map), with its build id in words.
     /// A frame whose object is not found ends the stack, which is then cut.
-    pub fn to_name(&mut self, key: SiteKey, holders: &[u32]) -> SiteFrames {
+    pub fn for_naming(&mut self, key: SiteKey, holders: &[u32]) -> SiteFrames {
         if let Some(named) = self.named.get(&key) {
             return SiteFrames::Named(named.clone());
         }

@@ -119,7 +119,7 @@ impl JitStacks {
 
     /// The stack `child` was spawned at, if its stack was unwound here, and its frames if
     /// they were named already (see `sites::naming`).
-    pub fn to_name(&self, child: NodeId) -> Option<(Key, Option<Vec<Frame>>)> {
+    pub fn for_naming(&self, child: NodeId) -> Option<(Key, Option<Vec<Frame>>)> {
         let key = *self.spawned.get(&child)?;
         Some((key, self.named.get(&key).cloned()))
     }
