@@ -1,11 +1,13 @@
-//! The leak inspector: when to look at which descendant, what a look reads from /proc, and the
-//! flags that start and stop holding as the rules ([`super::rules`]) answer.
+//! The leak inspector: when to look at which descendant (what a look reads from /proc is read
+//! wherever its owner runs it), and the flags held ([`super::held`]) as the rules
+//! ([`super::rules`], each with its own state) answer.
 //!
 //! Cost model (it runs for days): a live descendant is sampled when it is first seen and then
 //! every `max(scan interval, idle-after / 4)`; a sample is a few small /proc reads. Only what
 //! must react at once is sampled every scan: a process whose spawn chain just broke (the
-//! `orphaned` check), and one flagged `idle` or `deaf` (to clear the flag when it moves data
-//! or gets a writer). Zombies come from the lineage graph alone. Pipe peers (who holds the
+//! `orphaned` check), one flagged `idle` or `deaf` (to clear the flag when it moves data or
+//! gets a writer), and a spawner the killer found respawning (its flag's evidence). Zombies
+//! come from the lineage graph alone. Pipe peers (who holds the
 //! other end) are looked up only as evidence for a new flag.
 //!
 //! Whether the other end of a pipe or socket is still open is asked of the fd itself: the
@@ -26,7 +28,7 @@ use super::channels::{self, Holders};
 use super::findings::{Change, Crowd, Evidence, Flagged, Reason};
 use super::held::HeldFlags;
 use super::peers::PeerIndex;
-use super::rules::accumulating::{Crowds, Verdict, Watched};
+use super::rules::accumulating::{Crowds, Watched};
 use super::rules::orphaned::Breaks;
 use super::rules::respawning::Respawners;
 use super::rules::{self, Observed, zombie};
@@ -320,9 +322,19 @@ impl Inspector {
             let watched = Looked(&self.watches, &self.held);
             let max = self.opts.max_instances;
             let verdict = self.crowds.judge(graph, &servers, &watched, max, now);
-            self.apply_crowds(verdict, &servers, changes);
+            let last = |id: NodeId| {
+                let w = self.watches.get(&id)?;
+                Some((w.pid, w.last.clone()?))
+            };
+            verdict.apply(&mut self.held, last, &servers, changes);
         }
-        self.check_zombies(graph, now, changes);
+        zombie::judge(
+            graph,
+            &mut self.held,
+            now,
+            nanos(self.opts.zombie_after),
+            changes,
+        );
         self.raise_respawning(graph, now, changes);
         for c in changes.iter() {
             if let Change::Flag(f) = c {
@@ -346,52 +358,8 @@ impl Inspector {
     pub fn clear_ended(&mut self, graph: &LineageGraph) -> Vec<Change> {
         let mut changes = Vec::new();
         self.forget_the_dead(graph, &mut changes);
-        self.forget_the_reaped(graph, &mut changes);
+        zombie::forget_the_reaped(graph, &mut self.held, &mut changes);
         changes
-    }
-
-    /// Applies what the `accumulating` count decided to the flags (a raise needs the sample
-    /// its evidence is).
-    fn apply_crowds(
-        &mut self,
-        verdict: Verdict,
-        servers: &[Vec<NodeId>],
-        changes: &mut Vec<Change>,
-    ) {
-        for (id, because) in verdict.clear {
-            if let Some(pid) = self.held.clear(id, Reason::Accumulating) {
-                changes.push(Change::Cleared {
-                    pid,
-                    reason: Reason::Accumulating,
-                    because,
-                });
-            }
-        }
-        let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
-        for (id, since, crowd) in verdict.raise {
-            let Some(w) = self.watches.get_mut(&id) else {
-                continue;
-            };
-            let Some(sample) = w.last.clone() else {
-                continue;
-            };
-            if !self.held.raise(id, w.pid, Reason::Accumulating, since) {
-                continue;
-            }
-            changes.push(Change::Flag(Box::new(Flagged {
-                node: id,
-                pid: w.pid,
-                reason: Reason::Accumulating,
-                since,
-                evidence: Some(Evidence {
-                    sample,
-                    peers: Vec::new(),
-                    server: server_of.get(&id).map_or(vec![id], |s| s.to_vec()),
-                    placement: Placement::default(),
-                }),
-                crowd: Some(crowd),
-            })));
-        }
     }
 
     /// Clears the flags of descendants that exited.
@@ -496,49 +464,6 @@ impl Inspector {
                     });
                 }
                 _ => {}
-            }
-        }
-    }
-
-    fn check_zombies(&mut self, graph: &LineageGraph, now: u64, changes: &mut Vec<Change>) {
-        self.forget_the_reaped(graph, changes);
-        if graph.zombie_count() == 0 {
-            return;
-        }
-        let after = nanos(self.opts.zombie_after);
-        for node in graph.zombies().filter(|n| !n.is_gateway) {
-            let Some(exited) = zombie::rule(node, now, after) else {
-                continue;
-            };
-            if !self.held.raise(node.id, node.pid, Reason::Zombie, exited) {
-                continue;
-            }
-            changes.push(Change::Flag(Box::new(Flagged {
-                node: node.id,
-                pid: node.pid,
-                reason: Reason::Zombie,
-                since: exited,
-                evidence: None,
-                crowd: None,
-            })));
-        }
-    }
-
-    /// Clears the `zombie` flags of processes no longer zombies (reaped, or pruned).
-    fn forget_the_reaped(&mut self, graph: &LineageGraph, changes: &mut Vec<Change>) {
-        let reaped: Vec<NodeId> = (self.held.iter())
-            .filter(|&(id, reason, _)| {
-                reason == Reason::Zombie && !graph.node(id).is_some_and(Node::zombie)
-            })
-            .map(|(id, _, _)| id)
-            .collect();
-        for id in reaped {
-            if let Some(pid) = self.held.clear(id, Reason::Zombie) {
-                changes.push(Change::Cleared {
-                    pid,
-                    reason: Reason::Zombie,
-                    because: zombie::REAPED,
-                });
             }
         }
     }

@@ -5,12 +5,16 @@
 //! module, its row in [`TABLE`], its variant of [`Reason`], the schema's `reason` enum, and
 //! its rows in docs/leaks.md and the README (tests hold all of them to the table).
 //!
-//! A rule reads what one look at a server found (a process, or a process and the wrappers it
-//! shares a channel with, see [`super::channels`]) and what the inspector remembers of it, and
-//! answers whether its flag holds and since when; the inspector decides when to look (see
-//! [`super::Inspector`]) and turns the answers into `flag` and `cleared` events. A rule reads
-//! no /proc and keeps no state of its own. A channel is a pipe or socket to another process:
-//! internal ones count for nothing.
+//! Each reason judges on its own facts, and its module owns what it keeps of them: `orphaned`,
+//! `idle` and `deaf` on one look at a live server (a process, or a process and the wrappers
+//! it shares a channel with, see [`super::channels`]: [`Observed`], its row's `live` rule),
+//! `orphaned` also on the breaks of spawn chains it waits on (`orphaned::Breaks`); `zombie`
+//! on the graph alone, at every round; `accumulating` on a count of each kind's instances
+//! kept across looks (`accumulating::Crowds`); `respawning` on what the killer found
+//! (`respawning::Respawners`). The inspector only schedules the looks (whom to sample, and
+//! when: see [`super::Inspector`]) and holds the flags ([`super::held::HeldFlags`]). No rule
+//! reads /proc. A channel is a pipe or socket to another process: internal ones count for
+//! nothing.
 use crate::stream::events::LeakDetail;
 pub use crate::stream::reason::Reason;
 

@@ -1,7 +1,7 @@
 //! `accumulating`: more than `--max-instances` instances of one kind (see [`kinds`]) alive under one gateway instance. Every instance but the newest N
 //! is flagged, once that held for [`CROWD_GRACE`]; the flag holds until it exits or the count
-//! falls back to N. The count kept across looks is [`Crowds`]; the inspector applies what it
-//! decides to the flags it keeps.
+//! falls back to N. The count kept across looks is [`Crowds`], the rule's own; what it decides
+//! is applied to the flags held here ([`Verdict::apply`]).
 //!
 //! The symptom in every leak report behind this project (28 `stdio-mcp-binary serve` under one
 //! gateway, one Node bridge per conversation turn, 128 slash workers) is a count, not a state:
@@ -15,7 +15,11 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::{About, Reason};
+use crate::leaks::findings::{Change, Evidence, Flagged};
+use crate::leaks::held::HeldFlags;
+use crate::leaks::sampler::Sample;
 use crate::lineage::graph::NodeId;
+use crate::procfs::placement::Placement;
 use crate::text::escape_for_terminal;
 use kinds::Kind;
 
@@ -130,6 +134,51 @@ pub fn census(groups: &[Group], top: usize) -> Vec<(String, u64)> {
         all.push(("other".to_owned(), most));
     }
     all
+}
+
+/// What the count decided, applied to the flags held: a flag cleared, or raised on the sample
+/// of the instance's last look (`last`: its pid and that sample; none not looked at yet is
+/// raised), with its server (`servers`, each outermost process first) as its evidence.
+impl Verdict {
+    pub fn apply(
+        self,
+        held: &mut HeldFlags,
+        last: impl Fn(NodeId) -> Option<(u32, Sample)>,
+        servers: &[Vec<NodeId>],
+        changes: &mut Vec<Change>,
+    ) {
+        for (id, because) in self.clear {
+            if let Some(pid) = held.clear(id, Reason::Accumulating) {
+                changes.push(Change::Cleared {
+                    pid,
+                    reason: Reason::Accumulating,
+                    because,
+                });
+            }
+        }
+        let server_of: HashMap<NodeId, &Vec<NodeId>> = servers.iter().map(|s| (s[0], s)).collect();
+        for (id, since, crowd) in self.raise {
+            let Some((pid, sample)) = last(id) else {
+                continue;
+            };
+            if !held.raise(id, pid, Reason::Accumulating, since) {
+                continue;
+            }
+            changes.push(Change::Flag(Box::new(Flagged {
+                node: id,
+                pid,
+                reason: Reason::Accumulating,
+                since,
+                evidence: Some(Evidence {
+                    sample,
+                    peers: Vec::new(),
+                    server: server_of.get(&id).map_or(vec![id], |s| s.to_vec()),
+                    placement: Placement::default(),
+                }),
+                crowd: Some(crowd),
+            })));
+        }
+    }
 }
 
 #[cfg(test)]
