@@ -14,6 +14,7 @@ mod api;
 mod footprint;
 mod jit_stacks;
 mod kernel;
+mod loaded;
 mod loops;
 mod peers;
 mod stacks;
@@ -39,9 +40,9 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 11] = [
-    "overhead", "reader", "hooks", "memory", "idle", "latency", "state", "report", "api", "before",
-    "soak",
+const SECTIONS: [&str; 12] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "loaded", "state", "report", "api",
+    "before", "soak",
 ];
 
 impl BenchOptions {
@@ -151,6 +152,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("latency") {
         lone_latency(&bins)?;
+    }
+    if wanted("loaded") {
+        loaded::loaded(&bins, opts)?;
     }
     if wanted("state") {
         state::restarts(&bins, opts)?;

@@ -27,7 +27,7 @@ pub(crate) fn api(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 }
 
 /// `GET path` of the API at `socket`, the body whole.
-fn get(socket: &Path, path: &str) -> Result<String> {
+pub(crate) fn get(socket: &Path, path: &str) -> Result<String> {
     let mut s = UnixStream::connect(socket).with_context(|| format!("{}", socket.display()))?;
     write!(
         s,
