@@ -7,6 +7,8 @@
 //! are flushed (after a batch, or at the housekeeping tick while records stream) or once a
 //! chunk is full. A line each was a send, a wake-up and an HTTP chunk each, and a follower
 //! cost the reader as much again as the rest of its work in a fork storm (BENCHMARKS.md).
+//! The followers of the whole stream (no filter) share each chunk: its lines are gathered
+//! once, whatever their number, and each gets the same bytes.
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -118,6 +120,9 @@ impl FollowStream {
 /// A follower: its queue, the lines gathered for it, and what it asked for.
 pub struct Follower {
     queue: FollowQueue,
+    /// It follows the whole stream: its lines are the ones [`Followers`] gathers for all such
+    /// followers, not its own.
+    whole: bool,
     gathered: BytesMut,
     gathered_lines: usize,
     events: Option<Vec<String>>,
@@ -137,6 +142,7 @@ impl Follower {
     ) -> Follower {
         Follower {
             queue,
+            whole: filter.pid.is_none() && filter.event.is_none() && filter.reason.is_none(),
             gathered: BytesMut::new(),
             gathered_lines: 0,
             events: filter
@@ -192,6 +198,19 @@ impl Follower {
         self.queue.chunks.send(chunk).is_ok()
     }
 
+    /// Sends `chunk`, lines of the whole stream; false when the connection is gone.
+    fn send_whole(&mut self, chunk: &Bytes, lines: usize) -> bool {
+        if lines == 0 {
+            return !self.queue.chunks.is_closed();
+        }
+        self.queue.queued.fetch_add(lines, Ordering::Relaxed);
+        let chunk = Chunk {
+            bytes: chunk.clone(),
+            lines,
+        };
+        self.queue.chunks.send(chunk).is_ok()
+    }
+
     /// Sends what was gathered, and the notice that it was dropped, last.
     fn drop_behind(&mut self) {
         self.send();
@@ -207,6 +226,9 @@ impl Follower {
 #[derive(Default)]
 pub struct Followers {
     list: Vec<Follower>,
+    /// The lines gathered for the followers of the whole stream, once for all of them.
+    whole: BytesMut,
+    whole_lines: usize,
     /// Followers dropped because they did not keep up.
     pub dropped: u64,
 }
@@ -234,10 +256,27 @@ impl Followers {
     /// how many were dropped for a full queue (a follower gone is forgotten silently).
     pub fn offer(&mut self, event: &Event, line: &[u8]) -> u64 {
         let mut dropped = 0;
+        if self.list.iter().any(|f| f.whole) {
+            self.whole.extend_from_slice(line);
+            self.whole_lines += 1;
+        }
+        let (whole, whole_lines) = (&self.whole, self.whole_lines);
         self.list.retain_mut(|f| {
             // A follower gone is forgotten, not counted as one that did not keep up.
             if f.queue.chunks.is_closed() {
                 return false;
+            }
+            if f.whole {
+                // A queue's last place is kept for the notice that it was dropped.
+                if f.queue.queued.load(Ordering::Relaxed) + whole_lines >= f.queue.limit {
+                    // What was gathered before this line, then the notice in its place.
+                    let before = &whole[..whole.len() - line.len()];
+                    f.send_whole(&Bytes::copy_from_slice(before), whole_lines - 1);
+                    f.drop_behind();
+                    dropped += 1;
+                    return false;
+                }
+                return true;
             }
             if !f.picks(event) {
                 return true;
@@ -252,13 +291,25 @@ impl Followers {
             f.gathered_lines += 1;
             f.gathered.len() < CHUNK || f.send()
         });
+        if self.whole.len() >= CHUNK {
+            self.send_whole();
+        }
         self.dropped += dropped;
         dropped
+    }
+
+    /// Sends the lines gathered for the followers of the whole stream, one chunk shared.
+    fn send_whole(&mut self) {
+        let chunk = self.whole.split().freeze();
+        let lines = std::mem::take(&mut self.whole_lines);
+        self.list
+            .retain_mut(|f| !f.whole || f.send_whole(&chunk, lines));
     }
 
     /// Sends each follower what was gathered for it (with the outlets' flush); forgets a
     /// follower whose connection is gone.
     pub fn flush(&mut self) {
+        self.send_whole();
         self.list.retain_mut(Follower::send);
     }
 }
@@ -315,6 +366,32 @@ mod tests {
         assert!(stalled_end.chunks.is_closed(), "its stream ends there");
         followers.flush();
         assert_eq!(read(&mut read_end).concat(), b"3\n4\n");
+    }
+
+    #[test]
+    fn the_followers_of_the_whole_stream_share_one_chunk_and_a_filtered_one_gets_its_own() {
+        let mut followers = Followers::default();
+        let all = FollowFilter::default();
+        let (one, mut one_end) = queue(QUEUE);
+        let (two, mut two_end) = queue(QUEUE);
+        let (picky, mut picky_end) = queue(QUEUE);
+        followers.add(Follower::new(&all, one, []));
+        followers.add(Follower::new(&all, two, []));
+        let fork_only = FollowFilter {
+            event: Some("fork".into()),
+            ..FollowFilter::default()
+        };
+        followers.add(Follower::new(&fork_only, picky, []));
+        for pid in 1..=3 {
+            followers.offer(&setsid(pid), format!("{pid}\n").as_bytes());
+        }
+        followers.flush();
+        let (one, two) = (read(&mut one_end), read(&mut two_end));
+        assert_eq!(one, [Bytes::from_static(b"1\n2\n3\n")]);
+        assert_eq!(one, two);
+        assert_eq!(one[0].as_ptr(), two[0].as_ptr(), "one chunk, shared");
+        assert!(read(&mut picky_end).is_empty(), "no fork among them");
+        assert_eq!(one_end.queued.load(Ordering::Relaxed), 0, "taken, counted");
     }
 
     #[test]
