@@ -166,6 +166,17 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = SpawnStacks::Auto)]
     pub spawn_stacks: SpawnStacks,
 
+    /// An environment variable that names the agent session a process is for (repeatable):
+    /// the first of them in a process's environment is its session, and a process naming none
+    /// is in its spawner's. By default the agent hosts' own; `none` reads no session.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_parser = parse_session_env,
+        default_values = crate::lineage::sessions::DEFAULT_NAMES
+    )]
+    pub session_env: Vec<String>,
+
     /// Exited and reaped processes to keep in the graph for lineage and reports (ancestors of
     /// live processes are always kept).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -355,6 +366,23 @@ pub fn parse_kill_reasons(s: &str) -> Result<KillReasons, String> {
     Ok(KillReasons(out))
 }
 
+/// A `--session-env` name: a variable's name (letters, digits, `_`; not starting with a
+/// digit), or `none`.
+pub fn parse_session_env(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    let letter = |c: char| c.is_ascii_alphabetic() || c == '_';
+    let mut chars = name.chars();
+    match chars.next() {
+        Some(first) if letter(first) && chars.all(|c| letter(c) || c.is_ascii_digit()) => {
+            Ok(name.to_owned())
+        }
+        _ => Err(format!(
+            "`{s}` is not a variable's name (letters, digits and _, like AGENT_SESSION_ID), nor \
+             `none`"
+        )),
+    }
+}
+
 /// A rule's name (`orphaned`, `accumulating`, ...), as its flags carry it.
 pub fn parse_reason(s: &str) -> Result<Reason, String> {
     let rules = crate::leaks::rules::TABLE;
@@ -466,6 +494,20 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 impl Cli {
+    /// The variables that name a process's session (`--session-env`); none with
+    /// `--session-env none`.
+    pub fn session_names(&self) -> Option<Vec<Vec<u8>>> {
+        if self.session_env.iter().any(|n| n == "none") {
+            return None;
+        }
+        Some(
+            self.session_env
+                .iter()
+                .map(|n| n.as_bytes().to_vec())
+                .collect(),
+        )
+    }
+
     /// Checks what clap cannot: there is something to trace.
     pub fn validate(&self) -> Result<(), String> {
         // The options that do one thing to the host and exit.

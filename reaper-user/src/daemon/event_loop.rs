@@ -19,6 +19,7 @@ use super::command::{GatewayCommand, Stop};
 use super::follow_pidfiles;
 use super::pipeline::Pipeline;
 use super::rounds::Rounds;
+use super::session_reads::SessionReads;
 use crate::capture::loader::{KernelMaps, ReaderMarks};
 use crate::capture::poll_clock::PollClock;
 use crate::cli::Cli;
@@ -212,6 +213,7 @@ pub(super) async fn event_loop(
     shared: &RefCell<Pipeline>,
     sources: &mut Sources,
     rounds: &mut Rounds,
+    sessions: &mut SessionReads,
 ) -> Result<Stop> {
     let Sources {
         ring,
@@ -284,6 +286,7 @@ pub(super) async fn event_loop(
                 let now = Instant::now();
                 if chores.house_due_on_tick(now) {
                     keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
+                    sessions.start(&mut run)?;
                     chores.house_done();
                     flush = true;
                 }
@@ -296,6 +299,7 @@ pub(super) async fn event_loop(
             _ = &mut chores.house => {
                 let mut run = shared.borrow_mut();
                 keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
+                sessions.start(&mut run)?;
                 chores.house_done();
             }
             _ = &mut chores.scan => {
@@ -318,6 +322,7 @@ pub(super) async fn event_loop(
             _ = &mut stop_at => return Ok(Stop::Duration),
         }
         rounds.failure().context("writing output")?;
+        sessions.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).

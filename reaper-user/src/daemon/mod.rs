@@ -11,6 +11,7 @@ mod outlets;
 pub mod pipeline;
 mod rounds;
 mod servers;
+mod session_reads;
 mod worker;
 
 use std::cell::RefCell;
@@ -35,6 +36,7 @@ use crate::{
     lineage::{
         graph::LineageGraph,
         seed::{self, TrackedMap},
+        sessions::Sessions,
     },
     output::{
         Output,
@@ -89,12 +91,15 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     };
     let slow = worker::Worker::start("reaper-rounds")?;
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
+    let slow = worker::Worker::start("reaper-sessions")?;
+    let mut sessions = session_reads::SessionReads::new(tracing.run.clone(), slow);
     let stop = event_loop(
         cli,
         &mut tracing.selectors,
         &tracing.run,
         &mut tracing.sources,
         &mut rounds,
+        &mut sessions,
     )
     .await;
     // The answers and a round under way end before the close takes the run's parts (a
@@ -102,13 +107,16 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     // close).
     // Both aborted before either is awaited: an await lets the other run on.
     rounds.abort();
+    sessions.abort();
     if let Some(answers) = answers {
         answers.abort();
         let _ = answers.await;
     }
     let stopped = rounds.stop().await;
+    let read = sessions.stop().await;
     let stop = stop?;
     stopped?;
+    read?;
     close(cli, tracing, stop).await
 }
 
@@ -380,6 +388,9 @@ fn pipeline_for(
     if matches!(cli.spawn_stacks, SpawnStacks::Native | SpawnStacks::Auto) {
         let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
         run.name_spawn_sites(SpawnSites::new(stacks, interpreters));
+    }
+    if let Some(names) = cli.session_names() {
+        run.read_sessions(Sessions::new(names));
     }
     (run, kill_reports)
 }

@@ -21,15 +21,17 @@ use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
+use crate::lineage::graph::NodeId;
 use crate::lineage::graph::{Change, LineageGraph, Seed};
 use crate::lineage::seed::TrackedMap;
+use crate::lineage::sessions::{Sessions, ToRead};
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
 use crate::procfs::boottime_now;
 use crate::sites::{self, Asked, NamedSites, Naming, SpawnSites};
 use crate::stream::Stamped;
-use crate::stream::events::{Delivery, Event};
+use crate::stream::events::{Delivery, Event, ProcText, Session};
 use crate::stream::evidence::Frame;
 use crate::text::Args;
 
@@ -70,6 +72,8 @@ pub struct Pipeline {
     flagged_rss: flags::RssCache,
     /// `--spawn-stacks`: where each fork's stack was taken, named for flags.
     sites: Option<SpawnSites>,
+    /// `--session-env`: the processes whose environment is to be read for their session.
+    sessions: Option<Sessions>,
     /// Boot-time ns of the last exit record (its kernel time: no clock read per exit).
     last_exit: u64,
     /// Boot-time ns the run started at.
@@ -101,6 +105,7 @@ impl Pipeline {
             out,
             flagged_rss: flags::RssCache::default(),
             sites: None,
+            sessions: None,
             last_exit: boottime_now(),
             started: boottime_now(),
             judged: None,
@@ -110,6 +115,42 @@ impl Pipeline {
     /// Names the code that spawned each flagged process (`--spawn-stacks`).
     pub fn name_spawn_sites(&mut self, sites: SpawnSites) {
         self.sites = Some(sites);
+    }
+
+    /// Reads which agent session each process is in (`--session-env`).
+    pub fn read_sessions(&mut self, sessions: Sessions) {
+        self.sessions = Some(sessions);
+    }
+
+    /// The environments waiting to be read for their session, for the slow side.
+    pub fn sessions_to_read(&mut self) -> Result<Option<ToRead>> {
+        let Some(sessions) = self.sessions.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(note) = sessions.take_note() {
+            self.out.note(&note)?;
+        }
+        Ok(self.sessions.as_mut().and_then(Sessions::take))
+    }
+
+    /// The sessions the slow side found (`found`: each process and the value its environment
+    /// names): kept by the graph, and a `session` event written where one begins.
+    pub fn sessions_read(&mut self, found: Vec<(NodeId, Vec<u8>)>) -> Result<()> {
+        let now = boottime_now();
+        for (id, value) in found {
+            if !self.graph.set_session(id, &value) {
+                continue;
+            }
+            let Some(pid) = self.graph.node(id).map(|n| n.pid) else {
+                continue;
+            };
+            let event = Event::Session(Session {
+                pid,
+                session: ProcText::new("session", value.as_slice()),
+            });
+            self.out.event(now, &event)?;
+        }
+        Ok(())
     }
 
     /// What a record's change means for spawn sites (see [`SpawnSites::on_change`]):
@@ -189,6 +230,9 @@ impl Pipeline {
             return Ok(());
         };
         let change = self.graph.apply(&ev);
+        if let Some(sessions) = self.sessions.as_mut() {
+            sessions.on_change(&self.graph, &change);
+        }
         let interpreter = self.spawn_sites(&change, &ev)?;
         self.upkeep.on_change(&self.graph, &change, ev.pid);
         let gateway = self.gateways.on_change(&self.graph, &change, ev.ts);
@@ -244,6 +288,9 @@ impl Pipeline {
             let pid = seed.pid;
             let (id, new) = self.graph.add_seed(seed);
             if new {
+                if let Some(sessions) = self.sessions.as_mut() {
+                    sessions.note(&self.graph, id);
+                }
                 if let Some(sites) = self.sites.as_mut() {
                     let seen = sites.found(id, pid, sites::program_of(pid));
                     self.tell(&seen.notes)?;

@@ -8,7 +8,7 @@ use crate::procfs::facts::{FdKind, read_rss_kib};
 use crate::procfs::sockets::SocketKind;
 use crate::stream::events::{
     Ancestor, Argv, Cleared, Event, ExecutableLeaks, Flag, KindEvidence, LeakDetail, LeakSummary,
-    Peer, PipeInfo, ProcText, ProcessLabel, SpawningThread,
+    Peer, PipeInfo, ProcText, ProcessLabel, SessionEvidence, SpawningThread,
 };
 use crate::stream::evidence::{PEERS_LISTED, PIPES_LISTED};
 
@@ -101,12 +101,27 @@ pub fn detail_named(
         comm: ProcText::new("comm", comm),
         argv: Argv::new(node.argv.clone()),
         thread: SpawningThread::of(node.spawning_thread),
+        session: session_evidence(graph, node),
         kind: None,
         instances: None,
         newest: None,
         spawned_at: Default::default(),
         spawned_at_truncated: false,
     }
+}
+
+/// The agent session `node` is in, when it is in one: where it begins, and its owner's exit
+/// once it ended (the owner named only when it is not `node` itself: see
+/// `graph::session`).
+pub fn session_evidence(graph: &LineageGraph, node: &Node) -> Option<SessionEvidence> {
+    let session = graph.session_of(node.id)?;
+    let owner = graph.session_owner(&session).filter(|o| o.id != node.id);
+    Some(SessionEvidence {
+        id: ProcText::new("id", session.value.clone()),
+        begins: graph.node(session.top).map_or(0, |n| n.pid),
+        owner: owner.map(|o| o.pid),
+        ended: owner.and_then(|o| o.exited).map(|e| e.ts),
+    })
 }
 
 /// The pipes, sockets and terminals evidence `e` found, the first [`PIPES_LISTED`] each with

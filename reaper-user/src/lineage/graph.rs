@@ -65,6 +65,9 @@ pub struct Node {
     pub seeded: bool,
     /// Called setsid() since it was first seen.
     pub called_setsid: bool,
+    /// The agent session that begins here (`--session-env`): its environment names it, and
+    /// its spawner is in another or none (see [`session`]).
+    pub session: Option<Rc<[u8]>>,
     /// Part of the graph after an event loss, until re-verified from /proc.
     pub uncertain: bool,
     /// Live processes whose real parent this is (to know, at its exit, who is orphaned).
@@ -327,6 +330,7 @@ impl LineageGraph {
             is_gateway: false,
             seeded: false,
             called_setsid: false,
+            session: None,
             uncertain: false,
             real_children: HashSet::default(),
             spawned: 0,
@@ -515,6 +519,7 @@ mod change;
 mod events;
 mod pids;
 pub mod saved;
+pub mod session;
 pub mod slab;
 #[cfg(test)]
 pub mod testing;

@@ -4,4 +4,5 @@
 //! ([`upkeep`]).
 pub mod graph;
 pub mod seed;
+pub mod sessions;
 pub mod upkeep;

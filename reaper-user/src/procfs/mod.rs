@@ -2,6 +2,7 @@
 //! reaper-trace's own view (its mounts, the kernel release).
 //!
 //! A process can vanish between any two reads; callers treat `Err` as "gone", never as fatal.
+pub mod environ;
 pub mod facts;
 pub mod placement;
 pub mod sockets;

@@ -29,6 +29,7 @@ fn node(pid: u32) -> SavedNode {
         is_gateway: true,
         seeded: false,
         called_setsid: false,
+        session: None,
         native_stack: None,
         python_stack: None,
     }

@@ -18,14 +18,14 @@ use super::kinds::{Readable, lifecycle, other};
 
 pub use super::evidence::{
     Ancestor, ExecutableLeaks, KindEvidence, LeakDetail, LeakSummary, Peer, PipeInfo, ProcessLabel,
-    SpawningThread,
+    SessionEvidence, SpawningThread,
 };
 
 mod findings;
 mod process;
 mod run;
 pub use findings::{Check, Cleared, Flag, Kill, LeakedProcess};
-pub use process::{Exec, Exit, Fork, Reaped, Reparent, Setsid, Snapshot};
+pub use process::{Exec, Exit, Fork, Reaped, Reparent, Session, Setsid, Snapshot};
 pub use run::{
     AliveProcess, Delivery, Gateway, Latency, Lost, Name, Note, Ready, Resumed, StopCommand,
     Summary,
@@ -136,6 +136,7 @@ events! {
     Reaped(Reaped) = lifecycle("reaped", Lifecycle::Reaped);
     Setsid(Setsid) = lifecycle("setsid", Lifecycle::Setsid);
     Reparent(Reparent) = lifecycle("reparent", Lifecycle::Reparent);
+    Session(Session) = other("session", false);
     // A loss, a flag raised or cleared, a kill step, the verdict and the summary are findings.
     Lost(Lost) = other("lost", true);
     /// Boxed: the biggest event by far, written once, would otherwise make every event as
@@ -162,6 +163,7 @@ impl Event {
             Event::Reaped(e) => e.pid,
             Event::Setsid(e) => e.pid,
             Event::Reparent(e) => e.pid,
+            Event::Session(e) => e.pid,
             Event::Flag(e) => e.pid,
             Event::Kill(e) => e.pid,
             Event::Cleared(e) => e.pid,

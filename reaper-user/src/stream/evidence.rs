@@ -123,6 +123,25 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// The agent session a process is in (`--session-env`), as its flag, `why` and `sessions`
+/// name it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionEvidence {
+    /// The session's value (`id`, with an `id_b64` twin when it is not UTF-8).
+    #[serde(flatten, deserialize_with = "ProcText::read_id")]
+    pub id: ProcText,
+    /// The process where it begins: the highest on the spawn chain whose environment names it.
+    pub begins: u32,
+    /// The process whose exit ends it, where that end is seen apart from the process's own (a
+    /// per-session process above it); absent when it is a server whose own session it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<u32>,
+    /// Boot-time ns its owner exited: the session ended then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<u64>,
+}
+
 /// What a leak flag carries besides its reason.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -157,6 +176,9 @@ pub struct LeakDetail {
     /// The thread of its spawner that forked it, when not the spawner's main thread.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread: Option<SpawningThread>,
+    /// The agent session it is in (`--session-env`), when it is in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionEvidence>,
     /// For `accumulating`: the kind of which it is one instance too many.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<KindEvidence>,

@@ -119,6 +119,8 @@ impl ProcText {
     read_named!(read_comm, "comm", "comm_b64");
     read_named!(read_filename, "filename", "filename_b64");
     read_named!(read_executable, "executable", "executable_b64");
+    read_named!(read_session, "session", "session_b64");
+    read_named!(read_id, "id", "id_b64");
 }
 
 /// A `comm`, the name most events carry; a field of another name reads with

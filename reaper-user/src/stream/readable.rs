@@ -106,6 +106,12 @@ pub fn evidence_text(out: &mut String, detail: &LeakDetail) {
             out.push_str(&format!(" of pod {}", escape_for_terminal(pod.as_bytes())));
         }
     }
+    if let Some(session) = &detail.session {
+        out.push_str(&format!("; in session {}", session.id.for_terminal()));
+        if session.begins != detail.lineage.last().copied().unwrap_or(0) {
+            out.push_str(&format!(" (begins at {})", session.begins));
+        }
+    }
     if let Some(chain) = chain_text(&detail.chain) {
         out.push_str("; ");
         out.push_str(&chain);

@@ -6,7 +6,7 @@
 /// (a few hundred bytes to a few KiB; `status` of a process in many groups is the longest).
 pub const PROC_TEXT: usize = 64 * 1024;
 
-/// `cmdline` (and `environ`, once read): the kernel takes up to a quarter of the stack limit
+/// `cmdline` and `environ`: the kernel takes up to a quarter of the stack limit
 /// for them (2 MiB by default, 6 MiB at most); the arguments reaper-trace shows sit at their
 /// start.
 pub const ARGS: usize = 256 * 1024;

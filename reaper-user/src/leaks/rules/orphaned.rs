@@ -4,6 +4,13 @@
 //! agent was SIGKILLed, every server of a Node host that was killed). The rule waits on each
 //! break ([`Breaks`]): from when the exit let go of its files, for the grace, then asks the
 //! inspector for one look.
+//!
+//! Where its agent session has an owner above it (a per-session process whose exit ends the
+//! session, see `graph::session`), a break inside the running session is no leak (a double
+//! fork's middle process exiting, a wrapper gone): the break is the owner's exit, the end of
+//! the session, and the flag names it. Without one (no session variable, or a server that a
+//! gateway started with the value, whose session is its own) the rule is the chain's, as
+//! above.
 use std::time::Duration;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -60,7 +67,7 @@ impl Breaks {
     /// (counted once the exit let go of its files: until then the other ends the spawner
     /// held still poll open) and that look was not taken yet.
     pub fn due(&mut self, graph: &LineageGraph, node: &Node, now: u64, grace: u64) -> bool {
-        let Some(gone) = graph.exited_spawner(node.id) else {
+        let Some(gone) = break_of(graph, node) else {
             self.broken.remove(&node.id);
             return false;
         };
@@ -101,6 +108,18 @@ impl Breaks {
     }
 }
 
+/// Where `node`'s spawn chain counts as broken for this rule, once it is: the exit of its
+/// session's owner, where one is seen above it (nothing before: a break inside a running
+/// session is no leak); else the nearest exited process on its chain.
+fn break_of<'g>(graph: &'g LineageGraph, node: &Node) -> Option<&'g Node> {
+    let session = graph.session_of(node.id);
+    let owner = session.and_then(|s| graph.session_owner(&s).filter(|o| o.id != node.id));
+    match owner {
+        Some(owner) => owner.exited.is_some().then_some(owner),
+        None => graph.exited_spawner(node.id),
+    }
+}
+
 /// Whether the exited spawner `gone` has let go of the channels it held, so that its orphans
 /// are judged on what is left.
 fn exit_settled(gone: &Node, now: u64) -> bool {
@@ -109,9 +128,23 @@ fn exit_settled(gone: &Node, now: u64) -> bool {
     gone.process().exit_settled() || now.saturating_sub(exited) >= cap
 }
 
-/// The nearest member of its chain that exited, and when.
+/// The end of its session, when it was judged by it; else the nearest member of its chain
+/// that exited, and when.
 fn why(w: &Why) -> String {
     let detail = w.detail;
+    if let Some(session) = &detail.session
+        && let (Some(owner), Some(ended)) = (session.owner, session.ended)
+    {
+        let owner = match detail.ancestors.iter().find(|a| a.process.pid == owner) {
+            Some(a) => who(owner, &a.process.comm, &a.process.argv),
+            None => owner.to_string(),
+        };
+        return format!(
+            "its session {} ended {} ago (its owner {owner} exited)",
+            session.id.for_terminal(),
+            human_duration(w.ts.saturating_sub(ended))
+        );
+    }
     detail
         .ancestors
         .iter()

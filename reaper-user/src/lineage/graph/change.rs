@@ -239,6 +239,11 @@ impl LineageGraph {
                     self.reparent(id, r.new_ppid);
                 }
             }
+            Event::Session(s) => {
+                if let Some(id) = self.current(s.pid).map(|n| n.id) {
+                    self.set_session(id, s.session.bytes());
+                }
+            }
             // The run's own lines and the findings: not the lineage's.
             Event::Ready(_)
             | Event::Lost(_)

@@ -58,6 +58,9 @@ pub struct SavedNode {
     pub is_gateway: bool,
     pub seeded: bool,
     pub called_setsid: bool,
+    /// The agent session that begins at it (see `graph::session`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<Bytes>,
     /// The keys of the stacks it was spawned at (`--spawn-stacks`), in the pinned stores:
     /// native, and its spawner's Python frames.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,6 +151,7 @@ impl LineageGraph {
                 is_gateway: n.is_gateway,
                 seeded: n.seeded,
                 called_setsid: n.called_setsid,
+                session: n.session.as_deref().map(Bytes::from),
                 native_stack: n.spawn_stack.native,
                 python_stack: n.spawn_stack.python,
             })
@@ -213,6 +217,7 @@ impl LineageGraph {
             node.is_gateway = s.is_gateway;
             node.seeded = s.seeded;
             node.called_setsid = s.called_setsid;
+            node.session = s.session.as_ref().map(|v| v.0.as_slice().into());
             node.spawn_stack = SpawnStack {
                 native: s.native_stack,
                 python: s.python_stack,

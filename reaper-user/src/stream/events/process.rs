@@ -91,6 +91,17 @@ pub struct Setsid {
     pub sid: u32,
 }
 
+/// An agent session begins at a process (`--session-env`): its environment names a session
+/// that its spawner is not in. Every process it spawns is in it, unless it names another.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Session {
+    pub pid: u32,
+    /// The session's value, as the variable gives it (cut at 256 bytes).
+    #[serde(flatten, deserialize_with = "ProcText::read_session")]
+    pub session: ProcText,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Reparent {
@@ -169,6 +180,16 @@ impl Readable for Reaped {
 impl Readable for Setsid {
     fn readable(&self, _: u64) -> String {
         format!("setsid   {} now leads session {}", self.pid, self.sid)
+    }
+}
+
+impl Readable for Session {
+    fn readable(&self, _: u64) -> String {
+        format!(
+            "session  {} begins session {}",
+            self.pid,
+            self.session.for_terminal()
+        )
     }
 }
 

@@ -236,6 +236,11 @@ fn one_of_each() -> Vec<Event> {
         }
         .into(),
         Setsid { pid: 4, sid: 4 }.into(),
+        Session {
+            pid: 4,
+            session: ProcText::new("session", &b"sess\xff\n\x1b[31m"[..]),
+        }
+        .into(),
         Reparent {
             pid: 4,
             old_ppid: 3,
@@ -256,8 +261,17 @@ fn one_of_each() -> Vec<Event> {
         Flag {
             pid: 4,
             reason: Reason::Orphaned,
+            since: 1,
             idle_secs: Some(1.5),
-            ..Default::default()
+            detail: Box::new(LeakDetail {
+                session: Some(SessionEvidence {
+                    id: ProcText::new("id", &b"s\xff"[..]),
+                    begins: 3,
+                    owner: Some(2),
+                    ended: Some(9),
+                }),
+                ..Default::default()
+            }),
         }
         .into(),
         Kill {

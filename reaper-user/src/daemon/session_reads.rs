@@ -1,0 +1,79 @@
+//! Reading which agent session each process is in (`--session-env`), a task beside the event
+//! loop: the housekeeping starts one when environments wait to be read and none is under way;
+//! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
+//! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
+//! or a `why` never wait behind a storm's execs, nor these behind them.
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use anyhow::Result;
+use tokio::task::JoinHandle;
+
+use super::pipeline::Pipeline;
+use super::worker::Worker;
+
+/// The session reads of a run: at most one under way.
+pub(super) struct SessionReads {
+    run: Rc<RefCell<Pipeline>>,
+    slow: Rc<Worker>,
+    under_way: Option<JoinHandle<()>>,
+    /// A read's failure (writing its lines), for the event loop to end the run with.
+    failed: Rc<Cell<Option<anyhow::Error>>>,
+}
+
+impl SessionReads {
+    pub(super) fn new(run: Rc<RefCell<Pipeline>>, slow: Worker) -> SessionReads {
+        SessionReads {
+            run,
+            slow: Rc::new(slow),
+            under_way: None,
+            failed: Rc::default(),
+        }
+    }
+
+    /// Starts reading what waits in `run`, unless a read is under way (what waits then waits
+    /// for the next housekeeping).
+    pub(super) fn start(&mut self, run: &mut Pipeline) -> Result<()> {
+        if self.under_way.as_ref().is_some_and(|r| !r.is_finished()) {
+            return Ok(());
+        }
+        let Some(to_read) = run.sessions_to_read()? else {
+            return Ok(());
+        };
+        let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
+        self.under_way = Some(tokio::task::spawn_local(async move {
+            let found = slow.run(move |_| to_read.read()).await;
+            if let Some(found) = found
+                && let Err(e) = shared.borrow_mut().sessions_read(found)
+            {
+                failed.set(Some(e));
+            }
+        }));
+        Ok(())
+    }
+
+    /// A read's failure, once.
+    pub(super) fn failure(&self) -> Result<()> {
+        match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the read under way (see [`SessionReads::stop`]); awaited by `stop`.
+    pub(super) fn abort(&self) {
+        if let Some(read) = &self.under_way {
+            read.abort();
+        }
+    }
+
+    /// Ends the read under way where it is: the run stopped (what it would have found is left
+    /// unread), and lets go of the run.
+    pub(super) async fn stop(mut self) -> Result<()> {
+        if let Some(read) = self.under_way.take() {
+            read.abort();
+            let _ = read.await;
+        }
+        self.failure()
+    }
+}

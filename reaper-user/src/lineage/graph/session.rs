@@ -1,0 +1,218 @@
+//! Which agent session a process belongs to (`--session-env`), by the lineage. A process's
+//! session is the value of the first session variable in the environment its last exec gave
+//! it; without one of its own (it scrubbed its environment, `env -i`, a wrapper that drops
+//! variables) it is its spawner's, however it escaped (`setsid`, a double fork, a reparent),
+//! up to its gateway. The graph keeps a value only where a session begins: on a process whose
+//! environment names another value than its spawner's session ([`LineageGraph::set_session`]);
+//! every other process's is found walking up its spawner edges ([`LineageGraph::session_of`]).
+//! A value read from a process's environment is never a guess from /proc: which process is
+//! in which session is decided by the exact lineage alone.
+//!
+//! A session's **owner** is the process whose exit ends it, where one is seen
+//! ([`LineageGraph::session_owner`]). Let `top` be the process where the session begins:
+//! - its spawner put the value into its environment and has no session itself (a per-session
+//!   process that starts its servers with the value, as claude-code's CLI does): that spawner
+//!   owns it, unless it is a gateway;
+//! - else `top` owns it (a per-session process started with the value in its own environment,
+//!   which its servers inherit; or a server that a gateway started with the value: then the
+//!   server owns its own session, and no end is seen apart from its own, see `leaks`).
+//!
+//! A double fork or `( cmd & )` inside a running session ends nothing: the owner is above it.
+use std::rc::Rc;
+
+use super::{LineageGraph, Node, NodeId};
+
+/// A session's value, as long as a process's environment may give it; the rest is cut.
+pub const SESSION_MAX: usize = 256;
+
+/// The session a process is in: its value, and the process where it begins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionOf {
+    pub value: Rc<[u8]>,
+    /// The process where it begins (the nearest on the spawn chain, itself included, whose
+    /// environment names it).
+    pub top: NodeId,
+}
+
+impl LineageGraph {
+    /// Process `id`'s environment names session `value` (cut at [`SESSION_MAX`]): kept when
+    /// it is not the session `id` is in already (a session begins there, or one inside
+    /// another). Returns whether it was kept.
+    pub fn set_session(&mut self, id: NodeId, value: &[u8]) -> bool {
+        let value = &value[..value.len().min(SESSION_MAX)];
+        let inherited = self
+            .nodes
+            .get(id)
+            .and_then(|n| n.spawner.filter(|_| !n.is_gateway))
+            .and_then(|spawner| self.session_of(spawner));
+        if inherited.is_some_and(|s| &*s.value == value) {
+            if let Some(node) = self.nodes.get_mut(id) {
+                node.session = None;
+            }
+            return false;
+        }
+        match self.nodes.get_mut(id) {
+            Some(node) => {
+                node.session = Some(value.into());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The session process `id` is in: its own, or the nearest one up its spawn chain (to
+    /// its gateway, included). It begins at the highest process of the chain that names that
+    /// value with no other value between (a value read late, after a child's, is the same
+    /// session as the child's).
+    pub fn session_of(&self, id: NodeId) -> Option<SessionOf> {
+        let mut found: Option<SessionOf> = None;
+        let mut at = self.nodes.get(id)?;
+        // Bounded like `chain`: a malformed cycle must not hang a walk.
+        for _ in 0..=self.nodes.len() {
+            match (&at.session, &found) {
+                (Some(value), None) => {
+                    found = Some(SessionOf {
+                        value: value.clone(),
+                        top: at.id,
+                    })
+                }
+                (Some(value), Some(s)) if *value == s.value => {
+                    found = Some(SessionOf {
+                        value: value.clone(),
+                        top: at.id,
+                    })
+                }
+                (Some(_), Some(_)) => break,
+                (None, _) => {}
+            }
+            if at.is_gateway {
+                break;
+            }
+            match at.spawner.and_then(|s| self.nodes.get(s)) {
+                Some(spawner) => at = spawner,
+                None => break,
+            }
+        }
+        found
+    }
+
+    /// The process whose exit ends the session `session` (see the module documentation).
+    pub fn session_owner(&self, session: &SessionOf) -> Option<&Node> {
+        let top = self.nodes.get(session.top)?;
+        let spawner = top
+            .spawner
+            .filter(|_| !top.is_gateway)
+            .and_then(|s| self.nodes.get(s));
+        match spawner {
+            Some(p) if !p.is_gateway && self.session_of(p.id).is_none() => Some(p),
+            _ => Some(top),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::decode::What;
+    use crate::lineage::graph::testing::{fork, gateway, record};
+
+    const GW: u32 = 100;
+
+    /// The node of live pid `pid`.
+    fn id(g: &LineageGraph, pid: u32) -> NodeId {
+        g.current(pid).unwrap().id
+    }
+
+    /// A gateway (100) and processes forked by `(pid, spawner)`, in order.
+    fn tree(forks: &[(u32, u32)]) -> LineageGraph {
+        let mut g = LineageGraph::new(100);
+        g.add_seed(gateway(GW));
+        for (at, &(pid, spawner)) in forks.iter().enumerate() {
+            record(
+                &mut g,
+                at as u64 + 1,
+                (pid, 5_000 + u64::from(pid)),
+                fork(spawner),
+            );
+        }
+        g
+    }
+
+    fn session(g: &LineageGraph, pid: u32) -> Option<String> {
+        let s = g.session_of(id(g, pid))?;
+        Some(String::from_utf8_lossy(&s.value).into_owned())
+    }
+
+    fn owner(g: &LineageGraph, pid: u32) -> Option<u32> {
+        let s = g.session_of(id(g, pid))?;
+        g.session_owner(&s).map(|n| n.pid)
+    }
+
+    #[test]
+    fn a_process_without_a_value_of_its_own_is_in_its_spawners_session_however_it_escaped() {
+        // 200 names A; 201 (its child, scrubbed: env -i) and 202 (a double fork's grandchild,
+        // reparented to init) name nothing: both are in A, by the lineage.
+        let mut g = tree(&[(200, GW), (201, 200), (202, 201)]);
+        assert!(g.set_session(id(&g, 200), b"A"));
+        record(&mut g, 10, (201, 5_201), What::Exit { status: 0 });
+        g.reparent(id(&g, 202), 1);
+        assert_eq!(session(&g, 201).as_deref(), Some("A"));
+        assert_eq!(session(&g, 202).as_deref(), Some("A"));
+        assert_eq!(session(&g, GW), None, "the gateway's is its own");
+        assert!(
+            !g.set_session(id(&g, 202), b"A"),
+            "the same value begins nothing"
+        );
+    }
+
+    #[test]
+    fn a_process_naming_another_value_begins_a_session_inside_the_first() {
+        let mut g = tree(&[(200, GW), (201, 200), (202, 201)]);
+        g.set_session(id(&g, 200), b"A");
+        assert!(g.set_session(id(&g, 201), b"B"));
+        assert_eq!(session(&g, 202).as_deref(), Some("B"));
+        assert_eq!(session(&g, 200).as_deref(), Some("A"));
+    }
+
+    #[test]
+    fn the_owner_is_the_per_session_process_above_the_servers_or_the_server_itself() {
+        // (a) 200, a per-session process without a value, starts 201 and 202 with A: 200
+        // owns A. (b) 300 is started with B and its server 301 inherits: 300 owns B. (c) the
+        // gateway starts 400 with C: 400 owns C itself.
+        let mut g = tree(&[
+            (200, GW),
+            (201, 200),
+            (202, 200),
+            (300, GW),
+            (301, 300),
+            (400, GW),
+        ]);
+        g.set_session(id(&g, 201), b"A");
+        g.set_session(id(&g, 202), b"A");
+        g.set_session(id(&g, 300), b"B");
+        g.set_session(id(&g, 400), b"C");
+        assert_eq!(owner(&g, 201), Some(200));
+        assert_eq!(owner(&g, 202), Some(200));
+        assert_eq!(owner(&g, 301), Some(300));
+        assert_eq!(owner(&g, 400), Some(400));
+        assert_eq!(owner(&g, 200), None, "200 is in no session");
+    }
+
+    #[test]
+    fn a_value_read_after_a_childs_is_still_the_session_its_child_is_in() {
+        // 300 is started with B, its server 301 too; 301's environment is read first.
+        let mut g = tree(&[(300, GW), (301, 300)]);
+        assert!(g.set_session(id(&g, 301), b"B"));
+        assert!(g.set_session(id(&g, 300), b"B"));
+        let s = g.session_of(id(&g, 301)).unwrap();
+        assert_eq!(s.top, id(&g, 300));
+        assert_eq!(owner(&g, 301), Some(300));
+    }
+
+    #[test]
+    fn a_value_is_cut_at_its_cap() {
+        let mut g = tree(&[(200, GW)]);
+        g.set_session(id(&g, 200), &[b'x'; 100 * 1024]);
+        assert_eq!(g.session_of(id(&g, 200)).unwrap().value.len(), SESSION_MAX);
+    }
+}

@@ -1,0 +1,122 @@
+//! Which agent session each process is in, read (`--session-env`; see `graph::session` for
+//! what a session is): the environment its last exec gave it, read from /proc on the slow
+//! side, never on the ring's reader. The reader only notes each exec (and each process found
+//! in /proc at start-up) here; the housekeeping hands what waits to a thread of the slow
+//! side ([`Sessions::take`]), which reads each environment as hostile input (capped, its
+//! identity checked after the read, so a pid reused meanwhile is not read for it) and gives
+//! back the values found, which the graph keeps ([`LineageGraph::set_session`]).
+//!
+//! A process gone before its read (a wrapper that exec'd on, a short-lived one) names nothing:
+//! it is in its spawner's session, as one that named none, and what it spawned names its own.
+use std::sync::Arc;
+
+use super::graph::session::SESSION_MAX;
+use super::graph::{Change, LineageGraph, NodeId};
+use crate::identity::ProcessId;
+use crate::procfs::environ;
+
+/// The variables hosts set to say which session a child is for (`--session-env`'s default),
+/// the first one found in a process's environment naming its session.
+pub const DEFAULT_NAMES: [&str; 6] = [
+    "AGENT_SESSION_ID",
+    "CLAUDE_CODE_SESSION_ID",
+    "OPENCLAW_SESSION_ID",
+    "VK_SESSION_ID",
+    "HERMES_SESSION_ID",
+    "RUNNER_TRACKING_ID",
+];
+
+/// Processes whose environment waits to be read: past this, an exec is not read (counted),
+/// and its process is in its spawner's session.
+const WAITING: usize = 8192;
+
+/// The processes whose environment is to be read.
+pub struct Sessions {
+    names: Arc<[Vec<u8>]>,
+    waiting: Vec<(NodeId, ProcessId)>,
+    /// Execs not read: the queue was full.
+    unread: u64,
+    /// Whether that was said.
+    said: bool,
+}
+
+/// What one read of the slow side is to read.
+pub struct ToRead {
+    names: Arc<[Vec<u8>]>,
+    each: Vec<(NodeId, ProcessId)>,
+}
+
+impl Sessions {
+    /// Reads the variables `names`, each naming a session.
+    pub fn new(names: Vec<Vec<u8>>) -> Sessions {
+        Sessions {
+            names: names.into(),
+            waiting: Vec::new(),
+            unread: 0,
+            said: false,
+        }
+    }
+
+    /// A record's change: an exec gave its process a new environment, to be read.
+    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change) {
+        if let Change::Execed { node, .. } = *change {
+            self.note(graph, node);
+        }
+    }
+
+    /// Process `id` (found in /proc, or exec'd) is to be read.
+    pub fn note(&mut self, graph: &LineageGraph, id: NodeId) {
+        let Some(node) = graph.node(id) else {
+            return;
+        };
+        if self.waiting.len() >= WAITING {
+            self.unread += 1;
+            return;
+        }
+        self.waiting.push((id, node.process()));
+    }
+
+    /// What waits to be read, for the slow side; none when nothing does.
+    pub fn take(&mut self) -> Option<ToRead> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        Some(ToRead {
+            names: self.names.clone(),
+            each: std::mem::take(&mut self.waiting),
+        })
+    }
+
+    /// What the operator is to know, once: execs whose environment was not read (the queue
+    /// was full).
+    pub fn take_note(&mut self) -> Option<String> {
+        if self.unread == 0 || self.said {
+            return None;
+        }
+        self.said = true;
+        Some(format!(
+            "session reads fell behind a storm of execs: {} environments were not read (and \
+             more may not be; each such process is in its spawner's session); said once",
+            self.unread
+        ))
+    }
+}
+
+impl ToRead {
+    /// Reads each environment (the slow side's work): the value each process's names, for
+    /// those that name one and were still the process asked about after the read.
+    pub fn read(self) -> Vec<(NodeId, Vec<u8>)> {
+        self.each
+            .into_iter()
+            .filter_map(|(id, process)| {
+                let environ = environ::read_environ(process.pid).ok()?;
+                let value = environ::first_of(&environ, &self.names)?;
+                let value = value[..value.len().min(SESSION_MAX)].to_vec();
+                // Still the process asked about after the read: the read was of it (a pid is
+                // not reused while its process lives).
+                process.still_same()?;
+                Some((id, value))
+            })
+            .collect()
+    }
+}
