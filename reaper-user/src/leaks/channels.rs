@@ -158,11 +158,14 @@ pub fn outermost<'a>(
         let Some(up) = node.spawner.and_then(|s| graph.node(s)) else {
             break;
         };
+        if !up.alive() || up.is_gateway {
+            break;
+        }
         let shares = match (fds_of(at), fds_of(up.id)) {
             (Some(mine), Some(theirs)) => share_an_end(mine, theirs),
             _ => false, // one of them not looked at yet
         };
-        if !up.alive() || up.is_gateway || !shares {
+        if !shares {
             break;
         }
         at = up.id;

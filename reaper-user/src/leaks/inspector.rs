@@ -245,11 +245,10 @@ impl Inspector {
         channels::outermost(graph, id, fds_of)
     }
 
-    /// `id`'s kind and its live instances now, as an `accumulating` flag would give them.
-    pub fn crowd_of(&mut self, graph: &LineageGraph, id: NodeId) -> Option<Crowd> {
-        let servers = self.servers(graph);
-        let watched = Looked(&self.watches, &self.held);
-        self.crowds.crowd_of(graph, &servers, id, &watched)
+    /// `id`'s kind and its live instances at the last count, as an `accumulating` flag would
+    /// give them (the count is a round's: a `why` of one process does not count them all).
+    pub fn crowd_of(&self, graph: &LineageGraph, id: NodeId) -> Option<Crowd> {
+        self.crowds.crowd_of(self.outermost(graph, id))
     }
 
     /// One round at boot-time `now`, all its steps taken here (see [`Round`]): samples what
@@ -391,8 +390,11 @@ impl Inspector {
             .into_values()
             .map(|mut members| {
                 // Outermost first, then down the chain. (Not by id: seeded processes get
-                // theirs in /proc order, where a child can come before its parent.)
-                members.sort_by_cached_key(|id| (graph.chain(*id).len(), *id));
+                // theirs in /proc order, where a child can come before its parent.) Most
+                // servers are one process: nothing to sort.
+                if members.len() > 1 {
+                    members.sort_by_cached_key(|id| (graph.chain(*id).len(), *id));
+                }
                 members
             })
             .collect()

@@ -28,7 +28,7 @@ pub const DEFAULT_NAMES: [&str; 6] = [
 
 /// Processes whose environment waits to be read: past this, an exec is not read (counted),
 /// and its process is in its spawner's session.
-const WAITING: usize = 8192;
+const WAITING: usize = 32_768;
 
 /// The processes whose environment is to be read.
 pub struct Sessions {

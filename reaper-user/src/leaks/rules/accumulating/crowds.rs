@@ -33,6 +33,9 @@ pub struct Crowds {
     due: Option<u64>,
     /// The kinds with the most instances at the last count, taken by the next metrics update.
     census: Option<Vec<(String, u64)>>,
+    /// Each instance's kind and count at the last count, by its outermost process (a `why`
+    /// names them).
+    counted: HashMap<NodeId, Rc<Crowd>>,
 }
 
 /// What the inspector knows of a server's outermost process that the count needs.
@@ -94,6 +97,18 @@ impl Crowds {
             .collect();
         let groups = groups(instances);
         self.census = Some(census(&groups, CENSUS_KINDS));
+        self.counted.clear();
+        for g in &groups {
+            let crowd = Rc::new(Crowd {
+                exe: g.kind().exe().into(),
+                pattern: g.pattern(),
+                instances: g.members.len(),
+                newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
+            });
+            for i in &g.members {
+                self.counted.insert(i.node, crowd.clone());
+            }
+        }
         // Each instance past the limit, and since when: since the instance `max` places
         // younger started (from then on it was not one of the newest `max`).
         let mut over: HashMap<NodeId, u64> = HashMap::default();
@@ -156,31 +171,12 @@ impl Crowds {
         verdict
     }
 
-    /// What an `accumulating` flag would say of `id`'s kind now: its server's kind under
-    /// its gateway instance, and how many live instances it has. None for a process that is
-    /// no instance yet (not looked at, or outside any gateway's lineage).
-    pub fn crowd_of(
-        &mut self,
-        graph: &LineageGraph,
-        servers: &[Vec<NodeId>],
-        id: NodeId,
-        watched: &impl Watched,
-    ) -> Option<Crowd> {
-        let top = servers.iter().find(|s| s.contains(&id))?[0];
-        let instances: Vec<Instance> = servers
-            .iter()
-            .filter_map(|s| self.instance(graph, s[0], watched))
-            .collect();
-        let groups = groups(instances);
-        let g = groups
-            .iter()
-            .find(|g| g.members.iter().any(|i| i.node == top))?;
-        Some(Crowd {
-            exe: g.kind().exe().into(),
-            pattern: g.pattern(),
-            instances: g.members.len(),
-            newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
-        })
+    /// What an `accumulating` flag would say of the kind of the server whose outermost process
+    /// is `top`, at the last count: its kind under its gateway instance, and how many live
+    /// instances it had. None for a process that was no instance then (not looked at, or
+    /// outside any gateway's lineage).
+    pub fn crowd_of(&self, top: NodeId) -> Option<Crowd> {
+        self.counted.get(&top).map(|c| (**c).clone())
     }
 
     /// `top` as an instance of its kind, once its server is known: it and its spawner were
