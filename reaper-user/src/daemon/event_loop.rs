@@ -286,7 +286,6 @@ pub(super) async fn event_loop(
                 let now = Instant::now();
                 if chores.house_due_on_tick(now) {
                     keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
-                    sessions.start(&mut run)?;
                     chores.house_done();
                     flush = true;
                 }
@@ -299,7 +298,6 @@ pub(super) async fn event_loop(
             _ = &mut chores.house => {
                 let mut run = shared.borrow_mut();
                 keep_house(cli, selectors, &mut run, ring.get_mut(), kernel, checkpoints)?;
-                sessions.start(&mut run)?;
                 chores.house_done();
             }
             _ = &mut chores.scan => {
@@ -324,6 +322,9 @@ pub(super) async fn event_loop(
         rounds.failure().context("writing output")?;
         sessions.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
+        // The execs this turn took in have their environments read at once: a per-session
+        // process may not live long.
+        sessions.start(&mut run)?;
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).
         if run.round_ready() {

@@ -1,5 +1,6 @@
 //! Reading which agent session each process is in (`--session-env`), a task beside the event
-//! loop: the housekeeping starts one when environments wait to be read and none is under way;
+//! loop: the event loop starts one at the end of a turn when environments wait to be read and
+//! none is under way (what comes meanwhile waits for the next);
 //! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
 //! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
 //! or a `why` never wait behind a storm's execs, nor these behind them.
@@ -32,7 +33,7 @@ impl SessionReads {
     }
 
     /// Starts reading what waits in `run`, unless a read is under way (what waits then waits
-    /// for the next housekeeping).
+    /// for a turn after it).
     pub(super) fn start(&mut self, run: &mut Pipeline) -> Result<()> {
         if self.under_way.as_ref().is_some_and(|r| !r.is_finished()) {
             return Ok(());

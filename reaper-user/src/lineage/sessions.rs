@@ -1,8 +1,8 @@
 //! Which agent session each process is in, read (`--session-env`; see `graph::session` for
 //! what a session is): the environment its last exec gave it, read from /proc on the slow
 //! side, never on the ring's reader. The reader only notes each exec (and each process found
-//! in /proc at start-up) here; the housekeeping hands what waits to a thread of the slow
-//! side ([`Sessions::take`]), which reads each environment as hostile input (capped, its
+//! in /proc at start-up) here; the event loop hands what waits to a thread of the slow side
+//! at the end of its turn ([`Sessions::take`]), which reads each environment as hostile input (capped, its
 //! identity checked after the read, so a pid reused meanwhile is not read for it) and gives
 //! back the values found, which the graph keeps ([`LineageGraph::set_session`]).
 //!

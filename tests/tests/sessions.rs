@@ -1,0 +1,185 @@
+//! Agent sessions against real processes (`--session-env`, docs/leaks.md#sessions): which
+//! session each process is in, by its environment and by the lineage, and `orphaned` judged by
+//! a session's end where its owner is seen. Needs root (see `require_root`).
+use std::path::Path;
+
+use reaper_tests::{Then, require_root, run_reaper_until, scratch};
+use serde_json::Value;
+
+/// The pid of the process that exec'd `sleep SECS` in the stream.
+fn sleeper(events: &[Value], secs: &str) -> Option<u64> {
+    events.iter().find_map(|e| {
+        let argv = e["argv"].as_array()?;
+        (e["event"] == "exec" && argv.len() == 2 && argv[1] == secs).then(|| e["pid"].as_u64())?
+    })
+}
+
+/// The `orphaned` flags raised for `pid`.
+fn orphaned<'a>(events: &'a [Value], pid: u64) -> Vec<&'a Value> {
+    let flags = events.iter().filter(|e| e["event"] == "flag");
+    flags
+        .filter(|f| f["pid"].as_u64() == Some(pid) && f["reason"] == "orphaned")
+        .collect()
+}
+
+/// A gateway that runs the ways hosts start sessions, each server a `sleep` of its own length
+/// holding the run's stdout (a pipe whose other end is open: a channel), its pid written in
+/// `dir`; at the release, once every server has started, all are killed.
+fn gateway(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"
+# B: a per-session process started with its value, whose servers inherit it; it stays (a
+# running session). Inside it, a double fork: its middle process exits at once.
+AGENT_SESSION_ID=sess-b sh -c 'sleep 602 & echo $! > {d}/b; ( sleep 603 & echo $! > {d}/b2 ); while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done' &
+# B's break is a second older than the others: the chain rule would flag it first.
+sleep 1
+# A per-session process lives on a moment after starting its servers (its environment is
+# read after its exec, off the ring's reader: one gone within milliseconds names nothing).
+# A: as B, but its per-session process ends (the session ended badly).
+AGENT_SESSION_ID=sess-a sh -c 'sleep 601 & echo $! > {d}/a; sleep 1' &
+# C: a per-session process without the value starts its server with it, then ends.
+sh -c 'AGENT_SESSION_ID=sess-c sleep 604 & echo $! > {d}/c; sleep 1' &
+# D: the gateway starts a server with the value in the server's environment alone.
+AGENT_SESSION_ID=sess-d sleep 605 & echo $! > {d}/d
+# F: a per-session process starts its server with a scrubbed environment (env -i), then ends.
+AGENT_SESSION_ID=sess-f sh -c 'env -i sleep 606 & echo $! > {d}/f; sleep 1' &
+while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done
+for x in a b b2 c d f; do while [ ! -s {d}/$x ]; do sleep 0.05; done; done
+kill $(cat {d}/a {d}/b {d}/b2 {d}/c {d}/d {d}/f)
+"#
+    )
+}
+
+#[test]
+fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing() {
+    let test =
+        "a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let script = gateway(&dir);
+    let ended = |events: &[Value]| {
+        ["601", "604", "606"]
+            .iter()
+            .all(|secs| sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty()))
+    };
+    let run = run_reaper_until(
+        &[
+            "--orphan-grace",
+            "250ms",
+            "--scan-interval",
+            "250ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[],
+        &dir.join("release"),
+        (
+            "the servers of the sessions that ended flagged",
+            Then::Release,
+        ),
+        ended,
+    );
+    let events = &run.events;
+    let pid = |secs: &str| {
+        sleeper(events, secs)
+            .unwrap_or_else(|| panic!("no `sleep {secs}` in {:?}\n{}", run.all("exec"), run.stderr))
+    };
+    let flag = |secs: &str| {
+        let flags = orphaned(events, pid(secs));
+        assert_eq!(
+            flags.len(),
+            1,
+            "one orphaned flag for sleep {secs}: {flags:?}"
+        );
+        flags[0].clone()
+    };
+    // A: its owner, the per-session process, exited: the flag names the session and its end.
+    let a = flag("601");
+    assert_eq!(a["session"]["id"], "sess-a", "{a}");
+    assert!(a["session"]["ended"].is_u64(), "{a}");
+    let owner = a["session"]["owner"].as_u64().unwrap();
+    assert_eq!(
+        a["lineage"][1].as_u64(),
+        Some(owner),
+        "the owner spawned it: {a}"
+    );
+    assert_eq!(a["session"]["begins"].as_u64(), Some(owner), "{a}");
+    // C: the per-session process named no session; it put the value into its server's
+    // environment, and its exit ended it.
+    let c = flag("604");
+    assert_eq!(c["session"]["id"], "sess-c", "{c}");
+    assert_eq!(c["session"]["begins"].as_u64(), Some(pid("604")), "{c}");
+    assert_eq!(c["session"]["owner"], c["lineage"][1], "{c}");
+    // F: env -i scrubbed its environment: it is in its spawner's session, by the lineage.
+    let f = flag("606");
+    assert_eq!(f["session"]["id"], "sess-f", "{f}");
+    assert_ne!(f["session"]["begins"].as_u64(), Some(pid("606")), "{f}");
+    // B: its session runs; its server and the double fork's grandchild, a second longer
+    // past their break than A's, are not flagged (while it runs: until the release ends it).
+    let running = &events[..run.proven_after];
+    for secs in ["602", "603"] {
+        let flags = orphaned(running, pid(secs));
+        assert!(
+            flags.is_empty(),
+            "sleep {secs} of the running session: {flags:?}"
+        );
+    }
+    // D: the gateway gave the value to the server alone: the session begins there, and the
+    // gateway lives: nothing.
+    let d = pid("605");
+    assert!(orphaned(events, d).is_empty());
+    let begins = |session: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == "session" && e["session"] == session)
+            .filter_map(|e| e["pid"].as_u64())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(begins("sess-d"), [d], "{:?}", run.all("session"));
+    assert_eq!(begins("sess-c"), [pid("604")]);
+    assert_eq!(
+        begins("sess-b").len(),
+        1,
+        "begins once, at its per-session process"
+    );
+    run.assert_well_formed();
+}
+
+#[test]
+fn without_sessions_the_chain_rule_flags_the_double_fork_as_before() {
+    let test = "without_sessions_the_chain_rule_flags_the_double_fork_as_before";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let script = gateway(&dir);
+    let run = run_reaper_until(
+        &[
+            "--orphan-grace",
+            "250ms",
+            "--scan-interval",
+            "250ms",
+            "--session-env",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[],
+        &dir.join("release"),
+        ("the double fork's grandchild flagged", Then::Release),
+        |events| sleeper(events, "603").is_some_and(|pid| !orphaned(events, pid).is_empty()),
+    );
+    let events = &run.events;
+    assert!(events.iter().all(|e| e["event"] != "session"));
+    let pid = sleeper(events, "603").unwrap();
+    let flag = orphaned(events, pid)[0];
+    assert!(flag.get("session").is_none(), "{flag}");
+    run.assert_well_formed();
+}
