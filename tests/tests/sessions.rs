@@ -15,7 +15,7 @@ fn sleeper(events: &[Value], secs: &str) -> Option<u64> {
 }
 
 /// The `orphaned` flags raised for `pid`.
-fn orphaned<'a>(events: &'a [Value], pid: u64) -> Vec<&'a Value> {
+fn orphaned(events: &[Value], pid: u64) -> Vec<&Value> {
     let flags = events.iter().filter(|e| e["event"] == "flag");
     flags
         .filter(|f| f["pid"].as_u64() == Some(pid) && f["reason"] == "orphaned")
