@@ -20,7 +20,9 @@ use crate::stream::words::{human_duration, who};
 use crate::text::escape_for_terminal;
 
 mod from_audit;
+mod sessions;
 pub use from_audit::ReplayArgs;
+pub use sessions::{SessionsCli, sessions};
 
 /// Ask the running audits about one process: who spawned it, through whom, from which code,
 /// what it holds and who holds the other ends, and the flags it holds.
@@ -53,6 +55,9 @@ pub struct TreeCli {
     /// Only the processes holding a flag for this rule (orphaned, accumulating, ...).
     #[arg(long, value_name = "RULE", value_parser = crate::cli::parse_reason)]
     pub reason: Option<Reason>,
+    /// Only the processes in this agent session (`--session-env`), by its value.
+    #[arg(long, value_name = "SESSION")]
+    pub session: Option<String>,
     /// The run's API socket to ask (default: every run's, in /run/reaper-trace).
     #[arg(long, value_name = "SOCKET")]
     pub api: Option<PathBuf>,
@@ -174,6 +179,7 @@ fn tree_filter(cli: &TreeCli) -> TreeFilter {
         gateway: cli.gateway,
         kind: cli.kind.clone(),
         reason: cli.reason,
+        session: cli.session.clone(),
     }
 }
 
@@ -233,7 +239,7 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
 
 /// The runs asked, and what they said.
 #[derive(Default)]
-struct Runs {
+pub(super) struct Runs {
     /// The sockets that answered 200, each with its answer, its body still to be read (a
     /// follower's stream goes on).
     answered: Vec<(PathBuf, hyper::Response<hyper::body::Incoming>)>,
@@ -248,7 +254,7 @@ struct Runs {
 impl Runs {
     /// Why no run answered: `none` and the runs asked; an error when none could be asked
     /// (no run serves its API, or none lets this user ask).
-    fn none_tracks(&self, none: &str) -> Result<String> {
+    pub(super) fn none_tracks(&self, none: &str) -> Result<String> {
         match (self.asked.is_empty(), self.denied.is_empty()) {
             (true, true) if self.silent.is_empty() => {
                 bail!("no reaper-trace run serves its API in {SOCKET_DIR}")
@@ -266,7 +272,7 @@ impl Runs {
     }
 
     /// The answers' bodies, read whole.
-    async fn bodies(&mut self) -> Result<Vec<(PathBuf, Bytes)>> {
+    pub(super) async fn bodies(&mut self) -> Result<Vec<(PathBuf, Bytes)>> {
         let mut bodies = Vec::new();
         for (socket, response) in self.answered.drain(..) {
             let body = response.into_body().collect().await?.to_bytes();
@@ -277,7 +283,7 @@ impl Runs {
 }
 
 /// The run at `api`, or the socket of every run that may answer.
-fn sockets(api: Option<&Path>) -> Result<Vec<PathBuf>> {
+pub(super) fn sockets(api: Option<&Path>) -> Result<Vec<PathBuf>> {
     match api {
         Some(path) => Ok(vec![path.to_owned()]),
         None => super::sockets::live(),
@@ -285,7 +291,7 @@ fn sockets(api: Option<&Path>) -> Result<Vec<PathBuf>> {
 }
 
 /// `GET path` of each run at `sockets`.
-async fn ask_runs(sockets: &[PathBuf], path: &str) -> Result<Runs> {
+pub(super) async fn ask_runs(sockets: &[PathBuf], path: &str) -> Result<Runs> {
     let mut runs = Runs::default();
     for socket in sockets {
         let response = match request(socket, path).await {

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 pub use crate::output::follow::{FollowFilter, FollowQueue};
 pub use crate::output::tree::{Branch, TreeFilter};
-pub use crate::stream::answer::{Held, Kill, Process};
+pub use crate::stream::answer::{Held, Kill, Process, Sessions};
 
 pub mod client;
 pub mod server;
@@ -50,12 +50,22 @@ pub enum Asked {
     Status,
     Process(u32),
     Tree(TreeFilter),
+    /// The agent sessions, those under a gateway if one is given.
+    Sessions(SessionsFilter),
     Kinds,
     /// The stream from now on, what `filter` picks, sent to `lines`.
     Follow {
         filter: FollowFilter,
         lines: FollowQueue,
     },
+}
+
+/// What `/v1/sessions` is asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsFilter {
+    /// Only the sessions of processes descended from this tracked process.
+    pub gateway: Option<u32>,
 }
 
 /// A kind and its live instances (`/v1/kinds`).

@@ -143,6 +143,10 @@ async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Respon
     let asked = match req.uri().path() {
         "/v1/status" => Asked::Status,
         "/v1/kinds" => Asked::Kinds,
+        "/v1/sessions" => match serde_urlencoded::from_str(query) {
+            Ok(filter) => Asked::Sessions(filter),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/sessions: {e}")),
+        },
         "/v1/tree" => match serde_urlencoded::from_str(query) {
             Ok(filter) => Asked::Tree(filter),
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}")),

@@ -33,6 +33,13 @@ async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
     match query.asked {
         Asked::Status => send_json(reply, &run.borrow().status()),
         Asked::Kinds => send_json(reply, &run.borrow().kinds()),
+        Asked::Sessions(filter) => {
+            let sessions = run.borrow().sessions(&filter);
+            match sessions {
+                Some(sessions) => send_json(reply, &sessions),
+                None => refuse(reply),
+            }
+        }
         Asked::Tree(filter) => {
             let tree = run.borrow().tree(&filter);
             match tree {

@@ -2,11 +2,14 @@
 //! of an audit read back (`why --from`), answered by one function ([`process`]) from the
 //! graph and the flags held ([`HeldFlags`]). What each knows beyond them (a run reads the
 //! process's /proc and names its spawn site now; a replay has what the process's last flag
-//! recorded) is its [`Witness`].
+//! recorded) is its [`Witness`]. The agent sessions (`sessions`) likewise, from the graph
+//! and the flags.
+use rustc_hash::FxHashMap as HashMap;
+
 use super::held::HeldFlags;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
-use crate::stream::answer::{Held, Kill, Process, ServerOf};
-use crate::stream::events::{LeakDetail, ProcessLabel};
+use crate::stream::answer::{FlaggedIn, Held, Kill, Process, ServerOf, SessionRow};
+use crate::stream::events::{LeakDetail, ProcText, ProcessLabel, SessionEvidence};
 
 /// What is known of a process beyond the graph and the flags held.
 pub trait Witness {
@@ -66,4 +69,61 @@ pub fn process(
         server,
         detail,
     })
+}
+
+/// The agent sessions of the live processes (those under `gateway`, if given), each with its
+/// live processes, those flagged, and their memory as `rss_of` gives it (as last looked at:
+/// nothing is read here), in the order they began.
+pub fn sessions(
+    graph: &LineageGraph,
+    held: &HeldFlags,
+    gateway: Option<NodeId>,
+    rss_of: impl Fn(NodeId) -> Option<u64>,
+) -> Vec<SessionRow> {
+    let mut rows: Vec<(NodeId, SessionRow)> = Vec::new();
+    let mut at: HashMap<NodeId, usize> = HashMap::default();
+    let live = graph
+        .alive()
+        .filter(|n| gateway.is_none_or(|g| graph.descends_from(n.id, g)));
+    for node in live {
+        let Some(session) = graph.session_of(node.id) else {
+            continue;
+        };
+        let i = *at.entry(session.top).or_insert_with(|| {
+            let top = graph.node(session.top);
+            let owner = graph.session_owner(&session);
+            let chain = graph.chain(session.top);
+            rows.push((
+                session.top,
+                SessionRow {
+                    session: SessionEvidence {
+                        id: ProcText::new("id", session.value.clone()),
+                        begins: top.map_or(0, |n| n.pid),
+                        owner: owner.map(|o| o.pid),
+                        ended: owner.and_then(|o| o.exited).map(|e| e.ts),
+                    },
+                    began: top.map_or(0, |n| n.start.boottime_ns()),
+                    gateway: chain.first().filter(|g| g.is_gateway).map(|g| g.pid),
+                    ..SessionRow::default()
+                },
+            ));
+            rows.len() - 1
+        });
+        let row = &mut rows[i].1;
+        row.alive.push(node.pid);
+        row.rss_kib += rss_of(node.id).unwrap_or(0);
+        let flags = held.of(node.id);
+        if !flags.is_empty() {
+            row.flagged.push(FlaggedIn {
+                pid: node.pid,
+                flags: flags.to_vec(),
+            });
+        }
+    }
+    let mut rows: Vec<SessionRow> = rows.into_iter().map(|(_, row)| row).collect();
+    rows.sort_by_key(|r| (r.began, r.session.begins));
+    for row in &mut rows {
+        row.alive.sort_unstable();
+    }
+    rows
 }

@@ -233,6 +233,11 @@ impl Inspector {
         &self.held
     }
 
+    /// Process `id`'s memory as it was last looked at, KiB.
+    pub fn rss_of(&self, id: NodeId) -> Option<u64> {
+        self.watches.get(&id)?.last.as_ref()?.rss_kib
+    }
+
     /// The outermost process of the server `id` is part of, as the last look saw their
     /// channels: `id` itself when it is a server by itself (or not looked at yet).
     pub fn outermost(&self, graph: &LineageGraph, id: NodeId) -> NodeId {

@@ -24,6 +24,8 @@ pub struct TreeFilter {
     pub kind: Option<String>,
     /// Those holding a flag for this reason.
     pub reason: Option<Reason>,
+    /// Those in this agent session (`--session-env`), by its value.
+    pub session: Option<String>,
 }
 
 /// One process of the tree, with the processes it spawned that lead to a live one.
@@ -79,6 +81,11 @@ pub fn picked_tree(
                 .reason
                 .is_none_or(|r| flags.get(&n.id).is_some_and(|held| held.contains(&r)))
             && filter.kind.as_deref().is_none_or(|k| runs(n, k))
+            && filter.session.as_deref().is_none_or(|s| {
+                graph
+                    .session_of(n.id)
+                    .is_some_and(|of| *of.value == *s.as_bytes())
+            })
     };
     Some(alive_tree(graph, flags, wanted))
 }

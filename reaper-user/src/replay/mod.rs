@@ -25,7 +25,7 @@ use crate::leaks::held::HeldFlags;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::output::tree::TreeFilter;
 use crate::output::tree::{Branch, picked_tree};
-use crate::stream::answer::{Held, Kill, Process};
+use crate::stream::answer::{Held, Kill, Process, Sessions};
 use crate::stream::events::{Event, LeakDetail, ProcessLabel, Ready};
 use crate::stream::reading::{self, Line, each_line};
 pub use at::At;
@@ -89,6 +89,32 @@ pub fn tree(
     Ok(Replayed {
         answer: picked_tree(&replay.graph, &replay.held.by_node(), filter),
         now: replay.moment(),
+        booted_at_unix_ns: replay.boot,
+    })
+}
+
+/// What `sessions --from AUDIT` lists: the agent sessions of the processes alive at `at`
+/// (or at the audit's end), under `gateway` if given (none for a gateway not tracked then).
+/// Their memory is not read back (0).
+pub fn sessions(
+    inputs: &[PathBuf],
+    gateway: Option<u32>,
+    at: Option<At>,
+) -> Result<Replayed<Option<Sessions>>> {
+    let mut replay = Replay::new(at, None);
+    replay.read_all(inputs)?;
+    let now = replay.moment();
+    let under = match gateway {
+        Some(pid) => replay.graph.current(pid).map(|n| Some(n.id)),
+        None => Some(None),
+    };
+    let answer = under.map(|under| Sessions {
+        now,
+        sessions: answer::sessions(&replay.graph, &replay.held, under, |_| None),
+    });
+    Ok(Replayed {
+        answer,
+        now,
         booted_at_unix_ns: replay.boot,
     })
 }

@@ -3,7 +3,7 @@
 //! ([`crate::replay`]) answer in the same words.
 use serde::{Deserialize, Serialize};
 
-use crate::stream::events::LeakDetail;
+use crate::stream::events::{LeakDetail, SessionEvidence};
 use crate::stream::reason::Reason;
 
 /// `GET /v1/process/PID`: a tracked process, as a flag would show it, with the flags it holds.
@@ -61,4 +61,39 @@ pub struct Held {
     pub reason: Reason,
     /// Boot-time ns since when it holds.
     pub since: u64,
+}
+
+/// `GET /v1/sessions`: the agent sessions of the live processes, at boot-time `now`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Sessions {
+    pub now: u64,
+    pub sessions: Vec<SessionRow>,
+}
+
+/// An agent session (`--session-env`) and what of it is alive.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionRow {
+    /// Its value and where it begins, its owner and when it ended, as a flag gives them.
+    #[serde(flatten)]
+    pub session: SessionEvidence,
+    /// Boot-time ns the process where it begins started.
+    pub began: u64,
+    /// The gateway whose lineage it is in.
+    pub gateway: Option<u32>,
+    /// Its live processes.
+    pub alive: Vec<u32>,
+    /// Those of them holding a flag, and which.
+    pub flagged: Vec<FlaggedIn>,
+    /// The live processes' memory as they were last looked at, KiB.
+    pub rss_kib: u64,
+}
+
+/// A process of a session holding flags.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlaggedIn {
+    pub pid: u32,
+    pub flags: Vec<Held>,
 }

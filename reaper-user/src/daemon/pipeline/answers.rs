@@ -8,7 +8,8 @@ use std::sync::Arc;
 use super::{Pipeline, ToName};
 
 use crate::api::{
-    Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Status, TreeFilter,
+    Branch, FollowFilter, FollowQueue, Held, Kill, KindCount, Process, Sessions, SessionsFilter,
+    Status, TreeFilter,
 };
 use crate::identity::ProcessId;
 use crate::kill;
@@ -70,6 +71,21 @@ impl Pipeline {
         };
         self.out.follow(Follower::new(filter, lines, descendants));
         true
+    }
+
+    /// The agent sessions of the live processes, those under `filter`'s gateway; none for a
+    /// gateway not tracked. Their memory is as the processes were last looked at.
+    pub fn sessions(&self, filter: &SessionsFilter) -> Option<Sessions> {
+        let under = match filter.gateway {
+            Some(pid) => Some(self.graph.current(pid)?.id),
+            None => None,
+        };
+        let held = self.inspector.held();
+        let rss_of = |id| self.inspector.rss_of(id);
+        Some(Sessions {
+            now: boottime_now(),
+            sessions: answer::sessions(&self.graph, held, under, rss_of),
+        })
     }
 
     /// The live tree of the processes `filter` picks; none for a `gateway` not tracked.
