@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use reaper_user::docs::{Cli, EventsCli, RULES, ReportCli, TopCli, TreeCli, WhyCli};
+use reaper_user::docs::{Cli, EventsCli, RULES, ReportCli, SessionsCli, TopCli, TreeCli, WhyCli};
 
 const README: &str = include_str!("../../README.md");
 const CLI_DOC: &str = include_str!("../../docs/cli.md");
@@ -138,6 +138,7 @@ fn each_subcommands_options_table_names_every_option_with_its_default() {
         ("report", ReportCli::command()),
         ("why", WhyCli::command()),
         ("tree", TreeCli::command()),
+        ("sessions", SessionsCli::command()),
         ("events", EventsCli::command()),
         ("top", TopCli::command()),
     ] {
