@@ -101,9 +101,15 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         Some("demo") => {
             setup::ensure_all()?;
             build(&root, true)?;
-            let gateway = root.join("examples/leaky-gateway.sh");
-            let args = ["--duration", "6s", "--", gateway.to_str().context("path")?];
-            run_reaper(&root, &args.map(String::from))
+            // From the checkout, by the path the README shows.
+            let status = Command::new(root.join("target/release/reaper-trace"))
+                .args(["--duration", "6s", "--", "examples/leaky-gateway.sh"])
+                .current_dir(&root)
+                .status()
+                .context("running reaper-trace")?;
+            Ok(ExitCode::from(
+                status.code().unwrap_or(1).clamp(0, 255) as u8
+            ))
         }
         Some("run") => {
             setup::ensure_all()?;

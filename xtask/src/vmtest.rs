@@ -1,8 +1,8 @@
 //! `cargo xtask vmtest`: the kernel integration tests on other kernels, each booted under qemu.
 //!
 //! The guest's root filesystem is an initramfs holding the release test binaries, reaper-trace,
-//! reaper-shapes, the host programs the tests run (sh, true, sleep, cat, seq, node and the Node
-//! host tests' scripts) and their shared libraries, at their host paths, plus a static busybox
+//! reaper-shapes, the host programs the tests run (sh, bash, env, setsid, true, sleep, cat, seq,
+//! node and the Node host tests' scripts, the demo's example) and their shared libraries, at their host paths, plus a static busybox
 //! for the guest's init. Debian kernels boot from it with one module, `unix_diag` (sock_diag
 //! for UNIX sockets, which the Node host tests need; the serial console is built in). The
 //! guest's init mounts /proc, /sys, /dev and /dev/pts (the initramfs itself is the writable
@@ -341,6 +341,10 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         ("/bin/mount", "mount"),
         ("/bin/umount", "umount"),
         ("/bin/node", "node"),
+        // The session tests' `env -i`, and the demo's shell and setsid.
+        ("/usr/bin/env", "env"),
+        ("/bin/bash", "bash"),
+        ("/usr/bin/setsid", "setsid"),
     ] {
         let host = which(bin)?;
         fs.program(&host)?;
@@ -348,6 +352,11 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
     }
     fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
     fs.dir(&root.join("tests").to_string_lossy());
+    // The demo's example, and the README its test holds it to.
+    for file in ["README.md", "examples/leaky-gateway.sh"] {
+        let file = root.join(file);
+        fs.host_file_at(&file, &file)?;
+    }
     // The Node host tests' scripts, at their host paths (the tests name them so).
     for script in std::fs::read_dir(root.join("tests/node")).context("tests/node")? {
         let script = script?.path();
