@@ -9,8 +9,9 @@ use std::time::Instant;
 use reaper_tests::{patience, reaper_trace, require_root};
 use serde_json::Value;
 
-/// A line as the comparison sees it: every number one `N`, every run of spaces one space,
-/// and no spawn site (its frames are the machine's shell build's).
+/// A line as the comparison sees it: every number one `N`, every size one `SIZE` (a guest's
+/// cat is KiB where a host's is MiB), every run of spaces one space, and no spawn site (its
+/// frames are the machine's shell build's).
 fn normalized(line: &str) -> String {
     let line = line.split("; spawned at ").next().unwrap_or(line);
     let mut out = String::new();
@@ -29,6 +30,11 @@ fn normalized(line: &str) -> String {
         } else {
             out.push(c);
         }
+    }
+    for unit in ["GiB", "MiB", "KiB"] {
+        out = out
+            .replace(&format!("N.N {unit}"), "SIZE")
+            .replace(&format!("N {unit}"), "SIZE");
     }
     out
 }

@@ -183,3 +183,59 @@ fn without_sessions_the_chain_rule_flags_the_double_fork_as_before() {
     assert!(flag.get("session").is_none(), "{flag}");
     run.assert_well_formed();
 }
+
+#[test]
+fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session() {
+    let test = "the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let script = gateway(&dir);
+    // reaper-trace runs in a CI job (RUNNER_TRACKING_ID), and the gateway in an agent's shell
+    // (CLAUDE_CODE_SESSION_ID): both reach every process, and neither is a session of theirs.
+    let run = run_reaper_until(
+        &[
+            "--orphan-grace",
+            "250ms",
+            "--scan-interval",
+            "250ms",
+            "--",
+            "env",
+            "CLAUDE_CODE_SESSION_ID=agent-shell",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[("RUNNER_TRACKING_ID", "ci-job")],
+        &dir.join("release"),
+        (
+            "the servers of the sessions that ended flagged",
+            Then::Release,
+        ),
+        |events| {
+            ["601", "606"].iter().all(|secs| {
+                sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty())
+            })
+        },
+    );
+    let events = &run.events;
+    let values: Vec<&Value> = run
+        .all("session")
+        .into_iter()
+        .map(|e| &e["session"])
+        .collect();
+    assert!(
+        values
+            .iter()
+            .all(|v| v.as_str().is_some_and(|v| v.starts_with("sess-"))),
+        "only the hosts' sessions begin: {values:?}"
+    );
+    // The first of the names in their order: AGENT_SESSION_ID before the agent shell's.
+    for (secs, session) in [("601", "sess-a"), ("606", "sess-f")] {
+        let pid = sleeper(events, secs).unwrap();
+        let flag = orphaned(events, pid)[0];
+        assert_eq!(flag["session"]["id"], session, "{flag}");
+    }
+    run.assert_well_formed();
+}

@@ -383,7 +383,7 @@ fn guest_root(root: &Path, test_exes: &[PathBuf], test_args: &[String]) -> Resul
         .collect();
     let init = format!(
         "#!/bin/busybox sh
-export PATH=/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
+export PATH=/bin:/usr/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
 busybox mount -t proc proc /proc
 busybox mount -t sysfs sysfs /sys
 busybox mount -t devtmpfs devtmpfs /dev

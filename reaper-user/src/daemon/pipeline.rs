@@ -134,19 +134,21 @@ impl Pipeline {
     }
 
     /// The sessions the slow side found (`found`: each process and the value its environment
-    /// names): kept by the graph, and a `session` event written where one begins.
-    pub fn sessions_read(&mut self, found: Vec<(NodeId, Vec<u8>)>) -> Result<()> {
+    /// names, or none): kept by the graph, and a `session` event written where one begins
+    /// (or, with an empty value, where an exec dropped one).
+    pub fn sessions_read(&mut self, found: Vec<(NodeId, Option<Vec<u8>>)>) -> Result<()> {
         let now = boottime_now();
         for (id, value) in found {
-            if !self.graph.set_session(id, &value) {
+            if !self.graph.set_session(id, value.as_deref()) {
                 continue;
             }
-            let Some(pid) = self.graph.node(id).map(|n| n.pid) else {
+            let Some(node) = self.graph.node(id) else {
                 continue;
             };
             let event = Event::Session(Session {
-                pid,
-                session: ProcText::new("session", value.as_slice()),
+                pid: node.pid,
+                start: node.start.boottime_ns(),
+                session: ProcText::new("session", value.unwrap_or_default().as_slice()),
             });
             self.out.event(now, &event)?;
         }

@@ -130,6 +130,8 @@ pub struct LineageGraph {
     gateways: BTreeSet<NodeId>,
     /// How many of them are alive.
     live_gateways: usize,
+    /// How many nodes keep a session value (`--session-env`): none, and no walk looks for one.
+    session_values: usize,
     /// The argv of a process whose program is not known yet: one shared empty list.
     no_argv: Args,
     /// The pid that is a gateway once its fork is seen (the `-- CMD` gateway: one a run).
@@ -150,6 +152,7 @@ impl LineageGraph {
             zombies: 0,
             gateways: BTreeSet::new(),
             live_gateways: 0,
+            session_values: 0,
             no_argv: Args::none(),
             expected_gateway: None,
         }
@@ -250,6 +253,8 @@ impl LineageGraph {
 
     /// The node an event about (pid, start) refers to; a tick-precision node is upgraded to
     /// the exact start time on first match.
+    ///
+    /// (For a lookup that changes nothing, see [`LineageGraph::identified`].)
     fn find(&mut self, pid: u32, start: u64) -> Option<NodeId> {
         if let Some(id) = self.current_id(pid) {
             let node = self.nodes.get_mut(id)?;
@@ -263,6 +268,15 @@ impl LineageGraph {
             }
         }
         self.by_identity.get(&(pid, start)).copied()
+    }
+
+    /// The node of the process `pid` that started at boot-time `start` ns (to the clock tick
+    /// for one found in /proc), whether or not its pid was reused since.
+    pub fn identified(&self, pid: u32, start: u64) -> Option<NodeId> {
+        match self.current(pid) {
+            Some(n) if n.start.matches_exact(start) => Some(n.id),
+            _ => self.by_identity.get(&(pid, start)).copied(),
+        }
     }
 
     fn insert(&mut self, node: Node) -> NodeId {
@@ -280,6 +294,7 @@ impl LineageGraph {
             self.nodes.get_mut(s).unwrap().spawned += 1;
         }
         self.current.insert(node.pid, id);
+        self.session_values += usize::from(node.session.is_some());
         let gateway = node.is_gateway;
         self.nodes.insert(node);
         self.live += 1;
@@ -493,6 +508,7 @@ impl LineageGraph {
                 continue;
             }
             let (pid, start, spawner) = (node.pid, node.start, node.spawner);
+            self.session_values -= usize::from(node.session.is_some());
             self.nodes.remove(id);
             self.gateways.remove(&id);
             match self.current.get(pid) {

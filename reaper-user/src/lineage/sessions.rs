@@ -8,6 +8,9 @@
 //!
 //! A process gone before its read (a wrapper that exec'd on, a short-lived one) names nothing:
 //! it is in its spawner's session, as one that named none, and what it spawned names its own.
+use rustc_hash::FxHashSet as HashSet;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
 use super::graph::session::SESSION_MAX;
@@ -33,7 +36,13 @@ const WAITING: usize = 32_768;
 /// The processes whose environment is to be read.
 pub struct Sessions {
     names: Arc<[Vec<u8>]>,
+    /// The values this run's own environment gives the names: the environment reaper-trace
+    /// was started in (a CI job's, an agent shell's) is every traced process's too, not a
+    /// session of theirs.
+    ambient: Arc<[Vec<u8>]>,
     waiting: Vec<(NodeId, ProcessId)>,
+    /// The nodes in `waiting`, each read once however many times it exec'd meanwhile.
+    queued: HashSet<NodeId>,
     /// Execs not read: the queue was full.
     unread: u64,
     /// Whether that was said.
@@ -43,15 +52,25 @@ pub struct Sessions {
 /// What one read of the slow side is to read.
 pub struct ToRead {
     names: Arc<[Vec<u8>]>,
+    ambient: Arc<[Vec<u8>]>,
     each: Vec<(NodeId, ProcessId)>,
 }
 
 impl Sessions {
-    /// Reads the variables `names`, each naming a session.
+    /// Reads the variables `names`, each naming a session, passing over the values this
+    /// run's own environment gives them.
     pub fn new(names: Vec<Vec<u8>>) -> Sessions {
+        let ambient = names
+            .iter()
+            .filter_map(|n| std::env::var_os(OsStr::from_bytes(n)))
+            .map(OsString::into_vec)
+            .filter(|v| !v.is_empty())
+            .collect();
         Sessions {
             names: names.into(),
+            ambient,
             waiting: Vec::new(),
+            queued: HashSet::default(),
             unread: 0,
             said: false,
         }
@@ -69,10 +88,14 @@ impl Sessions {
         let Some(node) = graph.node(id) else {
             return;
         };
+        if self.queued.contains(&id) {
+            return;
+        }
         if self.waiting.len() >= WAITING {
             self.unread += 1;
             return;
         }
+        self.queued.insert(id);
         self.waiting.push((id, node.process()));
     }
 
@@ -81,8 +104,10 @@ impl Sessions {
         if self.waiting.is_empty() {
             return None;
         }
+        self.queued.clear();
         Some(ToRead {
             names: self.names.clone(),
+            ambient: self.ambient.clone(),
             each: std::mem::take(&mut self.waiting),
         })
     }
@@ -103,15 +128,16 @@ impl Sessions {
 }
 
 impl ToRead {
-    /// Reads each environment (the slow side's work): the value each process's names, for
-    /// those that name one and were still the process asked about after the read.
-    pub fn read(self) -> Vec<(NodeId, Vec<u8>)> {
+    /// Reads each environment (the slow side's work): the value each process's names (none:
+    /// it names none, or only the run's own), for those still the process asked about after
+    /// the read.
+    pub fn read(self) -> Vec<(NodeId, Option<Vec<u8>>)> {
         self.each
             .into_iter()
             .filter_map(|(id, process)| {
-                let environ = environ::read_environ(process.pid).ok()?;
-                let value = environ::first_of(&environ, &self.names)?;
-                let value = value[..value.len().min(SESSION_MAX)].to_vec();
+                let (environ, cut) = environ::read_environ(process.pid).ok()?;
+                let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
+                    .map(|v| v[..v.len().min(SESSION_MAX)].to_vec());
                 // Still the process asked about after the read: the read was of it (a pid is
                 // not reused while its process lives).
                 process.still_same()?;

@@ -240,8 +240,16 @@ impl LineageGraph {
                 }
             }
             Event::Session(s) => {
-                if let Some(id) = self.current(s.pid).map(|n| n.id) {
-                    self.set_session(id, s.session.bytes());
+                // Written after a read of the slow side: its process may be gone and its pid
+                // reused by then (an event without a start is of the pid's newest).
+                let id = match s.start {
+                    0 => self.current(s.pid).map(|n| n.id),
+                    start => self.identified(s.pid, start),
+                };
+                if let Some(id) = id {
+                    // An empty value is none: its exec dropped the variable.
+                    let value = Some(s.session.bytes()).filter(|v| !v.is_empty());
+                    self.set_session(id, value);
                 }
             }
             // The run's own lines and the findings: not the lineage's.

@@ -8,11 +8,18 @@
 //! A value read from a process's environment is never a guess from /proc: which process is
 //! in which session is decided by the exact lineage alone.
 //!
+//! A value the gateway itself carries is the environment it runs in (a CI runner's
+//! `RUNNER_TRACKING_ID`, the agent shell an operator started it from), not a session it
+//! started: it is kept on the gateway, and the same value below it begins nothing. A session
+//! begins below a gateway, never at it.
+//!
 //! A session's **owner** is the process whose exit ends it, where one is seen
 //! ([`LineageGraph::session_owner`]). Let `top` be the process where the session begins:
 //! - its spawner put the value into its environment and has no session itself (a per-session
 //!   process that starts its servers with the value, as claude-code's CLI does): that spawner
-//!   owns it, unless it is a gateway;
+//!   owns it, unless it is a gateway. (A launcher that starts a session and goes at once,
+//!   `setsid -f env X=.. agent`, is such a spawner too: nothing in the lineage tells it from
+//!   a per-session process whose session ended, so its exit ends the session.)
 //! - else `top` owns it (a per-session process started with the value in its own environment,
 //!   which its servers inherit; or a server that a gateway started with the value: then the
 //!   server owns its own session, and no end is seen apart from its own, see `leaks`).
@@ -35,41 +42,58 @@ pub struct SessionOf {
 }
 
 impl LineageGraph {
-    /// Process `id`'s environment names session `value` (cut at [`SESSION_MAX`]): kept when
-    /// it is not the session `id` is in already (a session begins there, or one inside
-    /// another). Returns whether it was kept.
-    pub fn set_session(&mut self, id: NodeId, value: &[u8]) -> bool {
-        let value = &value[..value.len().min(SESSION_MAX)];
-        let inherited = self
-            .nodes
-            .get(id)
-            .and_then(|n| n.spawner.filter(|_| !n.is_gateway))
-            .and_then(|spawner| self.session_of(spawner));
-        if inherited.is_some_and(|s| &*s.value == value) {
-            if let Some(node) = self.nodes.get_mut(id) {
-                node.session = None;
+    /// Process `id`'s environment names session `value` (cut at [`SESSION_MAX`]), or none
+    /// (`None`: an exec dropped the variable). A value is kept where it begins a session:
+    /// when it is neither the session `id`'s spawner is in nor its gateway's own (a session
+    /// inside another begins too). A gateway keeps its own, which begins nothing. Returns
+    /// whether the session beginning at `id` changed (to write it in the stream).
+    pub fn set_session(&mut self, id: NodeId, value: Option<&[u8]>) -> bool {
+        let Some(node) = self.nodes.get(id) else {
+            return false;
+        };
+        let value = value.map(|v| &v[..v.len().min(SESSION_MAX)]);
+        let is_gateway = node.is_gateway;
+        let begins = match (value, node.spawner) {
+            (Some(v), _) if is_gateway => Some(v),
+            (Some(v), Some(spawner)) => {
+                let inherited = self.session_of(spawner);
+                let ambient = self.ambient_of(spawner);
+                let same = |s: &[u8]| s == v;
+                let begins = !inherited.is_some_and(|s| same(&s.value))
+                    && !ambient.as_deref().is_some_and(same);
+                begins.then_some(v)
             }
+            (v, _) => v,
+        };
+        let node = self.nodes.get_mut(id).expect("looked up above");
+        if node.session.as_deref() == begins {
             return false;
         }
-        match self.nodes.get_mut(id) {
-            Some(node) => {
-                node.session = Some(value.into());
-                true
-            }
-            None => false,
-        }
+        let had = node.session.is_some();
+        node.session = begins.map(Into::into);
+        self.session_values =
+            self.session_values + usize::from(begins.is_some()) - usize::from(had);
+        !is_gateway
     }
 
     /// The session process `id` is in: its own, or the nearest one up its spawn chain (to
-    /// its gateway, included). It begins at the highest process of the chain that names that
-    /// value with no other value between (a value read late, after a child's, is the same
-    /// session as the child's).
+    /// its gateway, excluded, whose own value begins nothing). It begins at the highest
+    /// process of the chain that names that value with no other value between (a value read
+    /// late, after a child's, is the same session as the child's).
     pub fn session_of(&self, id: NodeId) -> Option<SessionOf> {
+        if self.session_values == 0 {
+            return None;
+        }
+        let ambient = self.ambient_of(id);
         let mut found: Option<SessionOf> = None;
         let mut at = self.nodes.get(id)?;
         // Bounded like `chain`: a malformed cycle must not hang a walk.
         for _ in 0..=self.nodes.len() {
-            match (&at.session, &found) {
+            if at.is_gateway {
+                break;
+            }
+            let value = at.session.as_ref().filter(|v| Some(*v) != ambient.as_ref());
+            match (value, &found) {
                 (Some(value), None) => {
                     found = Some(SessionOf {
                         value: value.clone(),
@@ -85,15 +109,25 @@ impl LineageGraph {
                 (Some(_), Some(_)) => break,
                 (None, _) => {}
             }
-            if at.is_gateway {
-                break;
-            }
             match at.spawner.and_then(|s| self.nodes.get(s)) {
                 Some(spawner) => at = spawner,
                 None => break,
             }
         }
         found
+    }
+
+    /// The value the gateway above `id` (or `id`, a gateway) carries itself: its
+    /// environment's, not a session.
+    fn ambient_of(&self, id: NodeId) -> Option<Rc<[u8]>> {
+        let mut at = self.nodes.get(id)?;
+        for _ in 0..=self.nodes.len() {
+            if at.is_gateway {
+                return at.session.clone();
+            }
+            at = at.spawner.and_then(|s| self.nodes.get(s))?;
+        }
+        None
     }
 
     /// The process whose exit ends the session `session` (see the module documentation).
@@ -138,6 +172,17 @@ mod tests {
         g
     }
 
+    /// Gives the node `id` the value `value` of its environment.
+    trait SetTo {
+        fn set_session_to(&mut self, id: NodeId, value: &[u8]) -> bool;
+    }
+
+    impl SetTo for LineageGraph {
+        fn set_session_to(&mut self, id: NodeId, value: &[u8]) -> bool {
+            self.set_session(id, Some(value))
+        }
+    }
+
     fn session(g: &LineageGraph, pid: u32) -> Option<String> {
         let s = g.session_of(id(g, pid))?;
         Some(String::from_utf8_lossy(&s.value).into_owned())
@@ -153,14 +198,14 @@ mod tests {
         // 200 names A; 201 (its child, scrubbed: env -i) and 202 (a double fork's grandchild,
         // reparented to init) name nothing: both are in A, by the lineage.
         let mut g = tree(&[(200, GW), (201, 200), (202, 201)]);
-        assert!(g.set_session(id(&g, 200), b"A"));
+        assert!(g.set_session_to(id(&g, 200), b"A"));
         record(&mut g, 10, (201, 5_201), What::Exit { status: 0 });
         g.reparent(id(&g, 202), 1);
         assert_eq!(session(&g, 201).as_deref(), Some("A"));
         assert_eq!(session(&g, 202).as_deref(), Some("A"));
         assert_eq!(session(&g, GW), None, "the gateway's is its own");
         assert!(
-            !g.set_session(id(&g, 202), b"A"),
+            !g.set_session_to(id(&g, 202), b"A"),
             "the same value begins nothing"
         );
     }
@@ -168,8 +213,8 @@ mod tests {
     #[test]
     fn a_process_naming_another_value_begins_a_session_inside_the_first() {
         let mut g = tree(&[(200, GW), (201, 200), (202, 201)]);
-        g.set_session(id(&g, 200), b"A");
-        assert!(g.set_session(id(&g, 201), b"B"));
+        g.set_session_to(id(&g, 200), b"A");
+        assert!(g.set_session_to(id(&g, 201), b"B"));
         assert_eq!(session(&g, 202).as_deref(), Some("B"));
         assert_eq!(session(&g, 200).as_deref(), Some("A"));
     }
@@ -187,10 +232,10 @@ mod tests {
             (301, 300),
             (400, GW),
         ]);
-        g.set_session(id(&g, 201), b"A");
-        g.set_session(id(&g, 202), b"A");
-        g.set_session(id(&g, 300), b"B");
-        g.set_session(id(&g, 400), b"C");
+        g.set_session_to(id(&g, 201), b"A");
+        g.set_session_to(id(&g, 202), b"A");
+        g.set_session_to(id(&g, 300), b"B");
+        g.set_session_to(id(&g, 400), b"C");
         assert_eq!(owner(&g, 201), Some(200));
         assert_eq!(owner(&g, 202), Some(200));
         assert_eq!(owner(&g, 301), Some(300));
@@ -202,17 +247,49 @@ mod tests {
     fn a_value_read_after_a_childs_is_still_the_session_its_child_is_in() {
         // 300 is started with B, its server 301 too; 301's environment is read first.
         let mut g = tree(&[(300, GW), (301, 300)]);
-        assert!(g.set_session(id(&g, 301), b"B"));
-        assert!(g.set_session(id(&g, 300), b"B"));
+        assert!(g.set_session_to(id(&g, 301), b"B"));
+        assert!(g.set_session_to(id(&g, 300), b"B"));
         let s = g.session_of(id(&g, 301)).unwrap();
         assert_eq!(s.top, id(&g, 300));
         assert_eq!(owner(&g, 301), Some(300));
     }
 
     #[test]
+    fn the_gateways_own_value_is_its_environment_and_begins_nothing() {
+        // The gateway runs with X (a CI job's id): 200 inherits X and begins nothing, so the
+        // chain rule judges it; 201 names Y, a session of its own, below the gateway.
+        let mut g = tree(&[(200, GW), (201, GW), (202, 201)]);
+        assert!(
+            !g.set_session_to(id(&g, GW), b"X"),
+            "no event for a gateway"
+        );
+        assert!(!g.set_session_to(id(&g, 200), b"X"));
+        assert_eq!(session(&g, 200), None);
+        assert_eq!(session(&g, GW), None);
+        assert!(g.set_session_to(id(&g, 201), b"Y"));
+        assert_eq!(session(&g, 202).as_deref(), Some("Y"));
+        assert_eq!(owner(&g, 202), Some(201));
+        // Read in the other order (the child's environment first): the same answer.
+        let mut g = tree(&[(200, GW)]);
+        g.set_session_to(id(&g, 200), b"X");
+        g.set_session_to(id(&g, GW), b"X");
+        assert_eq!(session(&g, 200), None);
+    }
+
+    #[test]
+    fn an_exec_that_drops_the_value_ends_the_session_beginning_there() {
+        let mut g = tree(&[(200, GW), (201, 200)]);
+        assert!(g.set_session_to(id(&g, 200), b"A"));
+        assert!(!g.set_session_to(id(&g, 200), b"A"), "unchanged");
+        assert!(g.set_session(id(&g, 200), None));
+        assert_eq!(session(&g, 201), None);
+        assert!(!g.set_session(id(&g, 200), None));
+    }
+
+    #[test]
     fn a_value_is_cut_at_its_cap() {
         let mut g = tree(&[(200, GW)]);
-        g.set_session(id(&g, 200), &[b'x'; 100 * 1024]);
+        g.set_session_to(id(&g, 200), &[b'x'; 100 * 1024]);
         assert_eq!(g.session_of(id(&g, 200)).unwrap().value.len(), SESSION_MAX);
     }
 }

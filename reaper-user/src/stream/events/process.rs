@@ -93,11 +93,16 @@ pub struct Setsid {
 
 /// An agent session begins at a process (`--session-env`): its environment names a session
 /// that its spawner is not in. Every process it spawns is in it, unless it names another.
+/// Written when its environment was read, after its exec: `start` says which process of
+/// that pid it is.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Session {
     pub pid: u32,
-    /// The session's value, as the variable gives it (cut at 256 bytes).
+    /// Boot-time ns when the process started (to the clock tick for one found in /proc).
+    pub start: u64,
+    /// The session's value, as the variable gives it (cut at 256 bytes); empty when an exec
+    /// dropped the value that began a session here (the process is in its spawner's again).
     #[serde(flatten, deserialize_with = "ProcText::read_session")]
     pub session: ProcText,
 }

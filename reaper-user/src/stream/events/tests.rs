@@ -238,6 +238,7 @@ fn one_of_each() -> Vec<Event> {
         Setsid { pid: 4, sid: 4 }.into(),
         Session {
             pid: 4,
+            start: 7_000,
             session: ProcText::new("session", &b"sess\xff\n\x1b[31m"[..]),
         }
         .into(),
