@@ -1,5 +1,6 @@
 //! The slow side: a thread that reads /proc away from the ring's reader, one for the leak
-//! scan's rounds and one for the API's answers (a `why` never waits behind a round's looks).
+//! scan's rounds, one for the API's answers (a `why` never waits behind a round's looks) and
+//! one for the environments read for sessions (`reaper-sessions`, `session_reads`).
 //! Each takes jobs from a bounded queue, one at a time, each job with the thread's
 //! [`Lookout`] (its own /proc and socket readers); a full queue refuses a job at once, so the
 //! reader never waits to hand one over.

@@ -6,10 +6,11 @@
 //! and the flags.
 use rustc_hash::FxHashMap as HashMap;
 
+use super::flags::evidence_of_session;
 use super::held::HeldFlags;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::stream::answer::{FlaggedIn, Held, Kill, Process, ServerOf, SessionRow};
-use crate::stream::events::{LeakDetail, ProcText, ProcessLabel, SessionEvidence};
+use crate::stream::events::{LeakDetail, ProcessLabel};
 
 /// What is known of a process beyond the graph and the flags held.
 pub trait Witness {
@@ -38,6 +39,8 @@ pub fn process(
 ) -> Option<Process> {
     let node = graph.node(id)?;
     let mut detail = witness.detail(graph, node);
+    // Its session as the graph holds it now (a replay's witness has its last flag's).
+    detail.session = super::flags::session_evidence(graph, node);
     let flags = held.of(id).to_vec();
     let server = witness.server(graph, node);
     let kill = match &server {
@@ -91,17 +94,11 @@ pub fn sessions(
         };
         let i = *at.entry(session.top).or_insert_with(|| {
             let top = graph.node(session.top);
-            let owner = graph.session_owner(&session);
             let chain = graph.chain(session.top);
             rows.push((
                 session.top,
                 SessionRow {
-                    session: SessionEvidence {
-                        id: ProcText::new("id", session.value.clone()),
-                        begins: top.map_or(0, |n| n.pid),
-                        owner: owner.map(|o| o.pid),
-                        ended: owner.and_then(|o| o.exited).map(|e| e.ts),
-                    },
+                    session: evidence_of_session(graph, &session, None),
                     began: top.map_or(0, |n| n.start.boottime_ns()),
                     gateway: chain.first().filter(|g| g.is_gateway).map(|g| g.pid),
                     ..SessionRow::default()

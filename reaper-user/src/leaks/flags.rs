@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::leaks::{Change, Crowd, Evidence, Flagged, Inspector, Reason};
+use crate::lineage::graph::session::SessionOf;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::facts::{FdKind, read_rss_kib};
 use crate::procfs::sockets::SocketKind;
@@ -111,17 +112,28 @@ pub fn detail_named(
 }
 
 /// The agent session `node` is in, when it is in one: where it begins, and its owner's exit
-/// once it ended (the owner named only when it is not `node` itself: see
-/// `graph::session`).
+/// once it ended (the owner named only when it is not `node` itself: see `graph::session`).
 pub fn session_evidence(graph: &LineageGraph, node: &Node) -> Option<SessionEvidence> {
     let session = graph.session_of(node.id)?;
-    let owner = graph.session_owner(&session).filter(|o| o.id != node.id);
-    Some(SessionEvidence {
+    Some(evidence_of_session(graph, &session, Some(node.id)))
+}
+
+/// Session `session`: its value, where it begins, its owner (unless it is `apart_from`) and
+/// the owner's exit.
+pub fn evidence_of_session(
+    graph: &LineageGraph,
+    session: &SessionOf,
+    apart_from: Option<NodeId>,
+) -> SessionEvidence {
+    let owner = graph
+        .session_owner(session)
+        .filter(|o| Some(o.id) != apart_from);
+    SessionEvidence {
         id: ProcText::new("id", session.value.clone()),
         begins: graph.node(session.top).map_or(0, |n| n.pid),
         owner: owner.map(|o| o.pid),
         ended: owner.and_then(|o| o.exited).map(|e| e.ts),
-    })
+    }
 }
 
 /// The pipes, sockets and terminals evidence `e` found, the first [`PIPES_LISTED`] each with

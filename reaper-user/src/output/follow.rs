@@ -187,19 +187,14 @@ impl Follower {
 
     /// Sends what was gathered; false when the connection is gone.
     fn send(&mut self) -> bool {
-        if self.gathered_lines == 0 {
-            return !self.queue.chunks.is_closed();
-        }
-        let chunk = Chunk {
-            bytes: self.gathered.split().freeze(),
-            lines: std::mem::take(&mut self.gathered_lines),
-        };
-        self.queue.queued.fetch_add(chunk.lines, Ordering::Relaxed);
-        self.queue.chunks.send(chunk).is_ok()
+        let bytes = self.gathered.split().freeze();
+        let lines = std::mem::take(&mut self.gathered_lines);
+        self.send_chunk(&bytes, lines)
     }
 
-    /// Sends `chunk`, lines of the whole stream; false when the connection is gone.
-    fn send_whole(&mut self, chunk: &Bytes, lines: usize) -> bool {
+    /// Sends `chunk` of `lines` lines (its own, or of the whole stream); false when the
+    /// connection is gone.
+    fn send_chunk(&mut self, chunk: &Bytes, lines: usize) -> bool {
         if lines == 0 {
             return !self.queue.chunks.is_closed();
         }
@@ -235,6 +230,11 @@ pub struct Followers {
 
 impl Followers {
     pub fn add(&mut self, follower: Follower) {
+        // The lines gathered for the whole stream so far go to the followers before it: one
+        // follows from its question on.
+        if follower.whole {
+            self.send_whole();
+        }
         self.list.push(follower);
     }
 
@@ -271,7 +271,7 @@ impl Followers {
                 if f.queue.queued.load(Ordering::Relaxed) + whole_lines >= f.queue.limit {
                     // What was gathered before this line, then the notice in its place.
                     let before = &whole[..whole.len() - line.len()];
-                    f.send_whole(&Bytes::copy_from_slice(before), whole_lines - 1);
+                    f.send_chunk(&Bytes::copy_from_slice(before), whole_lines - 1);
                     f.drop_behind();
                     dropped += 1;
                     return false;
@@ -303,7 +303,7 @@ impl Followers {
         let chunk = self.whole.split().freeze();
         let lines = std::mem::take(&mut self.whole_lines);
         self.list
-            .retain_mut(|f| !f.whole || f.send_whole(&chunk, lines));
+            .retain_mut(|f| !f.whole || f.send_chunk(&chunk, lines));
     }
 
     /// Sends each follower what was gathered for it (with the outlets' flush); forgets a

@@ -1,11 +1,14 @@
-//! Naming the frames that spawned a process, in three steps, so that what reads objects and
-//! perf maps runs on the slow side, never on the ring's reader:
+//! Naming the frames that spawned a process, in three steps, so that what symbolizes objects
+//! and reads perf maps runs on the slow side, never on the ring's reader:
 //!
 //! 1. [`SpawnSites::ask`], on the reader's thread, takes out of what the sites hold what
 //!    naming a process's spawn needs, owned: its frames located (each object found, its build
 //!    id in words), a Python spawner's frames (named at its fork, or now from its memory: a
-//!    few small reads), what was named already. A round (a scan's flags, `--check`'s
-//!    verdict, an answer) asks once a site ([`Naming`]).
+//!    few small reads), what was named already. This step still reads, on the reader's
+//!    thread, where a frame's object is known by its build id alone (its spawner gone): the
+//!    mappings of the processes that hold the site, and the build-id note of each object
+//!    they map that is not known yet (once an object, capped). A round (a scan's flags,
+//!    `--check`'s verdict, an answer) asks once a site ([`Naming`]).
 //! 2. [`Naming::name`], wherever it is called (a thread of the slow side), reads each object
 //!    (a sealed copy, symbolized: megabytes of symbols and line tables, see [`Namer`]) and a
 //!    JIT host's perf map (up to 64 MiB).
