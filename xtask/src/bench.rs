@@ -17,6 +17,7 @@ mod kernel;
 mod loaded;
 mod loops;
 mod peers;
+mod sessions;
 mod stacks;
 mod state;
 
@@ -40,9 +41,9 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 12] = [
-    "overhead", "reader", "hooks", "memory", "idle", "latency", "loaded", "state", "report", "api",
-    "before", "soak",
+const SECTIONS: [&str; 13] = [
+    "overhead", "reader", "hooks", "memory", "idle", "latency", "loaded", "sessions", "state",
+    "report", "api", "before", "soak",
 ];
 
 impl BenchOptions {
@@ -155,6 +156,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("loaded") {
         loaded::loaded(&bins, opts)?;
+    }
+    if wanted("sessions") {
+        sessions::sessions(&bins, opts)?;
     }
     if wanted("state") {
         state::restarts(&bins, opts)?;

@@ -155,6 +155,14 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The session reads of `ids` were given up (their job never ran): each is judged as a
+    /// process that names nothing of its own.
+    pub fn sessions_given_up(&mut self, ids: &[NodeId]) {
+        for &id in ids {
+            self.graph.session_read_ended(id);
+        }
+    }
+
     /// What a record's change means for spawn sites (see [`SpawnSites::on_change`]):
     /// returns an exec's interpreter; what the operator is to know is written.
     fn spawn_sites(&mut self, change: &Change, ev: &KernelEvent) -> Result<Option<String>> {
@@ -233,7 +241,7 @@ impl Pipeline {
         };
         let change = self.graph.apply(&ev);
         if let Some(sessions) = self.sessions.as_mut() {
-            sessions.on_change(&self.graph, &change);
+            sessions.on_change(&mut self.graph, &change);
         }
         let interpreter = self.spawn_sites(&change, &ev)?;
         self.upkeep.on_change(&self.graph, &change, ev.pid);
@@ -291,7 +299,7 @@ impl Pipeline {
             let (id, new) = self.graph.add_seed(seed);
             if new {
                 if let Some(sessions) = self.sessions.as_mut() {
-                    sessions.note(&self.graph, id);
+                    sessions.note(&mut self.graph, id);
                 }
                 if let Some(sites) = self.sites.as_mut() {
                     let seen = sites.found(id, pid, sites::program_of(pid));

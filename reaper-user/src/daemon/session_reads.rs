@@ -42,12 +42,16 @@ impl SessionReads {
             return Ok(());
         };
         let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
+        let ids = to_read.ids();
         self.under_way = Some(tokio::task::spawn_local(async move {
-            let found = slow.run(move |_| to_read.read()).await;
-            if let Some(found) = found
-                && let Err(e) = shared.borrow_mut().sessions_read(found)
-            {
-                failed.set(Some(e));
+            match slow.run(move |_| to_read.read()).await {
+                Some(found) => {
+                    if let Err(e) = shared.borrow_mut().sessions_read(found) {
+                        failed.set(Some(e));
+                    }
+                }
+                // The job was refused or panicked: nothing waits for it any more.
+                None => shared.borrow_mut().sessions_given_up(&ids),
             }
         }));
         Ok(())

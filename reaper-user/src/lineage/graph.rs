@@ -68,6 +68,8 @@ pub struct Node {
     /// The agent session that begins here (`--session-env`): its environment names it, and
     /// its spawner is in another or none (see [`session`]).
     pub session: Option<Rc<[u8]>>,
+    /// Its environment waits to be read for its session: what it names is not known yet.
+    pub session_pending: bool,
     /// Part of the graph after an event loss, until re-verified from /proc.
     pub uncertain: bool,
     /// Live processes whose real parent this is (to know, at its exit, who is orphaned).
@@ -132,6 +134,8 @@ pub struct LineageGraph {
     live_gateways: usize,
     /// How many nodes keep a session value (`--session-env`): none, and no walk looks for one.
     session_values: usize,
+    /// How many nodes' environments wait to be read for their session.
+    sessions_pending: usize,
     /// The argv of a process whose program is not known yet: one shared empty list.
     no_argv: Args,
     /// The pid that is a gateway once its fork is seen (the `-- CMD` gateway: one a run).
@@ -153,6 +157,7 @@ impl LineageGraph {
             gateways: BTreeSet::new(),
             live_gateways: 0,
             session_values: 0,
+            sessions_pending: 0,
             no_argv: Args::none(),
             expected_gateway: None,
         }
@@ -346,6 +351,7 @@ impl LineageGraph {
             seeded: false,
             called_setsid: false,
             session: None,
+            session_pending: false,
             uncertain: false,
             real_children: HashSet::default(),
             spawned: 0,
@@ -509,6 +515,7 @@ impl LineageGraph {
             }
             let (pid, start, spawner) = (node.pid, node.start, node.spawner);
             self.session_values -= usize::from(node.session.is_some());
+            self.sessions_pending -= usize::from(node.session_pending);
             self.nodes.remove(id);
             self.gateways.remove(&id);
             match self.current.get(pid) {

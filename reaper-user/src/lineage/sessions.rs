@@ -77,14 +77,14 @@ impl Sessions {
     }
 
     /// A record's change: an exec gave its process a new environment, to be read.
-    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change) {
+    pub fn on_change(&mut self, graph: &mut LineageGraph, change: &Change) {
         if let Change::Execed { node, .. } = *change {
             self.note(graph, node);
         }
     }
 
-    /// Process `id` (found in /proc, or exec'd) is to be read.
-    pub fn note(&mut self, graph: &LineageGraph, id: NodeId) {
+    /// Process `id` (found in /proc, or exec'd) is to be read; the graph knows it waits.
+    pub fn note(&mut self, graph: &mut LineageGraph, id: NodeId) {
         let Some(node) = graph.node(id) else {
             return;
         };
@@ -97,6 +97,7 @@ impl Sessions {
         }
         self.queued.insert(id);
         self.waiting.push((id, node.process()));
+        graph.session_asked(id);
     }
 
     /// What waits to be read, for the slow side; none when nothing does.
@@ -128,21 +129,24 @@ impl Sessions {
 }
 
 impl ToRead {
-    /// Reads each environment (the slow side's work): the value each process's names (none:
-    /// it names none, or only the run's own), for those still the process asked about after
-    /// the read.
+    /// The processes to be read.
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.each.iter().map(|&(id, _)| id).collect()
+    }
+
+    /// Reads each environment (the slow side's work): the value each process's names; none
+    /// when it names none (or only the run's own), or it was gone before the read was done
+    /// (checked after the read: a pid is not reused while its process lives).
     pub fn read(self) -> Vec<(NodeId, Option<Vec<u8>>)> {
-        self.each
-            .into_iter()
-            .filter_map(|(id, process)| {
-                let (environ, cut) = environ::read_environ(process.pid).ok()?;
-                let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
-                    .map(|v| v[..v.len().min(SESSION_MAX)].to_vec());
-                // Still the process asked about after the read: the read was of it (a pid is
-                // not reused while its process lives).
-                process.still_same()?;
-                Some((id, value))
-            })
+        let read = |process: ProcessId| {
+            let (environ, cut) = environ::read_environ(process.pid).ok()?;
+            let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
+                .map(|v| v[..v.len().min(SESSION_MAX)].to_vec());
+            process.still_same()?;
+            value
+        };
+        (self.each.iter())
+            .map(|&(id, process)| (id, read(process)))
             .collect()
     }
 }

@@ -86,16 +86,19 @@ pub(crate) enum Spawner {
     /// A python3 gateway, each sleeper a `subprocess.Popen` of `sleep` reading the gateway's
     /// pipe (as a Python MCP host starts its servers).
     Python,
+    /// As `Python`, each sleeper started in an agent session of its own (`AGENT_SESSION_ID`).
+    PythonSessions,
 }
 
 /// The Python gateway of [`Spawner::Python`]: `n` sleepers, TRUTH.ready once all run, then
 /// `secs` seconds and the end of them all.
 const PYTHON_SLEEPERS: &str = r#"import os, subprocess, sys, time
-truth, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+truth, n, secs, tagged = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "sessions"
 rd, wr = os.pipe()
-def start_sleeper():
-    return subprocess.Popen(["sleep", "3600"], stdin=rd, stdout=subprocess.DEVNULL)
-sleepers = [start_sleeper() for _ in range(n)]
+def start_sleeper(i):
+    env = dict(os.environ, AGENT_SESSION_ID=f"bench-session-{i}") if tagged else None
+    return subprocess.Popen(["sleep", "3600"], stdin=rd, stdout=subprocess.DEVNULL, env=env)
+sleepers = [start_sleeper(i) for i in range(n)]
 open(truth + ".ready", "w").close()
 time.sleep(secs)
 for s in sleepers:
@@ -137,13 +140,17 @@ pub(crate) fn start_sleepers_given(
             );
             vec!["sh".into(), "-c".into(), shape]
         }
-        Spawner::Python => vec![
+        Spawner::Python | Spawner::PythonSessions => vec![
             "python3".into(),
             "-c".into(),
             PYTHON_SLEEPERS.into(),
             truth.display().to_string(),
             n.to_string(),
             secs.to_string(),
+            match spawner {
+                Spawner::PythonSessions => "sessions".into(),
+                _ => "none".into(),
+            },
         ],
     };
     let tracer = Command::new(&bins.reaper)

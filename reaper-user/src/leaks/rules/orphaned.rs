@@ -110,8 +110,12 @@ impl Breaks {
 
 /// Where `node`'s spawn chain counts as broken for this rule, once it is: the exit of its
 /// session's owner, where one is seen above it (nothing before: a break inside a running
-/// session is no leak); else the nearest exited process on its chain.
+/// session is no leak); else the nearest exited process on its chain. Nothing while an
+/// environment on its chain waits to be read (its session is not known yet).
 fn break_of<'g>(graph: &'g LineageGraph, node: &Node) -> Option<&'g Node> {
+    if graph.session_unsettled(node.id) {
+        return None;
+    }
     let session = graph.session_of(node.id);
     let owner = session.and_then(|s| graph.session_owner(&s).filter(|o| o.id != node.id));
     match owner {

@@ -48,6 +48,7 @@ impl LineageGraph {
     /// inside another begins too). A gateway keeps its own, which begins nothing. Returns
     /// whether the session beginning at `id` changed (to write it in the stream).
     pub fn set_session(&mut self, id: NodeId, value: Option<&[u8]>) -> bool {
+        self.session_read_ended(id);
         let Some(node) = self.nodes.get(id) else {
             return false;
         };
@@ -74,6 +75,53 @@ impl LineageGraph {
         self.session_values =
             self.session_values + usize::from(begins.is_some()) - usize::from(had);
         !is_gateway
+    }
+
+    /// Process `id`'s environment is to be read for its session: until it is
+    /// ([`LineageGraph::set_session`]), what its chain's sessions are is not known.
+    pub fn session_asked(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.get_mut(id)
+            && !node.session_pending
+        {
+            node.session_pending = true;
+            self.sessions_pending += 1;
+        }
+    }
+
+    /// The read of process `id`'s environment ended, whatever it found (a read given up
+    /// included: its process is judged as one that names nothing).
+    pub fn session_read_ended(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.get_mut(id)
+            && node.session_pending
+        {
+            node.session_pending = false;
+            self.sessions_pending -= 1;
+        }
+    }
+
+    /// Whether the session process `id` is in may not be known yet: its environment, or that
+    /// of a process on its spawn chain (to its gateway), waits to be read. A rule that judges
+    /// by the session waits (a session's value read after the break it would have covered).
+    pub fn session_unsettled(&self, id: NodeId) -> bool {
+        if self.sessions_pending == 0 {
+            return false;
+        }
+        let Some(mut at) = self.nodes.get(id) else {
+            return false;
+        };
+        for _ in 0..=self.nodes.len() {
+            if at.session_pending {
+                return true;
+            }
+            if at.is_gateway {
+                return false;
+            }
+            match at.spawner.and_then(|s| self.nodes.get(s)) {
+                Some(spawner) => at = spawner,
+                None => return false,
+            }
+        }
+        false
     }
 
     /// The session process `id` is in: its own, or the nearest one up its spawn chain (to
@@ -284,6 +332,25 @@ mod tests {
         assert!(g.set_session(id(&g, 200), None));
         assert_eq!(session(&g, 201), None);
         assert!(!g.set_session(id(&g, 200), None));
+    }
+
+    #[test]
+    fn a_chain_whose_environment_waits_to_be_read_is_not_settled() {
+        // 201 (a server of 200's session) is read before 200: until 200's read ends, what
+        // session 201 is in is not known.
+        let mut g = tree(&[(200, GW), (201, 200), (300, GW)]);
+        g.session_asked(id(&g, 200));
+        g.session_asked(id(&g, 201));
+        g.set_session_to(id(&g, 201), b"A");
+        assert!(g.session_unsettled(id(&g, 201)));
+        assert!(!g.session_unsettled(id(&g, 300)), "another chain");
+        g.set_session_to(id(&g, 200), b"A");
+        assert!(!g.session_unsettled(id(&g, 201)));
+        assert_eq!(owner(&g, 201), Some(200));
+        // A read given up settles it as well.
+        g.session_asked(id(&g, 300));
+        g.session_read_ended(id(&g, 300));
+        assert!(!g.session_unsettled(id(&g, 300)));
     }
 
     #[test]
