@@ -247,8 +247,8 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
 
-    /// With --kill, and for the `-- CMD` gateway when the run ends before it: how long
-    /// SIGTERM has before SIGKILL.
+    /// With --kill, for a kill asked through the API (`reaper-trace kill`), and for the
+    /// `-- CMD` gateway when the run ends before it: how long SIGTERM has before SIGKILL.
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_duration)]
     pub term_timeout: Duration,
 

@@ -1,11 +1,11 @@
 //! `reaper-trace`'s command line, word by word: the tracer (see [`crate::cli::Cli`]), and the
 //! words of its own: `report` ([`crate::report::ReportCli`]), `why`, `tree`, `sessions`,
-//! `events` ([`crate::api::client`]) and `top` ([`crate::api::top`]).
+//! `kill`, `events` ([`crate::api::client`]) and `top` ([`crate::api::top`]).
 use std::future::Future;
 
 use clap::Parser;
 
-use crate::api::client::{self, EventsCli, SessionsCli, TreeCli, WhyCli};
+use crate::api::client::{self, EventsCli, KillCli, SessionsCli, TreeCli, WhyCli};
 use crate::api::top::{self, TopCli};
 use crate::{cli::Cli, daemon, exit_status, report};
 
@@ -25,6 +25,10 @@ pub fn main() {
     if word.as_ref().is_some_and(|a| a == "sessions") {
         let cli = SessionsCli::parse_from(rest("reaper-trace sessions"));
         std::process::exit(ask(client::sessions(&cli)));
+    }
+    if word.as_ref().is_some_and(|a| a == "kill") {
+        let cli = KillCli::parse_from(rest("reaper-trace kill"));
+        std::process::exit(ask(client::kill(&cli)));
     }
     if word.as_ref().is_some_and(|a| a == "top") {
         let cli = TopCli::parse_from(rest("reaper-trace top"));

@@ -101,8 +101,16 @@ pub mod testing {
                 max_instances: 8,
             };
             let graph = LineageGraph::new(retain_dead);
+            // Nothing killed: no flag leads to a kill, and nobody asks.
+            let (killer, _) = crate::kill::Killer::new(crate::kill::KillOptions {
+                auto: false,
+                reasons: vec![],
+                grace: Duration::ZERO,
+                term_timeout: Duration::ZERO,
+                dry_run: true,
+            });
             let mut run =
-                crate::daemon::pipeline::Pipeline::new(graph, out, inspect, None, vec![], vec![]);
+                crate::daemon::pipeline::Pipeline::new(graph, out, inspect, killer, vec![], vec![]);
             run.add_seeds(vec![gateway])?;
             Ok(Ingest(run))
         }

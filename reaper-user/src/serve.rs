@@ -122,8 +122,9 @@ impl Thread {
     }
 
     /// Serves `listener` with `handler`, each connection admitted by `admit` first (closed
-    /// unanswered when it is not), within `limits`.
-    pub fn serve<B, A, H, F>(
+    /// unanswered when it gives nothing; what it gives, who the peer is, goes in each of the
+    /// connection's requests' extensions), within `limits`.
+    pub fn serve<B, A, P, H, F>(
         &self,
         listener: B,
         limits: Limits,
@@ -132,7 +133,8 @@ impl Thread {
     ) -> std::io::Result<Server>
     where
         B: Bound,
-        A: Fn(&<B::Live as Listener>::Io) -> bool + Send + 'static,
+        A: Fn(&<B::Live as Listener>::Io) -> Option<P> + Send + 'static,
+        P: Clone + Send + Sync + 'static,
         H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {
@@ -248,7 +250,7 @@ impl Open {
     }
 }
 
-async fn accept_loop<L, A, H, F>(
+async fn accept_loop<L, A, P, H, F>(
     listener: L,
     limits: Limits,
     admit: A,
@@ -256,7 +258,8 @@ async fn accept_loop<L, A, H, F>(
     mut stop: oneshot::Receiver<()>,
 ) where
     L: Listener,
-    A: Fn(&L::Io) -> bool,
+    A: Fn(&L::Io) -> Option<P>,
+    P: Clone + Send + Sync + 'static,
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
@@ -280,14 +283,18 @@ async fn accept_loop<L, A, H, F>(
             }
         };
         backoff = BACKOFF.0;
-        if !admit(&io) || !lock(&open).make_room(limits.connections) {
+        let Some(peer) = admit(&io) else {
             continue; // dropped: closed unanswered
+        };
+        if !lock(&open).make_room(limits.connections) {
+            continue;
         }
         let (close, closed) = oneshot::channel();
         let id = lock(&open).add(close);
         let service = {
             let (open, handler) = (open.clone(), handler.clone());
-            service_fn(move |req| {
+            service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(peer.clone());
                 lock(&open).request_began(id);
                 let (open, answer) = (open.clone(), handler(req));
                 async move {

@@ -325,6 +325,7 @@ fn a_recycled_pid_is_never_signalled() {
         };
         trials += 1;
         let (mut killer, mut reports) = Killer::new(KillOptions {
+            auto: true,
             reasons: vec![Reason::Orphaned],
             grace: Duration::ZERO,
             term_timeout: Duration::from_secs(1),
@@ -371,6 +372,7 @@ fn an_uncertain_process_is_never_signalled() {
     let child = sleeper();
     let node = seed(&mut graph, child, false, true);
     let (mut killer, _reports) = Killer::new(KillOptions {
+        auto: true,
         reasons: vec![Reason::Orphaned],
         grace: Duration::ZERO,
         term_timeout: Duration::from_secs(1),

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Empty};
-use hyper::{Request, StatusCode};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
@@ -20,8 +20,10 @@ use crate::stream::words::{human_duration, who};
 use crate::text::escape_for_terminal;
 
 mod from_audit;
+mod kill;
 mod sessions;
 pub use from_audit::ReplayArgs;
+pub use kill::{KillCli, kill};
 pub use sessions::{SessionsCli, sessions};
 
 /// Ask the running audits about one process: who spawned it, through whom, from which code,
@@ -338,14 +340,33 @@ pub(super) async fn get(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)
     Ok((status, body))
 }
 
+/// `POST path` on the API at `socket`: the status and the whole body.
+pub(super) async fn post(socket: &Path, path: &str) -> Result<(StatusCode, Bytes)> {
+    let response = send(socket, Method::POST, path).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
+
 /// `GET path` on the API at `socket`: the response, its body still to be read.
 async fn request(socket: &Path, path: &str) -> Result<hyper::Response<hyper::body::Incoming>> {
+    send(socket, Method::GET, path).await
+}
+
+/// `method path` on the API at `socket`, with no body.
+async fn send(
+    socket: &Path,
+    method: Method,
+    path: &str,
+) -> Result<hyper::Response<hyper::body::Incoming>> {
     let stream = UnixStream::connect(socket).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .context("HTTP handshake")?;
     tokio::spawn(connection);
-    let request = Request::get(path)
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
         .header(hyper::header::HOST, "localhost")
         .body(Empty::<Bytes>::new())?;
     Ok(sender.send_request(request).await?)

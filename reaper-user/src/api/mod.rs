@@ -1,7 +1,8 @@
-//! The running audit's local, read-only API: HTTP/1.1 with JSON bodies on a UNIX socket
-//! (`--api`), asked by `reaper-trace why PID`. The answers are built as the questions come
-//! (see [`Query`]), from what the run holds: the lineage graph, the flags, the spawn sites,
-//! and a fresh look at the process asked about. Nothing on it changes what is traced or kills anything.
+//! The running audit's local API: HTTP/1.1 with JSON bodies on a UNIX socket (`--api`),
+//! asked by `reaper-trace why PID`. The answers are built as the questions come (see
+//! [`Query`]), from what the run holds: the lineage graph, the flags, the spawn sites, and a
+//! fresh look at the process asked about. Nothing on it changes what is traced; one path
+//! kills, for root alone (`POST /v1/kill`).
 //!
 //! Paths (`/v1/...`; a later version adds paths, never changes these):
 //! - `GET /v1/status`: the run ([`Status`]).
@@ -16,6 +17,11 @@
 //!   on, as long as the client reads them ([`FollowFilter`]; `application/x-ndjson`); 404 for
 //!   a `pid` it does not track. A follower that does not keep up is dropped (see
 //!   [`crate::output::follow`]).
+//! - `POST /v1/kill?[pids=PID,PID][&session=S][&reason=R][&gateway=PID][&dry_run=true]`:
+//!   ends the processes picked ([`KillRequest`]) through the kill protocol; root only (the
+//!   connection's peer credentials: 403 for anyone else); answers what was started and what
+//!   refused ([`KillAnswer`]), each step then written to the stream as a `kill` event with
+//!   `asked_by`.
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +29,8 @@ use tokio::sync::oneshot;
 
 pub use crate::output::follow::{FollowFilter, FollowQueue};
 pub use crate::output::tree::{Branch, TreeFilter};
-pub use crate::stream::answer::{Held, Kill, Process, Sessions};
+pub use crate::stream::answer::{Held, Kill, KillAnswer, KillStep, Process, Sessions};
+pub use crate::stream::events::AskedBy;
 
 pub mod client;
 pub mod server;
@@ -58,6 +65,40 @@ pub enum Asked {
         filter: FollowFilter,
         lines: FollowQueue,
     },
+    /// End the processes `request` picks; `asked_by` is root (the server checked).
+    Kill {
+        request: KillRequest,
+        asked_by: AskedBy,
+    },
+}
+
+/// What `POST /v1/kill` is asked to end: the processes each given selector picks (at least
+/// one is given). A session's owner is picked only by its pid.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KillRequest {
+    /// Tracked processes by pid, comma-separated.
+    pub pids: Option<String>,
+    /// The live processes of this agent session (`--session-env`), its owner apart.
+    pub session: Option<String>,
+    /// The live processes holding a flag of this reason.
+    pub reason: Option<String>,
+    /// Only those descended from this tracked process (with `session` or `reason`).
+    pub gateway: Option<u32>,
+    /// Decide and answer, send nothing.
+    pub dry_run: bool,
+}
+
+impl KillRequest {
+    /// The pids asked for by number; an error names what is not one.
+    pub fn pid_list(&self) -> Result<Vec<u32>, String> {
+        let Some(pids) = &self.pids else {
+            return Ok(Vec::new());
+        };
+        (pids.split(',').filter(|p| !p.is_empty()))
+            .map(|p| p.parse().map_err(|_| format!("`{p}` is not a pid")))
+            .collect()
+    }
 }
 
 /// What `/v1/sessions` is asked for.

@@ -18,7 +18,7 @@ use std::os::unix::net::UnixListener;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Asked, FollowFilter, Query};
+use super::{Asked, AskedBy, FollowFilter, KillRequest, Query};
 use crate::output::follow::{self, FollowStream};
 use crate::serve::{self, Body};
 
@@ -119,7 +119,13 @@ impl Server {
         access: Access,
         queries: mpsc::Sender<Query>,
     ) -> std::io::Result<Server> {
-        let admit = move |stream: &UnixStream| stream.peer_cred().is_ok_and(|c| access.allows(&c));
+        let admit = move |stream: &UnixStream| {
+            let cred = stream.peer_cred().ok().filter(|c| access.allows(c))?;
+            Some(AskedBy {
+                uid: cred.uid(),
+                pid: cred.pid().and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+            })
+        };
         let handler = move |req| respond(req, queries.clone());
         Ok(Server {
             _file: file,
@@ -135,12 +141,34 @@ impl Server {
 }
 
 async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Response<Body> {
-    if req.method() != Method::GET {
-        return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
-    }
     let query = req.uri().query().unwrap_or_default();
+    let path = req.uri().path();
+    match (req.method(), path) {
+        (&Method::POST, "/v1/kill") => {}
+        (&Method::GET, "/v1/kill") => return error(StatusCode::METHOD_NOT_ALLOWED, "use POST"),
+        (&Method::GET, _) => {}
+        _ => return error(StatusCode::METHOD_NOT_ALLOWED, "use GET"),
+    }
     let mut follower = None;
-    let asked = match req.uri().path() {
+    let asked = match path {
+        "/v1/kill" => {
+            let asked_by = req
+                .extensions()
+                .get::<AskedBy>()
+                .copied()
+                .unwrap_or_default();
+            if asked_by.uid != 0 {
+                let text = format!(
+                    "only root may kill (uid {} may ask questions of this run)",
+                    asked_by.uid
+                );
+                return error(StatusCode::FORBIDDEN, &text);
+            }
+            match serde_urlencoded::from_str::<KillRequest>(query) {
+                Ok(request) => Asked::Kill { request, asked_by },
+                Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/kill: {e}")),
+            }
+        }
         "/v1/status" => Asked::Status,
         "/v1/kinds" => Asked::Kinds,
         "/v1/sessions" => match serde_urlencoded::from_str(query) {

@@ -51,6 +51,10 @@ async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
             let followed = run.borrow_mut().follow(&filter, lines);
             let _ = reply.send(followed.then(Vec::new));
         }
+        Asked::Kill { request, asked_by } => {
+            let answer = run.borrow_mut().kill_asked(&request, asked_by);
+            send_json(reply, &answer);
+        }
         Asked::Process(pid) => match process(run, slow, pid).await {
             Some(process) => send_json(reply, &process),
             None => refuse(reply),

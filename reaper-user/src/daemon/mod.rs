@@ -359,18 +359,15 @@ fn pipeline_for(
     stacks: StackMaps,
     selector_labels: Vec<String>,
 ) -> (Pipeline, Option<UnboundedReceiver<KillReport>>) {
-    let (killer, kill_reports) = match cli.kill {
-        true => {
-            let (killer, reports) = Killer::new(KillOptions {
-                reasons: cli.kill_reasons.0.clone(),
-                grace: cli.grace,
-                term_timeout: cli.term_timeout,
-                dry_run: cli.dry_run,
-            });
-            (Some(killer), Some(reports))
-        }
-        false => (None, None),
-    };
+    // Always there: a kill may be asked for through the API; flags lead to kills with --kill.
+    let (killer, kill_reports) = Killer::new(KillOptions {
+        auto: cli.kill,
+        reasons: cli.kill_reasons.0.clone(),
+        grace: cli.grace,
+        term_timeout: cli.term_timeout,
+        dry_run: cli.dry_run,
+    });
+    let kill_reports = Some(kill_reports);
     let mut run = Pipeline::new(
         LineageGraph::new(cli.retain_dead),
         output,

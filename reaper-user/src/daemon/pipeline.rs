@@ -36,6 +36,7 @@ use crate::stream::evidence::Frame;
 use crate::text::Args;
 
 mod answers;
+mod kill_asked;
 mod resume;
 mod scan;
 pub use resume::KeptState;
@@ -61,8 +62,8 @@ pub struct Pipeline {
     upkeep: Upkeep,
     gateways: Announcer,
     inspector: Inspector,
-    /// `--kill`, when given.
-    killer: Option<Killer>,
+    /// `--kill`'s, and the kills asked for through the API.
+    killer: Killer,
     /// `--kill-reasons` (given or not): what `why` says `--kill` would follow.
     kill_reasons: Vec<Reason>,
     /// The kinds with the most live instances at the last count (the API's `/v1/kinds`).
@@ -89,7 +90,7 @@ impl Pipeline {
         graph: LineageGraph,
         out: Output,
         inspect: InspectOptions,
-        killer: Option<Killer>,
+        killer: Killer,
         kill_reasons: Vec<Reason>,
         selector_labels: Vec<String>,
     ) -> Pipeline {
@@ -472,9 +473,10 @@ impl Pipeline {
     /// `--kill`: starts a sequence for each flag held past the grace time; the spawners found
     /// respawning what was killed are flagged by the next round of the rules.
     pub fn decide_kills(&mut self) -> Result<()> {
-        let Some(killer) = self.killer.as_mut() else {
+        if !self.killer.auto() {
             return Ok(());
-        };
+        }
+        let killer = &mut self.killer;
         // Oldest flag first: the older instances of an accumulating kind go before newer ones.
         let mut active: Vec<_> = self.inspector.active().collect();
         active.sort_by_key(|&(id, _, since)| (since, id));
@@ -489,9 +491,7 @@ impl Pipeline {
 
     /// Writes one step of a kill sequence.
     pub fn report_kill(&mut self, r: KillReport) -> Result<()> {
-        if let Some(k) = self.killer.as_mut() {
-            k.note(&self.graph, &r);
-        }
+        self.killer.note(&self.graph, &r);
         self.write([r.event()])
     }
 
@@ -526,11 +526,7 @@ impl Pipeline {
                 ..self.reader.delivery(account)
             },
             latency: self.reader.latency(),
-            kills: self
-                .killer
-                .as_ref()
-                .map(|k| k.counts().clone())
-                .unwrap_or_default(),
+            kills: self.killer.counts().clone(),
             started: self.started,
             gateway_exit_code,
         };

@@ -1,4 +1,5 @@
-//! Optional killing of flagged processes (`--kill`), built so that it can never hit the wrong
+//! Killing: of flagged processes (`--kill`), and of the processes a client asks for through
+//! the API (`reaper-trace kill`, [`Killer::asked`]), built so that it can never hit the wrong
 //! process.
 //!
 //! Every signal goes through a pidfd (`pidfd_send_signal`): a pidfd names one process, not a
@@ -27,12 +28,14 @@ use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
 use crate::stream::Stamped;
-use crate::stream::events::{Event, Kill, ProcText};
+use crate::stream::events::{AskedBy, Event, Kill, ProcText};
 use crate::text::{Args, Comm};
 
 /// `--kill` settings.
 #[derive(Clone, Debug)]
 pub struct KillOptions {
+    /// `--kill`: flags lead to kills (without it, only the kills asked for through the API).
+    pub auto: bool,
     /// Flags that lead to a kill.
     pub reasons: Vec<Reason>,
     /// How long a flag must hold before the first signal.
@@ -81,7 +84,10 @@ pub struct KillReport {
     pub node: NodeId,
     pub pid: u32,
     pub comm: Comm,
-    pub reason: Reason,
+    /// The flag it is killed for (none: asked for, holding none).
+    pub reason: Option<Reason>,
+    /// Who asked for it through the API; none for `--kill`'s own.
+    pub asked_by: Option<AskedBy>,
     pub signal: &'static str,
     pub result: Outcome,
     /// At the end of a sequence: seconds from the first signal to the exit.
@@ -101,9 +107,17 @@ impl KillReport {
             signal: self.signal.into(),
             result: self.result.name().into(),
             secs: self.secs,
+            asked_by: self.asked_by,
         });
         Stamped::new(self.at, ev)
     }
+}
+
+/// Why a sequence runs: the flag it is for, and who asked for it.
+#[derive(Clone, Copy, Debug)]
+struct Cause {
+    reason: Option<Reason>,
+    asked_by: Option<AskedBy>,
 }
 
 /// A process cleared for signalling: its pidfd is verified to be the graph's process.
@@ -170,6 +184,11 @@ impl Killer {
         (killer, rx)
     }
 
+    /// Whether flags lead to kills (`--kill`).
+    pub fn auto(&self) -> bool {
+        self.opts.auto
+    }
+
     /// Steps taken so far, by reason and result.
     pub fn counts(&self) -> &BTreeMap<&'static str, BTreeMap<&'static str, u64>> {
         &self.counts
@@ -180,7 +199,7 @@ impl Killer {
     pub fn note(&mut self, graph: &LineageGraph, r: &KillReport) {
         *self
             .counts
-            .entry(r.reason.name())
+            .entry(r.reason.map_or("asked", Reason::name))
             .or_default()
             .entry(r.result.name())
             .or_default() += 1;
@@ -208,6 +227,9 @@ impl Killer {
         now: u64,
     ) -> Decisions {
         let mut out = Decisions::default();
+        if !self.opts.auto {
+            return out;
+        }
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
         let window = u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX);
         self.killed.retain(|k| now.saturating_sub(k.at) < window);
@@ -244,16 +266,72 @@ impl Killer {
                     continue;
                 }
             }
-            self.start(graph, node, reason, &mut out);
+            let cause = Cause {
+                reason: Some(reason),
+                asked_by: None,
+            };
+            let dry_run = self.opts.dry_run;
+            out.reports
+                .extend(self.start(graph, node, cause, dry_run).refused);
         }
         out
     }
 
-    /// Verifies the flagged process and its live descendants (leaves first) and starts the
-    /// sequence.
-    fn start(&mut self, graph: &LineageGraph, node: &Node, reason: Reason, out: &mut Decisions) {
+    /// A kill asked for through the API by `asked_by` (root: the server checked): each of
+    /// `nodes` with its live descendants, leaves first, through the same protocol as
+    /// `--kill`'s, refused as `--kill` refuses (a gateway, pid 1, reaper-trace, its
+    /// ancestors, what is outside a gateway's lineage or uncertain); `reason_of` the flag
+    /// each holds, if any. What was refused, or not sent for `dry_run` (or the run's
+    /// `--dry-run`), is reported at once;
+    /// the steps of the sequences started come as they are taken.
+    pub fn asked(
+        &mut self,
+        graph: &LineageGraph,
+        nodes: &[NodeId],
+        reason_of: impl Fn(NodeId) -> Option<Reason>,
+        asked_by: AskedBy,
+        dry_run: bool,
+    ) -> Started {
+        let mut all = Started::default();
+        for &id in nodes {
+            let Some(node) = graph.node(id).filter(|n| n.alive()) else {
+                continue;
+            };
+            let cause = Cause {
+                reason: reason_of(id),
+                asked_by: Some(asked_by),
+            };
+            // A process never killed is refused with what it spawned: asking to end a
+            // gateway ends nothing under it either.
+            if let Some(outcome) = refusal(graph, node, &self.protected) {
+                all.refused.push(KillReport {
+                    node: id,
+                    pid: node.pid,
+                    comm: node.comm,
+                    reason: cause.reason,
+                    asked_by: cause.asked_by,
+                    signal: "SIGTERM",
+                    result: outcome,
+                    secs: None,
+                    at: boottime_now(),
+                });
+                continue;
+            }
+            // Asked for: a process decided on before (a sequence that gave up) may be again.
+            self.decided.remove(&id);
+            let started = self.start(graph, node, cause, dry_run || self.opts.dry_run);
+            all.refused.extend(started.refused);
+            all.signalled.extend(started.signalled);
+        }
+        all
+    }
+
+    /// Verifies the process and its live descendants (leaves first) and starts the sequence;
+    /// returns what was refused (or not sent, `dry_run`) and what is signalled.
+    fn start(&mut self, graph: &LineageGraph, node: &Node, cause: Cause, dry_run: bool) -> Started {
         let mut order = Vec::new();
         leaves_first(graph, node, &mut order);
+        let mut started = Started::default();
         let mut targets = Vec::new();
         for n in order {
             if !self.decided.insert(n.id) {
@@ -263,38 +341,52 @@ impl Killer {
                 node: n.id,
                 pid: n.pid,
                 comm: n.comm,
-                reason,
+                reason: cause.reason,
+                asked_by: cause.asked_by,
                 signal: "SIGTERM",
                 result,
                 secs: None,
                 at: boottime_now(),
             };
             if let Some(outcome) = refusal(graph, n, &self.protected) {
-                out.reports.push(refuse(outcome));
+                started.refused.push(refuse(outcome));
                 continue;
             }
             match verify(n) {
-                Ok(_) if self.opts.dry_run => out.reports.push(refuse(Outcome::DryRun)),
-                Ok((pidfd, stopped)) => targets.push(Target {
-                    node: n.id,
-                    pid: n.pid,
-                    comm: n.comm,
-                    pidfd,
-                    stopped,
-                }),
-                Err(result) => out.reports.push(refuse(result)),
+                Ok(_) if dry_run => started.refused.push(refuse(Outcome::DryRun)),
+                Ok((pidfd, stopped)) => {
+                    started.signalled.push((n.pid, n.comm));
+                    targets.push(Target {
+                        node: n.id,
+                        pid: n.pid,
+                        comm: n.comm,
+                        pidfd,
+                        stopped,
+                    })
+                }
+                Err(result) => started.refused.push(refuse(result)),
             }
         }
         if !targets.is_empty() {
             let tx = self.reports.clone();
-            let (term, reason) = (self.opts.term_timeout, reason);
+            let term = self.opts.term_timeout;
             tokio::spawn(async move {
                 for t in targets {
-                    run_sequence(t, reason, term, &tx).await;
+                    run_sequence(t, cause, term, &tx).await;
                 }
             });
         }
+        started
     }
+}
+
+/// What a kill decided at once.
+#[derive(Default)]
+pub struct Started {
+    /// Reports that need no signal: refusals and dry runs.
+    pub refused: Vec<KillReport>,
+    /// The processes whose sequence started (pid, name), leaves first.
+    pub signalled: Vec<(u32, Comm)>,
 }
 
 /// Why `n` is never signalled, whatever it is flagged for: a gateway, one of `protected`, a
@@ -379,7 +471,7 @@ fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
 /// SIGCONT if stopped, SIGTERM, up to `term_timeout` for the exit, SIGKILL, confirm.
 async fn run_sequence(
     t: Target,
-    reason: Reason,
+    cause: Cause,
     term_timeout: Duration,
     tx: &mpsc::UnboundedSender<KillReport>,
 ) {
@@ -389,7 +481,8 @@ async fn run_sequence(
             node: t.node,
             pid: t.pid,
             comm: t.comm,
-            reason,
+            reason: cause.reason,
+            asked_by: cause.asked_by,
             signal,
             result,
             secs: done.then(|| started.elapsed().as_secs_f64()),
@@ -497,6 +590,7 @@ mod tests {
         graph.add_seed(seed(4_000_000, 1, true));
         let (flagged, _) = graph.add_seed(seed(me, 4_000_000, false));
         let (mut killer, _reports) = Killer::new(KillOptions {
+            auto: true,
             reasons: vec![Reason::Orphaned],
             grace: Duration::ZERO,
             term_timeout: Duration::from_secs(5),
@@ -523,6 +617,7 @@ mod tests {
         record(&mut graph, 1, (helper, 1), fork(gw));
         let node = graph.current(helper).unwrap().id;
         let (mut killer, _reports) = Killer::new(KillOptions {
+            auto: true,
             reasons: vec![Reason::Orphaned],
             grace: Duration::from_secs(1),
             term_timeout: Duration::from_secs(5),

@@ -11,7 +11,7 @@ use prometheus_client::metrics::{
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::leaks::Reason;
-use crate::stream::events::{Event, Flag, Kill, Lifecycle, Lost, Name};
+use crate::stream::events::{Event, Flag, Lifecycle, Lost, Name};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -178,10 +178,10 @@ impl Metrics {
                 };
                 self.flags.get_or_create(&label).inc();
             }
-            Event::Kill(Kill { reason, result, .. }) => {
+            Event::Kill(kill) => {
                 let label = KillLabel {
-                    reason: reason.name().into(),
-                    result: result.clone(),
+                    reason: kill.cause().into(),
+                    result: kill.result.clone(),
                 };
                 self.kills.get_or_create(&label).inc();
             }

@@ -37,7 +37,12 @@ pub fn serve(
     registry: Arc<Registry>,
 ) -> std::io::Result<serve::Server> {
     let handler = move |req| respond(req, registry.clone());
-    thread.serve(listener, LIMITS, |_: &tokio::net::TcpStream| true, handler)
+    thread.serve(
+        listener,
+        LIMITS,
+        |_: &tokio::net::TcpStream| Some(()),
+        handler,
+    )
 }
 
 async fn respond(req: Request<Incoming>, registry: Arc<Registry>) -> Response<Body> {

@@ -380,7 +380,7 @@ impl Replay {
             }
             Event::Kill(k) => {
                 if let Some(id) = self.graph.current(k.pid).map(|n| n.id) {
-                    let step = format!("sent {} for {} ({})", k.signal, k.reason, k.result);
+                    let step = format!("sent {} for {} ({})", k.signal, k.cause(), k.result);
                     self.kills.entry(id).or_default().push(step);
                 }
             }

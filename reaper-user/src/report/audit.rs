@@ -312,7 +312,7 @@ impl Audit {
     }
 
     fn kill(&mut self, kill: Kill) {
-        let key = (kill.reason.to_string(), kill.result.to_string());
+        let key = (kill.cause().to_owned(), kill.result.to_string());
         let key = match self.kills.len() < MAX_KILL_KINDS || self.kills.contains_key(&key) {
             true => key,
             false => ("(other)".to_owned(), String::new()),
@@ -322,7 +322,7 @@ impl Audit {
             .flags
             .iter_mut()
             .rev()
-            .find(|r| r.pid == kill.pid && r.reason == kill.reason)
+            .find(|r| r.pid == kill.pid && Some(r.reason) == kill.reason)
         {
             row.kill = Some((kill.signal.into_owned(), kill.result.into_owned()));
         }

@@ -97,3 +97,32 @@ pub struct FlaggedIn {
     pub pid: u32,
     pub flags: Vec<Held>,
 }
+
+/// What `POST /v1/kill` did at once: the sequences started and what was refused (each step
+/// then comes in the stream as a `kill` event).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KillAnswer {
+    /// Boot-time ns of the answer.
+    pub now: u64,
+    pub dry_run: bool,
+    /// Why nothing was done: the request picks nothing this run could know (no selector, an
+    /// unknown reason or gateway); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Each process picked, with its live descendants, leaves first.
+    pub steps: Vec<KillStep>,
+}
+
+/// One process of a kill asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KillStep {
+    pub pid: u32,
+    pub comm: String,
+    /// `signalled` (SIGTERM sent, SIGKILL after `--term-timeout`), `dry_run`, or why not:
+    /// `not_tracked`, `not_alive`, `not_in_lineage` (a gateway, pid 1, reaper-trace, an
+    /// ancestor of it, or outside a gateway's lineage), `uncertain`, `identity_changed`,
+    /// `exited`, `permission_denied`.
+    pub result: String,
+}

@@ -24,7 +24,7 @@ pub use super::evidence::{
 mod findings;
 mod process;
 mod run;
-pub use findings::{Check, Cleared, Flag, Kill, LeakedProcess};
+pub use findings::{AskedBy, Check, Cleared, Flag, Kill, LeakedProcess};
 pub use process::{Exec, Exit, Fork, Reaped, Reparent, Session, Setsid, Snapshot};
 pub use run::{
     AliveProcess, Delivery, Gateway, Latency, Lost, Name, Note, Ready, Resumed, StopCommand,
@@ -180,7 +180,7 @@ impl Event {
     pub fn reason(&self) -> Option<Reason> {
         match self {
             Event::Flag(e) => Some(e.reason),
-            Event::Kill(e) => Some(e.reason),
+            Event::Kill(e) => e.reason,
             Event::Cleared(e) => Some(e.reason),
             _ => None,
         }

@@ -139,7 +139,7 @@ impl Pipeline {
             evidence,
             spawned,
             crowd,
-            kill_enabled: self.killer.is_some(),
+            kill_enabled: self.killer.auto(),
             kill_reasons: &self.kill_reasons,
         };
         let held = self.inspector.held();

@@ -31,22 +31,44 @@ pub struct Cleared {
     pub because: Name,
 }
 
-/// A step of `--kill`'s sequence for one process.
+/// A step of a kill sequence for one process: `--kill`'s, or one asked for through the API
+/// (`reaper-trace kill`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Kill {
     pub pid: u32,
     #[serde(flatten)]
     pub comm: ProcText,
-    pub reason: Reason,
+    /// The flag it was killed for; absent for a kill asked for a process that holds none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
     /// "SIGCONT", "SIGTERM" or "SIGKILL".
     pub signal: Name,
-    /// "sent", "exited", "identity_changed", "not_in_lineage", "permission_denied" or
-    /// "dry_run".
+    /// "sent", "exited", "identity_changed", "not_in_lineage", "permission_denied",
+    /// "uncertain" or "dry_run".
     pub result: Name,
     /// At the end of a sequence: seconds from the first signal to the exit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secs: Option<f64>,
+    /// Who asked for it through the API (its peer credentials); absent for `--kill`'s own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_by: Option<AskedBy>,
+}
+
+/// Who asked for a kill: the API client's user and process, as its socket's peer
+/// credentials (`SO_PEERCRED`) give them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AskedBy {
+    pub uid: u32,
+    pub pid: u32,
+}
+
+impl Kill {
+    /// Why it was killed, in a word: its flag's reason, or `asked`.
+    pub fn cause(&self) -> &'static str {
+        self.reason.map_or("asked", Reason::name)
+    }
 }
 
 /// `--check`'s verdict, after the gateway command exited and the settle time passed.
@@ -83,12 +105,17 @@ impl Readable for Kill {
         let Kill {
             pid,
             comm,
-            reason,
             signal,
             result,
             secs,
+            asked_by,
+            ..
         } = self;
-        let who = format!("KILL {reason} pid {pid} ({})", comm.for_terminal());
+        let cause = self.cause();
+        let mut who = format!("KILL {cause} pid {pid} ({})", comm.for_terminal());
+        if let Some(a) = asked_by {
+            who.push_str(&format!(", asked by uid {} (pid {})", a.uid, a.pid));
+        }
         match secs {
             Some(s) => format!("{who}: {signal} {result} after {s:.1}s"),
             None => format!("{who}: {signal} {result}"),

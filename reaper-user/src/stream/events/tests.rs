@@ -278,10 +278,21 @@ fn one_of_each() -> Vec<Event> {
         Kill {
             pid: 4,
             comm: odd(),
-            reason: Reason::Orphaned,
+            reason: Some(Reason::Orphaned),
             signal: "SIGTERM".into(),
             result: "sent".into(),
             secs: None,
+            asked_by: None,
+        }
+        .into(),
+        Kill {
+            pid: 5,
+            comm: odd(),
+            reason: None,
+            signal: "SIGKILL".into(),
+            result: "exited".into(),
+            secs: Some(1.5),
+            asked_by: Some(AskedBy { uid: 0, pid: 77 }),
         }
         .into(),
         Cleared {
