@@ -9,11 +9,11 @@ use std::{fs, path::PathBuf};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
-use reaper_user::docs::{Cli, EventsCli, ReportCli, SessionsCli, TopCli, TreeCli, WhyCli};
+use reaper_user::docs::{Cli, EventsCli, KillCli, ReportCli, SessionsCli, TopCli, TreeCli, WhyCli};
 
 fn main() -> Result<()> {
     let out = PathBuf::from(std::env::args_os().nth(1).context("usage: docs OUT_DIR")?);
-    // `report` and the API's clients (`why`, `tree`, `sessions`, `events`, `top`) are parsed apart from the
+    // `report` and the API's clients (`why`, `tree`, `sessions`, `kill`, `events`, `top`) are parsed apart from the
     // tracer's command line (which ends with any CMD); people meet them as subcommands, so
     // the pages and completions show them so.
     let report = ReportCli::command().name("report");
@@ -22,6 +22,7 @@ fn main() -> Result<()> {
         .subcommand(WhyCli::command().name("why"))
         .subcommand(TreeCli::command().name("tree"))
         .subcommand(SessionsCli::command().name("sessions"))
+        .subcommand(KillCli::command().name("kill"))
         .subcommand(EventsCli::command().name("events"))
         .subcommand(TopCli::command().name("top"));
 

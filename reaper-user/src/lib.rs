@@ -61,7 +61,7 @@ pub mod parse {
 /// For the docs example (man pages, completions) and the test that holds the docs to the
 /// code: the command lines and the rules' table.
 pub mod docs {
-    pub use crate::api::client::{EventsCli, SessionsCli, TreeCli, WhyCli};
+    pub use crate::api::client::{EventsCli, KillCli, SessionsCli, TreeCli, WhyCli};
     pub use crate::api::top::TopCli;
     pub use crate::cli::Cli;
     pub use crate::leaks::rules::TABLE as RULES;

@@ -5,7 +5,8 @@
 //! tracefs (kernels from 5.11 charge BPF memory to the cgroup, not to RLIMIT_MEMLOCK, so no
 //! CAP_SYS_RESOURCE); from then on the maps and the ring are used through fds it already holds,
 //! which needs no capability. What stays: CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (reading other
-//! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`.
+//! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`
+//! or while the API is served (root may ask it to end another user's process).
 //! Everything else leaves the effective, permitted, inheritable, ambient and bounding sets, and
 //! no_new_privs is set, so nothing it could ever exec regains privileges.
 use anyhow::{Context, Result, bail};

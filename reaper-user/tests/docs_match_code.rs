@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use reaper_user::docs::{Cli, EventsCli, RULES, ReportCli, SessionsCli, TopCli, TreeCli, WhyCli};
+use reaper_user::docs::{
+    Cli, EventsCli, KillCli, RULES, ReportCli, SessionsCli, TopCli, TreeCli, WhyCli,
+};
 
 const README: &str = include_str!("../../README.md");
 const CLI_DOC: &str = include_str!("../../docs/cli.md");
@@ -139,6 +141,7 @@ fn each_subcommands_options_table_names_every_option_with_its_default() {
         ("why", WhyCli::command()),
         ("tree", TreeCli::command()),
         ("sessions", SessionsCli::command()),
+        ("kill", KillCli::command()),
         ("events", EventsCli::command()),
         ("top", TopCli::command()),
     ] {
@@ -169,6 +172,8 @@ fn every_option_the_readme_names_exists() {
         ReportCli::command(),
         WhyCli::command(),
         TreeCli::command(),
+        SessionsCli::command(),
+        KillCli::command(),
         EventsCli::command(),
         TopCli::command(),
     ]

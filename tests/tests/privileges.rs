@@ -1,5 +1,6 @@
-//! Least privilege: once attached, reaper-trace keeps only what /proc inspection (and --kill)
-//! needs, and sets no_new_privs. Needs root (see `require_root`).
+//! Least privilege: once attached, reaper-trace keeps only what /proc inspection (and killing:
+//! --kill, or an API root may ask to kill) needs, and sets no_new_privs. Needs root (see
+//! `require_root`).
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
@@ -7,7 +8,7 @@ use std::{
 
 use reaper_tests::{reaper_trace, require_root};
 
-/// CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19); CAP_KILL (5) with --kill.
+/// CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19); CAP_KILL (5) with --kill or the API.
 const INSPECT: u64 = 1 << 2 | 1 << 19;
 const KILL: u64 = 1 << 5;
 
@@ -58,15 +59,18 @@ fn after_attach_only_inspection_privileges_remain() {
     if !require_root("after_attach_only_inspection_privileges_remain") {
         return;
     }
-    let (eff, prm, bnd, inh, nnp) = privileges_after_ready(&[]);
+    let (eff, prm, bnd, inh, nnp) = privileges_after_ready(&["--api", "off"]);
     assert_eq!((eff, prm, bnd, inh), (INSPECT, INSPECT, INSPECT, 0));
     assert_eq!(nnp, "1");
 
-    let (eff, prm, bnd, _, _) = privileges_after_ready(&["--kill"]);
-    assert_eq!(
-        (eff, prm, bnd),
-        (INSPECT | KILL, INSPECT | KILL, INSPECT | KILL)
-    );
+    for args in [&["--kill", "--api", "off"][..], &[]] {
+        let (eff, prm, bnd, _, _) = privileges_after_ready(args);
+        assert_eq!(
+            (eff, prm, bnd),
+            (INSPECT | KILL, INSPECT | KILL, INSPECT | KILL),
+            "{args:?}: CAP_KILL kept (the API serves `reaper-trace kill`)"
+        );
+    }
 }
 
 /// Without CAP_BPF (root otherwise), the error says which capabilities are missing and how to

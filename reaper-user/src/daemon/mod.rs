@@ -287,9 +287,12 @@ async fn start(cli: &Cli) -> Result<Tracing> {
             Some(child)
         }
     };
-    // Attached and the gateway started: from here on, only what /proc inspection (and --kill)
-    // needs. A failure leaves the run correct but less hardened: say so, go on.
-    if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(cli.kill)) {
+    // Attached and the gateway started: from here on, only what /proc inspection needs, and
+    // killing with --kill or while the API may be asked to (root's `reaper-trace kill` may
+    // end another user's process). A failure leaves the run correct but less hardened: say
+    // so, go on.
+    let may_kill = cli.kill || cli.api != crate::cli::Api::Off;
+    if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(may_kill)) {
         let note = format!("warning: {e:#}; keeping full privileges");
         run.output().note(&note)?;
     }
