@@ -167,8 +167,9 @@ pub struct Cli {
     pub spawn_stacks: SpawnStacks,
 
     /// An environment variable that names the agent session a process is for (repeatable):
-    /// the first of them in a process's environment is its session, and a process naming none
-    /// is in its spawner's. By default the agent hosts' own; `none` reads no session.
+    /// the first of them (in their order) a process's environment sets is its session, a value
+    /// of reaper-trace's own environment or the gateway's apart, and a process naming none is
+    /// in its spawner's. By default the agent hosts' own; `none` reads no session.
     #[arg(
         long,
         value_name = "NAME",

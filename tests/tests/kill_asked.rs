@@ -13,20 +13,22 @@ use serde_json::Value;
 /// The gid `--api-group` is given and the client runs as (`nogroup`, and `nobody`'s uid).
 const NOBODY: u32 = 65534;
 
-/// A gateway with two running agent sessions, each a per-session process with a server and a
-/// double fork's grandchild (identical in both), their pids written in `dir`.
+/// A gateway with two running agent sessions, each a per-session process with a server (a
+/// wrapper and the `sleep` it runs) and a double fork's grandchild (identical in both), their
+/// pids written in `dir`.
 fn gateway(dir: &Path) -> String {
     let d = dir.display();
     let session = |s: &str| {
         format!(
-            "AGENT_SESSION_ID=sess-{s} sh -c 'sleep 611 & echo $! > {d}/{s}-server; \
+            "AGENT_SESSION_ID=sess-{s} sh -c 'sh -c \"sleep 611 & echo \\$! > {d}/{s}-inner; wait\" & \
+             echo $! > {d}/{s}-server; \
              ( sleep 612 & echo $! > {d}/{s}-forked ); echo $$ > {d}/{s}-owner; \
              while [ ! -e \"$REAPER_SHAPES_RELEASE\" ]; do sleep 0.05; done' &"
         )
     };
     format!(
         "{}\n{}\nwhile [ ! -e \"$REAPER_SHAPES_RELEASE\" ]; do sleep 0.05; done\n\
-         for s in a b; do kill $(cat {d}/$s-server {d}/$s-forked) 2>/dev/null; done\n",
+         for s in a b; do kill $(cat {d}/$s-inner {d}/$s-server {d}/$s-forked) 2>/dev/null; done\n",
         session("a"),
         session("b"),
     )
@@ -85,7 +87,7 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
     let socket = dir.join("api.sock");
     let script = gateway(&dir);
     let names = [
-        "a-server", "a-forked", "a-owner", "b-server", "b-forked", "b-owner",
+        "a-server", "a-inner", "a-forked", "a-owner", "b-server", "b-inner", "b-forked", "b-owner",
     ];
     let mut asked: Vec<(String, Output)> = Vec::new();
     let mut a_killed: Vec<u32> = Vec::new();
@@ -138,6 +140,7 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
                 ));
                 a_killed = vec![
                     pid_in(&dir, "a-server").unwrap(),
+                    pid_in(&dir, "a-inner").unwrap(),
                     pid_in(&dir, "a-forked").unwrap(),
                 ];
             }
@@ -161,14 +164,20 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
             .1
     };
     let pid = |name: &str| pid_in(&dir, name).unwrap();
-    // --dry-run: both of A's leftovers named, nothing sent (they lived on to the real kill).
+    // A's leftovers: its server (the wrapper and the sleep it runs) and its forked sleep.
+    let a_left = a_killed;
+    assert_eq!(a_left.len(), 3, "{}", run.stderr);
+    // --dry-run: each named, nothing sent (they lived on to the real kill).
     let dry = said("dry run");
     assert_eq!(dry.status.code(), Some(0), "{}", text(dry));
     let dry_out = String::from_utf8_lossy(&dry.stdout);
-    for name in ["a-server", "a-forked"] {
+    for p in &a_left {
+        let line = dry_out
+            .lines()
+            .find(|l| l.starts_with(&format!("pid {p} (")));
         assert!(
-            dry_out.contains(&format!("pid {} (sleep): would be signalled", pid(name))),
-            "{}",
+            line.is_some_and(|l| l.ends_with("would be signalled (--dry-run: nothing sent)")),
+            "{p}: {}",
             text(dry)
         );
     }
@@ -194,11 +203,12 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
         "{}",
         text(protected)
     );
-    // The kill: A's server and forked sleep signalled and gone, by the run, with who asked.
+    // The kill: A's leftovers signalled and gone, by the run, with who asked; the server's
+    // sleep too, below it (the dry run before it left no trace).
     let killed = said("session A");
     assert_eq!(killed.status.code(), Some(0), "{}", text(killed));
-    for name in ["a-server", "a-forked"] {
-        let p = u64::from(pid(name));
+    for &p in &a_left {
+        let (name, p) = (p, u64::from(p));
         let steps: Vec<&Value> = events
             .iter()
             .filter(|e| e["event"] == "kill" && e["pid"].as_u64() == Some(p))
@@ -217,7 +227,7 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
     }
     // Nothing else: A's per-session process (its owner), B's identical processes and the
     // gateway were neither signalled nor ended.
-    for name in ["a-owner", "b-server", "b-forked", "b-owner"] {
+    for name in ["a-owner", "b-server", "b-inner", "b-forked", "b-owner"] {
         let p = pid(name);
         let is_p = |e: &&Value| e["pid"].as_u64() == Some(u64::from(p));
         let signalled = events
@@ -230,8 +240,8 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
     }
     // The dry run's steps are in the stream too (with A's other live processes at that
     // moment: its per-session process's own `sleep 0.05`s).
-    for name in ["a-server", "a-forked"] {
-        let p = u64::from(pid(name));
+    for &name in &a_left {
+        let p = u64::from(name);
         let dry = (events.iter())
             .any(|e| e["event"] == "kill" && e["result"] == "dry_run" && e["pid"] == p);
         assert!(dry, "{name}: no dry_run step");

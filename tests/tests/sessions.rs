@@ -3,7 +3,7 @@
 //! a session's end where its owner is seen. Needs root (see `require_root`).
 use std::path::Path;
 
-use reaper_tests::{Then, require_root, run_reaper_until, scratch};
+use reaper_tests::{Run, Then, require_root, run_reaper_until, scratch};
 use serde_json::Value;
 
 /// The pid of the process that exec'd `sleep SECS` in the stream.
@@ -51,6 +51,32 @@ kill $(cat {d}/a {d}/b {d}/b2 {d}/c {d}/d {d}/f)
     )
 }
 
+/// reaper-trace, given `args` and the environment `env`, over the gateway of [`gateway`] run
+/// by `launch` (a prefix: `env NAME=VALUE`), quick to look and to confirm an orphan, until
+/// `proof` holds (`what`), then the release.
+fn run_gateway(
+    dir: &Path,
+    args: &[&str],
+    launch: &[&str],
+    env: &[(&str, &str)],
+    what: &str,
+    proof: impl FnMut(&[Value]) -> bool,
+) -> Run {
+    let script = gateway(dir);
+    let mut all = vec!["--orphan-grace", "250ms", "--scan-interval", "250ms"];
+    all.extend(args);
+    all.push("--");
+    all.extend(launch);
+    all.extend(["sh", "-c", &script]);
+    run_reaper_until(
+        &all,
+        env,
+        &dir.join("release"),
+        (what, Then::Release),
+        proof,
+    )
+}
+
 #[test]
 fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing() {
     let test =
@@ -59,31 +85,13 @@ fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_
         return;
     }
     let dir = scratch(test);
-    let script = gateway(&dir);
     let ended = |events: &[Value]| {
         ["601", "604", "606"]
             .iter()
             .all(|secs| sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty()))
     };
-    let run = run_reaper_until(
-        &[
-            "--orphan-grace",
-            "250ms",
-            "--scan-interval",
-            "250ms",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-        &[],
-        &dir.join("release"),
-        (
-            "the servers of the sessions that ended flagged",
-            Then::Release,
-        ),
-        ended,
-    );
+    let what = "the servers of the sessions that ended flagged";
+    let run = run_gateway(&dir, &[], &[], &[], what, ended);
     let events = &run.events;
     let pid = |secs: &str| {
         sleeper(events, secs)
@@ -157,23 +165,12 @@ fn without_sessions_the_chain_rule_flags_the_double_fork_as_before() {
         return;
     }
     let dir = scratch(test);
-    let script = gateway(&dir);
-    let run = run_reaper_until(
-        &[
-            "--orphan-grace",
-            "250ms",
-            "--scan-interval",
-            "250ms",
-            "--session-env",
-            "none",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
+    let run = run_gateway(
+        &dir,
+        &["--session-env", "none"],
         &[],
-        &dir.join("release"),
-        ("the double fork's grandchild flagged", Then::Release),
+        &[],
+        "the double fork's grandchild flagged",
         |events| sleeper(events, "603").is_some_and(|pid| !orphaned(events, pid).is_empty()),
     );
     let events = &run.events;
@@ -191,28 +188,14 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
         return;
     }
     let dir = scratch(test);
-    let script = gateway(&dir);
     // reaper-trace runs in a CI job (RUNNER_TRACKING_ID), and the gateway in an agent's shell
     // (CLAUDE_CODE_SESSION_ID): both reach every process, and neither is a session of theirs.
-    let run = run_reaper_until(
-        &[
-            "--orphan-grace",
-            "250ms",
-            "--scan-interval",
-            "250ms",
-            "--",
-            "env",
-            "CLAUDE_CODE_SESSION_ID=agent-shell",
-            "sh",
-            "-c",
-            &script,
-        ],
+    let run = run_gateway(
+        &dir,
+        &[],
+        &["env", "CLAUDE_CODE_SESSION_ID=agent-shell"],
         &[("RUNNER_TRACKING_ID", "ci-job")],
-        &dir.join("release"),
-        (
-            "the servers of the sessions that ended flagged",
-            Then::Release,
-        ),
+        "the servers of the sessions that ended flagged",
         |events| {
             ["601", "606"].iter().all(|secs| {
                 sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty())
@@ -220,16 +203,19 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
         },
     );
     let events = &run.events;
-    let values: Vec<&Value> = run
+    // The gateway's own value is written for it (a replay keeps it as ambient too); below
+    // it, only the hosts' sessions begin, and the run's own value is never one.
+    let gateway = reaper_tests::pid(&run.all("ready")[0]["gateway"][0]);
+    let (own, below): (Vec<&Value>, Vec<&Value>) = run
         .all("session")
         .into_iter()
-        .map(|e| &e["session"])
-        .collect();
+        .partition(|e| e["pid"].as_u64() == Some(gateway));
+    assert!(own.iter().all(|e| e["session"] == "agent-shell"), "{own:?}");
     assert!(
-        values
-            .iter()
-            .all(|v| v.as_str().is_some_and(|v| v.starts_with("sess-"))),
-        "only the hosts' sessions begin: {values:?}"
+        below.iter().all(|e| e["session"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("sess-"))),
+        "only the hosts' sessions begin: {below:?}"
     );
     // The first of the names in their order: AGENT_SESSION_ID before the agent shell's.
     for (secs, session) in [("601", "sess-a"), ("606", "sess-f")] {

@@ -202,25 +202,12 @@ pub async fn tree(cli: &TreeCli) -> Result<(String, i32)> {
     let filter = tree_filter(cli);
     let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
     let sockets = sockets(cli.api.as_deref())?;
-    let mut runs = ask_runs(&sockets, &format!("/v1/tree?{query}")).await?;
-    let answered = runs.bodies().await?;
-    if answered.is_empty() {
-        let by = match cli.gateway {
-            Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by"))?,
-            None => runs.none_tracks("no answer from")?,
-        };
-        return Ok((by, 1));
-    }
+    let answered = match answers_of(&sockets, &format!("/v1/tree?{query}"), cli.gateway).await? {
+        Ok(answered) => answered,
+        Err(none) => return Ok(none),
+    };
     if cli.json {
-        // Each run's answer as it came (its fields in their order), under its socket.
-        let members: Vec<String> = answered
-            .iter()
-            .map(|(socket, body)| {
-                let key = serde_json::to_string(&socket.display().to_string())?;
-                Ok(format!("{key}:{}", String::from_utf8_lossy(body)))
-            })
-            .collect::<serde_json::Result<_>>()?;
-        return Ok((format!("{{{}}}", members.join(",")), 0));
+        return Ok((by_socket(&answered)?, 0));
     }
     let many = answered.len() > 1;
     let mut text = String::new();
@@ -324,6 +311,38 @@ pub(super) async fn ask_runs(sockets: &[PathBuf], path: &str) -> Result<Runs> {
         }
     }
     Ok(runs)
+}
+
+/// `GET path` of each run at `sockets`, each answer's body whole; or, when none answered,
+/// why (`gateway`: the process asked about, if any) with the exit status 1.
+pub(super) async fn answers_of(
+    sockets: &[PathBuf],
+    path: &str,
+    gateway: Option<u32>,
+) -> Result<Result<Vec<(PathBuf, Bytes)>, (String, i32)>> {
+    let mut runs = ask_runs(sockets, path).await?;
+    let answered = runs.bodies().await?;
+    if !answered.is_empty() {
+        return Ok(Ok(answered));
+    }
+    let by = match gateway {
+        Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by"))?,
+        None => runs.none_tracks("no answer from")?,
+    };
+    Ok(Err((by, 1)))
+}
+
+/// The runs' answers as one JSON object: each as it came (its fields in their order), under
+/// its socket.
+pub(super) fn by_socket(answered: &[(PathBuf, Bytes)]) -> Result<String> {
+    let members: Vec<String> = answered
+        .iter()
+        .map(|(socket, body)| {
+            let key = serde_json::to_string(&socket.display().to_string())?;
+            Ok(format!("{key}:{}", String::from_utf8_lossy(body)))
+        })
+        .collect::<serde_json::Result<_>>()?;
+    Ok(format!("{{{}}}", members.join(",")))
 }
 
 /// Whether `e` is the socket refusing this user.

@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::stream::reason::Reason;
+
 pub use crate::output::follow::{FollowFilter, FollowQueue};
 pub use crate::output::tree::{Branch, TreeFilter};
 pub use crate::stream::answer::{Held, Kill, KillAnswer, KillStep, Process, Sessions};
@@ -82,7 +84,7 @@ pub struct KillRequest {
     /// The live processes of this agent session (`--session-env`), its owner apart.
     pub session: Option<String>,
     /// The live processes holding a flag of this reason.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     /// Only those descended from this tracked process (with `session` or `reason`).
     pub gateway: Option<u32>,
     /// Decide and answer, send nothing.

@@ -152,11 +152,12 @@ async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Respon
     let mut follower = None;
     let asked = match path {
         "/v1/kill" => {
-            let asked_by = req
-                .extensions()
-                .get::<AskedBy>()
-                .copied()
-                .unwrap_or_default();
+            // Who asks is always known (the connection's admission put it there); were it
+            // not, nobody is taken for root.
+            let Some(asked_by) = req.extensions().get::<AskedBy>().copied() else {
+                let text = "who asks is not known: only root may kill";
+                return error(StatusCode::FORBIDDEN, text);
+            };
             if asked_by.uid != 0 {
                 let text = format!(
                     "only root may kill (uid {} may ask questions of this run)",

@@ -24,7 +24,7 @@ use crate::leaks::{InspectOptions, Inspector, Reason, flags};
 use crate::lineage::graph::NodeId;
 use crate::lineage::graph::{Change, LineageGraph, Seed};
 use crate::lineage::seed::TrackedMap;
-use crate::lineage::sessions::{Sessions, ToRead};
+use crate::lineage::sessions::{Read, Sessions, ToRead};
 use crate::lineage::upkeep::{self, Upkeep};
 use crate::output::Output;
 use crate::output::metrics::ScanState;
@@ -134,22 +134,31 @@ impl Pipeline {
         Ok(self.sessions.as_mut().and_then(Sessions::take))
     }
 
-    /// The sessions the slow side found (`found`: each process and the value its environment
-    /// names, or none): kept by the graph, and a `session` event written where one begins
-    /// (or, with an empty value, where an exec dropped one).
-    pub fn sessions_read(&mut self, found: Vec<(NodeId, Option<Vec<u8>>)>) -> Result<()> {
+    /// The sessions the slow side found (`found`: each process and what its environment
+    /// names): kept by the graph, and a `session` event written where one begins (or, with
+    /// an empty value, where an exec dropped one), with the value the graph kept.
+    pub fn sessions_read(&mut self, found: Vec<(NodeId, Read)>) -> Result<()> {
         let now = boottime_now();
-        for (id, value) in found {
+        for (id, read) in found {
+            let value = match read {
+                Read::Names(value) => Some(value),
+                Read::NamesNone => None,
+                Read::Unknown => {
+                    self.graph.session_read_ended(id);
+                    continue;
+                }
+            };
             if !self.graph.set_session(id, value.as_deref()) {
                 continue;
             }
             let Some(node) = self.graph.node(id) else {
                 continue;
             };
+            let kept = node.session.as_deref().unwrap_or_default();
             let event = Event::Session(Session {
                 pid: node.pid,
                 start: node.start.boottime_ns(),
-                session: ProcText::new("session", value.unwrap_or_default().as_slice()),
+                session: ProcText::new("session", kept),
             });
             self.out.event(now, &event)?;
         }

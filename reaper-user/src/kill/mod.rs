@@ -120,6 +120,23 @@ struct Cause {
     asked_by: Option<AskedBy>,
 }
 
+impl Cause {
+    /// A step for `n` that sends no signal (a refusal, a dry run): `result`, decided now.
+    fn report(self, n: &Node, result: Outcome) -> KillReport {
+        KillReport {
+            node: n.id,
+            pid: n.pid,
+            comm: n.comm,
+            reason: self.reason,
+            asked_by: self.asked_by,
+            signal: "SIGTERM",
+            result,
+            secs: None,
+            at: boottime_now(),
+        }
+    }
+}
+
 /// A process cleared for signalling: its pidfd is verified to be the graph's process.
 struct Target {
     node: NodeId,
@@ -187,6 +204,11 @@ impl Killer {
     /// Whether flags lead to kills (`--kill`).
     pub fn auto(&self) -> bool {
         self.opts.auto
+    }
+
+    /// Whether the run sends nothing (`--dry-run`).
+    pub fn dry_run(&self) -> bool {
+        self.opts.dry_run
     }
 
     /// Steps taken so far, by reason and result.
@@ -271,8 +293,8 @@ impl Killer {
                 asked_by: None,
             };
             let dry_run = self.opts.dry_run;
-            out.reports
-                .extend(self.start(graph, node, cause, dry_run).refused);
+            let started = self.start(graph, node, cause, Decide::Once { dry_run });
+            out.reports.extend(started.refused);
         }
         out
     }
@@ -293,6 +315,9 @@ impl Killer {
         dry_run: bool,
     ) -> Started {
         let mut all = Started::default();
+        // What the graph no longer holds can be decided on no more: let go of it.
+        self.decided.retain(|&id| graph.node(id).is_some());
+        let dry_run = dry_run || self.opts.dry_run;
         for &id in nodes {
             let Some(node) = graph.node(id).filter(|n| n.alive()) else {
                 continue;
@@ -304,22 +329,10 @@ impl Killer {
             // A process never killed is refused with what it spawned: asking to end a
             // gateway ends nothing under it either.
             if let Some(outcome) = refusal(graph, node, &self.protected) {
-                all.refused.push(KillReport {
-                    node: id,
-                    pid: node.pid,
-                    comm: node.comm,
-                    reason: cause.reason,
-                    asked_by: cause.asked_by,
-                    signal: "SIGTERM",
-                    result: outcome,
-                    secs: None,
-                    at: boottime_now(),
-                });
+                all.refused.push(cause.report(node, outcome));
                 continue;
             }
-            // Asked for: a process decided on before (a sequence that gave up) may be again.
-            self.decided.remove(&id);
-            let started = self.start(graph, node, cause, dry_run || self.opts.dry_run);
+            let started = self.start(graph, node, cause, Decide::Asked { dry_run });
             all.refused.extend(started.refused);
             all.signalled.extend(started.signalled);
         }
@@ -327,27 +340,33 @@ impl Killer {
     }
 
     /// Verifies the process and its live descendants (leaves first) and starts the sequence;
-    /// returns what was refused (or not sent, `dry_run`) and what is signalled.
-    fn start(&mut self, graph: &LineageGraph, node: &Node, cause: Cause, dry_run: bool) -> Started {
+    /// returns what was refused (or not sent, a dry run) and what is signalled.
+    fn start(&mut self, graph: &LineageGraph, node: &Node, cause: Cause, how: Decide) -> Started {
         let mut order = Vec::new();
         leaves_first(graph, node, &mut order);
         let mut started = Started::default();
         let mut targets = Vec::new();
+        let dry_run = match how {
+            Decide::Once { dry_run } | Decide::Asked { dry_run } => dry_run,
+        };
         for n in order {
-            if !self.decided.insert(n.id) {
+            let fresh = match how {
+                // `--kill` decides on a process once, a dry run's included (each round would
+                // report it again).
+                Decide::Once { .. } => self.decided.insert(n.id),
+                // Asked for: each time, a dry run leaving no trace (the kill it previews
+                // must still reach every process).
+                Decide::Asked { dry_run } => {
+                    if !dry_run {
+                        self.decided.insert(n.id);
+                    }
+                    true
+                }
+            };
+            if !fresh {
                 continue;
             }
-            let refuse = |result| KillReport {
-                node: n.id,
-                pid: n.pid,
-                comm: n.comm,
-                reason: cause.reason,
-                asked_by: cause.asked_by,
-                signal: "SIGTERM",
-                result,
-                secs: None,
-                at: boottime_now(),
-            };
+            let refuse = |result| cause.report(n, result);
             if let Some(outcome) = refusal(graph, n, &self.protected) {
                 started.refused.push(refuse(outcome));
                 continue;
@@ -378,6 +397,15 @@ impl Killer {
         }
         started
     }
+}
+
+/// How a kill is decided on.
+#[derive(Clone, Copy)]
+enum Decide {
+    /// `--kill`'s, once a process.
+    Once { dry_run: bool },
+    /// One asked for through the API.
+    Asked { dry_run: bool },
 }
 
 /// What a kill decided at once.
@@ -447,10 +475,14 @@ pub fn could_kill(
     }
 }
 
-/// The live descendants of `node` along spawner edges, deepest first, then `node`.
+/// The live descendants of `node` along spawner edges, deepest first, then `node`; a
+/// gateway spawned below it (a selector's later instance) is the root of its own lineage, not
+/// a descendant to end with it.
 fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a Node>) {
     for kid in graph.spawned_by(node.id) {
-        leaves_first(graph, kid, out);
+        if !kid.is_gateway {
+            leaves_first(graph, kid, out);
+        }
     }
     if node.alive() {
         out.push(node);

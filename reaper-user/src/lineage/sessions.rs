@@ -49,6 +49,16 @@ pub struct Sessions {
     said: bool,
 }
 
+/// What a process's environment said.
+pub enum Read {
+    /// This session's value.
+    Names(Vec<u8>),
+    /// No value of its own (none of the names, or only the run's own values).
+    NamesNone,
+    /// Not read: gone before or during the read. What it names stays as it was.
+    Unknown,
+}
+
 /// What one read of the slow side is to read.
 pub struct ToRead {
     names: Arc<[Vec<u8>]>,
@@ -134,16 +144,24 @@ impl ToRead {
         self.each.iter().map(|&(id, _)| id).collect()
     }
 
-    /// Reads each environment (the slow side's work): the value each process's names; none
-    /// when it names none (or only the run's own), or it was gone before the read was done
-    /// (checked after the read: a pid is not reused while its process lives).
-    pub fn read(self) -> Vec<(NodeId, Option<Vec<u8>>)> {
+    /// Reads each environment (the slow side's work): what each process's names
+    /// ([`Read`]), checked after the read to be still the process asked about (a pid is not
+    /// reused while its process lives).
+    pub fn read(self) -> Vec<(NodeId, Read)> {
         let read = |process: ProcessId| {
-            let (environ, cut) = environ::read_environ(process.pid).ok()?;
+            let Ok((environ, cut)) = environ::read_environ(process.pid) else {
+                return Read::Unknown;
+            };
             let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
                 .map(|v| v[..v.len().min(SESSION_MAX)].to_vec());
-            process.still_same()?;
-            value
+            // Gone, another process by now, or exiting (a zombie's environment reads empty):
+            // what it names is not known.
+            let gone = |stat: &crate::procfs::Stat| stat.state == b'Z' || stat.state == b'X';
+            match (process.still_same().filter(|s| !gone(s)), value) {
+                (None, _) => Read::Unknown,
+                (Some(_), Some(value)) => Read::Names(value),
+                (Some(_), None) => Read::NamesNone,
+            }
         };
         (self.each.iter())
             .map(|&(id, process)| (id, read(process)))

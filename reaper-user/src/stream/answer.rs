@@ -110,7 +110,8 @@ pub struct KillAnswer {
     /// unknown reason or gateway); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
-    /// Each process picked, with its live descendants, leaves first.
+    /// Each process picked, with its live descendants: those refused (or not sent, a dry
+    /// run) first, then those signalled, each part leaves first.
     pub steps: Vec<KillStep>,
 }
 

@@ -9,6 +9,8 @@ use hyper::StatusCode;
 
 use super::{post, sockets};
 use crate::api::{KillAnswer, KillRequest};
+use crate::cli::parse_reason;
+use crate::leaks::Reason;
 use crate::text::escape_for_terminal;
 
 /// End processes through the running audit that tracks them: each with its live
@@ -18,6 +20,7 @@ use crate::text::escape_for_terminal;
 /// to the run's stream as a `kill` event naming who asked.
 #[derive(Debug, Parser)]
 #[command(name = "reaper-trace kill", version = crate::cli::VERSION)]
+#[command(group = clap::ArgGroup::new("narrowed").args(["session", "reason"]).multiple(true))]
 pub struct KillCli {
     /// The tracked processes to end, by pid (a session's owner is ended only so).
     #[arg(value_name = "PID")]
@@ -26,10 +29,10 @@ pub struct KillCli {
     #[arg(long, value_name = "SESSION")]
     pub session: Option<String>,
     /// The live processes holding a flag of this reason (`orphaned`, `idle`, ...).
-    #[arg(long, value_name = "REASON")]
-    pub reason: Option<String>,
+    #[arg(long, value_name = "REASON", value_parser = parse_reason)]
+    pub reason: Option<Reason>,
     /// With --session or --reason: only the processes descended from this one (a gateway).
-    #[arg(long, value_name = "PID")]
+    #[arg(long, value_name = "PID", requires = "narrowed")]
     pub gateway: Option<u32>,
     /// Say what would be signalled, and signal nothing.
     #[arg(long)]
@@ -54,7 +57,7 @@ pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
             pids.join(",")
         }),
         session: cli.session.clone(),
-        reason: cli.reason.clone(),
+        reason: cli.reason,
         gateway: cli.gateway,
         dry_run: cli.dry_run,
     };

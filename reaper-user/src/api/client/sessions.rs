@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use super::{ReplayArgs, ask_runs, sockets};
+use super::{ReplayArgs, answers_of, by_socket, sockets};
 use crate::api::{Sessions, SessionsFilter};
 use crate::procfs::boottime_now;
 use crate::replay;
@@ -55,24 +55,13 @@ pub async fn sessions(cli: &SessionsCli) -> Result<(String, i32)> {
     }
     let query = serde_urlencoded::to_string(&filter).context("writing the query")?;
     let sockets = sockets(cli.api.as_deref())?;
-    let mut runs = ask_runs(&sockets, &format!("/v1/sessions?{query}")).await?;
-    let answered = runs.bodies().await?;
-    if answered.is_empty() {
-        let by = match cli.gateway {
-            Some(pid) => runs.none_tracks(&format!("pid {pid} is not tracked by"))?,
-            None => runs.none_tracks("no answer from")?,
-        };
-        return Ok((by, 1));
-    }
+    let path = format!("/v1/sessions?{query}");
+    let answered = match answers_of(&sockets, &path, cli.gateway).await? {
+        Ok(answered) => answered,
+        Err(none) => return Ok(none),
+    };
     if cli.json {
-        let members: Vec<String> = answered
-            .iter()
-            .map(|(socket, body)| {
-                let key = serde_json::to_string(&socket.display().to_string())?;
-                Ok(format!("{key}:{}", String::from_utf8_lossy(body)))
-            })
-            .collect::<serde_json::Result<_>>()?;
-        return Ok((format!("{{{}}}", members.join(",")), 0));
+        return Ok((by_socket(&answered)?, 0));
     }
     let many = answered.len() > 1;
     let mut blocks = Vec::new();

@@ -16,7 +16,7 @@ impl Pipeline {
     pub fn kill_asked(&mut self, request: &KillRequest, asked_by: AskedBy) -> KillAnswer {
         let mut answer = KillAnswer {
             now: boottime_now(),
-            dry_run: request.dry_run,
+            dry_run: request.dry_run || self.killer.dry_run(),
             ..KillAnswer::default()
         };
         let picked = match self.picked(request, &mut answer.steps) {
@@ -60,23 +60,17 @@ impl Pipeline {
         steps: &mut Vec<KillStep>,
     ) -> Result<Vec<NodeId>, String> {
         let pids = request.pid_list()?;
-        if pids.is_empty() && request.session.is_none() && request.reason.is_none() {
+        let (session, reason) = (&request.session, request.reason);
+        if pids.is_empty() && session.is_none() && reason.is_none() {
             return Err("nothing named: give pids, a session or a reason".into());
         }
-        let reason = match &request.reason {
-            Some(name) => Some(
-                Reason::ALL
-                    .into_iter()
-                    .find(|r| r.name() == name)
-                    .ok_or_else(|| {
-                        format!(
-                            "no reason `{name}` (one of {:?})",
-                            Reason::ALL.map(Reason::name)
-                        )
-                    })?,
-            ),
-            None => None,
-        };
+        if reason == Some(Reason::Other) {
+            let names = Reason::ALL.map(Reason::name).join(", ");
+            return Err(format!("an unknown reason (use {names})"));
+        }
+        if request.gateway.is_some() && session.is_none() && reason.is_none() {
+            return Err("a gateway narrows a session or a reason, not pids".into());
+        }
         let under = match request.gateway {
             Some(pid) => Some(
                 self.graph
@@ -104,7 +98,7 @@ impl Pipeline {
                 }),
             }
         }
-        if let Some(value) = &request.session {
+        if let Some(value) = session {
             for node in graph.alive().filter(|n| in_scope(n.id)) {
                 let Some(session) = graph.session_of(node.id) else {
                     continue;

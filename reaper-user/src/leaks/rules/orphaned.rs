@@ -67,6 +67,12 @@ impl Breaks {
     /// (counted once the exit let go of its files: until then the other ends the spawner
     /// held still poll open) and that look was not taken yet.
     pub fn due(&mut self, graph: &LineageGraph, node: &Node, now: u64, grace: u64) -> bool {
+        // An environment on its chain waits to be read: its session, so its break, is not
+        // known yet. Judged once it is, the break it had kept (an exec that keeps a read
+        // pending starts no grace over).
+        if graph.session_unsettled(node.id) {
+            return false;
+        }
         let Some(gone) = break_of(graph, node) else {
             self.broken.remove(&node.id);
             return false;
@@ -110,12 +116,8 @@ impl Breaks {
 
 /// Where `node`'s spawn chain counts as broken for this rule, once it is: the exit of its
 /// session's owner, where one is seen above it (nothing before: a break inside a running
-/// session is no leak); else the nearest exited process on its chain. Nothing while an
-/// environment on its chain waits to be read (its session is not known yet).
+/// session is no leak); else the nearest exited process on its chain.
 fn break_of<'g>(graph: &'g LineageGraph, node: &Node) -> Option<&'g Node> {
-    if graph.session_unsettled(node.id) {
-        return None;
-    }
     let session = graph.session_of(node.id);
     let owner = session.and_then(|s| graph.session_owner(&s).filter(|o| o.id != node.id));
     match owner {

@@ -1,6 +1,6 @@
 //! Which agent session a process belongs to (`--session-env`), by the lineage. A process's
-//! session is the value of the first session variable in the environment its last exec gave
-//! it; without one of its own (it scrubbed its environment, `env -i`, a wrapper that drops
+//! session is the value of the first of the session variables (in their order) that the
+//! environment its last exec gave it sets, a value of reaper-trace's own environment apart; without one of its own (it scrubbed its environment, `env -i`, a wrapper that drops
 //! variables) it is its spawner's, however it escaped (`setsid`, a double fork, a reparent),
 //! up to its gateway. The graph keeps a value only where a session begins: on a process whose
 //! environment names another value than its spawner's session ([`LineageGraph::set_session`]);
@@ -46,7 +46,8 @@ impl LineageGraph {
     /// (`None`: an exec dropped the variable). A value is kept where it begins a session:
     /// when it is neither the session `id`'s spawner is in nor its gateway's own (a session
     /// inside another begins too). A gateway keeps its own, which begins nothing. Returns
-    /// whether the session beginning at `id` changed (to write it in the stream).
+    /// whether what `id` keeps changed (to write it in the stream: a gateway's too, so that
+    /// a replay knows it as the live graph does).
     pub fn set_session(&mut self, id: NodeId, value: Option<&[u8]>) -> bool {
         self.session_read_ended(id);
         let Some(node) = self.nodes.get(id) else {
@@ -74,7 +75,7 @@ impl LineageGraph {
         node.session = begins.map(Into::into);
         self.session_values =
             self.session_values + usize::from(begins.is_some()) - usize::from(had);
-        !is_gateway
+        true
     }
 
     /// Process `id`'s environment is to be read for its session: until it is
@@ -308,8 +309,8 @@ mod tests {
         // chain rule judges it; 201 names Y, a session of its own, below the gateway.
         let mut g = tree(&[(200, GW), (201, GW), (202, 201)]);
         assert!(
-            !g.set_session_to(id(&g, GW), b"X"),
-            "no event for a gateway"
+            g.set_session_to(id(&g, GW), b"X"),
+            "written: a replay keeps it as the run does"
         );
         assert!(!g.set_session_to(id(&g, 200), b"X"));
         assert_eq!(session(&g, 200), None);

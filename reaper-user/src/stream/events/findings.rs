@@ -56,9 +56,8 @@ pub struct Kill {
 }
 
 /// Who asked for a kill: the API client's user and process, as its socket's peer
-/// credentials (`SO_PEERCRED`) give them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+/// credentials (`SO_PEERCRED`) give them. No default: a uid of 0 is never assumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AskedBy {
     pub uid: u32,
     pub pid: u32,
