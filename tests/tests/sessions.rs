@@ -210,7 +210,10 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
         .all("session")
         .into_iter()
         .partition(|e| e["pid"].as_u64() == Some(gateway));
-    assert!(own.iter().all(|e| e["session"] == "agent-shell"), "{own:?}");
+    assert!(
+        !own.is_empty() && own.iter().all(|e| e["session"] == "agent-shell"),
+        "the gateway's own value, written for it: {own:?}"
+    );
     assert!(
         below.iter().all(|e| e["session"]
             .as_str()

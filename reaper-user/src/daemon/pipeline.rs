@@ -165,8 +165,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The session reads of `ids` were given up (their job never ran): each is judged as a
-    /// process that names nothing of its own.
+    /// The session reads of `ids` were given up (their job never ran): each keeps what an
+    /// earlier read found.
     pub fn sessions_given_up(&mut self, ids: &[NodeId]) {
         for &id in ids {
             self.graph.session_read_ended(id);

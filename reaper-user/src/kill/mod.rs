@@ -166,7 +166,8 @@ struct Killed {
 /// Decides which flagged processes to kill and starts their sequences.
 pub struct Killer {
     opts: KillOptions,
-    /// Nodes already decided on (a node is never decided twice).
+    /// Nodes already decided on: `--kill` decides on a node once (a kill asked for through
+    /// the API may be asked again).
     decided: HashSet<NodeId>,
     /// When each active flag was first offered (boot-time ns): the grace counts from there
     /// at the earliest, since a flag is offered only once the stream has it. A round's flag

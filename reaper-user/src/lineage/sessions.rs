@@ -6,8 +6,9 @@
 //! identity checked after the read, so a pid reused meanwhile is not read for it) and gives
 //! back the values found, which the graph keeps ([`LineageGraph::set_session`]).
 //!
-//! A process gone before its read (a wrapper that exec'd on, a short-lived one) names nothing:
-//! it is in its spawner's session, as one that named none, and what it spawned names its own.
+//! A process gone before its read (a wrapper that exec'd on, a short-lived one) keeps what an
+//! earlier read found (nothing, for one never read: it is in its spawner's session, as one
+//! that named none), and what it spawned names its own.
 use rustc_hash::FxHashSet as HashSet;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};

@@ -53,8 +53,13 @@ pub struct Breaks {
 
 #[derive(Default)]
 struct Break {
+    /// The exit that broke it (a session's owner, or the nearest exited spawner).
+    gone: Option<NodeId>,
     since: Option<u64>,
     looked: bool,
+    /// An environment on its chain waits to be read: its session, so its break, is not
+    /// known for now, and it is judged by no look.
+    unsettled: bool,
 }
 
 impl Breaks {
@@ -71,6 +76,9 @@ impl Breaks {
         // known yet. Judged once it is, the break it had kept (an exec that keeps a read
         // pending starts no grace over).
         if graph.session_unsettled(node.id) {
+            if let Some(b) = self.broken.get_mut(&node.id) {
+                b.unsettled = true;
+            }
             return false;
         }
         let Some(gone) = break_of(graph, node) else {
@@ -78,6 +86,14 @@ impl Breaks {
             return false;
         };
         let b = self.broken.entry(node.id).or_default();
+        b.unsettled = false;
+        // Another exit breaks it now (its session became known): its grace counts from that.
+        if b.gone != Some(gone.id) {
+            *b = Break {
+                gone: Some(gone.id),
+                ..Break::default()
+            };
+        }
         if b.since.is_none() && exit_settled(gone, now) {
             b.since = Some(gone.exited.map_or(now, |e| e.ts));
         }
@@ -97,9 +113,12 @@ impl Breaks {
         }
     }
 
-    /// Since when `id`'s chain counts as broken.
+    /// Since when `id`'s chain counts as broken (none while its session is not known).
     pub fn since(&self, id: NodeId) -> Option<u64> {
-        self.broken.get(&id).and_then(|b| b.since)
+        self.broken
+            .get(&id)
+            .filter(|b| !b.unsettled)
+            .and_then(|b| b.since)
     }
 
     /// When the earliest grace still running ends (boot-time ns): the scan is moved there, so

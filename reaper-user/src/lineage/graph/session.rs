@@ -90,7 +90,7 @@ impl LineageGraph {
     }
 
     /// The read of process `id`'s environment ended, whatever it found (a read given up
-    /// included: its process is judged as one that names nothing).
+    /// included: its process keeps what an earlier read found).
     pub fn session_read_ended(&mut self, id: NodeId) {
         if let Some(node) = self.nodes.get_mut(id)
             && node.session_pending
