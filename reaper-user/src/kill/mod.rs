@@ -11,19 +11,16 @@
 //!
 //! A sequence (SIGCONT if stopped, SIGTERM, wait, SIGKILL, confirm) runs as its own task, so
 //! waiting never stalls the event loop; each step is reported back over a channel.
-use std::{
-    collections::BTreeMap,
-    io,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use tokio::{
-    io::{Interest, unix::AsyncFd},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 
-use crate::identity::{NotOpened, PidFd, PidRef};
+mod asked;
+mod sequence;
+
+use sequence::{Target, run_sequence, verify};
+
 use crate::leaks::Reason;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
@@ -46,8 +43,6 @@ pub struct KillOptions {
     pub dry_run: bool,
 }
 
-/// How long after SIGKILL the exit is waited for before the sequence gives up waiting.
-const KILL_CONFIRM: Duration = Duration::from_secs(5);
 /// A child with the same argv, from the same spawner, this soon after a kill is a respawn.
 const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
 
@@ -135,15 +130,6 @@ impl Cause {
             at: boottime_now(),
         }
     }
-}
-
-/// A process cleared for signalling: its pidfd is verified to be the graph's process.
-struct Target {
-    node: NodeId,
-    pid: u32,
-    comm: Comm,
-    pidfd: PidFd,
-    stopped: bool,
 }
 
 /// What one round of decisions produced.
@@ -300,46 +286,6 @@ impl Killer {
         out
     }
 
-    /// A kill asked for through the API by `asked_by` (root: the server checked): each of
-    /// `nodes` with its live descendants, leaves first, through the same protocol as
-    /// `--kill`'s, refused as `--kill` refuses (a gateway, pid 1, reaper-trace, its
-    /// ancestors, what is outside a gateway's lineage or uncertain); `reason_of` the flag
-    /// each holds, if any. What was refused, or not sent for `dry_run` (or the run's
-    /// `--dry-run`), is reported at once;
-    /// the steps of the sequences started come as they are taken.
-    pub fn asked(
-        &mut self,
-        graph: &LineageGraph,
-        nodes: &[NodeId],
-        reason_of: impl Fn(NodeId) -> Option<Reason>,
-        asked_by: AskedBy,
-        dry_run: bool,
-    ) -> Started {
-        let mut all = Started::default();
-        // What the graph no longer holds can be decided on no more: let go of it.
-        self.decided.retain(|&id| graph.node(id).is_some());
-        let dry_run = dry_run || self.opts.dry_run;
-        for &id in nodes {
-            let Some(node) = graph.node(id).filter(|n| n.alive()) else {
-                continue;
-            };
-            let cause = Cause {
-                reason: reason_of(id),
-                asked_by: Some(asked_by),
-            };
-            // A process never killed is refused with what it spawned: asking to end a
-            // gateway ends nothing under it either.
-            if let Some(outcome) = refusal(graph, node, &self.protected) {
-                all.refused.push(cause.report(node, outcome));
-                continue;
-            }
-            let started = self.start(graph, node, cause, Decide::Asked { dry_run });
-            all.refused.extend(started.refused);
-            all.signalled.extend(started.signalled);
-        }
-        all
-    }
-
     /// Verifies the process and its live descendants (leaves first) and starts the sequence;
     /// returns what was refused (or not sent, a dry run) and what is signalled.
     fn start(&mut self, graph: &LineageGraph, node: &Node, cause: Cause, how: Decide) -> Started {
@@ -487,91 +433,6 @@ fn leaves_first<'a>(graph: &'a LineageGraph, node: &'a Node, out: &mut Vec<&'a N
     }
     if node.alive() {
         out.push(node);
-    }
-}
-
-/// A pidfd for `node`'s process, checked to be that process, and whether it is stopped.
-fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
-    match PidRef::open(node.process()) {
-        // It exited on its own (a wrapper whose child was just killed): nothing to signal.
-        Ok((_, stat)) if stat.state == b'Z' => Err(Outcome::Exited),
-        Ok((handle, stat)) => Ok((handle.pidfd, matches!(stat.state, b'T' | b't'))),
-        Err(NotOpened::PermissionDenied) => Err(Outcome::PermissionDenied),
-        _ => Err(Outcome::IdentityChanged),
-    }
-}
-
-/// SIGCONT if stopped, SIGTERM, up to `term_timeout` for the exit, SIGKILL, confirm.
-async fn run_sequence(
-    t: Target,
-    cause: Cause,
-    term_timeout: Duration,
-    tx: &mpsc::UnboundedSender<KillReport>,
-) {
-    let started = Instant::now();
-    let report = |signal: &'static str, result: Outcome, done: bool| {
-        let _ = tx.send(KillReport {
-            node: t.node,
-            pid: t.pid,
-            comm: t.comm,
-            reason: cause.reason,
-            asked_by: cause.asked_by,
-            signal,
-            result,
-            secs: done.then(|| started.elapsed().as_secs_f64()),
-            at: boottime_now(),
-        });
-    };
-    let send = |signal: i32, name: &'static str| -> bool {
-        match t.pidfd.send_signal(signal) {
-            Ok(()) => {
-                report(name, Outcome::Sent, false);
-                true
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                report(name, Outcome::Exited, true);
-                false
-            }
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                report(name, Outcome::PermissionDenied, true);
-                false
-            }
-            Err(_) => {
-                report(name, Outcome::IdentityChanged, true);
-                false
-            }
-        }
-    };
-    if t.stopped && !send(libc::SIGCONT, "SIGCONT") {
-        return;
-    }
-    if !send(libc::SIGTERM, "SIGTERM") {
-        return;
-    }
-    // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged as long as it does.
-    let Ok(exit) = (unsafe { AsyncFd::register_with_interest(t.pidfd, Interest::READABLE) }) else {
-        return;
-    };
-    if tokio::time::timeout(term_timeout, exit.readable())
-        .await
-        .is_ok()
-    {
-        report("SIGTERM", Outcome::Exited, true);
-        return;
-    }
-    let send_kill = |fd: &PidFd| fd.send_signal(libc::SIGKILL);
-    match send_kill(exit.get_ref()) {
-        Ok(()) => report("SIGKILL", Outcome::Sent, false),
-        Err(_) => {
-            report("SIGKILL", Outcome::Exited, true);
-            return;
-        }
-    }
-    if tokio::time::timeout(KILL_CONFIRM, exit.readable())
-        .await
-        .is_ok()
-    {
-        report("SIGKILL", Outcome::Exited, true);
     }
 }
 
