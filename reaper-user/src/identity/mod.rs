@@ -181,8 +181,10 @@ impl ProcessId {
 /// Why a [`PidRef`] could not be had.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NotOpened {
-    /// The pid is gone, or names another process now.
+    /// The process exited: no process has its pid now.
     Gone,
+    /// The process exited and its pid names another process now.
+    Reused,
     /// Not allowed to open a pidfd for it.
     PermissionDenied,
     /// No pidfd can name it: this process's pid namespace is not the host's.
@@ -205,7 +207,11 @@ impl PidRef {
             io::ErrorKind::PermissionDenied => NotOpened::PermissionDenied,
             _ => NotOpened::Gone,
         })?;
-        let stat = id.still_same().ok_or(NotOpened::Gone)?;
+        // The pidfd holds the pid now: a stat that names another start is another process's.
+        let stat = procfs::read_stat(id.pid).map_err(|_| NotOpened::Gone)?;
+        if !id.matches(&stat) {
+            return Err(NotOpened::Reused);
+        }
         Ok((PidRef { pidfd }, stat))
     }
 }
@@ -224,7 +230,7 @@ mod tests {
             ..id
         };
         assert!(reused.still_same().is_none(), "same pid, another start");
-        assert_eq!(PidRef::open(reused).err(), Some(NotOpened::Gone));
+        assert_eq!(PidRef::open(reused).err(), Some(NotOpened::Reused));
         let (handle, stat) = PidRef::open(id).unwrap();
         assert_eq!(stat.pid, me.pid);
         assert!(std::os::fd::AsRawFd::as_raw_fd(&handle.pidfd) >= 0);

@@ -212,7 +212,9 @@ impl Killer {
             .or_default()
             .entry(r.result.name())
             .or_default() += 1;
+        // A sequence's exit has its duration; one found before any signal was no kill.
         if r.result == Outcome::Exited
+            && r.secs.is_some()
             && let Some(node) = graph.node(r.node)
             && let Some(spawner) = node.spawner
         {

@@ -36,7 +36,9 @@ pub(super) fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
         Ok((_, stat)) if stat.state == b'Z' => Err(Outcome::Exited),
         Ok((handle, stat)) => Ok((handle.pidfd, matches!(stat.state, b'T' | b't'))),
         Err(NotOpened::PermissionDenied) => Err(Outcome::PermissionDenied),
-        _ => Err(Outcome::IdentityChanged),
+        // Gone between the pick and the pidfd (the graph has not read its exit yet).
+        Err(NotOpened::Gone) => Err(Outcome::Exited),
+        Err(NotOpened::Reused | NotOpened::ForeignNamespace) => Err(Outcome::IdentityChanged),
     }
 }
 

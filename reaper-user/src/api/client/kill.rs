@@ -45,8 +45,9 @@ pub struct KillCli {
     pub json: bool,
 }
 
-/// What `kill` did: the text and the exit status (0: every process picked was signalled, or
-/// would be with --dry-run; 1: one was refused or not tracked; 2: nothing could be picked).
+/// What `kill` did: the text and the exit status (0: every process picked was signalled,
+/// would be with --dry-run, or had exited already; 1: one was refused or not tracked; 2:
+/// nothing could be picked).
 pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
     if cli.pids.is_empty() && cli.session.is_none() && cli.reason.is_none() {
         bail!("name what to end: PIDs, --session or --reason");
@@ -92,7 +93,8 @@ pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
 }
 
 fn exit_code(answer: &KillAnswer) -> i32 {
-    let done = |r: &str| r == "signalled" || r == "dry_run";
+    // A process that exited before its pidfd was opened is ended: what was asked for.
+    let done = |r: &str| matches!(r, "signalled" | "dry_run" | "exited");
     match (
         &answer.refused,
         answer.steps.iter().all(|s| done(&s.result)),
@@ -122,6 +124,7 @@ fn readable(answer: &KillAnswer) -> String {
             let what = match s.result.as_str() {
                 "signalled" => "SIGTERM sent; SIGKILL follows if it has not exited by the run's --term-timeout".into(),
                 "dry_run" => "would be signalled (--dry-run: nothing sent)".into(),
+                "exited" => "exited before it was signalled: nothing sent".into(),
                 "not_tracked" => "refused: not tracked by this run".into(),
                 "not_alive" => "refused: not alive".into(),
                 "not_in_lineage" => "refused: a gateway, pid 1, reaper-trace, an ancestor of it, or outside a gateway's lineage: never killed".into(),
@@ -132,4 +135,43 @@ fn readable(answer: &KillAnswer) -> String {
         })
         .collect();
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::KillStep;
+
+    fn answer(results: &[&str]) -> KillAnswer {
+        let steps = results.iter().enumerate();
+        KillAnswer {
+            now: 0,
+            dry_run: false,
+            refused: None,
+            steps: steps
+                .map(|(i, r)| KillStep {
+                    pid: 100 + i as u32,
+                    comm: "sleep".into(),
+                    result: (*r).into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_process_that_exited_before_its_signal_is_ended_and_a_refusal_is_not() {
+        assert_eq!(exit_code(&answer(&["signalled", "exited"])), 0);
+        assert_eq!(exit_code(&answer(&["dry_run", "exited"])), 0);
+        assert_eq!(exit_code(&answer(&["signalled", "not_in_lineage"])), 1);
+        assert_eq!(exit_code(&answer(&["identity_changed"])), 1);
+        let nothing = KillAnswer {
+            refused: Some("nothing named".into()),
+            ..answer(&[])
+        };
+        assert_eq!(exit_code(&nothing), 2);
+        assert!(
+            readable(&answer(&["exited"]))
+                .ends_with("exited before it was signalled: nothing sent")
+        );
+    }
 }
