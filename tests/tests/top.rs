@@ -1,10 +1,16 @@
 //! `reaper-trace top` in a real terminal (tmux, 80x24) against a run that flags accumulating
 //! instances: the screen read back names the gateway with its descendants, the kind with its
 //! count and the flags; Enter shows the selected process's `why`; `q` quits and gives the
-//! terminal back. Host only (the guests have no tmux). Needs root (see `require_root`).
+//! terminal back. Against a run with an agent session: `s` lists the sessions, `k` names on
+//! its confirmation line what would be signalled, any key but `y` sends nothing, `y` ends
+//! the session's processes and not its owner. Host only (the guests have no tmux). Needs root
+//! (see `require_root`).
+use std::path::Path;
 use std::process::Command;
 
-use reaper_tests::{Then, flags_for, pid, reaper_trace, require_root, run_shape_until};
+use reaper_tests::{
+    Then, flags_for, pid, reaper_trace, require_root, run_reaper_until, run_shape_until, scratch,
+};
 
 /// Runs tmux: what it printed, or its complaint (a session already gone, say) as the error,
 /// not noise in the log.
@@ -142,4 +148,140 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
         "fits 80 columns"
     );
     assert!(ended, "q quits");
+}
+
+/// The pid written in `dir`'s file `name`, once it is there.
+fn pid_in(dir: &Path, name: &str) -> Option<u32> {
+    std::fs::read_to_string(dir.join(name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn top_lists_the_sessions_and_k_ends_the_selected_one_once_confirmed() {
+    let test = "top_lists_the_sessions_and_k_ends_the_selected_one_once_confirmed";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let d = dir.display();
+    let socket = dir.join("api.sock");
+    let socket = socket.to_str().unwrap();
+    // One agent session: its owner (it becomes `sleep 615`) started a server and a double
+    // fork's grandchild.
+    let script = format!(
+        "AGENT_SESSION_ID=sess-top sh -c 'sleep 613 & echo $! > {d}/inner; \
+         ( sleep 614 & echo $! > {d}/forked ); echo $$ > {d}/owner; exec sleep 615' &\n\
+         while [ ! -e \"$REAPER_SHAPES_RELEASE\" ]; do sleep 0.05; done\n\
+         kill $(cat {d}/owner {d}/inner {d}/forked) 2>/dev/null\n"
+    );
+    let named = Session(format!("reaper-top-k-{}", std::process::id()));
+    let session = named.0.as_str();
+    let mut seen: Vec<String> = Vec::new();
+    let mut asked: Option<(u32, u32)> = None;
+    let run = run_reaper_until(
+        &["--api", socket, "--", "sh", "-c", &script],
+        &[],
+        &dir.join("release"),
+        ("the session's processes ended from top", Then::Release),
+        |events| {
+            let exited = |p: u32| {
+                events
+                    .iter()
+                    .any(|e| e["event"] == "exit" && e["pid"].as_u64() == Some(u64::from(p)))
+            };
+            if let Some((inner, forked)) = asked {
+                return exited(inner) && exited(forked);
+            }
+            let begun = events
+                .iter()
+                .any(|e| e["event"] == "session" && e["session"] == "sess-top");
+            let pids = ["inner", "forked", "owner"].map(|n| pid_in(&dir, n));
+            let [Some(inner), Some(forked), Some(_)] = pids else {
+                return false;
+            };
+            if !begun {
+                return false;
+            }
+            let command = format!(
+                "{} top --api {socket} --every 200ms || {{ echo \"top failed: $?\"; sleep 3600; }}",
+                reaper_trace().display()
+            );
+            let size = ["-x", "80", "-y", "24"];
+            let mut args = vec!["new-session", "-d", "-s", session];
+            args.extend(size);
+            args.push(&command);
+            tmux(&args).unwrap();
+            until_shown(session, "the flags' pane", |s| s.contains("FLAGS"));
+            tmux(&["send-keys", "-t", session, "s"]).unwrap();
+            seen.push(until_shown(session, "the session listed", |s| {
+                s.contains("SESSIONS")
+                    && s.lines()
+                        .any(|l| l.starts_with("sess-top") && l.contains("running"))
+            }));
+            let names_both = |s: &str| {
+                s.contains("y: SIGTERM")
+                    && s.contains(&inner.to_string())
+                    && s.contains(&forked.to_string())
+            };
+            tmux(&["send-keys", "-t", session, "k"]).unwrap();
+            seen.push(until_shown(session, "the confirmation line", names_both));
+            tmux(&["send-keys", "-t", session, "n"]).unwrap();
+            seen.push(until_shown(session, "the kill cancelled", |s| {
+                s.contains("kill cancelled: nothing sent")
+            }));
+            assert!(
+                alive(inner) && alive(forked),
+                "a cancelled kill sent nothing: {seen:?}"
+            );
+            tmux(&["send-keys", "-t", session, "k"]).unwrap();
+            until_shown(session, "the confirmation line again", names_both);
+            tmux(&["send-keys", "-t", session, "y"]).unwrap();
+            seen.push(until_shown(session, "what the kill did", |s| {
+                s.contains("SIGTERM sent")
+            }));
+            asked = Some((inner, forked));
+            false
+        },
+    );
+    tmux(&["send-keys", "-t", session, "q"]).unwrap();
+    drop(named);
+    for screen in &seen {
+        eprintln!("{screen}");
+    }
+    assert!(run.status.success(), "{}", run.stderr);
+    let (inner, forked) = asked.expect("top asked for the kill");
+    let owner = pid_in(&dir, "owner").unwrap();
+    let steps = |p: u32| -> Vec<&serde_json::Value> {
+        (run.events.iter())
+            .filter(|e| e["event"] == "kill" && e["pid"].as_u64() == Some(u64::from(p)))
+            .collect()
+    };
+    for p in [inner, forked] {
+        let steps = steps(p);
+        assert!(
+            steps
+                .iter()
+                .any(|e| e["signal"] == "SIGTERM" && e["result"] == "sent"),
+            "{p}: {steps:?}"
+        );
+        assert!(steps.iter().all(|e| e["asked_by"]["uid"] == 0), "{steps:?}");
+    }
+    let owner_steps = steps(owner);
+    assert!(
+        owner_steps.is_empty(),
+        "the session's owner is never picked by its session: {owner_steps:?}"
+    );
+    let screens = seen.join("\n");
+    assert!(
+        screens.lines().all(|l| l.chars().count() <= 80),
+        "fits 80 columns: {screens}"
+    );
+    run.assert_well_formed();
 }

@@ -20,8 +20,8 @@ use crate::stream::words::{human_duration, who};
 use crate::text::escape_for_terminal;
 
 mod from_audit;
-mod kill;
-mod sessions;
+pub(super) mod kill;
+pub(super) mod sessions;
 pub use from_audit::ReplayArgs;
 pub use kill::{KillCli, kill};
 pub use sessions::{SessionsCli, sessions};

@@ -1,8 +1,10 @@
 //! `reaper-trace top`: a live full-screen view of a running audit, refreshed from its API:
 //! the gateways with their live descendants and the memory they hold, the kinds with the
-//! most live instances and how their counts went over the last minutes, and the flags; a flagged process selected shows its `why`. Drawn with
-//! ratatui in whatever the terminal is (80x24 over SSH is enough); no colours with
-//! `NO_COLOR`.
+//! most live instances and how their counts went over the last minutes, and the flags or
+//! the agent sessions; a flagged process selected shows its `why`, a session what it left;
+//! `k` ends the one selected through the run's kill protocol once a confirmation line has
+//! named what will be signalled. Drawn with ratatui in whatever the terminal is (80x24 over
+//! SSH is enough); no colours with `NO_COLOR`.
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -16,15 +18,19 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
-use super::client::{get, readable};
-use super::{Branch, KindCount, Process, Status};
+use super::client::{get, kill, readable, sessions};
+use super::{Branch, KillRequest, KindCount, Process, Sessions, Status};
 use crate::output::tree::State;
+use crate::procfs::boottime_now;
 use crate::procfs::facts::read_rss_kib;
+use crate::stream::answer::SessionRow;
 use crate::stream::words::human_duration;
 use crate::text::escape_for_terminal;
 
-/// A live view of a running audit: its gateways, kinds and flags; select a flag (↑↓, Enter)
-/// to see its `why`; with several runs, Tab shows the next; `q` quits.
+/// A live view of a running audit: its gateways, kinds, and flags or sessions (`s` switches);
+/// select one (↑↓) to see its `why` or what the session left (Enter), or to end it (`k`, then
+/// `y` on the line naming what will be signalled; root only); with several runs, Tab shows
+/// the next; `q` quits.
 #[derive(Debug, Parser)]
 #[command(name = "reaper-trace top", version = crate::cli::VERSION)]
 pub struct TopCli {
@@ -43,6 +49,7 @@ struct Snapshot {
     gateways: Vec<GatewayRow>,
     kinds: Vec<KindCount>,
     flags: Vec<FlagRow>,
+    sessions: Sessions,
 }
 
 struct GatewayRow {
@@ -133,6 +140,18 @@ impl Trends {
     }
 }
 
+/// What the lower part of the screen lists.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pane {
+    Flags,
+    Sessions,
+}
+
+/// A kill named on the confirmation line, waiting for `y`.
+struct Confirm {
+    request: KillRequest,
+}
+
 struct View {
     /// The runs that may be shown, and the one shown.
     sockets: Vec<PathBuf>,
@@ -140,9 +159,14 @@ struct View {
     now: Snapshot,
     trends: Trends,
     every: Duration,
+    pane: Pane,
     selected: ListState,
-    /// The selected process's `why`, while it is shown.
+    /// The selected process's `why` or session's processes, while it is shown.
     why: Option<String>,
+    /// A kill waiting for its confirmation, named on the line at the foot.
+    confirm: Option<Confirm>,
+    /// The line at the foot: a kill's confirmation or outcome, until the next key.
+    said: Option<String>,
     /// Why the last refresh failed (the screen keeps the one before).
     trouble: Option<String>,
     refreshes: u64,
@@ -159,8 +183,11 @@ impl View {
             now,
             trends,
             every,
+            pane: Pane::Flags,
             selected: ListState::default().with_selected(Some(0)),
             why: None,
+            confirm: None,
+            said: None,
             trouble: None,
             refreshes: 0,
             colour: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
@@ -177,12 +204,23 @@ impl View {
                     if key.kind != KeyEventKind::Press {
                         continue;
                     }
+                    // A confirmation line takes the next key: `y` kills, any other cancels.
+                    if let Some(confirm) = self.confirm.take() {
+                        self.said = Some(match key.code {
+                            KeyCode::Char('y') => self.kill(confirm.request).await,
+                            _ => "kill cancelled: nothing sent".into(),
+                        });
+                        continue;
+                    }
+                    self.said = None;
                     match key.code {
                         KeyCode::Char('q') => return Ok(()),
                         KeyCode::Esc => self.why = None,
-                        KeyCode::Down | KeyCode::Char('j') => self.selected.select_next(),
-                        KeyCode::Up | KeyCode::Char('k') => self.selected.select_previous(),
+                        KeyCode::Down => self.selected.select_next(),
+                        KeyCode::Up => self.selected.select_previous(),
                         KeyCode::Enter => self.toggle_why().await,
+                        KeyCode::Char('s') => self.switch_pane(),
+                        KeyCode::Char('k') => self.propose_kill().await,
                         KeyCode::Tab if self.sockets.len() > 1 => {
                             self.show_next().await;
                             next = Instant::now() + self.every;
@@ -201,6 +239,7 @@ impl View {
                     if !whole {
                         s.gateways = std::mem::take(&mut self.now.gateways);
                         s.flags = std::mem::take(&mut self.now.flags);
+                        s.sessions = std::mem::take(&mut self.now.sessions);
                     }
                     (self.now, self.trouble) = (s, None);
                 }
@@ -218,7 +257,7 @@ impl View {
     /// Shows the next run: asked at once, its own trends from now on.
     async fn show_next(&mut self) {
         self.shown = (self.shown + 1) % self.sockets.len();
-        (self.why, self.trends) = (None, Trends::default());
+        (self.why, self.trends, self.confirm) = (None, Trends::default(), None);
         self.selected.select(Some(0));
         match snapshot(self.socket(), true).await {
             Ok(s) => {
@@ -232,23 +271,130 @@ impl View {
         }
     }
 
+    /// Lists the sessions instead of the flags, or back.
+    fn switch_pane(&mut self) {
+        self.pane = match self.pane {
+            Pane::Flags => Pane::Sessions,
+            Pane::Sessions => Pane::Flags,
+        };
+        self.why = None;
+        self.selected.select(Some(0));
+    }
+
+    /// The selected session's row, in the sessions' pane.
+    fn selected_session(&self) -> Option<&SessionRow> {
+        let i = self.selected.selected()?;
+        (self.pane == Pane::Sessions)
+            .then(|| self.now.sessions.sessions.get(i))
+            .flatten()
+    }
+
+    /// The selected flag's row, in the flags' pane.
+    fn selected_flag(&self) -> Option<&FlagRow> {
+        let i = self.selected.selected()?;
+        (self.pane == Pane::Flags)
+            .then(|| self.now.flags.get(i))
+            .flatten()
+    }
+
+    /// What `k` asks to end: the selected process (with its live descendants), or the
+    /// selected session's processes (its owner apart, as `kill --session`). A session whose
+    /// value is not UTF-8 cannot be named in a request: why not, instead.
+    fn kill_request(&self) -> Option<Result<KillRequest, String>> {
+        if let Some(flag) = self.selected_flag() {
+            return Some(Ok(KillRequest {
+                pids: Some(flag.pid.to_string()),
+                ..KillRequest::default()
+            }));
+        }
+        let row = self.selected_session()?;
+        Some(match std::str::from_utf8(row.session.id.bytes()) {
+            Ok(value) => Ok(KillRequest {
+                session: Some(value.to_owned()),
+                ..KillRequest::default()
+            }),
+            Err(_) => Err(format!(
+                "session {} is not UTF-8: end its processes by pid (reaper-trace kill PID)",
+                row.session.id.for_terminal()
+            )),
+        })
+    }
+
+    /// `k`: asks the run what the kill of the selection would signal (a dry run) and names
+    /// it on the confirmation line; nothing is sent before `y`.
+    async fn propose_kill(&mut self) {
+        let request = match self.kill_request() {
+            Some(Ok(request)) => request,
+            Some(Err(why)) => {
+                self.said = Some(why);
+                return;
+            }
+            None => return,
+        };
+        let dry = KillRequest {
+            dry_run: true,
+            ..request.clone()
+        };
+        let answer = match kill::ask(self.socket(), &dry).await {
+            Ok((answer, _)) => answer,
+            Err(e) => {
+                self.said = Some(format!("kill: {e:#}"));
+                return;
+            }
+        };
+        let would: Vec<String> = (answer.steps.iter())
+            .filter(|s| s.result == "dry_run")
+            .map(|s| format!("{} ({})", s.pid, escape_for_terminal(s.comm.as_bytes())))
+            .collect();
+        if would.is_empty() {
+            self.said = Some(one_line(&kill::readable(&answer)));
+            return;
+        }
+        let refused = answer.steps.len() - would.len();
+        let also = match refused {
+            0 => String::new(),
+            n => format!(" ({n} refused)"),
+        };
+        self.said = Some(format!(
+            "kill {}{also}? y: SIGTERM now, SIGKILL after the run's --term-timeout; any other key: no",
+            would.join(", ")
+        ));
+        self.confirm = Some(Confirm { request });
+    }
+
+    /// Asks the run for a confirmed kill: what it did, on one line.
+    async fn kill(&mut self, request: KillRequest) -> String {
+        match kill::ask(self.socket(), &request).await {
+            Ok((answer, _)) => one_line(&kill::readable(&answer)),
+            Err(e) => format!("kill: {e:#}"),
+        }
+    }
+
     async fn toggle_why(&mut self) {
         if self.why.take().is_some() {
             return;
         }
-        let Some(row) = self.selected.selected().and_then(|i| self.now.flags.get(i)) else {
+        if let Some(row) = self.selected_session() {
+            let one = Sessions {
+                now: self.now.sessions.now,
+                sessions: vec![row.clone()],
+            };
+            self.why = Some(sessions::render(&one, "", Some(boottime_now())));
+            return;
+        }
+        let Some(pid) = self.selected_flag().map(|row| row.pid) else {
             return;
         };
-        let path = format!("/v1/process/{}", row.pid);
+        let path = format!("/v1/process/{pid}");
         self.why = Some(match get(self.socket(), &path).await {
             Ok((status, body)) if status.is_success() => {
                 match serde_json::from_slice::<Process>(&body) {
                     Ok(p) => readable(&p),
-                    Err(e) => format!("pid {}: an answer not understood: {e}", row.pid),
+                    Err(e) => format!("pid {pid}: an answer not understood: {e}"),
                 }
             }
-            Ok((status, _)) => format!("pid {}: {status} (it ended?)", row.pid),
-            Err(e) => format!("pid {}: {e:#}", row.pid),
+            Ok((status, _)) => format!("pid {pid}: {status} (it ended?)"),
+            Err(e) => format!("pid {pid}: {e:#}"),
         });
     }
 
@@ -263,12 +409,17 @@ impl View {
         let s = &self.now.status;
         let gateways = self.now.gateways.len().clamp(1, 6) as u16 + 1;
         let kinds = self.now.kinds.len().clamp(1, 5) as u16 + 1;
+        // A kill's line may name many processes: up to three lines, wrapped.
+        let foot_lines = match &self.said {
+            Some(said) => (said.chars().count() / f.area().width.max(1) as usize + 1).min(3),
+            None => 1,
+        };
         let [head, gw_area, kind_area, flag_area, foot] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Length(gateways),
             Constraint::Length(kinds),
             Constraint::Min(3),
-            Constraint::Length(1),
+            Constraint::Length(foot_lines as u16),
         ])
         .areas(f.area());
         let mut title = match &self.trouble {
@@ -327,30 +478,75 @@ impl View {
 
         match &self.why {
             Some(text) => {
-                let block = Block::bordered().title(" why (Esc or Enter: back) ");
+                let title = match self.pane {
+                    Pane::Flags => " why (Esc or Enter: back) ",
+                    Pane::Sessions => " session (Esc or Enter: back) ",
+                };
+                let block = Block::bordered().title(title);
                 let why = Paragraph::new(text.as_str())
                     .block(block)
                     .wrap(Wrap { trim: false });
                 f.render_widget(why, flag_area);
             }
             None => {
-                let items: Vec<ListItem> = match self.now.flags.is_empty() {
-                    true => vec![ListItem::new("no flag holds")],
-                    false => self
-                        .now
-                        .flags
-                        .iter()
-                        .map(|r| ListItem::new(r.text.as_str()))
-                        .collect(),
+                let (title, rows) = match self.pane {
+                    Pane::Flags => ("FLAGS (s: sessions)", self.flag_rows()),
+                    Pane::Sessions => ("SESSIONS (s: flags)", self.session_rows()),
                 };
-                let list = List::new(items)
-                    .block(Block::new().title(Line::styled("FLAGS", self.style(Color::Yellow))))
+                let list = List::new(rows.into_iter().map(ListItem::new))
+                    .block(Block::new().title(Line::styled(title, self.style(Color::Yellow))))
                     .highlight_style(Style::default().add_modifier(Modifier::REVERSED));
                 f.render_stateful_widget(list, flag_area, &mut self.selected);
             }
         }
-        let help = "q quit  ↑↓ select  Enter why  Esc back";
-        f.render_widget(Line::raw(help), foot);
+        match &self.said {
+            Some(said) => {
+                let said = Paragraph::new(said.as_str())
+                    .style(self.style(Color::Red))
+                    .wrap(Wrap { trim: false });
+                f.render_widget(said, foot);
+            }
+            None => {
+                let help = "q quit  ↑↓ select  Enter why  s flags/sessions  k kill  Esc back";
+                f.render_widget(Line::raw(help), foot);
+            }
+        }
+    }
+
+    /// The flags' pane: a line a flagged process.
+    fn flag_rows(&self) -> Vec<String> {
+        match self.now.flags.is_empty() {
+            true => vec!["no flag holds".into()],
+            false => self.now.flags.iter().map(|r| r.text.clone()).collect(),
+        }
+    }
+
+    /// The sessions' pane: a line a session, whether it ended, what of it is alive and
+    /// flagged, and its memory.
+    fn session_rows(&self) -> Vec<String> {
+        let answer = &self.now.sessions;
+        if answer.sessions.is_empty() {
+            return vec!["no live process is in an agent session".into()];
+        }
+        let now = boottime_now().max(answer.now);
+        (answer.sessions.iter())
+            .map(|s| {
+                let state = match s.session.ended {
+                    Some(ended) => {
+                        format!("ENDED {} ago", human_duration(now.saturating_sub(ended)))
+                    }
+                    None => "running".into(),
+                };
+                format!(
+                    "{:<24} {:<16} {:>4} alive {:>3} flagged {:>6} MiB",
+                    clip(&s.session.id.for_terminal(), 24),
+                    clip(&state, 16),
+                    s.alive.len(),
+                    s.flagged.len(),
+                    s.rss_kib / 1024
+                )
+            })
+            .collect()
     }
 }
 
@@ -371,13 +567,17 @@ async fn snapshot(socket: &std::path::Path, whole: bool) -> Result<Snapshot> {
     };
     let status: Status = serde_json::from_slice(&ask("/v1/status").await?)?;
     let kinds: Vec<KindCount> = serde_json::from_slice(&ask("/v1/kinds").await?)?;
-    let roots: Vec<Branch> = match whole {
-        true => serde_json::from_slice(&ask("/v1/tree").await?)?,
-        false => Vec::new(),
+    let (roots, sessions): (Vec<Branch>, Sessions) = match whole {
+        true => (
+            serde_json::from_slice(&ask("/v1/tree").await?)?,
+            serde_json::from_slice(&ask("/v1/sessions").await?)?,
+        ),
+        false => Default::default(),
     };
     let mut snap = Snapshot {
         status,
         kinds,
+        sessions,
         ..Snapshot::default()
     };
     for root in &roots {
@@ -434,6 +634,11 @@ fn program_by_file_name(command: &str) -> &str {
         Some(slash) => &command[slash + 1..],
         None => command,
     }
+}
+
+/// `kill`'s lines (one a process) on one line, for the foot.
+fn one_line(text: &str) -> String {
+    text.lines().collect::<Vec<_>>().join("; ")
 }
 
 /// At most `width` characters of `text`.

@@ -1,9 +1,10 @@
 //! `reaper-trace kill`: ask the running audit that tracks them to end processes (root only):
 //! by pid, an agent session's, or those holding a flag of a reason, through its kill protocol
 //! (`POST /v1/kill`).
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use bytes::Bytes;
 use clap::Parser;
 use hyper::StatusCode;
 
@@ -74,7 +75,17 @@ pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
             )
         }
     };
-    let query = serde_urlencoded::to_string(&request).context("writing the query")?;
+    let (answer, body) = ask(socket, &request).await?;
+    let code = exit_code(&answer);
+    if cli.json {
+        return Ok((String::from_utf8_lossy(&body).into_owned(), code));
+    }
+    Ok((readable(&answer), code))
+}
+
+/// Asks the run at `socket` for `request`: its answer, and the answer as it came.
+pub async fn ask(socket: &Path, request: &KillRequest) -> Result<(KillAnswer, Bytes)> {
+    let query = serde_urlencoded::to_string(request).context("writing the query")?;
     let (status, body) = post(socket, &format!("/v1/kill?{query}"))
         .await
         .with_context(|| format!("asking {}", socket.display()))?;
@@ -85,11 +96,7 @@ pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
     }
     let answer: KillAnswer = serde_json::from_slice(&body)
         .with_context(|| format!("reading {}'s answer", socket.display()))?;
-    let code = exit_code(&answer);
-    if cli.json {
-        return Ok((String::from_utf8_lossy(&body).into_owned(), code));
-    }
-    Ok((readable(&answer), code))
+    Ok((answer, body))
 }
 
 fn exit_code(answer: &KillAnswer) -> i32 {
@@ -106,7 +113,7 @@ fn exit_code(answer: &KillAnswer) -> i32 {
 }
 
 /// A line a process: what was signalled, what would be, what was refused and why.
-fn readable(answer: &KillAnswer) -> String {
+pub fn readable(answer: &KillAnswer) -> String {
     if let Some(why) = &answer.refused {
         return format!("nothing ended: {why}");
     }

@@ -79,7 +79,7 @@ pub async fn sessions(cli: &SessionsCli) -> Result<(String, i32)> {
 
 /// The sessions for people: a line each, then its live processes; `clock` the boot-time ns
 /// of now on this machine (none for an audit read back: its answer's `now` is the moment).
-fn render(answer: &Sessions, title: &str, clock: Option<u64>) -> String {
+pub(in crate::api) fn render(answer: &Sessions, title: &str, clock: Option<u64>) -> String {
     let now = clock.unwrap_or(answer.now).max(answer.now);
     let ago = |ts: u64| human_duration(now.saturating_sub(ts));
     let mut lines: Vec<String> = Vec::new();
