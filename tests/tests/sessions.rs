@@ -228,3 +228,132 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
     }
     run.assert_well_formed();
 }
+
+/// `reaper-trace ARGS --api SOCKET` (`sessions`, `why`): its stdout, once it succeeded.
+fn ask(args: &[&str], socket: &Path) -> String {
+    let out = std::process::Command::new(reaper_tests::reaper_trace())
+        .args(args)
+        .arg("--api")
+        .arg(socket)
+        .output()
+        .expect("run reaper-trace");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn hostile_session_values_are_cut_escaped_and_kept_exact() {
+    let test = "hostile_session_values_are_cut_escaped_and_kept_exact";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let d = dir.display();
+    let socket = dir.join("api.sock");
+    // Values no host should set, and many sessions at once: 100 KiB, a newline and ANSI
+    // colour, bytes that are not UTF-8, and 500 sessions of one process each. (10,000
+    // sessions: `cargo xtask bench --only sessions`.)
+    const MANY: usize = 500;
+    let script = format!(
+        r#"
+big=$(head -c 102400 /dev/zero | tr '\0' x)
+AGENT_SESSION_ID="$big" sleep 621 & echo $! > {d}/big
+AGENT_SESSION_ID="$(printf 'evil\n\033[31mred\033[0m')" sleep 622 & echo $! > {d}/ansi
+AGENT_SESSION_ID="$(printf 'bad\377\376end')" sleep 623 & echo $! > {d}/bytes
+i=0
+while [ $i -lt {MANY} ]; do AGENT_SESSION_ID=many-$i sleep 624 & echo $! >> {d}/many; i=$((i+1)); done
+while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done
+kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
+"#
+    );
+    let began = |events: &[Value], pid: u64| {
+        events
+            .iter()
+            .find(|e| e["event"] == "session" && e["pid"].as_u64() == Some(pid))
+            .cloned()
+    };
+    let pid_in = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let mut asked: Option<(String, String, String)> = None;
+    let run = run_reaper_until(
+        &["--api", socket.to_str().unwrap(), "--", "sh", "-c", &script],
+        &[],
+        &dir.join("release"),
+        ("every session begun", Then::Release),
+        |events| {
+            let many = std::fs::read_to_string(dir.join("many")).unwrap_or_default();
+            let named = ["big", "ansi", "bytes"].map(pid_in);
+            if many.lines().count() < MANY || named.iter().any(Option::is_none) {
+                return false;
+            }
+            let sessions = events.iter().filter(|e| e["event"] == "session").count();
+            if sessions < MANY + 3 {
+                return false;
+            }
+            let ansi = named[1].unwrap().to_string();
+            asked = Some((
+                ask(&["sessions"], &socket),
+                ask(&["sessions", "--json"], &socket),
+                ask(&["why", &ansi], &socket),
+            ));
+            true
+        },
+    );
+    let events = &run.events;
+    let pid = |name: &str| pid_in(name).unwrap();
+    // The stream: each value exact up to 256 bytes, a value not UTF-8 in base64.
+    let big = began(events, pid("big")).expect("big's session");
+    assert_eq!(big["session"], "x".repeat(256), "cut at 256 bytes");
+    let ansi = began(events, pid("ansi")).expect("ansi's session");
+    assert_eq!(ansi["session"], "evil\n\u{1b}[31mred\u{1b}[0m");
+    let bytes = began(events, pid("bytes")).expect("bytes' session");
+    let raw = bytes["session_b64"]
+        .as_str()
+        .expect("session_b64: not UTF-8");
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(raw)
+        .unwrap();
+    assert_eq!(raw, b"bad\xff\xfeend");
+    // What people read: no control character reaches the terminal, one line a session.
+    let (text, json, why) = asked.expect("the run was asked");
+    for said in [&text, &why] {
+        assert!(
+            !said.contains('\u{1b}'),
+            "an escape sequence reached the terminal: {said:?}"
+        );
+    }
+    let session_lines = text.lines().filter(|l| l.starts_with("session ")).count();
+    assert!(session_lines > MANY, "a line a session: {text}");
+    for line in [
+        "session evil\\x0a\\x1b[31mred\\x1b[0m:",
+        "session bad\\xff\\xfeend:",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "the value escaped on its line ({line}): {text}"
+        );
+    }
+    assert!(
+        why.contains("evil\\x0a\\x1b[31mred"),
+        "why names the session, escaped: {why}"
+    );
+    // The API: every session, the long one cut, the other exact.
+    let answer: Value = serde_json::from_str(&json).unwrap();
+    let rows: Vec<&Value> = (answer.as_object().unwrap().values())
+        .flat_map(|a| a["sessions"].as_array().unwrap())
+        .collect();
+    assert!(rows.len() > MANY, "{json}");
+    assert!(rows.iter().any(|r| r["id"] == "x".repeat(256)), "{json}");
+    assert!(rows.iter().any(|r| r["id_b64"].is_string()), "{json}");
+    run.assert_well_formed();
+}
