@@ -1,6 +1,8 @@
 //! Agent sessions against real processes (`--session-env`, docs/leaks.md#sessions): which
-//! session each process is in, by its environment and by the lineage, and `orphaned` judged by
-//! a session's end where its owner is seen. Needs root (see `require_root`).
+//! session each process is in, by its environment and by the lineage (across `env -i`, a
+//! double fork, a reparent to a subreaper, a pid taken again by another session), `orphaned`
+//! judged by a session's end where its owner is seen, and values no host should set. Needs
+//! root (see `require_root`).
 use std::path::Path;
 
 use reaper_tests::{Run, Then, require_root, run_reaper_until, scratch};
@@ -355,5 +357,112 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
     assert!(rows.len() > MANY, "{json}");
     assert!(rows.iter().any(|r| r["id"] == "x".repeat(256)), "{json}");
     assert!(rows.iter().any(|r| r["id_b64"].is_string()), "{json}");
+    run.assert_well_formed();
+}
+
+#[test]
+fn a_session_is_kept_across_a_subreaper_and_a_reused_pid_is_in_its_own_session() {
+    let test = "a_session_is_kept_across_a_subreaper_and_a_reused_pid_is_in_its_own_session";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let d = dir.display();
+    let socket = dir.join("api.sock");
+    let shapes = reaper_tests::shapes();
+    let shapes = shapes.display();
+    let script = format!(
+        r#"
+# R: a per-session process that is a child subreaper (it stays: a running session); its
+# double fork, with a scrubbed environment, leaves the grandchild reparented to it.
+AGENT_SESSION_ID=sess-r {shapes} subreaper sh -c '( env -i sleep 631 & echo $! > {d}/r ); echo $$ > {d}/r-owner; while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done' &
+# P: a process of session sess-p1 ends; its pid is taken again by one of sess-p2 (the
+# kernel's next pid set to it: ns_last_pid), retried while another process takes it first.
+AGENT_SESSION_ID=sess-p1 sh -c 'echo $$ > {d}/p; sleep 0.5'
+p=$(cat {d}/p)
+n=0
+while [ $n -lt 200 ] && [ ! -e {d}/p2 ]; do
+    echo $((p - 1)) > /proc/sys/kernel/ns_last_pid
+    AGENT_SESSION_ID=sess-p2 sleep 632 &
+    if [ $! = $p ]; then echo $! > {d}/p2; else kill $!; wait $! 2>/dev/null; fi
+    n=$((n + 1))
+done
+[ -e {d}/p2 ] || echo "pid $p not taken again in $n tries" > {d}/p2-failed
+while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done
+kill $(cat {d}/r {d}/r-owner {d}/p2 2>/dev/null)
+"#
+    );
+    let pid_in = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let session_of = |pid: u64| -> Value {
+        let out = std::process::Command::new(reaper_tests::reaper_trace())
+            .args(["why", &pid.to_string(), "--json", "--api"])
+            .arg(&socket)
+            .output()
+            .expect("run reaper-trace why");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+        answer["session"].clone()
+    };
+    let mut asked: Option<(Value, Value)> = None;
+    let run = run_reaper_until(
+        &["--api", socket.to_str().unwrap(), "--", "sh", "-c", &script],
+        &[],
+        &dir.join("release"),
+        (
+            "the grandchild reparented and the pid taken again",
+            Then::Release,
+        ),
+        |events| {
+            if let Ok(why) = std::fs::read_to_string(dir.join("p2-failed")) {
+                panic!("{why}");
+            }
+            let (Some(r), Some(owner), Some(p)) = (pid_in("r"), pid_in("r-owner"), pid_in("p2"))
+            else {
+                return false;
+            };
+            let reparented = events.iter().any(|e| {
+                e["event"] == "reparent"
+                    && e["pid"].as_u64() == Some(r)
+                    && e["new_ppid"].as_u64() == Some(owner)
+            });
+            let began = |session: &str| {
+                events.iter().any(|e| {
+                    e["event"] == "session"
+                        && e["pid"].as_u64() == Some(p)
+                        && e["session"] == session
+                })
+            };
+            if !reparented || !began("sess-p1") || !began("sess-p2") {
+                return false;
+            }
+            asked = Some((session_of(r), session_of(p)));
+            true
+        },
+    );
+    let (r, p) = asked.expect("the run was asked");
+    // The grandchild: no value of its own, reparented to the subreaper, in its session still.
+    assert_eq!(r["id"], "sess-r", "{r}");
+    assert_eq!(r["begins"].as_u64(), pid_in("r-owner"), "{r}");
+    // The pid taken again: the new process is in its own session, not the one that ended.
+    assert_eq!(p["id"], "sess-p2", "{p}");
+    let p = pid_in("p2").unwrap();
+    let starts: Vec<(&Value, &Value)> = (run.all("session").into_iter())
+        .filter(|e| e["pid"].as_u64() == Some(p))
+        .map(|e| (&e["session"], &e["start"]))
+        .collect();
+    assert!(
+        starts.len() == 2 && starts[0].1 != starts[1].1,
+        "one session event each process that had the pid: {starts:?}"
+    );
     run.assert_well_formed();
 }

@@ -27,6 +27,9 @@ fn main() {
         read_stdin_to_eof();
         std::process::exit(0);
     }
+    if args.get(1).is_some_and(|a| a == "subreaper") {
+        subreaper_exec(&args[2..]);
+    }
     if args.get(1).is_some_and(|a| a == "hostile-python") {
         hostile::python(&args);
     }

@@ -95,6 +95,22 @@ impl Hold {
     }
 }
 
+/// `reaper-shapes subreaper CMD ARGS...`: becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`,
+/// kept across exec) and execs CMD: the orphans of what CMD starts are reparented to it.
+pub(crate) fn subreaper_exec(command: &[String]) -> ! {
+    use std::os::unix::process::CommandExt;
+    let Some((program, args)) = command.split_first() else {
+        eprintln!("usage: reaper-shapes subreaper CMD [ARGS...]");
+        std::process::exit(2);
+    };
+    // SAFETY: plain syscall on this process.
+    let set = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(set, 0, "prctl: {}", std::io::Error::last_os_error());
+    let error = std::process::Command::new(program).args(args).exec();
+    eprintln!("exec {program}: {error}");
+    std::process::exit(127);
+}
+
 /// `reaper-shapes into-cgroup DIR SHAPE TRUTH`: starts `reaper-shapes SHAPE TRUTH` straight
 /// into the cgroup DIR (`clone3` with `CLONE_INTO_CGROUP`, as service managers start a unit's
 /// process), waits for it and exits with its status. Writes no truth of its own.
