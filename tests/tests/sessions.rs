@@ -253,7 +253,8 @@ fn hostile_session_values_are_cut_escaped_and_kept_exact() {
     if !require_root(test) {
         return;
     }
-    let dir = scratch(test);
+    // A short name: the socket's path must fit a UNIX socket's 108 bytes.
+    let dir = scratch("sessions-hostile");
     let d = dir.display();
     let socket = dir.join("api.sock");
     // Values no host should set, and many sessions at once: 100 KiB, a newline and ANSI
@@ -366,7 +367,8 @@ fn a_session_is_kept_across_a_subreaper_and_a_reused_pid_is_in_its_own_session()
     if !require_root(test) {
         return;
     }
-    let dir = scratch(test);
+    // A short name: the socket's path must fit a UNIX socket's 108 bytes.
+    let dir = scratch("sessions-subreaper");
     let d = dir.display();
     let socket = dir.join("api.sock");
     let shapes = reaper_tests::shapes();

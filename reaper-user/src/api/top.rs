@@ -19,7 +19,7 @@ use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
 use super::client::{get, kill, readable, sessions};
-use super::{Branch, KillRequest, KindCount, Process, Sessions, Status};
+use super::{Branch, KillAnswer, KillRequest, KillStep, KindCount, Process, Sessions, Status};
 use crate::output::tree::State;
 use crate::procfs::boottime_now;
 use crate::procfs::facts::read_rss_kib;
@@ -147,9 +147,33 @@ enum Pane {
     Sessions,
 }
 
-/// A kill named on the confirmation line, waiting for `y`.
+/// A kill named on the confirmation line, waiting for `y`: exactly the processes named, for
+/// [`CONFIRM_FOR`] from when they were.
 struct Confirm {
-    request: KillRequest,
+    pids: Vec<u32>,
+    named: Instant,
+}
+
+/// A selected row, by what it shows.
+enum Selected {
+    Pid(u32),
+    Session(Vec<u8>),
+}
+
+/// How long a confirmation line holds: past it, a `y` sends nothing (the pids it named may be
+/// other processes by then).
+const CONFIRM_FOR: Duration = Duration::from_secs(10);
+
+/// How long `top` waits for the run to answer a question (a run that hangs must not freeze
+/// the screen: `q` still quits).
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// `asking`, given up after [`ANSWER_WITHIN`].
+async fn within<T>(asking: impl Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(ANSWER_WITHIN, asking).await {
+        Ok(answer) => answer,
+        Err(_) => bail!("no answer within {}s", ANSWER_WITHIN.as_secs()),
+    }
 }
 
 struct View {
@@ -207,7 +231,10 @@ impl View {
                     // A confirmation line takes the next key: `y` kills, any other cancels.
                     if let Some(confirm) = self.confirm.take() {
                         self.said = Some(match key.code {
-                            KeyCode::Char('y') => self.kill(confirm.request).await,
+                            KeyCode::Char('y') if confirm.named.elapsed() > CONFIRM_FOR => {
+                                "the confirmation expired: nothing sent (k asks again)".into()
+                            }
+                            KeyCode::Char('y') => self.kill(confirm.pids).await,
                             _ => "kill cancelled: nothing sent".into(),
                         });
                         continue;
@@ -216,8 +243,9 @@ impl View {
                     match key.code {
                         KeyCode::Char('q') => return Ok(()),
                         KeyCode::Esc => self.why = None,
-                        KeyCode::Down => self.selected.select_next(),
-                        KeyCode::Up => self.selected.select_previous(),
+                        // The list is hidden while a panel is shown: its selection stays.
+                        KeyCode::Down if self.why.is_none() => self.selected.select_next(),
+                        KeyCode::Up if self.why.is_none() => self.selected.select_previous(),
                         KeyCode::Enter => self.toggle_why().await,
                         KeyCode::Char('s') => self.switch_pane(),
                         KeyCode::Char('k') => self.propose_kill().await,
@@ -233,7 +261,7 @@ impl View {
             // A refresh that fails (the run ended) says so on the screen and tries again.
             self.refreshes += 1;
             let whole = self.refreshes.is_multiple_of(TREE_EVERY);
-            match snapshot(self.socket(), whole).await {
+            match within(snapshot(self.socket(), whole)).await {
                 Ok(mut s) => {
                     self.trends.add(Instant::now(), &s.kinds);
                     if !whole {
@@ -241,7 +269,9 @@ impl View {
                         s.flags = std::mem::take(&mut self.now.flags);
                         s.sessions = std::mem::take(&mut self.now.sessions);
                     }
+                    let selected = self.selected_key();
                     (self.now, self.trouble) = (s, None);
+                    self.select(selected);
                 }
                 Err(e) => self.trouble = Some(format!("{e:#}")),
             }
@@ -259,7 +289,7 @@ impl View {
         self.shown = (self.shown + 1) % self.sockets.len();
         (self.why, self.trends, self.confirm) = (None, Trends::default(), None);
         self.selected.select(Some(0));
-        match snapshot(self.socket(), true).await {
+        match within(snapshot(self.socket(), true)).await {
             Ok(s) => {
                 self.trends.add(Instant::now(), &s.kinds);
                 (self.now, self.trouble) = (s, None);
@@ -279,6 +309,29 @@ impl View {
         };
         self.why = None;
         self.selected.select(Some(0));
+    }
+
+    /// What is selected, by pid or by session value: rows move as a refresh finds others.
+    fn selected_key(&self) -> Option<Selected> {
+        match self.pane {
+            Pane::Flags => self.selected_flag().map(|f| Selected::Pid(f.pid)),
+            Pane::Sessions => {
+                (self.selected_session()).map(|s| Selected::Session(s.session.id.bytes().to_vec()))
+            }
+        }
+    }
+
+    /// Selects `key`'s row again where it is now (the selection stays put when it is gone).
+    fn select(&mut self, key: Option<Selected>) {
+        let at = match &key {
+            Some(Selected::Pid(pid)) => self.now.flags.iter().position(|f| f.pid == *pid),
+            Some(Selected::Session(id)) => (self.now.sessions.sessions.iter())
+                .position(|s| s.session.id.bytes() == id.as_slice()),
+            None => None,
+        };
+        if let Some(at) = at {
+            self.selected.select(Some(at));
+        }
     }
 
     /// The selected session's row, in the sessions' pane.
@@ -321,7 +374,8 @@ impl View {
     }
 
     /// `k`: asks the run what the kill of the selection would signal (a dry run) and names
-    /// it on the confirmation line; nothing is sent before `y`.
+    /// it on the confirmation line; nothing is sent before `y`, which asks for exactly the
+    /// processes named, by pid (the run checks each again then).
     async fn propose_kill(&mut self) {
         let request = match self.kill_request() {
             Some(Ok(request)) => request,
@@ -335,37 +389,34 @@ impl View {
             dry_run: true,
             ..request.clone()
         };
-        let answer = match kill::ask(self.socket(), &dry).await {
+        let answer = match within(kill::ask(self.socket(), &dry)).await {
             Ok((answer, _)) => answer,
             Err(e) => {
                 self.said = Some(format!("kill: {e:#}"));
                 return;
             }
         };
-        let would: Vec<String> = (answer.steps.iter())
-            .filter(|s| s.result == "dry_run")
-            .map(|s| format!("{} ({})", s.pid, escape_for_terminal(s.comm.as_bytes())))
-            .collect();
-        if would.is_empty() {
-            self.said = Some(one_line(&kill::readable(&answer)));
-            return;
+        match confirmation(&answer) {
+            Some((pids, line)) => {
+                self.said = Some(line);
+                self.confirm = Some(Confirm {
+                    pids,
+                    named: Instant::now(),
+                });
+            }
+            None => self.said = Some(outcome(&answer)),
         }
-        let refused = answer.steps.len() - would.len();
-        let also = match refused {
-            0 => String::new(),
-            n => format!(" ({n} refused)"),
-        };
-        self.said = Some(format!(
-            "kill {}{also}? y: SIGTERM now, SIGKILL after the run's --term-timeout; any other key: no",
-            would.join(", ")
-        ));
-        self.confirm = Some(Confirm { request });
     }
 
-    /// Asks the run for a confirmed kill: what it did, on one line.
-    async fn kill(&mut self, request: KillRequest) -> String {
-        match kill::ask(self.socket(), &request).await {
-            Ok((answer, _)) => one_line(&kill::readable(&answer)),
+    /// Asks the run for a confirmed kill of `pids`: what it did, on one line.
+    async fn kill(&mut self, pids: Vec<u32>) -> String {
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let request = KillRequest {
+            pids: Some(pids.join(",")),
+            ..KillRequest::default()
+        };
+        match within(kill::ask(self.socket(), &request)).await {
+            Ok((answer, _)) => outcome(&answer),
             Err(e) => format!("kill: {e:#}"),
         }
     }
@@ -386,7 +437,7 @@ impl View {
             return;
         };
         let path = format!("/v1/process/{pid}");
-        self.why = Some(match get(self.socket(), &path).await {
+        self.why = Some(match within(get(self.socket(), &path)).await {
             Ok((status, body)) if status.is_success() => {
                 match serde_json::from_slice::<Process>(&body) {
                     Ok(p) => readable(&p),
@@ -636,9 +687,77 @@ fn program_by_file_name(command: &str) -> &str {
     }
 }
 
-/// `kill`'s lines (one a process) on one line, for the foot.
-fn one_line(text: &str) -> String {
-    text.lines().collect::<Vec<_>>().join("; ")
+/// The processes a confirmation line names, at most; the rest are counted.
+const NAMED: usize = 8;
+
+/// The confirmation line for a dry run's `answer`, the question first (a long list is cut
+/// at the foot's end), and the pids it names; none when it would signal nothing.
+fn confirmation(answer: &KillAnswer) -> Option<(Vec<u32>, String)> {
+    let would: Vec<&KillStep> = (answer.steps.iter())
+        .filter(|s| s.result == "dry_run")
+        .collect();
+    if would.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = (would.iter().take(NAMED))
+        .map(|s| format!("{} ({})", s.pid, escape_for_terminal(s.comm.as_bytes())))
+        .collect();
+    if would.len() > NAMED {
+        names.push(format!("+{} more", would.len() - NAMED));
+    }
+    let refused = answer.steps.len() - would.len();
+    let also = match refused {
+        0 => String::new(),
+        n => format!(" ({n} not: see `reaper-trace kill --dry-run`)"),
+    };
+    let line = format!(
+        "kill {} process{}{also}? y: SIGTERM now, SIGKILL after the run's --term-timeout; any other key: no. {}",
+        would.len(),
+        if would.len() == 1 { "" } else { "es" },
+        names.join(", ")
+    );
+    Some((would.iter().map(|s| s.pid).collect(), line))
+}
+
+/// What a kill did, on one line: how many were signalled, had exited, and the others by pid
+/// and why (the first few).
+fn outcome(answer: &KillAnswer) -> String {
+    if let Some(why) = &answer.refused {
+        return format!("nothing ended: {}", escape_for_terminal(why.as_bytes()));
+    }
+    if answer.steps.is_empty() {
+        return "nothing to end: no live process picked".into();
+    }
+    let count = |r: &str| answer.steps.iter().filter(|s| s.result == r).count();
+    let mut parts = Vec::new();
+    for (result, said) in [
+        (
+            "signalled",
+            "SIGTERM sent (SIGKILL after the run's --term-timeout)",
+        ),
+        ("dry_run", "would be signalled (the run is a dry run)"),
+        ("exited", "had exited"),
+    ] {
+        match count(result) {
+            0 => {}
+            n => parts.push(format!("{n} {said}")),
+        }
+    }
+    let not: Vec<String> = (answer.steps.iter())
+        .filter(|s| !matches!(s.result.as_str(), "signalled" | "dry_run" | "exited"))
+        .map(|s| format!("{} {}", s.pid, escape_for_terminal(s.result.as_bytes())))
+        .collect();
+    if !not.is_empty() {
+        let more = match not.len() > NAMED {
+            true => format!(", +{} more", not.len() - NAMED),
+            false => String::new(),
+        };
+        parts.push(format!(
+            "refused: {}{more}",
+            not[..not.len().min(NAMED)].join(", ")
+        ));
+    }
+    parts.join("; ")
 }
 
 /// At most `width` characters of `text`.
@@ -662,6 +781,58 @@ mod tests {
             kind: kind.into(),
             instances,
         }]
+    }
+
+    fn answer(steps: &[(u32, &str, &str)]) -> KillAnswer {
+        KillAnswer {
+            steps: (steps.iter())
+                .map(|&(pid, comm, result)| KillStep {
+                    pid,
+                    comm: comm.into(),
+                    result: result.into(),
+                })
+                .collect(),
+            ..KillAnswer::default()
+        }
+    }
+
+    #[test]
+    fn a_confirmation_asks_first_names_what_it_will_signal_escaped_and_counts_the_rest() {
+        let mut steps = vec![(10, "not\x1b[31mme", "not_in_lineage")];
+        steps.extend((0..10).map(|i| (100 + i, "sleep\x1b[2J", "dry_run")));
+        let (pids, line) = confirmation(&answer(&steps)).unwrap();
+        assert_eq!(
+            pids,
+            (100..110).collect::<Vec<_>>(),
+            "exactly those it would signal"
+        );
+        assert!(line.starts_with("kill 10 processes (1 not: "), "{line}");
+        assert!(
+            line.contains("100 (sleep\\x1b[2J)") && line.ends_with(", +2 more"),
+            "{line}"
+        );
+        assert!(!line.contains('\x1b'), "{line}");
+        assert_eq!(confirmation(&answer(&[(10, "sh", "not_tracked")])), None);
+    }
+
+    #[test]
+    fn an_outcome_is_one_line_of_counts_and_the_refused_by_pid() {
+        let done = answer(&[
+            (1, "sleep", "signalled"),
+            (2, "sleep", "signalled"),
+            (3, "sh", "exited"),
+            (4, "init", "not_in_lineage"),
+        ]);
+        assert_eq!(
+            outcome(&done),
+            "2 SIGTERM sent (SIGKILL after the run's --term-timeout); 1 had exited; \
+             refused: 4 not_in_lineage"
+        );
+        let refused = KillAnswer {
+            refused: Some("no session \x1b[2J".into()),
+            ..KillAnswer::default()
+        };
+        assert_eq!(outcome(&refused), "nothing ended: no session \\x1b[2J");
     }
 
     #[test]

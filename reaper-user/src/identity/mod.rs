@@ -10,7 +10,6 @@
 mod pidfd;
 
 use std::{
-    io,
     os::unix::fs::MetadataExt,
     path::Path,
     sync::{
@@ -185,6 +184,9 @@ pub enum NotOpened {
     Gone,
     /// The process exited and its pid names another process now.
     Reused,
+    /// Not known: the pidfd or the process's stat could not be had for another reason (out
+    /// of fds or memory, a stat not understood).
+    Unknown,
     /// Not allowed to open a pidfd for it.
     PermissionDenied,
     /// No pidfd can name it: this process's pid namespace is not the host's.
@@ -203,12 +205,19 @@ impl PidRef {
         if !own_pids_are_hosts() {
             return Err(NotOpened::ForeignNamespace);
         }
-        let pidfd = PidFd::open(id.pid).map_err(|e| match e.kind() {
-            io::ErrorKind::PermissionDenied => NotOpened::PermissionDenied,
-            _ => NotOpened::Gone,
+        let pidfd = PidFd::open(id.pid).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => NotOpened::Gone,
+            Some(libc::EPERM | libc::EACCES) => NotOpened::PermissionDenied,
+            _ => NotOpened::Unknown,
         })?;
-        // The pidfd holds the pid now: a stat that names another start is another process's.
-        let stat = procfs::read_stat(id.pid).map_err(|_| NotOpened::Gone)?;
+        // The pidfd names the process that had the pid when it was opened; its stat, read
+        // after, is that process's if it names the same start.
+        let stat = match procfs::read_stat(id.pid) {
+            Ok(stat) => stat,
+            // Reaped between the two (its pidfd polls readable), or unreadable.
+            Err(_) if pidfd.has_exited() => return Err(NotOpened::Gone),
+            Err(_) => return Err(NotOpened::Unknown),
+        };
         if !id.matches(&stat) {
             return Err(NotOpened::Reused);
         }

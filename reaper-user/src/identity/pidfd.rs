@@ -96,7 +96,6 @@ impl PidFd {
     }
 
     /// Whether the process has exited (a pidfd polls readable then).
-    #[cfg(test)]
     pub fn has_exited(&self) -> bool {
         let mut pfd = libc::pollfd {
             fd: self.0.as_raw_fd(),

@@ -38,7 +38,9 @@ pub(super) fn verify(node: &Node) -> Result<(PidFd, bool), Outcome> {
         Err(NotOpened::PermissionDenied) => Err(Outcome::PermissionDenied),
         // Gone between the pick and the pidfd (the graph has not read its exit yet).
         Err(NotOpened::Gone) => Err(Outcome::Exited),
-        Err(NotOpened::Reused | NotOpened::ForeignNamespace) => Err(Outcome::IdentityChanged),
+        Err(NotOpened::Reused | NotOpened::Unknown | NotOpened::ForeignNamespace) => {
+            Err(Outcome::IdentityChanged)
+        }
     }
 }
 
@@ -63,14 +65,16 @@ pub(super) async fn run_sequence(
             at: boottime_now(),
         });
     };
-    let send = |signal: i32, name: &'static str| -> bool {
+    // `first`: no signal reached it before this one. An exit found then was no kill: it has
+    // no duration (see `Killer::note`).
+    let send = |signal: i32, name: &'static str, first: bool| -> bool {
         match t.pidfd.send_signal(signal) {
             Ok(()) => {
                 report(name, Outcome::Sent, false);
                 true
             }
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                report(name, Outcome::Exited, true);
+                report(name, Outcome::Exited, !first);
                 false
             }
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
@@ -83,10 +87,10 @@ pub(super) async fn run_sequence(
             }
         }
     };
-    if t.stopped && !send(libc::SIGCONT, "SIGCONT") {
+    if t.stopped && !send(libc::SIGCONT, "SIGCONT", true) {
         return;
     }
-    if !send(libc::SIGTERM, "SIGTERM") {
+    if !send(libc::SIGTERM, "SIGTERM", !t.stopped) {
         return;
     }
     // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged as long as it does.

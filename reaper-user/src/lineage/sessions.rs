@@ -14,7 +14,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
-use super::graph::session::SESSION_MAX;
+use super::graph::session::cut_session;
 use super::graph::{Change, LineageGraph, NodeId};
 use crate::identity::ProcessId;
 use crate::procfs::environ;
@@ -154,7 +154,7 @@ impl ToRead {
                 return Read::Unknown;
             };
             let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
-                .map(|v| v[..v.len().min(SESSION_MAX)].to_vec());
+                .map(|v| cut_session(v).to_vec());
             // Gone, another process by now, or exiting (a zombie's environment reads empty):
             // what it names is not known.
             let gone = |stat: &crate::procfs::Stat| stat.state == b'Z' || stat.state == b'X';

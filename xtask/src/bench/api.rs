@@ -48,8 +48,8 @@ fn percentiles(v: &mut [f64]) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
-/// `why` (one process) and `tree` (all of them) answered with `opts.sleepers` live tracked
-/// processes, and `top`'s CPU drawing them.
+/// `why` (one process), `tree` and `sessions` (all of them) answered with `opts.sleepers` live
+/// tracked processes each in an agent session of its own, and `top`'s CPU drawing them.
 fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let socket = bins.scratch.join("api.sock");
     let api = socket.to_str().context("the scratch path")?;
@@ -59,7 +59,9 @@ fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         opts.sleepers,
         60.0,
         &["--api", api],
-        Spawner::Shapes,
+        // Each in an agent session of its own (sessions are on by default): `sessions`
+        // answers with one a process.
+        Spawner::PythonSessions,
     )?;
     // The sleepers' pids, from the tree itself.
     let tree: Value = serde_json::from_str(&get(&socket, "/v1/tree")?)?;
@@ -79,7 +81,7 @@ fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         );
     }
     println!(
-        "\n## The API ({} live tracked processes)\n\n| question | answers | p50 | p99 | bytes |\n|---|---|---|---|---|",
+        "\n## The API ({} live tracked processes, each in an agent session of its own)\n\n| question | answers | p50 | p99 | bytes |\n|---|---|---|---|---|",
         pids.len()
     );
     for (name, paths) in [
@@ -90,6 +92,10 @@ fn latency(bins: &Bins, opts: &BenchOptions) -> Result<()> {
                 .collect::<Vec<_>>(),
         ),
         ("tree (`/v1/tree`)", vec!["/v1/tree".to_owned(); ASKED / 4]),
+        (
+            "sessions (`/v1/sessions`)",
+            vec!["/v1/sessions".to_owned(); ASKED / 4],
+        ),
     ] {
         let mut took = Vec::new();
         let mut bytes = 0;

@@ -32,6 +32,20 @@ use super::{LineageGraph, Node, NodeId};
 /// A session's value, as long as a process's environment may give it; the rest is cut.
 pub const SESSION_MAX: usize = 256;
 
+/// `value` cut at [`SESSION_MAX`] bytes; at the start of the character the cut falls in, so
+/// that a UTF-8 value stays UTF-8 (one that is not is cut at the byte).
+pub fn cut_session(value: &[u8]) -> &[u8] {
+    if value.len() <= SESSION_MAX {
+        return value;
+    }
+    let cut = &value[..SESSION_MAX];
+    match std::str::from_utf8(cut) {
+        // Only the last character is incomplete: it goes.
+        Err(e) if e.error_len().is_none() => &cut[..e.valid_up_to()],
+        _ => cut,
+    }
+}
+
 /// The session a process is in: its value, and the process where it begins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOf {
@@ -53,7 +67,7 @@ impl LineageGraph {
         let Some(node) = self.nodes.get(id) else {
             return false;
         };
-        let value = value.map(|v| &v[..v.len().min(SESSION_MAX)]);
+        let value = value.map(cut_session);
         let is_gateway = node.is_gateway;
         let begins = match (value, node.spawner) {
             (Some(v), _) if is_gateway => Some(v),
@@ -359,5 +373,17 @@ mod tests {
         let mut g = tree(&[(200, GW)]);
         g.set_session_to(id(&g, 200), &[b'x'; 100 * 1024]);
         assert_eq!(g.session_of(id(&g, 200)).unwrap().value.len(), SESSION_MAX);
+    }
+
+    #[test]
+    fn a_utf8_value_is_cut_at_a_characters_start_and_other_bytes_at_the_byte() {
+        // "é" is two bytes: the 256th byte would be the first half of one.
+        let mut utf8 = vec![b'x'; SESSION_MAX - 1];
+        utf8.extend("éé".as_bytes());
+        assert_eq!(cut_session(&utf8), &utf8[..SESSION_MAX - 1]);
+        let bytes = [0xff; SESSION_MAX + 10];
+        assert_eq!(cut_session(&bytes).len(), SESSION_MAX);
+        // Short values are kept whole, an incomplete last character included.
+        assert_eq!(cut_session(b"bad\xe2\x82"), b"bad\xe2\x82");
     }
 }
