@@ -103,6 +103,16 @@ pub fn pid(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
 }
 
+/// The pid a shell gateway wrote in `dir`'s file `name` (`echo $! > DIR/NAME`), once it is
+/// there whole.
+pub fn pid_in(dir: &std::path::Path, name: &str) -> Option<u32> {
+    std::fs::read_to_string(dir.join(name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// GET /metrics from reaper-trace's `--metrics` on 127.0.0.1:`port`, as Prometheus would;
 /// None while nothing answers there.
 pub fn scrape_metrics(port: u16) -> Option<String> {

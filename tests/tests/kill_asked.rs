@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use reaper_tests::{Then, reaper_trace, require_root, run_reaper_until, scratch};
+use reaper_tests::{Then, pid_in, reaper_trace, require_root, run_reaper_until, scratch};
 use serde_json::Value;
 
 /// The gid `--api-group` is given and the client runs as (`nogroup`, and `nobody`'s uid).
@@ -32,15 +32,6 @@ fn gateway(dir: &Path) -> String {
         session("a"),
         session("b"),
     )
-}
-
-/// The pid written in `dir`'s file `name`, once it is there.
-fn pid_in(dir: &Path, name: &str) -> Option<u32> {
-    std::fs::read_to_string(dir.join(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// `reaper-trace kill ARGS --api SOCKET`, as root or as `nobody` in `nogroup`.

@@ -5,11 +5,11 @@
 //! its confirmation line what would be signalled, any key but `y` sends nothing, `y` ends
 //! the session's processes and not its owner. Host only (the guests have no tmux). Needs root
 //! (see `require_root`).
-use std::path::Path;
 use std::process::Command;
 
 use reaper_tests::{
-    Then, flags_for, pid, reaper_trace, require_root, run_reaper_until, run_shape_until, scratch,
+    Then, flags_for, pid, pid_in, reaper_trace, require_root, run_reaper_until, run_shape_until,
+    scratch,
 };
 
 /// Runs tmux: what it printed, or its complaint (a session already gone, say) as the error,
@@ -148,15 +148,6 @@ fn top_shows_the_gateway_the_kinds_count_and_the_flags_and_why_of_one() {
         "fits 80 columns"
     );
     assert!(ended, "q quits");
-}
-
-/// The pid written in `dir`'s file `name`, once it is there.
-fn pid_in(dir: &Path, name: &str) -> Option<u32> {
-    std::fs::read_to_string(dir.join(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// Alive, not a zombie: the sleeps' parent never reaps them, so a kill sent by mistake
