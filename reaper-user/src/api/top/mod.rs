@@ -5,7 +5,6 @@
 //! `k` ends the one selected through the run's kill protocol once a confirmation line has
 //! named what will be signalled. Drawn with ratatui in whatever the terminal is (80x24 over
 //! SSH is enough); no colours with `NO_COLOR`.
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -19,13 +18,19 @@ use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
 use super::client::{get, kill, readable, sessions};
-use super::{Branch, KillAnswer, KillRequest, KillStep, KindCount, Process, Sessions, Status};
+use super::{Branch, KillRequest, KindCount, Process, Sessions, Status};
 use crate::output::tree::State;
 use crate::procfs::boottime_now;
 use crate::procfs::facts::read_rss_kib;
 use crate::stream::answer::SessionRow;
 use crate::stream::words::human_duration;
 use crate::text::escape_for_terminal;
+
+mod kill_line;
+mod trends;
+
+use kill_line::{CONFIRM_FOR, Confirm, confirmation, outcome};
+use trends::Trends;
 
 /// A live view of a running audit: its gateways, kinds, and flags or sessions (`s` switches);
 /// select one (↑↓) to see its `why` or what the session left (Enter), or to end it (`k`, then
@@ -86,60 +91,6 @@ pub async fn top(cli: &TopCli) -> Result<i32> {
     result.map(|()| 0)
 }
 
-/// How far back a kind's trend goes, and in how many columns it is drawn.
-const TREND: Duration = Duration::from_secs(300);
-const TREND_COLUMNS: usize = 10;
-
-/// Each kind's live instances as the refreshes counted them over the last [`TREND`].
-#[derive(Default)]
-struct Trends(HashMap<String, VecDeque<(Instant, u64)>>);
-
-impl Trends {
-    /// Adds a refresh's counts; forgets what is older than [`TREND`].
-    fn add(&mut self, at: Instant, kinds: &[KindCount]) {
-        for k in kinds {
-            self.0
-                .entry(k.kind.clone())
-                .or_default()
-                .push_back((at, k.instances));
-        }
-        self.0.retain(|_, samples| {
-            while samples
-                .front()
-                .is_some_and(|(t, _)| at.duration_since(*t) > TREND)
-            {
-                samples.pop_front();
-            }
-            !samples.is_empty()
-        });
-    }
-
-    /// `kind`'s trend up to `at`: a column each tenth of [`TREND`], oldest first, each the
-    /// most instances counted then, in eighths of the most counted in the whole trend; a
-    /// blank where nothing was counted.
-    fn of(&self, kind: &str, at: Instant) -> String {
-        let Some(samples) = self.0.get(kind) else {
-            return " ".repeat(TREND_COLUMNS);
-        };
-        let mut columns = [None::<u64>; TREND_COLUMNS];
-        for &(t, n) in samples {
-            let age = at.saturating_duration_since(t);
-            let back = (age.as_secs_f64() / TREND.as_secs_f64() * TREND_COLUMNS as f64) as usize;
-            let column = TREND_COLUMNS - 1 - back.min(TREND_COLUMNS - 1);
-            columns[column] = Some(columns[column].unwrap_or(0).max(n));
-        }
-        let most = columns.iter().flatten().copied().max().unwrap_or(0).max(1);
-        const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-        columns
-            .iter()
-            .map(|c| match c {
-                Some(n) => BARS[((n * 8).div_ceil(most) as usize).clamp(1, 8) - 1],
-                None => ' ',
-            })
-            .collect()
-    }
-}
-
 /// What the lower part of the screen lists.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pane {
@@ -147,22 +98,11 @@ enum Pane {
     Sessions,
 }
 
-/// A kill named on the confirmation line, waiting for `y`: exactly the processes named, for
-/// [`CONFIRM_FOR`] from when they were.
-struct Confirm {
-    pids: Vec<u32>,
-    named: Instant,
-}
-
 /// A selected row, by what it shows.
 enum Selected {
     Pid(u32),
     Session(Vec<u8>),
 }
-
-/// How long a confirmation line holds: past it, a `y` sends nothing (the pids it named may be
-/// other processes by then).
-const CONFIRM_FOR: Duration = Duration::from_secs(10);
 
 /// How long `top` waits for the run to answer a question (a run that hangs must not freeze
 /// the screen: `q` still quits).
@@ -687,79 +627,6 @@ fn program_by_file_name(command: &str) -> &str {
     }
 }
 
-/// The processes a confirmation line names, at most; the rest are counted.
-const NAMED: usize = 8;
-
-/// The confirmation line for a dry run's `answer`, the question first (a long list is cut
-/// at the foot's end), and the pids it names; none when it would signal nothing.
-fn confirmation(answer: &KillAnswer) -> Option<(Vec<u32>, String)> {
-    let would: Vec<&KillStep> = (answer.steps.iter())
-        .filter(|s| s.result == "dry_run")
-        .collect();
-    if would.is_empty() {
-        return None;
-    }
-    let mut names: Vec<String> = (would.iter().take(NAMED))
-        .map(|s| format!("{} ({})", s.pid, escape_for_terminal(s.comm.as_bytes())))
-        .collect();
-    if would.len() > NAMED {
-        names.push(format!("+{} more", would.len() - NAMED));
-    }
-    let refused = answer.steps.len() - would.len();
-    let also = match refused {
-        0 => String::new(),
-        n => format!(" ({n} not: see `reaper-trace kill --dry-run`)"),
-    };
-    let line = format!(
-        "kill {} process{}{also}? y: SIGTERM now, SIGKILL after the run's --term-timeout; any other key: no. {}",
-        would.len(),
-        if would.len() == 1 { "" } else { "es" },
-        names.join(", ")
-    );
-    Some((would.iter().map(|s| s.pid).collect(), line))
-}
-
-/// What a kill did, on one line: how many were signalled, had exited, and the others by pid
-/// and why (the first few).
-fn outcome(answer: &KillAnswer) -> String {
-    if let Some(why) = &answer.refused {
-        return format!("nothing ended: {}", escape_for_terminal(why.as_bytes()));
-    }
-    if answer.steps.is_empty() {
-        return "nothing to end: no live process picked".into();
-    }
-    let count = |r: &str| answer.steps.iter().filter(|s| s.result == r).count();
-    let mut parts = Vec::new();
-    for (result, said) in [
-        (
-            "signalled",
-            "SIGTERM sent (SIGKILL after the run's --term-timeout)",
-        ),
-        ("dry_run", "would be signalled (the run is a dry run)"),
-        ("exited", "had exited"),
-    ] {
-        match count(result) {
-            0 => {}
-            n => parts.push(format!("{n} {said}")),
-        }
-    }
-    let not: Vec<String> = (answer.steps.iter())
-        .filter(|s| !matches!(s.result.as_str(), "signalled" | "dry_run" | "exited"))
-        .map(|s| format!("{} {}", s.pid, escape_for_terminal(s.result.as_bytes())))
-        .collect();
-    if !not.is_empty() {
-        let more = match not.len() > NAMED {
-            true => format!(", +{} more", not.len() - NAMED),
-            false => String::new(),
-        };
-        parts.push(format!(
-            "refused: {}{more}",
-            not[..not.len().min(NAMED)].join(", ")
-        ));
-    }
-    parts.join("; ")
-}
-
 /// At most `width` characters of `text`.
 fn clip(text: &str, width: usize) -> String {
     match text.chars().count() > width {
@@ -776,65 +643,6 @@ fn clip(text: &str, width: usize) -> String {
 mod tests {
     use super::*;
 
-    fn counted(kind: &str, instances: u64) -> Vec<KindCount> {
-        vec![KindCount {
-            kind: kind.into(),
-            instances,
-        }]
-    }
-
-    fn answer(steps: &[(u32, &str, &str)]) -> KillAnswer {
-        KillAnswer {
-            steps: (steps.iter())
-                .map(|&(pid, comm, result)| KillStep {
-                    pid,
-                    comm: comm.into(),
-                    result: result.into(),
-                })
-                .collect(),
-            ..KillAnswer::default()
-        }
-    }
-
-    #[test]
-    fn a_confirmation_asks_first_names_what_it_will_signal_escaped_and_counts_the_rest() {
-        let mut steps = vec![(10, "not\x1b[31mme", "not_in_lineage")];
-        steps.extend((0..10).map(|i| (100 + i, "sleep\x1b[2J", "dry_run")));
-        let (pids, line) = confirmation(&answer(&steps)).unwrap();
-        assert_eq!(
-            pids,
-            (100..110).collect::<Vec<_>>(),
-            "exactly those it would signal"
-        );
-        assert!(line.starts_with("kill 10 processes (1 not: "), "{line}");
-        assert!(
-            line.contains("100 (sleep\\x1b[2J)") && line.ends_with(", +2 more"),
-            "{line}"
-        );
-        assert!(!line.contains('\x1b'), "{line}");
-        assert_eq!(confirmation(&answer(&[(10, "sh", "not_tracked")])), None);
-    }
-
-    #[test]
-    fn an_outcome_is_one_line_of_counts_and_the_refused_by_pid() {
-        let done = answer(&[
-            (1, "sleep", "signalled"),
-            (2, "sleep", "signalled"),
-            (3, "sh", "exited"),
-            (4, "init", "not_in_lineage"),
-        ]);
-        assert_eq!(
-            outcome(&done),
-            "2 SIGTERM sent (SIGKILL after the run's --term-timeout); 1 had exited; \
-             refused: 4 not_in_lineage"
-        );
-        let refused = KillAnswer {
-            refused: Some("no session \x1b[2J".into()),
-            ..KillAnswer::default()
-        };
-        assert_eq!(outcome(&refused), "nothing ended: no session \\x1b[2J");
-    }
-
     #[test]
     fn a_command_line_is_shown_with_its_program_by_file_name() {
         let deep = "/check/work/main/target/debug/reaper-shapes stdio-server --session-key *";
@@ -845,22 +653,5 @@ mod tests {
         assert_eq!(program_by_file_name("/usr/bin/node"), "node");
         assert_eq!(program_by_file_name("npx -y srv/a b/c"), "npx -y srv/a b/c");
         assert_eq!(program_by_file_name(""), "");
-    }
-
-    #[test]
-    fn a_kinds_trend_is_a_column_each_half_minute_scaled_to_its_peak() {
-        let start = Instant::now();
-        let mut trends = Trends::default();
-        for (secs, n) in [(0, 2), (60, 4), (150, 8), (299, 8)] {
-            trends.add(start + Duration::from_secs(secs), &counted("node", n));
-        }
-        let end = start + Duration::from_secs(299);
-        assert_eq!(trends.of("node", end), "▂ ▄  █   █");
-        assert_eq!(trends.of("python", end), " ".repeat(TREND_COLUMNS));
-        // Five minutes on, the oldest counts are gone, and a kind counted no more with them.
-        trends.add(start + Duration::from_secs(400), &counted("python", 1));
-        assert_eq!(trends.0.len(), 2);
-        trends.add(start + Duration::from_secs(700), &counted("python", 1));
-        assert!(!trends.0.contains_key("node"));
     }
 }
