@@ -103,6 +103,16 @@ pub fn pid(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a pid: {v}"))
 }
 
+/// Whether `events` hold process `pid`'s exit.
+pub fn exited(events: &[Value], pid: u32) -> bool {
+    (events.iter()).any(|e| e["event"] == "exit" && e["pid"].as_u64() == Some(u64::from(pid)))
+}
+
+/// Whether `events` hold a `session` event naming `value`.
+pub fn session_begun(events: &[Value], value: &str) -> bool {
+    (events.iter()).any(|e| e["event"] == "session" && e["session"] == value)
+}
+
 /// The pid a shell gateway wrote in `dir`'s file `name` (`echo $! > DIR/NAME`), once it is
 /// there whole.
 pub fn pid_in(dir: &std::path::Path, name: &str) -> Option<u32> {

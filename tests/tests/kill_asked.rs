@@ -7,7 +7,9 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use reaper_tests::{Then, pid_in, reaper_trace, require_root, run_reaper_until, scratch};
+use reaper_tests::{
+    Then, exited, pid_in, reaper_trace, require_root, run_reaper_until, scratch, session_begun,
+};
 use serde_json::Value;
 
 /// The gid `--api-group` is given and the client runs as (`nogroup`, and `nobody`'s uid).
@@ -102,14 +104,9 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
         |events| {
             if a_killed.is_empty() {
                 // Every process started, and both sessions known to the run.
-                let begun = |s: &str| {
-                    events
-                        .iter()
-                        .any(|e| e["event"] == "session" && e["session"] == s)
-                };
                 if !names.iter().all(|n| pid_in(&dir, n).is_some())
-                    || !begun("sess-a")
-                    || !begun("sess-b")
+                    || !session_begun(events, "sess-a")
+                    || !session_begun(events, "sess-b")
                 {
                     return false;
                 }
@@ -135,12 +132,7 @@ fn kill_session_ends_what_one_session_left_and_nothing_else() {
                     pid_in(&dir, "a-forked").unwrap(),
                 ];
             }
-            let exited = |pid: u32| {
-                events
-                    .iter()
-                    .any(|e| e["event"] == "exit" && e["pid"].as_u64() == Some(u64::from(pid)))
-            };
-            a_killed.iter().all(|&p| exited(p))
+            a_killed.iter().all(|&p| exited(events, p))
         },
     );
     // Every line: a kill's `sent` may be written after the exit it caused, which proved the

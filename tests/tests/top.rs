@@ -8,8 +8,8 @@
 use std::process::Command;
 
 use reaper_tests::{
-    Then, flags_for, pid, pid_in, reaper_trace, require_root, run_reaper_until, run_shape_until,
-    scratch,
+    Then, exited, flags_for, pid, pid_in, reaper_trace, require_root, run_reaper_until,
+    run_shape_until, scratch, session_begun,
 };
 
 /// Runs tmux: what it printed, or its complaint (a session already gone, say) as the error,
@@ -188,17 +188,10 @@ fn top_lists_the_sessions_and_k_ends_the_selected_one_once_confirmed() {
         &dir.join("release"),
         ("the session's processes ended from top", Then::Release),
         |events| {
-            let exited = |p: u32| {
-                events
-                    .iter()
-                    .any(|e| e["event"] == "exit" && e["pid"].as_u64() == Some(u64::from(p)))
-            };
             if let Some((inner, forked)) = asked {
-                return exited(inner) && exited(forked);
+                return exited(events, inner) && exited(events, forked);
             }
-            let begun = events
-                .iter()
-                .any(|e| e["event"] == "session" && e["session"] == "sess-top");
+            let begun = session_begun(events, "sess-top");
             let pids = ["inner", "forked", "owner"].map(|n| pid_in(&dir, n));
             let [Some(inner), Some(forked), Some(_)] = pids else {
                 return false;
