@@ -6,6 +6,7 @@
 //! polled at each wake-up of a fork storm cost the reader some 8%).
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::{mpsc::Receiver, oneshot};
@@ -21,8 +22,23 @@ pub(super) async fn answer_all(
     mut queries: Receiver<Query>,
     slow: Worker,
 ) {
+    let ready = Instant::now();
     while let Some(query) = queries.recv().await {
+        command_gateway_taken(&run, ready).await;
         answer(&run, &slow, query).await;
+    }
+}
+
+/// How long after `ready` a question waits for the ring's record of the `-- CMD` gateway's
+/// fork (a lost record must not slow every answer).
+const COMMAND_GATEWAY_WITHIN: Duration = Duration::from_secs(2);
+
+/// `ready` names the `-- CMD` gateway before the record of its fork is taken from the ring:
+/// a question asked meanwhile waits until it is (the event loop takes it meanwhile), so that
+/// no answer says a gateway `ready` named is not tracked.
+async fn command_gateway_taken(run: &RefCell<Pipeline>, ready: Instant) {
+    while run.borrow().awaits_command_gateway() && ready.elapsed() < COMMAND_GATEWAY_WITHIN {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

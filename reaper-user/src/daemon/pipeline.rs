@@ -355,6 +355,12 @@ impl Pipeline {
         self.gateways.expect(argv);
     }
 
+    /// Whether the `-- CMD` gateway was spawned and the ring's record of its fork not taken
+    /// yet.
+    pub fn awaits_command_gateway(&self) -> bool {
+        self.graph.expected_gateway().is_some()
+    }
+
     /// Whether the graph holds `pid` as a live gateway.
     pub fn is_gateway(&self, pid: u32) -> bool {
         self.graph
