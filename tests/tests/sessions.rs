@@ -234,7 +234,7 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
 /// `reaper-trace ARGS --api SOCKET` (`sessions`, `why`): its stdout, once it succeeded; an
 /// answer that does not come within a quarter of the tests' patience fails the test (a
 /// slow guest's run would otherwise be stopped without a word).
-fn ask(args: &[&str], socket: &Path) -> String {
+fn ask<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[A], socket: &Path) -> String {
     use std::process::Stdio;
     let mut child = std::process::Command::new(reaper_tests::reaper_trace())
         .args(args)
@@ -293,8 +293,9 @@ fn hostile_session_values_are_cut_escaped_and_kept_exact() {
     let socket = dir.join("api.sock");
     // Values no host should set, and many sessions at once: 100 KiB, a newline and ANSI
     // colour, bytes that are not UTF-8, and 200 sessions of one process each (10,000
-    // sessions: `cargo xtask bench --only sessions`). Each a `sleep` holding no channel, and
-    // no kind counted as accumulating: what is under test is the values, not the rules.
+    // sessions: `cargo xtask bench --only sessions`). Each a `sleep` holding no channel (the
+    // bytes' under a `sh` that owns the session: a kill by session spares its owner), and no
+    // kind counted as accumulating: what is under test is the values, not the rules.
     const MANY: usize = 200;
     let script = format!(
         r#"
@@ -305,11 +306,11 @@ big=; i=0; while [ $i -lt 100 ]; do big=$big$k; i=$((i + 1)); done
 exec </dev/null >/dev/null 2>&1
 AGENT_SESSION_ID="$big" sleep 621 & echo $! > {d}/big
 AGENT_SESSION_ID="$(printf 'evil\n\033[31mred\033[0m')" sleep 622 & echo $! > {d}/ansi
-AGENT_SESSION_ID="$(printf 'bad\377\376end')" sleep 623 & echo $! > {d}/bytes
+AGENT_SESSION_ID="$(printf 'bad\377\376end')" sh -c 'sleep 623 & echo $! > {d}/bytes-child; wait' & echo $! > {d}/bytes
 i=0
 while [ $i -lt {MANY} ]; do AGENT_SESSION_ID=many-$i sleep 624 & echo $! >> {d}/many; i=$((i+1)); done
 while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done
-kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
+kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
 "#
     );
     let began = |events: &[Value], pid: u64| {
@@ -320,6 +321,7 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
     };
     let pid_in = |name: &str| reaper_tests::pid_in(&dir, name).map(u64::from);
     let mut asked: Option<(String, String, String)> = None;
+    let mut by_bytes: Option<(String, String)> = None;
     let run = run_reaper_until(
         &[
             "--max-instances",
@@ -339,7 +341,7 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
                 panic!("{why}");
             }
             let many = std::fs::read_to_string(dir.join("many")).unwrap_or_default();
-            let named = ["big", "ansi", "bytes"].map(pid_in);
+            let named = ["big", "ansi", "bytes", "bytes-child"].map(pid_in);
             if many.lines().count() < MANY || named.iter().any(Option::is_none) {
                 return false;
             }
@@ -352,6 +354,20 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
                 ask(&["sessions"], &socket),
                 ask(&["sessions", "--json"], &socket),
                 ask(&["why", &ansi], &socket),
+            ));
+            // The value that is not UTF-8, named as its bytes.
+            use std::os::unix::ffi::OsStrExt;
+            let value = std::ffi::OsStr::from_bytes(b"bad\xff\xfeend");
+            let args = |verb: &'static str, more: &'static str| {
+                [verb, "--session"]
+                    .map(std::ffi::OsStr::new)
+                    .into_iter()
+                    .chain([value, std::ffi::OsStr::new(more)])
+                    .collect::<Vec<_>>()
+            };
+            by_bytes = Some((
+                ask(&args("kill", "--dry-run"), &socket),
+                ask(&args("tree", "--json"), &socket),
             ));
             true
         },
@@ -394,6 +410,25 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/many)
     assert!(
         why.contains("evil\\x0a\\x1b[31mred"),
         "why names the session, escaped: {why}"
+    );
+    // A session whose value is not UTF-8 is named by its bytes (`session_b64` on the wire):
+    // `kill --dry-run` picks its process (its owner apart) and `tree` draws it.
+    let (killed, tree) = by_bytes.expect("the run was asked by the bytes");
+    let bytes_pid = pid("bytes-child");
+    assert_eq!(
+        killed.lines().collect::<Vec<_>>(),
+        [format!(
+            "pid {bytes_pid} (sleep): would be signalled (--dry-run: nothing sent)"
+        )],
+        "kill --session by bytes: {killed}"
+    );
+    assert!(
+        tree.contains(&format!("\"pid\":{bytes_pid},")),
+        "tree --session by bytes: {tree}"
+    );
+    assert!(
+        !tree.contains(&format!("\"pid\":{},", pid("ansi"))),
+        "tree --session picks that session alone: {tree}"
     );
     // The API: every session, the long one cut, the other exact.
     let answer: Value = serde_json::from_str(&json).unwrap();

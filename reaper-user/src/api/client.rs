@@ -1,6 +1,8 @@
 //! `reaper-trace why PID` and `reaper-trace tree`: ask the running audits (each socket in
 //! [`SOCKET_DIR`], or the one `--api` names) what they know of a process, or for their live
 //! lineage tree, and say it in a few lines (or as JSON).
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -11,7 +13,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::{Branch, FollowFilter, Process, SOCKET_DIR, TreeFilter};
+use super::{Branch, FollowFilter, Process, SOCKET_DIR, TreeFilter, name_session};
 use crate::leaks::Reason;
 use crate::output::tree::render;
 use crate::procfs;
@@ -57,9 +59,10 @@ pub struct TreeCli {
     /// Only the processes holding a flag for this rule (orphaned, accumulating, ...).
     #[arg(long, value_name = "RULE", value_parser = crate::cli::parse_reason)]
     pub reason: Option<Reason>,
-    /// Only the processes in this agent session (`--session-env`), by its value.
+    /// Only the processes in this agent session (`--session-env`), by its value (any
+    /// bytes: one that is not UTF-8 is asked for as `session_b64`).
     #[arg(long, value_name = "SESSION")]
-    pub session: Option<String>,
+    pub session: Option<OsString>,
     /// The run's API socket to ask (default: every run's, in /run/reaper-trace).
     #[arg(long, value_name = "SOCKET")]
     pub api: Option<PathBuf>,
@@ -177,12 +180,20 @@ pub async fn why(cli: &WhyCli) -> Result<(String, i32)> {
 
 /// The filters of `tree`.
 fn tree_filter(cli: &TreeCli) -> TreeFilter {
+    let (session, session_b64) = session_named(cli.session.as_ref());
     TreeFilter {
         gateway: cli.gateway,
         kind: cli.kind.clone(),
         reason: cli.reason,
-        session: cli.session.clone(),
+        session,
+        session_b64,
     }
+}
+
+/// A session's value as given on the command line, as a request names it (see
+/// [`name_session`]).
+pub(super) fn session_named(value: Option<&OsString>) -> (Option<String>, Option<String>) {
+    value.map_or((None, None), |v| name_session(v.as_bytes()))
 }
 
 /// The words `tree` says when no process is drawn.

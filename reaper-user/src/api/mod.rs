@@ -8,7 +8,7 @@
 //! - `GET /v1/status`: the run ([`Status`]).
 //! - `GET /v1/process/PID`: what the run knows of the live process PID, or of the last one
 //!   that had the pid ([`Process`]); 404 with `{"error": ...}` for a pid it does not track.
-//! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R]`: the live lineage tree, its roots
+//! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R][&session=S|&session_b64=B]`: the live lineage tree, its roots
 //!   ([`Branch`]es), of the processes each given filter picks ([`TreeFilter`]); 404 for a
 //!   `gateway` it does not track.
 //! - `GET /v1/kinds`: the kinds with the most live instances under one gateway instance at
@@ -17,7 +17,8 @@
 //!   on, as long as the client reads them ([`FollowFilter`]; `application/x-ndjson`); 404 for
 //!   a `pid` it does not track. A follower that does not keep up is dropped (see
 //!   [`crate::output::follow`]).
-//! - `POST /v1/kill?[pids=PID,PID][&session=S][&reason=R][&gateway=PID][&dry_run=true]`:
+//! - `POST /v1/kill?[pids=PID,PID][&session=S|&session_b64=B][&reason=R][&gateway=PID]`
+//!   `[&dry_run=true]`:
 //!   ends the processes picked ([`KillRequest`]) through the kill protocol; root only (the
 //!   connection's peer credentials: 403 for anyone else); answers what was started and what
 //!   refused ([`KillAnswer`]), each step then written to the stream as a `kill` event with
@@ -83,6 +84,9 @@ pub struct KillRequest {
     pub pids: Option<String>,
     /// The live processes of this agent session (`--session-env`), its owner apart.
     pub session: Option<String>,
+    /// The same, the session's value in base64 (one that is not UTF-8, as the answers give
+    /// it: `id_b64`).
+    pub session_b64: Option<String>,
     /// The live processes holding a flag of this reason.
     pub reason: Option<Reason>,
     /// Only those descended from this tracked process (with `session` or `reason`).
@@ -100,6 +104,34 @@ impl KillRequest {
         (pids.split(',').filter(|p| !p.is_empty()))
             .map(|p| p.parse().map_err(|_| format!("`{p}` is not a pid")))
             .collect()
+    }
+
+    /// The session asked for, by its value's bytes; an error says why it cannot be read.
+    pub fn session_value(&self) -> Result<Option<Vec<u8>>, String> {
+        session_value(self.session.as_deref(), self.session_b64.as_deref())
+    }
+}
+
+/// A session's value as a request names it: `session` when it is UTF-8, else `session_b64`.
+pub fn name_session(value: &[u8]) -> (Option<String>, Option<String>) {
+    match std::str::from_utf8(value) {
+        Ok(text) => (Some(text.to_owned()), None),
+        Err(_) => (None, crate::text::exact_b64(value)),
+    }
+}
+
+/// The session a request names by `text` or by `b64`, as bytes; an error for both, or for
+/// base64 that is not.
+pub fn session_value(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, String> {
+    use base64::Engine as _;
+    match (text, b64) {
+        (Some(_), Some(_)) => Err("name the session once: session or session_b64".into()),
+        (Some(text), None) => Ok(Some(text.as_bytes().to_vec())),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map(Some)
+            .map_err(|e| format!("session_b64 is not base64: {e}")),
+        (None, None) => Ok(None),
     }
 }
 
@@ -139,4 +171,34 @@ pub struct Status {
     pub uptime_secs: u64,
     /// Clients following the event stream now (`/v1/events?follow`).
     pub followers: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_named_as_text_or_as_base64_and_read_back_exact() {
+        for value in [&b"sess-a"[..], b"bad\xff\xfeend", b""] {
+            let (text, b64) = name_session(value);
+            assert_eq!(
+                session_value(text.as_deref(), b64.as_deref()),
+                Ok(Some(value.to_vec()))
+            );
+        }
+        assert_eq!(name_session(b"bad\xff").0, None, "not UTF-8: base64 alone");
+    }
+
+    #[test]
+    fn a_session_named_twice_or_in_bad_base64_is_an_error() {
+        assert!(session_value(Some("a"), Some("YQ==")).is_err());
+        let bad = session_value(None, Some("not base64!")).unwrap_err();
+        assert!(bad.contains("session_b64 is not base64"), "{bad}");
+        assert_eq!(session_value(None, None), Ok(None));
+        let request = KillRequest {
+            session_b64: Some("%%".into()),
+            ..KillRequest::default()
+        };
+        assert!(request.session_value().is_err());
+    }
 }

@@ -18,7 +18,7 @@ use std::os::unix::net::UnixListener;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Asked, AskedBy, FollowFilter, KillRequest, Query};
+use super::{Asked, AskedBy, FollowFilter, KillRequest, Query, TreeFilter};
 use crate::output::follow::{self, FollowStream};
 use crate::serve::{self, Body};
 
@@ -165,7 +165,10 @@ async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Respon
                 );
                 return error(StatusCode::FORBIDDEN, &text);
             }
-            match serde_urlencoded::from_str::<KillRequest>(query) {
+            match serde_urlencoded::from_str::<KillRequest>(query)
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.session_value().map(|_| r))
+            {
                 Ok(request) => Asked::Kill { request, asked_by },
                 Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/kill: {e}")),
             }
@@ -176,7 +179,10 @@ async fn respond(req: Request<Incoming>, queries: mpsc::Sender<Query>) -> Respon
             Ok(filter) => Asked::Sessions(filter),
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/sessions: {e}")),
         },
-        "/v1/tree" => match serde_urlencoded::from_str(query) {
+        "/v1/tree" => match serde_urlencoded::from_str::<TreeFilter>(query)
+            .map_err(|e| e.to_string())
+            .and_then(|f| f.session_value().map(|_| f))
+        {
             Ok(filter) => Asked::Tree(filter),
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("/v1/tree: {e}")),
         },

@@ -26,6 +26,15 @@ pub struct TreeFilter {
     pub reason: Option<Reason>,
     /// Those in this agent session (`--session-env`), by its value.
     pub session: Option<String>,
+    /// The same, the session's value in base64 (one that is not UTF-8: `id_b64`).
+    pub session_b64: Option<String>,
+}
+
+impl TreeFilter {
+    /// The session asked for, by its value's bytes; an error says why it cannot be read.
+    pub fn session_value(&self) -> Result<Option<Vec<u8>>, String> {
+        crate::api::session_value(self.session.as_deref(), self.session_b64.as_deref())
+    }
 }
 
 /// One process of the tree, with the processes it spawned that lead to a live one.
@@ -65,7 +74,9 @@ pub enum State {
 }
 
 /// The tree of the live (and zombie) processes `filter` picks, as `/v1/tree` and
-/// `tree --from` answer; none for a `gateway` the graph does not know.
+/// `tree --from` answer; none for a `gateway` the graph does not know. A session that
+/// cannot be read (see [`TreeFilter::session_value`], checked where the filter is taken)
+/// picks nothing.
 pub fn picked_tree(
     graph: &LineageGraph,
     flags: &BTreeMap<NodeId, Vec<Reason>>,
@@ -75,17 +86,20 @@ pub fn picked_tree(
         Some(pid) => Some(graph.current(pid)?.id),
         None => None,
     };
+    let session = filter.session_value();
     let wanted = |n: &Node| {
         under.is_none_or(|u| graph.descends_from(n.id, u))
             && filter
                 .reason
                 .is_none_or(|r| flags.get(&n.id).is_some_and(|held| held.contains(&r)))
             && filter.kind.as_deref().is_none_or(|k| runs(n, k))
-            && filter.session.as_deref().is_none_or(|s| {
-                graph
+            && match &session {
+                Ok(None) => true,
+                Ok(Some(value)) => graph
                     .session_of(n.id)
-                    .is_some_and(|of| *of.value == *s.as_bytes())
-            })
+                    .is_some_and(|of| *of.value == **value),
+                Err(_) => false,
+            }
     };
     Some(alive_tree(graph, flags, wanted))
 }

@@ -1,6 +1,7 @@
 //! `reaper-trace kill`: ask the running audit that tracks them to end processes (root only):
 //! by pid, an agent session's, or those holding a flag of a reason, through its kill protocol
 //! (`POST /v1/kill`).
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -26,9 +27,10 @@ pub struct KillCli {
     /// The tracked processes to end, by pid (a session's owner is ended only so).
     #[arg(value_name = "PID")]
     pub pids: Vec<u32>,
-    /// The live processes of this agent session (`--session-env`), its owner apart.
+    /// The live processes of this agent session (`--session-env`), its owner apart, by its
+    /// value (any bytes: one that is not UTF-8 is asked for as `session_b64`).
     #[arg(long, value_name = "SESSION")]
-    pub session: Option<String>,
+    pub session: Option<OsString>,
     /// The live processes holding a flag of this reason (`orphaned`, `idle`, ...).
     #[arg(long, value_name = "REASON", value_parser = parse_reason)]
     pub reason: Option<Reason>,
@@ -53,12 +55,14 @@ pub async fn kill(cli: &KillCli) -> Result<(String, i32)> {
     if cli.pids.is_empty() && cli.session.is_none() && cli.reason.is_none() {
         bail!("name what to end: PIDs, --session or --reason");
     }
+    let (session, session_b64) = super::session_named(cli.session.as_ref());
     let request = KillRequest {
         pids: (!cli.pids.is_empty()).then(|| {
             let pids: Vec<String> = cli.pids.iter().map(u32::to_string).collect();
             pids.join(",")
         }),
-        session: cli.session.clone(),
+        session,
+        session_b64,
         reason: cli.reason,
         gateway: cli.gateway,
         dry_run: cli.dry_run,

@@ -18,7 +18,7 @@ use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
 use super::client::{get, kill, readable, sessions};
-use super::{Branch, KillRequest, KindCount, Process, Sessions, Status};
+use super::{Branch, KillRequest, KindCount, Process, Sessions, Status, name_session};
 use crate::output::tree::State;
 use crate::procfs::boottime_now;
 use crate::procfs::facts::read_rss_kib;
@@ -291,25 +291,19 @@ impl View {
     }
 
     /// What `k` asks to end: the selected process (with its live descendants), or the
-    /// selected session's processes (its owner apart, as `kill --session`). A session whose
-    /// value is not UTF-8 cannot be named in a request: why not, instead.
-    fn kill_request(&self) -> Option<Result<KillRequest, String>> {
+    /// selected session's processes (its owner apart, as `kill --session`).
+    fn kill_request(&self) -> Option<KillRequest> {
         if let Some(flag) = self.selected_flag() {
-            return Some(Ok(KillRequest {
+            return Some(KillRequest {
                 pids: Some(flag.pid.to_string()),
                 ..KillRequest::default()
-            }));
+            });
         }
-        let row = self.selected_session()?;
-        Some(match std::str::from_utf8(row.session.id.bytes()) {
-            Ok(value) => Ok(KillRequest {
-                session: Some(value.to_owned()),
-                ..KillRequest::default()
-            }),
-            Err(_) => Err(format!(
-                "session {} is not UTF-8: end its processes by pid (reaper-trace kill PID)",
-                row.session.id.for_terminal()
-            )),
+        let (session, session_b64) = name_session(self.selected_session()?.session.id.bytes());
+        Some(KillRequest {
+            session,
+            session_b64,
+            ..KillRequest::default()
         })
     }
 
@@ -317,13 +311,8 @@ impl View {
     /// it on the confirmation line; nothing is sent before `y`, which asks for exactly the
     /// processes named, by pid (the run checks each again then).
     async fn propose_kill(&mut self) {
-        let request = match self.kill_request() {
-            Some(Ok(request)) => request,
-            Some(Err(why)) => {
-                self.said = Some(why);
-                return;
-            }
-            None => return,
+        let Some(request) = self.kill_request() else {
+            return;
         };
         let dry = KillRequest {
             dry_run: true,

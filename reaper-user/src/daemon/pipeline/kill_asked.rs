@@ -60,7 +60,7 @@ impl Pipeline {
         steps: &mut Vec<KillStep>,
     ) -> Result<Vec<NodeId>, String> {
         let pids = request.pid_list()?;
-        let (session, reason) = (&request.session, request.reason);
+        let (session, reason) = (request.session_value()?, request.reason);
         if pids.is_empty() && session.is_none() && reason.is_none() {
             return Err("nothing named: give pids, a session or a reason".into());
         }
@@ -98,7 +98,7 @@ impl Pipeline {
                 }),
             }
         }
-        if let Some(value) = session {
+        if let Some(value) = &session {
             for node in graph.alive().filter(|n| in_scope(n.id)) {
                 let Some(session) = graph.session_of(node.id) else {
                     continue;
@@ -107,7 +107,7 @@ impl Pipeline {
                 let owner = graph
                     .session_owner(&session)
                     .is_some_and(|o| o.id == node.id);
-                if *session.value == *value.as_bytes() && !owner {
+                if *session.value == *value && !owner {
                     picked.push(node.id);
                 }
             }
