@@ -322,8 +322,13 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
     let pid_in = |name: &str| reaper_tests::pid_in(&dir, name).map(u64::from);
     let mut asked: Option<(String, String, String)> = None;
     let mut by_bytes: Option<(String, String)> = None;
+    let mut scraped: Option<Vec<u8>> = None;
+    let port = reaper_tests::free_port();
+    let metrics = format!("127.0.0.1:{port}");
     let run = run_reaper_until(
         &[
+            "--metrics",
+            &metrics,
             "--max-instances",
             "100000",
             "--api",
@@ -369,6 +374,7 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
                 ask(&args("kill", "--dry-run"), &socket),
                 ask(&args("tree", "--json"), &socket),
             ));
+            scraped = Some(scrape(port));
             true
         },
     );
@@ -430,6 +436,18 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
         !tree.contains(&format!("\"pid\":{},", pid("ansi"))),
         "tree --session picks that session alone: {tree}"
     );
+    // The metrics: no session value is a label (a value per session would be a series per
+    // session, and a hostile value a line of its own).
+    let scraped = scraped.expect("the metrics were scraped");
+    let text = String::from_utf8_lossy(&scraped);
+    assert!(text.contains("reaper_"), "a scrape: {text}");
+    for value in [&b"many-"[..], b"evil", b"bad\xff", b"xxxxxxxxxxxxxxxx"] {
+        assert!(
+            !scraped.windows(value.len()).any(|w| w == value),
+            "a session value ({}) in the metrics: {text}",
+            String::from_utf8_lossy(value)
+        );
+    }
     // The API: every session, the long one cut, the other exact.
     let answer: Value = serde_json::from_str(&json).unwrap();
     let rows: Vec<&Value> = (answer.as_object().unwrap().values())
@@ -439,6 +457,17 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
     assert!(rows.iter().any(|r| r["id"] == "x".repeat(256)), "{json}");
     assert!(rows.iter().any(|r| r["id_b64"].is_string()), "{json}");
     run.assert_well_formed();
+}
+
+/// GET /metrics on 127.0.0.1:`port`, its bytes as they came.
+fn scrape(port: u16) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics serve");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut bytes = Vec::new();
+    s.read_to_end(&mut bytes).unwrap();
+    bytes
 }
 
 #[test]
