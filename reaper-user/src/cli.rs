@@ -5,6 +5,7 @@ use clap::Parser;
 
 use crate::capture::loader::SetsidHook;
 use crate::leaks::Reason;
+use crate::lineage::sessions::Source;
 
 /// `--version`: the release and the git commit it was built from.
 pub const VERSION: &str = concat!(
@@ -177,6 +178,12 @@ pub struct Cli {
         default_values = crate::lineage::sessions::DEFAULT_NAMES
     )]
     pub session_env: Vec<String>,
+
+    /// A process's session is the cgroup directly below its gateway's that it runs in (a
+    /// gateway that runs each session in a cgroup of its own: `systemd-run --scope`, a
+    /// container per session), instead of an environment variable's value.
+    #[arg(long, conflicts_with = "session_env")]
+    pub session_cgroup: bool,
 
     /// Exited and reaped processes to keep in the graph for lineage and reports (ancestors of
     /// live processes are always kept).
@@ -495,18 +502,17 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 impl Cli {
-    /// The variables that name a process's session (`--session-env`); none with
-    /// `--session-env none`.
-    pub fn session_names(&self) -> Option<Vec<Vec<u8>>> {
+    /// Where each process's session is read: its cgroup (`--session-cgroup`), or the
+    /// variables `--session-env` names; none with `--session-env none`.
+    pub fn session_source(&self) -> Option<Source> {
+        if self.session_cgroup {
+            return Some(Source::Cgroup);
+        }
         if self.session_env.iter().any(|n| n == "none") {
             return None;
         }
-        Some(
-            self.session_env
-                .iter()
-                .map(|n| n.as_bytes().to_vec())
-                .collect(),
-        )
+        let names = self.session_env.iter().map(|n| n.as_bytes().to_vec());
+        Some(Source::environment(names.collect()))
     }
 
     /// Checks what clap cannot: there is something to trace.

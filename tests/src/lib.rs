@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+mod cgroups;
 mod instance;
 mod kept;
 mod leaks;
@@ -13,6 +14,7 @@ mod spawn_sites;
 mod tools;
 mod until;
 
+pub use cgroups::*;
 pub use instance::*;
 pub use kept::*;
 pub use leaks::*;

@@ -123,6 +123,24 @@ pub fn pid_in(dir: &std::path::Path, name: &str) -> Option<u32> {
         .ok()
 }
 
+/// `METHOD path` on the API at `socket`: the answer whole, status line first (the client's
+/// own HTTP/1.1, no crate); an answer that does not come within a quarter of the tests'
+/// patience fails the test.
+pub fn api_call(socket: &std::path::Path, method: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect to the API");
+    s.set_read_timeout(Some(patience() / 4)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .unwrap_or_else(|e| panic!("{method} {path}: no answer: {e}"));
+    text
+}
+
 /// GET /metrics from reaper-trace's `--metrics` on 127.0.0.1:`port`, as Prometheus would;
 /// None while nothing answers there.
 pub fn scrape_metrics(port: u16) -> Option<String> {

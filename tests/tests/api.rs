@@ -239,15 +239,7 @@ fn a_run_with_api_off_serves_nothing_and_a_socket_it_cannot_make_is_an_error() {
 
 /// `GET path` on the API at `socket`, the body whole (the client's own HTTP/1.1, no crate).
 fn get(socket: &std::path::Path, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect to the API");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read the answer");
+    let text = reaper_tests::api_call(socket, "GET", path);
     text.split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or(text)

@@ -2,15 +2,11 @@
 //! instances are found as they start, each is its own root of lineage, and reaper-trace keeps
 //! running between them. Each test drives its instances from the stream: the next one starts
 //! when the event proving the last one arrives. Needs root (see `require_root`).
-use std::{
-    collections::HashMap,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, os::unix::fs::PermissionsExt, path::Path};
 
 use reaper_tests::{
-    Instance, Then, patience, pid, read_json, require_root, run_reaper_until, scratch, shapes,
-    wait_for_file,
+    Instance, Then, cgroup2_root, patience, pid, read_json, remove_cgroup, require_root,
+    run_reaper_until, scratch, shapes, wait_for_file,
 };
 use serde_json::Value;
 
@@ -208,19 +204,6 @@ fn a_gateway_program_restarted_three_times_is_followed_instance_by_instance() {
     assert_eq!(html.matches("class=\"restart\"").count(), 2 * 4);
 }
 
-/// The cgroup v2 hierarchy this machine mounts (where tests can make cgroups).
-fn cgroup2_root() -> PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mount_point = left.split(' ').nth(4)?;
-            (right.split(' ').next()? == "cgroup2").then(|| PathBuf::from(mount_point))
-        })
-        .expect("a cgroup v2 hierarchy is mounted (the kernel tests need one)")
-}
-
 /// Writes the calling process's pid into `dir/cgroup.procs` (in a child before exec).
 fn move_self_into(dir: &Path) -> Box<dyn FnMut() -> std::io::Result<()> + Send + Sync> {
     let procs = std::ffi::CString::new(dir.join("cgroup.procs").to_str().unwrap()).unwrap();
@@ -239,27 +222,6 @@ fn move_self_into(dir: &Path) -> Box<dyn FnMut() -> std::io::Result<()> + Send +
         }
         Ok(())
     })
-}
-
-/// Ends whatever is left in a test's cgroup and removes it (deepest first).
-fn remove_cgroup(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup(&e.path());
-        }
-    }
-    let deadline = std::time::Instant::now() + patience();
-    while std::fs::remove_dir(dir).is_err() && std::time::Instant::now() < deadline {
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        for p in procs.lines().filter_map(|l| l.parse::<i32>().ok()) {
-            // SAFETY: a plain signal to a process of the test's own cgroup.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 #[test]

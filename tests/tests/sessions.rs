@@ -26,26 +26,28 @@ fn orphaned(events: &[Value], pid: u64) -> Vec<&Value> {
 
 /// A gateway that runs the ways hosts start sessions, each server a `sleep` of its own length
 /// holding the run's stdout (a pipe whose other end is open: a channel), its pid written in
-/// `dir`; at the release, once every server has started, all are killed.
-fn gateway(dir: &Path) -> String {
+/// `dir`; at the release, once every server has started, all are killed. `tag(X)` is the
+/// prefix that runs a command in session `sess-X`.
+fn gateway(dir: &Path, tag: &dyn Fn(&str) -> String) -> String {
     let d = dir.display();
+    let [a, b, c, dd, f] = ["a", "b", "c", "d", "f"].map(tag);
     format!(
         r#"
-# B: a per-session process started with its value, whose servers inherit it; it stays (a
+# B: a per-session process started in its session, whose servers inherit it; it stays (a
 # running session). Inside it, a double fork: its middle process exits at once.
-AGENT_SESSION_ID=sess-b sh -c 'sleep 602 & echo $! > {d}/b; ( sleep 603 & echo $! > {d}/b2 ); while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done' &
+{b} sh -c 'sleep 602 & echo $! > {d}/b; ( sleep 603 & echo $! > {d}/b2 ); while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done' &
 # B's break is a second older than the others: the chain rule would flag it first.
 sleep 1
-# A per-session process lives on a moment after starting its servers (its environment is
-# read after its exec, off the ring's reader: one gone within milliseconds names nothing).
+# A per-session process lives on a moment after starting its servers (its session is read
+# after its exec, off the ring's reader: one gone within milliseconds names nothing).
 # A: as B, but its per-session process ends (the session ended badly).
-AGENT_SESSION_ID=sess-a sh -c 'sleep 601 & echo $! > {d}/a; sleep 1' &
-# C: a per-session process without the value starts its server with it, then ends.
-sh -c 'AGENT_SESSION_ID=sess-c sleep 604 & echo $! > {d}/c; sleep 1' &
-# D: the gateway starts a server with the value in the server's environment alone.
-AGENT_SESSION_ID=sess-d sleep 605 & echo $! > {d}/d
+{a} sh -c 'sleep 601 & echo $! > {d}/a; sleep 1' &
+# C: a per-session process outside any session starts its server in one, then ends.
+sh -c '{c} sleep 604 & echo $! > {d}/c; sleep 1' &
+# D: the gateway starts a server in a session of the server's alone.
+{dd} sleep 605 & echo $! > {d}/d
 # F: a per-session process starts its server with a scrubbed environment (env -i), then ends.
-AGENT_SESSION_ID=sess-f sh -c 'env -i sleep 606 & echo $! > {d}/f; sleep 1' &
+{f} sh -c 'env -i sleep 606 & echo $! > {d}/f; sleep 1' &
 while [ ! -e "$REAPER_SHAPES_RELEASE" ]; do sleep 0.05; done
 for x in a b b2 c d f; do while [ ! -s {d}/$x ]; do sleep 0.05; done; done
 kill $(cat {d}/a {d}/b {d}/b2 {d}/c {d}/d {d}/f)
@@ -53,18 +55,24 @@ kill $(cat {d}/a {d}/b {d}/b2 {d}/c {d}/d {d}/f)
     )
 }
 
+/// Session `sess-X` named by the environment, as the hosts do.
+fn by_env(x: &str) -> String {
+    format!("AGENT_SESSION_ID=sess-{x}")
+}
+
 /// reaper-trace, given `args` and the environment `env`, over the gateway of [`gateway`] run
-/// by `launch` (a prefix: `env NAME=VALUE`), quick to look and to confirm an orphan, until
-/// `proof` holds (`what`), then the release.
+/// by `launch` (a prefix: `env NAME=VALUE`) with its sessions made by `tag`, quick to look
+/// and to confirm an orphan, until `proof` holds (`what`), then the release.
 fn run_gateway(
     dir: &Path,
     args: &[&str],
     launch: &[&str],
     env: &[(&str, &str)],
+    tag: &dyn Fn(&str) -> String,
     what: &str,
     proof: impl FnMut(&[Value]) -> bool,
 ) -> Run {
-    let script = gateway(dir);
+    let script = gateway(dir, tag);
     let mut all = vec!["--orphan-grace", "250ms", "--scan-interval", "250ms"];
     all.extend(args);
     all.push("--");
@@ -79,21 +87,16 @@ fn run_gateway(
     )
 }
 
-#[test]
-fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing() {
-    let test =
-        "a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing";
-    if !require_root(test) {
-        return;
-    }
-    let dir = scratch(test);
-    let ended = |events: &[Value]| {
-        ["601", "604", "606"]
-            .iter()
-            .all(|secs| sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty()))
-    };
-    let what = "the servers of the sessions that ended flagged";
-    let run = run_gateway(&dir, &[], &[], &[], what, ended);
+/// The servers of the sessions that ended (A, C, F) flagged.
+fn ended_sessions_flagged(events: &[Value]) -> bool {
+    ["601", "604", "606"]
+        .iter()
+        .all(|secs| sleeper(events, secs).is_some_and(|pid| !orphaned(events, pid).is_empty()))
+}
+
+/// What the gateway of [`gateway`] shows, whichever way its sessions are named: `is(value,
+/// X)` says whether a session's value is `sess-X`'s.
+fn sessions_ended_and_running(run: &Run, is: &dyn Fn(&Value, &str) -> bool) {
     let events = &run.events;
     let pid = |secs: &str| {
         sleeper(events, secs)
@@ -110,7 +113,7 @@ fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_
     };
     // A: its owner, the per-session process, exited: the flag names the session and its end.
     let a = flag("601");
-    assert_eq!(a["session"]["id"], "sess-a", "{a}");
+    assert!(is(&a["session"]["id"], "a"), "{a}");
     assert!(a["session"]["ended"].is_u64(), "{a}");
     let owner = a["session"]["owner"].as_u64().unwrap();
     assert_eq!(
@@ -119,15 +122,15 @@ fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_
         "the owner spawned it: {a}"
     );
     assert_eq!(a["session"]["begins"].as_u64(), Some(owner), "{a}");
-    // C: the per-session process named no session; it put the value into its server's
-    // environment, and its exit ended it.
+    // C: the per-session process was in no session; it started its server in one, and its
+    // exit ended it.
     let c = flag("604");
-    assert_eq!(c["session"]["id"], "sess-c", "{c}");
+    assert!(is(&c["session"]["id"], "c"), "{c}");
     assert_eq!(c["session"]["begins"].as_u64(), Some(pid("604")), "{c}");
     assert_eq!(c["session"]["owner"], c["lineage"][1], "{c}");
     // F: env -i scrubbed its environment: it is in its spawner's session, by the lineage.
     let f = flag("606");
-    assert_eq!(f["session"]["id"], "sess-f", "{f}");
+    assert!(is(&f["session"]["id"], "f"), "{f}");
     assert_ne!(f["session"]["begins"].as_u64(), Some(pid("606")), "{f}");
     // B: its session runs; its server and the double fork's grandchild, a second longer
     // past their break than A's, are not flagged (while it runs: until the release ends it).
@@ -139,25 +142,83 @@ fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_
             "sleep {secs} of the running session: {flags:?}"
         );
     }
-    // D: the gateway gave the value to the server alone: the session begins there, and the
-    // gateway lives: nothing.
+    // D: the gateway started the server in a session of its own: the session begins there,
+    // and the gateway lives: nothing.
     let d = pid("605");
     assert!(orphaned(events, d).is_empty());
-    let begins = |session: &str| {
+    let begins = |x: &str| {
         events
             .iter()
-            .filter(|e| e["event"] == "session" && e["session"] == session)
+            .filter(|e| e["event"] == "session" && is(&e["session"], x))
             .filter_map(|e| e["pid"].as_u64())
             .collect::<Vec<_>>()
     };
-    assert_eq!(begins("sess-d"), [d], "{:?}", run.all("session"));
-    assert_eq!(begins("sess-c"), [pid("604")]);
+    assert_eq!(begins("d"), [d], "{:?}", run.all("session"));
+    assert_eq!(begins("c"), [pid("604")]);
     assert_eq!(
-        begins("sess-b").len(),
+        begins("b").len(),
         1,
         "begins once, at its per-session process"
     );
     run.assert_well_formed();
+}
+
+#[test]
+fn a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing() {
+    let test =
+        "a_sessions_end_flags_what_it_left_and_a_break_inside_a_running_session_flags_nothing";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let what = "the servers of the sessions that ended flagged";
+    let run = run_gateway(&dir, &[], &[], &[], &by_env, what, ended_sessions_flagged);
+    sessions_ended_and_running(&run, &|value, x| *value == format!("sess-{x}"));
+}
+
+/// `--session-cgroup`: a gateway that runs each session in a cgroup of its own below its own
+/// (as `systemd-run --scope` or a container per session does); the same sessions, ended and
+/// running, as by the environment.
+#[test]
+fn with_session_cgroup_a_session_is_the_cgroup_below_the_gateways() {
+    let test = "with_session_cgroup_a_session_is_the_cgroup_below_the_gateways";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch("sessions-cgroup");
+    let name = format!("reaper-test-sessions-{}", std::process::id());
+    let cgroup = reaper_tests::TestCgroup::make(&name);
+    let gateway = cgroup.path();
+    for x in ["a", "b", "c", "d", "f"] {
+        std::fs::create_dir(gateway.join(format!("sess-{x}"))).expect("make a session's cgroup");
+    }
+    let shapes = reaper_tests::shapes();
+    let shapes = shapes.to_str().unwrap();
+    let tag = |x: &str| format!("{shapes} cgroup-exec {}/sess-{x}", gateway.display());
+    // Every process that names a session in its environment too: the cgroup is what counts.
+    let run = run_gateway(
+        &dir,
+        &["--session-cgroup"],
+        &[shapes, "cgroup-exec", gateway.to_str().unwrap()],
+        &[],
+        &|x| format!("AGENT_SESSION_ID=not-this-{x} {}", tag(x)),
+        "the servers of the sessions that ended flagged",
+        ended_sessions_flagged,
+    );
+    drop(cgroup);
+    // Its path as the process's /proc/PID/cgroup shows it (below the cgroup namespace's root).
+    let suffix = |x: &str| format!("/{name}/sess-{x}");
+    sessions_ended_and_running(&run, &|value, x| {
+        value.as_str().is_some_and(|v| v.ends_with(&suffix(x)))
+    });
+    let gateway_pid = reaper_tests::pid(&run.all("ready")[0]["gateway"][0]);
+    for e in run.all("session") {
+        assert_ne!(
+            e["pid"].as_u64(),
+            Some(gateway_pid),
+            "the gateway's own cgroup is none: {e}"
+        );
+    }
 }
 
 #[test]
@@ -172,6 +233,7 @@ fn without_sessions_the_chain_rule_flags_the_double_fork_as_before() {
         &["--session-env", "none"],
         &[],
         &[],
+        &by_env,
         "the double fork's grandchild flagged",
         |events| sleeper(events, "603").is_some_and(|pid| !orphaned(events, pid).is_empty()),
     );
@@ -197,6 +259,7 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
         &[],
         &["env", "CLAUDE_CODE_SESSION_ID=agent-shell"],
         &[("RUNNER_TRACKING_ID", "ci-job")],
+        &by_env,
         "the servers of the sessions that ended flagged",
         |events| {
             ["601", "606"].iter().all(|secs| {
@@ -231,7 +294,7 @@ fn the_runs_own_and_the_gateways_own_values_are_their_environment_not_a_session(
     run.assert_well_formed();
 }
 
-/// `reaper-trace ARGS --api SOCKET` (`sessions`, `why`): its stdout, once it succeeded; an
+/// `reaper-trace ARGS --api SOCKET` (`sessions`, `why`, `kill`, `tree`): its stdout, once it succeeded; an
 /// answer that does not come within a quarter of the tests' patience fails the test (a
 /// slow guest's run would otherwise be stopped without a word).
 fn ask<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[A], socket: &Path) -> String {
@@ -323,6 +386,7 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
     let mut asked: Option<(String, String, String)> = None;
     let mut by_bytes: Option<(String, String)> = None;
     let mut scraped: Option<Vec<u8>> = None;
+    let mut refused: Option<[String; 2]> = None;
     let port = reaper_tests::free_port();
     let metrics = format!("127.0.0.1:{port}");
     let run = run_reaper_until(
@@ -354,6 +418,12 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
             if sessions < MANY + 3 {
                 return false;
             }
+            // The run took the bytes' sleep's exec (its name is `sleep` by then).
+            let child = named[3].unwrap();
+            let execed = |e: &Value| e["event"] == "exec" && e["pid"].as_u64() == Some(child);
+            if !events.iter().any(execed) {
+                return false;
+            }
             let ansi = named[1].unwrap().to_string();
             asked = Some((
                 ask(&["sessions"], &socket),
@@ -375,6 +445,17 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
                 ask(&args("tree", "--json"), &socket),
             ));
             scraped = Some(scrape(port));
+            // A session named twice, or in base64 that is not: refused, nothing done.
+            refused = Some(
+                [
+                    (
+                        "POST",
+                        "/v1/kill?session=a&session_b64=YQ%3D%3D&dry_run=true",
+                    ),
+                    ("GET", "/v1/tree?session_b64=%25%25"),
+                ]
+                .map(|(method, path)| reaper_tests::api_call(&socket, method, path)),
+            );
             true
         },
     );
@@ -436,6 +517,12 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
         !tree.contains(&format!("\"pid\":{},", pid("ansi"))),
         "tree --session picks that session alone: {tree}"
     );
+    for answer in refused.expect("the bad requests were made") {
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("session"),
+            "a bad session in a request: {answer}"
+        );
+    }
     // The metrics: no session value is a label (a value per session would be a series per
     // session, and a hostile value a line of its own).
     let scraped = scraped.expect("the metrics were scraped");
@@ -459,14 +546,22 @@ kill $(cat {d}/big {d}/ansi {d}/bytes {d}/bytes-child {d}/many)
     run.assert_well_formed();
 }
 
-/// GET /metrics on 127.0.0.1:`port`, its bytes as they came.
+/// GET /metrics on 127.0.0.1:`port`, its bytes as they came; an answer that is not 200, or
+/// does not come within a quarter of the tests' patience, fails the test.
 fn scrape(port: u16) -> Vec<u8> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics serve");
+    s.set_read_timeout(Some(reaper_tests::patience() / 4))
+        .unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut bytes = Vec::new();
-    s.read_to_end(&mut bytes).unwrap();
+    s.read_to_end(&mut bytes).expect("the metrics answered");
+    assert!(
+        bytes.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
     bytes
 }
 

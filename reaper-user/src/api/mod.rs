@@ -8,9 +8,11 @@
 //! - `GET /v1/status`: the run ([`Status`]).
 //! - `GET /v1/process/PID`: what the run knows of the live process PID, or of the last one
 //!   that had the pid ([`Process`]); 404 with `{"error": ...}` for a pid it does not track.
-//! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R][&session=S|&session_b64=B]`: the live lineage tree, its roots
-//!   ([`Branch`]es), of the processes each given filter picks ([`TreeFilter`]); 404 for a
-//!   `gateway` it does not track.
+//! - `GET /v1/tree[?gateway=PID][&kind=TEXT][&reason=R][&session=S|&session_b64=B]`: the
+//!   live lineage tree, its roots ([`Branch`]es), of the processes each given filter picks
+//!   ([`TreeFilter`]); 404 for a `gateway` it does not track. A session is named by its
+//!   value, or in base64 (`session_b64`, percent-encoded as any query value) when it is not
+//!   UTF-8; both, or base64 that is not, is 400.
 //! - `GET /v1/kinds`: the kinds with the most live instances under one gateway instance at
 //!   the last count, most first ([`KindCount`]; the rest as `other`, as the metrics name them).
 //! - `GET /v1/events?follow[&pid=PID][&event=NAMES][&reason=R]`: the stream's lines from now
@@ -28,6 +30,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::lineage::graph::session::cut_session;
 use crate::stream::reason::Reason;
 
 pub use crate::output::follow::{FollowFilter, FollowQueue};
@@ -75,6 +78,20 @@ pub enum Asked {
     },
 }
 
+impl Asked {
+    /// Whether the question names a process (by pid, or a gateway): its answer depends on
+    /// the run having taken the records that made it.
+    pub fn names_a_process(&self) -> bool {
+        match self {
+            Asked::Process(_) | Asked::Kill { .. } => true,
+            Asked::Tree(filter) => filter.gateway.is_some(),
+            Asked::Sessions(filter) => filter.gateway.is_some(),
+            Asked::Follow { filter, .. } => filter.pid.is_some(),
+            Asked::Status | Asked::Kinds => false,
+        }
+    }
+}
+
 /// What `POST /v1/kill` is asked to end: the processes each given selector picks (at least
 /// one is given). A session's owner is picked only by its pid.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,7 +106,7 @@ pub struct KillRequest {
     pub session_b64: Option<String>,
     /// The live processes holding a flag of this reason.
     pub reason: Option<Reason>,
-    /// Only those descended from this tracked process (with `session` or `reason`).
+    /// Only those descended from this tracked process (with a session or `reason`).
     pub gateway: Option<u32>,
     /// Decide and answer, send nothing.
     pub dry_run: bool,
@@ -120,19 +137,20 @@ pub fn name_session(value: &[u8]) -> (Option<String>, Option<String>) {
     }
 }
 
-/// The session a request names by `text` or by `b64`, as bytes; an error for both, or for
-/// base64 that is not.
+/// The session a request names by `text` or by `b64`, as bytes cut as the run cuts a
+/// session's value (a value given whole names the session it begins); an error for both, or
+/// for base64 that is not.
 pub fn session_value(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, String> {
     use base64::Engine as _;
-    match (text, b64) {
-        (Some(_), Some(_)) => Err("name the session once: session or session_b64".into()),
-        (Some(text), None) => Ok(Some(text.as_bytes().to_vec())),
+    let value = match (text, b64) {
+        (Some(_), Some(_)) => return Err("name the session once: session or session_b64".into()),
+        (Some(text), None) => text.as_bytes().to_vec(),
         (None, Some(b64)) => base64::engine::general_purpose::STANDARD
             .decode(b64)
-            .map(Some)
-            .map_err(|e| format!("session_b64 is not base64: {e}")),
-        (None, None) => Ok(None),
-    }
+            .map_err(|e| format!("session_b64 is not base64: {e}"))?,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(cut_session(&value).to_vec()))
 }
 
 /// What `/v1/sessions` is asked for.
@@ -187,6 +205,12 @@ mod tests {
             );
         }
         assert_eq!(name_session(b"bad\xff").0, None, "not UTF-8: base64 alone");
+        let whole = "x".repeat(1000);
+        assert_eq!(
+            session_value(Some(&whole), None),
+            Ok(Some(vec![b'x'; 256])),
+            "cut as the run cuts a value"
+        );
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! comes (not at a tick of the reader's), what reads /proc is done on the answers' thread of
 //! the slow side ([`Worker`]), and each step between reads only what the run holds,
 //! borrowing it for that step alone. The task runs on the reader's thread only when a
-//! question or a read's result wakes it: the event loop polls nothing for it (a receiver
-//! polled at each wake-up of a fork storm cost the reader some 8%).
+//! question or a read's result wakes it (and, at the start, while a question waits for the
+//! `-- CMD` gateway's fork record): the event loop polls nothing for it (a receiver polled at
+//! each wake-up of a fork storm cost the reader some 8%).
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::{mpsc::Receiver, oneshot};
@@ -22,22 +23,21 @@ pub(super) async fn answer_all(
     mut queries: Receiver<Query>,
     slow: Worker,
 ) {
-    let ready = Instant::now();
     while let Some(query) = queries.recv().await {
-        command_gateway_taken(&run, ready).await;
+        if query.asked.names_a_process() {
+            command_gateway_taken(&run).await;
+        }
         answer(&run, &slow, query).await;
     }
 }
 
-/// How long after `ready` a question waits for the ring's record of the `-- CMD` gateway's
-/// fork (a lost record must not slow every answer).
-const COMMAND_GATEWAY_WITHIN: Duration = Duration::from_secs(2);
-
-/// `ready` names the `-- CMD` gateway before the record of its fork is taken from the ring:
-/// a question asked meanwhile waits until it is (the event loop takes it meanwhile), so that
-/// no answer says a gateway `ready` named is not tracked.
-async fn command_gateway_taken(run: &RefCell<Pipeline>, ready: Instant) {
-    while run.borrow().awaits_command_gateway() && ready.elapsed() < COMMAND_GATEWAY_WITHIN {
+/// `ready` names the `-- CMD` gateway before the event loop took the record of its fork from
+/// the ring: a question that names a process, asked meanwhile, waits until the event loop
+/// emptied the ring once since the spawn (the record was there before the spawn returned),
+/// so that no answer says a gateway `ready` named is not tracked. A wait of a few
+/// milliseconds, once, at the start.
+async fn command_gateway_taken(run: &RefCell<Pipeline>) {
+    while run.borrow().awaits_command_gateway() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -389,8 +389,8 @@ fn pipeline_for(
         let interpreters = cli.spawn_stacks == SpawnStacks::Auto;
         run.name_spawn_sites(SpawnSites::new(stacks, interpreters));
     }
-    if let Some(names) = cli.session_names() {
-        run.read_sessions(Sessions::new(names));
+    if let Some(source) = cli.session_source() {
+        run.read_sessions(Sessions::new(source));
     }
     (run, kill_reports)
 }

@@ -73,7 +73,7 @@ pub struct Pipeline {
     flagged_rss: flags::RssCache,
     /// `--spawn-stacks`: where each fork's stack was taken, named for flags.
     sites: Option<SpawnSites>,
-    /// `--session-env`: the processes whose environment is to be read for their session.
+    /// `--session-env` or `--session-cgroup`: the processes whose session is to be read.
     sessions: Option<Sessions>,
     /// Boot-time ns of the last exit record (its kernel time: no clock read per exit).
     last_exit: u64,
@@ -81,6 +81,9 @@ pub struct Pipeline {
     started: u64,
     /// A round of the rules judged, not yet written (see [`Pipeline::judge_round`]).
     judged: Option<scan::Judged>,
+    /// The `-- CMD` gateway was spawned, and the ring not emptied since (see
+    /// [`Pipeline::awaits_command_gateway`]).
+    command_gateway_in_ring: bool,
 }
 
 impl Pipeline {
@@ -110,6 +113,7 @@ impl Pipeline {
             last_exit: boottime_now(),
             started: boottime_now(),
             judged: None,
+            command_gateway_in_ring: false,
         }
     }
 
@@ -288,6 +292,7 @@ impl Pipeline {
     /// not mapped at their exec are looked at again.
     pub fn end_batch(&mut self) -> Result<()> {
         self.reader.end_batch();
+        self.command_gateway_in_ring = false;
         self.look_again_for_interpreters()
     }
 
@@ -352,13 +357,14 @@ impl Pipeline {
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
     pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
         self.graph.expect_gateway(pid);
+        self.command_gateway_in_ring = true;
         self.gateways.expect(argv);
     }
 
-    /// Whether the `-- CMD` gateway was spawned and the ring's record of its fork not taken
-    /// yet.
+    /// Whether the `-- CMD` gateway was spawned and the ring not emptied since: the record
+    /// of its fork, there before the spawn returned, may not be taken yet.
     pub fn awaits_command_gateway(&self) -> bool {
-        self.graph.expected_gateway().is_some()
+        self.command_gateway_in_ring
     }
 
     /// Whether the graph holds `pid` as a live gateway.

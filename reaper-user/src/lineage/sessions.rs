@@ -1,15 +1,16 @@
-//! Which agent session each process is in, read (`--session-env`; see `graph::session` for
-//! what a session is): the environment its last exec gave it, read from /proc on the slow
-//! side, never on the ring's reader. The reader only notes each exec (and each process found
+//! Which agent session each process is in, read (`--session-env`, or `--session-cgroup`; see
+//! `graph::session` for what a session is): the environment its last exec gave it, or the
+//! cgroup it runs in, read from /proc on the slow side, never on the ring's reader. The reader only notes each exec (and each process found
 //! in /proc at start-up) here; the event loop hands what waits to a thread of the slow side
-//! at the end of its turn ([`Sessions::take`]), which reads each environment as hostile input (capped, its
-//! identity checked after the read, so a pid reused meanwhile is not read for it) and gives
-//! back the values found, which the graph keeps ([`LineageGraph::set_session`]).
+//! at the end of its turn ([`Sessions::take`]), which reads each environment (or cgroup) as
+//! hostile input (capped, its identity checked after the read, so a pid reused meanwhile is
+//! not read for it) and gives back the values found, which the graph keeps
+//! ([`LineageGraph::set_session`]).
 //!
 //! A process gone before its read (a wrapper that exec'd on, a short-lived one) keeps what an
 //! earlier read found (nothing, for one never read: it is in its spawner's session, as one
 //! that named none), and what it spawned names its own.
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use super::graph::session::cut_session;
 use super::graph::{Change, LineageGraph, NodeId};
 use crate::identity::ProcessId;
-use crate::procfs::environ;
+use crate::procfs::{self, environ};
 
 /// The variables hosts set to say which session a child is for (`--session-env`'s default),
 /// the first one found in a process's environment naming its session.
@@ -34,14 +35,54 @@ pub const DEFAULT_NAMES: [&str; 6] = [
 /// and its process is in its spawner's session.
 const WAITING: usize = 32_768;
 
-/// The processes whose environment is to be read.
+/// Where a process's session is read.
+#[derive(Clone)]
+pub enum Source {
+    /// The first of these variables (`--session-env`) that the environment its last exec gave
+    /// it sets.
+    Environment {
+        names: Arc<[Vec<u8>]>,
+        /// The values this run's own environment gives the names: the environment
+        /// reaper-trace was started in (a CI job's, an agent shell's) is every traced
+        /// process's too, not a session of theirs.
+        ambient: Arc<[Vec<u8>]>,
+    },
+    /// The cgroup directly below its gateway's that it runs in (`--session-cgroup`: a
+    /// gateway that runs each session in a cgroup of its own, `systemd-run --scope` or a
+    /// container per session), by its path (`/gateway.service/session-1.scope`); none in the
+    /// gateway's own cgroup or outside it.
+    Cgroup,
+}
+
+impl Source {
+    /// The variables `names`, each naming a session, passing over the values this run's own
+    /// environment gives them.
+    pub fn environment(names: Vec<Vec<u8>>) -> Source {
+        let ambient = names
+            .iter()
+            .filter_map(|n| std::env::var_os(OsStr::from_bytes(n)))
+            .map(OsString::into_vec)
+            .filter(|v| !v.is_empty())
+            .collect();
+        Source::Environment {
+            names: names.into(),
+            ambient,
+        }
+    }
+}
+
+/// A process whose session is to be read, and (with `--session-cgroup`) its gateway's.
+#[derive(Clone, Copy)]
+struct Waiting {
+    id: NodeId,
+    process: ProcessId,
+    gateway: Option<ProcessId>,
+}
+
+/// The processes whose session is to be read.
 pub struct Sessions {
-    names: Arc<[Vec<u8>]>,
-    /// The values this run's own environment gives the names: the environment reaper-trace
-    /// was started in (a CI job's, an agent shell's) is every traced process's too, not a
-    /// session of theirs.
-    ambient: Arc<[Vec<u8>]>,
-    waiting: Vec<(NodeId, ProcessId)>,
+    source: Source,
+    waiting: Vec<Waiting>,
     /// The nodes in `waiting`, each read once however many times it exec'd meanwhile.
     queued: HashSet<NodeId>,
     /// Execs not read: the queue was full.
@@ -62,24 +103,15 @@ pub enum Read {
 
 /// What one read of the slow side is to read.
 pub struct ToRead {
-    names: Arc<[Vec<u8>]>,
-    ambient: Arc<[Vec<u8>]>,
-    each: Vec<(NodeId, ProcessId)>,
+    source: Source,
+    each: Vec<Waiting>,
 }
 
 impl Sessions {
-    /// Reads the variables `names`, each naming a session, passing over the values this
-    /// run's own environment gives them.
-    pub fn new(names: Vec<Vec<u8>>) -> Sessions {
-        let ambient = names
-            .iter()
-            .filter_map(|n| std::env::var_os(OsStr::from_bytes(n)))
-            .map(OsString::into_vec)
-            .filter(|v| !v.is_empty())
-            .collect();
+    /// Reads each process's session from `source`.
+    pub fn new(source: Source) -> Sessions {
         Sessions {
-            names: names.into(),
-            ambient,
+            source,
             waiting: Vec::new(),
             queued: HashSet::default(),
             unread: 0,
@@ -106,8 +138,16 @@ impl Sessions {
             self.unread += 1;
             return;
         }
+        let gateway = match self.source {
+            Source::Cgroup => graph.gateway_of(id).map(|g| g.process()),
+            Source::Environment { .. } => None,
+        };
         self.queued.insert(id);
-        self.waiting.push((id, node.process()));
+        self.waiting.push(Waiting {
+            id,
+            process: node.process(),
+            gateway,
+        });
         graph.session_asked(id);
     }
 
@@ -118,8 +158,7 @@ impl Sessions {
         }
         self.queued.clear();
         Some(ToRead {
-            names: self.names.clone(),
-            ambient: self.ambient.clone(),
+            source: self.source.clone(),
             each: std::mem::take(&mut self.waiting),
         })
     }
@@ -132,8 +171,8 @@ impl Sessions {
         }
         self.said = true;
         Some(format!(
-            "session reads fell behind a storm of execs: {} environments were not read (and \
-             more may not be; each such process is in its spawner's session); said once",
+            "session reads fell behind a storm of execs: {} processes' sessions were not read \
+             (and more may not be; each such process is in its spawner's session); said once",
             self.unread
         ))
     }
@@ -142,30 +181,87 @@ impl Sessions {
 impl ToRead {
     /// The processes to be read.
     pub fn ids(&self) -> Vec<NodeId> {
-        self.each.iter().map(|&(id, _)| id).collect()
+        self.each.iter().map(|w| w.id).collect()
     }
 
-    /// Reads each environment (the slow side's work): what each process's names
-    /// ([`Read`]), checked after the read to be still the process asked about (a pid is not
-    /// reused while its process lives).
+    /// Reads each process's session (the slow side's work): what it names ([`Read`]),
+    /// checked after the read to be still the process asked about (a pid is not reused while
+    /// its process lives).
     pub fn read(self) -> Vec<(NodeId, Read)> {
-        let read = |process: ProcessId| {
-            let Ok((environ, cut)) = environ::read_environ(process.pid) else {
-                return Read::Unknown;
-            };
-            let value = environ::first_of(&environ, cut, &self.names, &self.ambient)
-                .map(|v| cut_session(v).to_vec());
-            // Gone, another process by now, or exiting (a zombie's environment reads empty):
-            // what it names is not known.
-            let gone = |stat: &crate::procfs::Stat| stat.state == b'Z' || stat.state == b'X';
-            match (process.still_same().filter(|s| !gone(s)), value) {
-                (None, _) => Read::Unknown,
-                (Some(_), Some(value)) => Read::Names(value),
-                (Some(_), None) => Read::NamesNone,
+        // Each gateway's cgroup, read once for the processes below it.
+        let mut gateways: HashMap<ProcessId, Option<String>> = HashMap::default();
+        let mut read = |w: &Waiting| -> Result<Option<Vec<u8>>, ()> {
+            match &self.source {
+                Source::Environment { names, ambient } => {
+                    let (environ, cut) = environ::read_environ(w.process.pid).map_err(|_| ())?;
+                    let value = environ::first_of(&environ, cut, names, ambient);
+                    Ok(value.map(|v| cut_session(v).to_vec()))
+                }
+                Source::Cgroup => {
+                    let Some(gateway) = w.gateway else {
+                        return Ok(None);
+                    };
+                    let theirs = gateways
+                        .entry(gateway)
+                        .or_insert_with(|| cgroup_of(gateway))
+                        .as_deref()
+                        .ok_or(())?;
+                    let own = cgroup_of(w.process).ok_or(())?;
+                    Ok(below(theirs, &own).map(|v| cut_session(v.as_bytes()).to_vec()))
+                }
             }
         };
-        (self.each.iter())
-            .map(|&(id, process)| (id, read(process)))
-            .collect()
+        let mut each = Vec::with_capacity(self.each.len());
+        for w in &self.each {
+            let value = read(w);
+            // Gone, another process by now, or exiting (a zombie's environment reads empty):
+            // what it names is not known.
+            let gone = |stat: &procfs::Stat| stat.state == b'Z' || stat.state == b'X';
+            let found = match (w.process.still_same().filter(|s| !gone(s)), value) {
+                (None, _) | (_, Err(())) => Read::Unknown,
+                (Some(_), Ok(Some(value))) => Read::Names(value),
+                (Some(_), Ok(None)) => Read::NamesNone,
+            };
+            each.push((w.id, found));
+        }
+        each
+    }
+}
+
+/// The cgroup v2 path of `process`, read and checked to be still its own; none when it
+/// cannot be (gone, or a host without cgroup v2).
+fn cgroup_of(process: ProcessId) -> Option<String> {
+    let text = procfs::read_text(process.pid, "cgroup").ok()?;
+    let path = procfs::placement::parse_cgroup(&text)?;
+    process.still_same()?;
+    Some(path)
+}
+
+/// The cgroup directly below `gateway` that `cgroup` is, or is under (`/gw/s1` for
+/// `/gw/s1/x`); none for `gateway` itself or a cgroup outside it.
+fn below<'a>(gateway: &str, cgroup: &'a str) -> Option<&'a str> {
+    let base = gateway.trim_end_matches('/');
+    let rest = cgroup.strip_prefix(base)?.strip_prefix('/')?;
+    let first = rest.split('/').next().filter(|c| !c.is_empty())?;
+    Some(&cgroup[..base.len() + 1 + first.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn a_session_cgroup_is_the_one_directly_below_the_gateways() {
+        assert_eq!(below("/gw", "/gw/s1"), Some("/gw/s1"));
+        assert_eq!(below("/gw", "/gw/s1/inner/x"), Some("/gw/s1"));
+        assert_eq!(below("/", "/a/b"), Some("/a"));
+        assert_eq!(below("/gw", "/gw"), None, "the gateway's own");
+        assert_eq!(
+            below("/gw", "/gw2/s1"),
+            None,
+            "a sibling that shares a prefix"
+        );
+        assert_eq!(below("/gw", "/other/s1"), None);
+        assert_eq!(below("/gw", "/gw/"), None);
     }
 }

@@ -46,6 +46,20 @@ impl LineageGraph {
         false
     }
 
+    /// The gateway `id` descends from (itself, for a gateway); none when its chain reaches
+    /// none (a process whose spawner was never known).
+    pub fn gateway_of(&self, id: NodeId) -> Option<&Node> {
+        let mut at = self.nodes.get(id)?;
+        // Bounded like `chain`: a malformed cycle must not hang a walk.
+        for _ in 0..=self.nodes.len() {
+            if at.is_gateway {
+                return Some(at);
+            }
+            at = self.nodes.get(at.spawner?)?;
+        }
+        None
+    }
+
     /// The spawn chain of `id`, from its gateway (or the oldest known spawner) down to `id`.
     pub fn chain(&self, id: NodeId) -> Vec<&Node> {
         let mut chain = Vec::new();

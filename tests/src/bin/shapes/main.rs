@@ -30,6 +30,9 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "subreaper") {
         subreaper_exec(&args[2..]);
     }
+    if args.get(1).is_some_and(|a| a == "cgroup-exec") {
+        cgroup_exec(&args[2..]);
+    }
     if args.get(1).is_some_and(|a| a == "hostile-python") {
         hostile::python(&args);
     }

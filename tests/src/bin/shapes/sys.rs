@@ -111,6 +111,28 @@ pub(crate) fn subreaper_exec(command: &[String]) -> ! {
     std::process::exit(127);
 }
 
+/// `reaper-shapes cgroup-exec DIR CMD ARGS...`: moves itself into the cgroup DIR and execs CMD
+/// (as `systemd-run --scope` or a container's init does before its command).
+pub(crate) fn cgroup_exec(args: &[String]) -> ! {
+    use std::os::unix::process::CommandExt;
+    let Some((dir, command)) = args.split_first() else {
+        eprintln!("usage: reaper-shapes cgroup-exec DIR CMD [ARGS...]");
+        std::process::exit(2);
+    };
+    let Some((program, args)) = command.split_first() else {
+        eprintln!("usage: reaper-shapes cgroup-exec DIR CMD [ARGS...]");
+        std::process::exit(2);
+    };
+    let procs = std::path::Path::new(dir).join("cgroup.procs");
+    if let Err(e) = std::fs::write(&procs, b"0") {
+        eprintln!("write {}: {e}", procs.display());
+        std::process::exit(126);
+    }
+    let error = std::process::Command::new(program).args(args).exec();
+    eprintln!("exec {program}: {error}");
+    std::process::exit(127);
+}
+
 /// `reaper-shapes into-cgroup DIR SHAPE TRUTH`: starts `reaper-shapes SHAPE TRUTH` straight
 /// into the cgroup DIR (`clone3` with `CLONE_INTO_CGROUP`, as service managers start a unit's
 /// process), waits for it and exits with its status. Writes no truth of its own.
