@@ -94,13 +94,12 @@ pub fn sessions(
         };
         let i = *at.entry(session.top).or_insert_with(|| {
             let top = graph.node(session.top);
-            let chain = graph.chain(session.top);
             rows.push((
                 session.top,
                 SessionRow {
                     session: evidence_of_session(graph, &session, None),
                     began: top.map_or(0, |n| n.start.boottime_ns()),
-                    gateway: chain.first().filter(|g| g.is_gateway).map(|g| g.pid),
+                    gateway: graph.gateway_of(session.top).map(|g| g.pid),
                     ..SessionRow::default()
                 },
             ));

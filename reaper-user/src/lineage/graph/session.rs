@@ -183,14 +183,7 @@ impl LineageGraph {
     /// The value the gateway above `id` (or `id`, a gateway) carries itself: its
     /// environment's, not a session.
     fn ambient_of(&self, id: NodeId) -> Option<Rc<[u8]>> {
-        let mut at = self.nodes.get(id)?;
-        for _ in 0..=self.nodes.len() {
-            if at.is_gateway {
-                return at.session.clone();
-            }
-            at = at.spawner.and_then(|s| self.nodes.get(s))?;
-        }
-        None
+        self.gateway_of(id)?.session.clone()
     }
 
     /// The process whose exit ends the session `session` (see the module documentation).
