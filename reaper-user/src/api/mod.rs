@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::lineage::graph::session::cut_session;
+pub use crate::lineage::graph::session::{name_session, session_value};
 use crate::stream::reason::Reason;
 
 pub use crate::output::follow::{FollowFilter, FollowQueue};
@@ -127,30 +127,6 @@ impl KillRequest {
     pub fn session_value(&self) -> Result<Option<Vec<u8>>, String> {
         session_value(self.session.as_deref(), self.session_b64.as_deref())
     }
-}
-
-/// A session's value as a request names it: `session` when it is UTF-8, else `session_b64`.
-pub fn name_session(value: &[u8]) -> (Option<String>, Option<String>) {
-    match std::str::from_utf8(value) {
-        Ok(text) => (Some(text.to_owned()), None),
-        Err(_) => (None, crate::text::exact_b64(value)),
-    }
-}
-
-/// The session a request names by `text` or by `b64`, as bytes cut as the run cuts a
-/// session's value (a value given whole names the session it begins); an error for both, or
-/// for base64 that is not.
-pub fn session_value(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, String> {
-    use base64::Engine as _;
-    let value = match (text, b64) {
-        (Some(_), Some(_)) => return Err("name the session once: session or session_b64".into()),
-        (Some(text), None) => text.as_bytes().to_vec(),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| format!("session_b64 is not base64: {e}"))?,
-        (None, None) => return Ok(None),
-    };
-    Ok(Some(cut_session(&value).to_vec()))
 }
 
 /// What `/v1/sessions` is asked for.

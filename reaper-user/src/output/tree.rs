@@ -33,7 +33,10 @@ pub struct TreeFilter {
 impl TreeFilter {
     /// The session asked for, by its value's bytes; an error says why it cannot be read.
     pub fn session_value(&self) -> Result<Option<Vec<u8>>, String> {
-        crate::api::session_value(self.session.as_deref(), self.session_b64.as_deref())
+        crate::lineage::graph::session::session_value(
+            self.session.as_deref(),
+            self.session_b64.as_deref(),
+        )
     }
 }
 

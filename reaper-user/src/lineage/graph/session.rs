@@ -46,6 +46,30 @@ pub fn cut_session(value: &[u8]) -> &[u8] {
     }
 }
 
+/// A session's value as a request names it: `session` when it is UTF-8, else `session_b64`.
+pub fn name_session(value: &[u8]) -> (Option<String>, Option<String>) {
+    match std::str::from_utf8(value) {
+        Ok(text) => (Some(text.to_owned()), None),
+        Err(_) => (None, crate::text::exact_b64(value)),
+    }
+}
+
+/// The session a request names by `text` or by `b64`, as bytes cut as the run cuts a
+/// session's value (a value given whole names the session it begins); an error for both, or
+/// for base64 that is not.
+pub fn session_value(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, String> {
+    use base64::Engine as _;
+    let value = match (text, b64) {
+        (Some(_), Some(_)) => return Err("name the session once: session or session_b64".into()),
+        (Some(text), None) => text.as_bytes().to_vec(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| format!("session_b64 is not base64: {e}"))?,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(cut_session(&value).to_vec()))
+}
+
 /// The session a process is in: its value, and the process where it begins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOf {
