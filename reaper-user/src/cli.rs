@@ -180,8 +180,8 @@ pub struct Cli {
     pub session_env: Vec<String>,
 
     /// A process's session is the cgroup directly below its gateway's that it runs in (a
-    /// gateway that runs each session in a cgroup of its own: `systemd-run --scope`, a
-    /// container per session), instead of an environment variable's value.
+    /// gateway that makes a cgroup of its own for each session below its own), instead of an
+    /// environment variable's value.
     #[arg(long, conflicts_with = "session_env")]
     pub session_cgroup: bool,
 

@@ -48,9 +48,8 @@ pub enum Source {
         ambient: Arc<[Vec<u8>]>,
     },
     /// The cgroup directly below its gateway's that it runs in (`--session-cgroup`: a
-    /// gateway that runs each session in a cgroup of its own, `systemd-run --scope` or a
-    /// container per session), by its path (`/gateway.service/session-1.scope`); none in the
-    /// gateway's own cgroup or outside it.
+    /// gateway that makes a cgroup of its own for each session below its own), by its path
+    /// (`/gateway.service/session-1`); none in the gateway's own cgroup or outside it.
     Cgroup,
 }
 
