@@ -59,8 +59,8 @@ pub struct TreeCli {
     /// Only the processes holding a flag for this rule (orphaned, accumulating, ...).
     #[arg(long, value_name = "RULE", value_parser = crate::cli::parse_reason)]
     pub reason: Option<Reason>,
-    /// Only the processes in this agent session (`--session-env`), by its value (any
-    /// bytes: one that is not UTF-8 is asked for as `session_b64`).
+    /// Only the processes in this agent session (`--session-env` or `--session-cgroup`), by
+    /// its value (any bytes: one that is not UTF-8 is asked for as `session_b64`).
     #[arg(long, value_name = "SESSION")]
     pub session: Option<OsString>,
     /// The run's API socket to ask (default: every run's, in /run/reaper-trace).

@@ -99,7 +99,8 @@ impl Asked {
 pub struct KillRequest {
     /// Tracked processes by pid, comma-separated.
     pub pids: Option<String>,
-    /// The live processes of this agent session (`--session-env`), its owner apart.
+    /// The live processes of this agent session (`--session-env` or `--session-cgroup`), its
+    /// owner apart.
     pub session: Option<String>,
     /// The same, the session's value in base64 (one that is not UTF-8, as the answers give
     /// it: `id_b64`).

@@ -81,9 +81,6 @@ pub struct Pipeline {
     started: u64,
     /// A round of the rules judged, not yet written (see [`Pipeline::judge_round`]).
     judged: Option<scan::Judged>,
-    /// The `-- CMD` gateway was spawned, and the ring not emptied since (see
-    /// [`Pipeline::awaits_command_gateway`]).
-    command_gateway_in_ring: bool,
 }
 
 impl Pipeline {
@@ -113,7 +110,6 @@ impl Pipeline {
             last_exit: boottime_now(),
             started: boottime_now(),
             judged: None,
-            command_gateway_in_ring: false,
         }
     }
 
@@ -122,7 +118,7 @@ impl Pipeline {
         self.sites = Some(sites);
     }
 
-    /// Reads which agent session each process is in (`--session-env`).
+    /// Reads which agent session each process is in (`--session-env` or `--session-cgroup`).
     pub fn read_sessions(&mut self, sessions: Sessions) {
         self.sessions = Some(sessions);
     }
@@ -292,7 +288,6 @@ impl Pipeline {
     /// not mapped at their exec are looked at again.
     pub fn end_batch(&mut self) -> Result<()> {
         self.reader.end_batch();
-        self.command_gateway_in_ring = false;
         self.look_again_for_interpreters()
     }
 
@@ -357,14 +352,13 @@ impl Pipeline {
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
     pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
         self.graph.expect_gateway(pid);
-        self.command_gateway_in_ring = true;
         self.gateways.expect(argv);
     }
 
-    /// Whether the `-- CMD` gateway was spawned and the ring not emptied since: the record
-    /// of its fork, there before the spawn returned, may not be taken yet.
+    /// Whether the `-- CMD` gateway was spawned and the record of its fork (in the ring
+    /// before the spawn returned) not taken yet.
     pub fn awaits_command_gateway(&self) -> bool {
-        self.command_gateway_in_ring
+        self.graph.expected_gateway().is_some()
     }
 
     /// Whether the graph holds `pid` as a live gateway.

@@ -1,6 +1,7 @@
-//! Reading which agent session each process is in (`--session-env`), a task beside the event
-//! loop: the event loop starts one at the end of a turn when environments wait to be read and
-//! none is under way (what comes meanwhile waits for the next);
+//! Reading which agent session each process is in (`--session-env` or `--session-cgroup`),
+//! a task beside the event loop: the event loop starts one at the end of a turn when
+//! environments (or cgroups) wait to be read and none is under way (what comes meanwhile
+//! waits for the next);
 //! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
 //! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
 //! or a `why` never wait behind a storm's execs, nor these behind them.

@@ -65,8 +65,9 @@ pub struct Node {
     pub seeded: bool,
     /// Called setsid() since it was first seen.
     pub called_setsid: bool,
-    /// The agent session that begins here (`--session-env`): its environment names it, and
-    /// its spawner is in another or none (see [`session`]).
+    /// The agent session that begins here (`--session-env` or `--session-cgroup`): its
+    /// environment (or cgroup) names it, and its spawner is in another or none (see
+    /// [`session`]).
     pub session: Option<Rc<[u8]>>,
     /// Its environment waits to be read for its session: what it names is not known yet.
     pub session_pending: bool,
@@ -132,7 +133,8 @@ pub struct LineageGraph {
     gateways: BTreeSet<NodeId>,
     /// How many of them are alive.
     live_gateways: usize,
-    /// How many nodes keep a session value (`--session-env`): none, and no walk looks for one.
+    /// How many nodes keep a session value (`--session-env` or `--session-cgroup`): none, and
+    /// no walk looks for one.
     session_values: usize,
     /// How many nodes' environments wait to be read for their session.
     sessions_pending: usize,

@@ -15,10 +15,10 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
-use super::graph::session::cut_session;
+use super::graph::session::{SESSION_MAX, cut_session};
 use super::graph::{Change, LineageGraph, NodeId};
 use crate::identity::ProcessId;
-use crate::procfs::{self, environ};
+use crate::procfs::{self, environ, placement};
 
 /// The variables hosts set to say which session a child is for (`--session-env`'s default),
 /// the first one found in a process's environment naming its session.
@@ -49,7 +49,8 @@ pub enum Source {
     },
     /// The cgroup directly below its gateway's that it runs in (`--session-cgroup`: a
     /// gateway that makes a cgroup of its own for each session below its own), by its path
-    /// (`/gateway.service/session-1`); none in the gateway's own cgroup or outside it.
+    /// (`/gateway.service/session-1`; by its own name where the path is longer than a
+    /// session's cap); none in the gateway's own cgroup or outside it.
     Cgroup,
 }
 
@@ -188,7 +189,7 @@ impl ToRead {
     /// its process lives).
     pub fn read(self) -> Vec<(NodeId, Read)> {
         // Each gateway's cgroup, read once for the processes below it.
-        let mut gateways: HashMap<ProcessId, Option<String>> = HashMap::default();
+        let mut gateways: HashMap<ProcessId, Option<Vec<u8>>> = HashMap::default();
         let mut read = |w: &Waiting| -> Result<Option<Vec<u8>>, ()> {
             match &self.source {
                 Source::Environment { names, ambient } => {
@@ -206,7 +207,7 @@ impl ToRead {
                         .as_deref()
                         .ok_or(())?;
                     let own = cgroup_of(w.process).ok_or(())?;
-                    Ok(below(theirs, &own).map(|v| cut_session(v.as_bytes()).to_vec()))
+                    Ok(session_cgroup(theirs, &own).map(<[u8]>::to_vec))
                 }
             }
         };
@@ -227,27 +228,46 @@ impl ToRead {
     }
 }
 
-/// The cgroup v2 path of `process`, read and checked to be still its own; none when it
-/// cannot be (gone, or a host without cgroup v2).
-fn cgroup_of(process: ProcessId) -> Option<String> {
-    let text = procfs::read_text(process.pid, "cgroup").ok()?;
-    let path = procfs::placement::parse_cgroup(&text)?;
+/// The cgroup v2 path of `process`, its exact bytes, read and checked to be still its own;
+/// none when it cannot be (gone, a host without cgroup v2, or a file past its cap).
+fn cgroup_of(process: ProcessId) -> Option<Vec<u8>> {
+    let file = procfs::read_bytes(process.pid, "cgroup").ok()?;
+    if file.cut {
+        return None;
+    }
+    let path = placement::cgroup_path(&file.bytes)?.to_vec();
     process.still_same()?;
     Some(path)
 }
 
-/// The cgroup directly below `gateway` that `cgroup` is, or is under (`/gw/s1` for
-/// `/gw/s1/x`); none for `gateway` itself or a cgroup outside it.
-fn below<'a>(gateway: &str, cgroup: &'a str) -> Option<&'a str> {
-    let base = gateway.trim_end_matches('/');
-    let rest = cgroup.strip_prefix(base)?.strip_prefix('/')?;
-    let first = rest.split('/').next().filter(|c| !c.is_empty())?;
-    Some(&cgroup[..base.len() + 1 + first.len()])
+/// The session a process in `cgroup` is in, below `gateway`'s cgroup: the path of the cgroup
+/// directly below the gateway's that it is in or under; none in the gateway's own or outside
+/// it. A path longer than a session's cap is named by that cgroup's own name alone (at most
+/// 255 bytes, a file name's limit, so never cut): cutting the path could give two sessions
+/// one name, and `kill --session` would end both.
+fn session_cgroup<'a>(gateway: &[u8], cgroup: &'a [u8]) -> Option<&'a [u8]> {
+    let base = gateway.strip_suffix(b"/").unwrap_or(gateway);
+    let rest = cgroup.strip_prefix(base)?.strip_prefix(b"/")?;
+    let name = rest
+        .split(|&b| b == b'/')
+        .next()
+        .filter(|c| !c.is_empty())?;
+    let path = &cgroup[..base.len() + 1 + name.len()];
+    Some(if path.len() <= SESSION_MAX {
+        path
+    } else {
+        name
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::below;
+    use super::session_cgroup;
+
+    fn below<'a>(gateway: &str, cgroup: &'a str) -> Option<&'a str> {
+        let found = session_cgroup(gateway.as_bytes(), cgroup.as_bytes())?;
+        Some(std::str::from_utf8(found).unwrap())
+    }
 
     #[test]
     fn a_session_cgroup_is_the_one_directly_below_the_gateways() {
@@ -262,5 +282,20 @@ mod tests {
         );
         assert_eq!(below("/gw", "/other/s1"), None);
         assert_eq!(below("/gw", "/gw/"), None);
+    }
+
+    #[test]
+    fn a_session_cgroup_too_long_to_name_whole_is_named_by_its_own_name_exactly() {
+        let gateway = format!("/{}", "k".repeat(250));
+        let (one, two) = ("s".repeat(200) + "1", "s".repeat(200) + "2");
+        let below_one = format!("{gateway}/{one}/inner");
+        assert_eq!(below(&gateway, &below_one), Some(one.as_str()));
+        assert_eq!(
+            below(&gateway, &format!("{gateway}/{two}")),
+            Some(two.as_str())
+        );
+        // Bytes that are not UTF-8 are kept as they are.
+        let odd = session_cgroup(b"/gw", b"/gw/s\xff\xfe/x");
+        assert_eq!(odd, Some(&b"/gw/s\xff\xfe"[..]));
     }
 }

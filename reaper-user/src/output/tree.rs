@@ -24,7 +24,7 @@ pub struct TreeFilter {
     pub kind: Option<String>,
     /// Those holding a flag for this reason.
     pub reason: Option<Reason>,
-    /// Those in this agent session (`--session-env`), by its value.
+    /// Those in this agent session (`--session-env` or `--session-cgroup`), by its value.
     pub session: Option<String>,
     /// The same, the session's value in base64 (one that is not UTF-8: `id_b64`).
     pub session_b64: Option<String>,

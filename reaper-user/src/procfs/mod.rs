@@ -139,6 +139,11 @@ pub fn read_text(pid: u32, file: &str) -> io::Result<String> {
     untrusted::read_text(&proc_path(pid, file), caps::PROC_TEXT)
 }
 
+/// Reads a small file of `/proc/PID` as its bytes, capped at [`caps::PROC_TEXT`].
+pub fn read_bytes(pid: u32, file: &str) -> io::Result<untrusted::read::Capped> {
+    untrusted::read(&proc_path(pid, file), caps::PROC_TEXT)
+}
+
 /// The path of the program `/proc/PID/exe` names (for a process seen first in /proc, whose
 /// exec was not seen). None when it is gone or a kernel thread.
 pub fn read_exe(pid: u32) -> Option<Vec<u8>> {

@@ -68,11 +68,18 @@ fn nspids(status: &str) -> Option<std::str::SplitAsciiWhitespace<'_>> {
     Some(line.split_ascii_whitespace())
 }
 
-/// The cgroup v2 path in `/proc/PID/cgroup` (the `0::PATH` line).
+/// The cgroup v2 path in `/proc/PID/cgroup` (the `0::PATH` line), as text.
 pub fn parse_cgroup(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_owned)
+    let path = cgroup_path(text.as_bytes())?;
+    Some(String::from_utf8_lossy(path).into_owned())
+}
+
+/// The cgroup v2 path in `/proc/PID/cgroup`'s bytes, exact: a cgroup's name need not be
+/// UTF-8 (the kernel refuses a newline in one, so a line is a whole path).
+pub fn cgroup_path(bytes: &[u8]) -> Option<&[u8]> {
+    bytes
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(b"0::"))
 }
 
 /// The container a cgroup path names: the runtimes' own naming conventions (cgroupfs and

@@ -71,7 +71,7 @@ pub struct Sessions {
     pub sessions: Vec<SessionRow>,
 }
 
-/// An agent session (`--session-env`) and what of it is alive.
+/// An agent session (`--session-env` or `--session-cgroup`) and what of it is alive.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionRow {

@@ -123,8 +123,8 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The agent session a process is in (`--session-env`), as its flag, `why` and `sessions`
-/// name it.
+/// The agent session a process is in (`--session-env` or `--session-cgroup`), as its flag,
+/// `why` and `sessions` name it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionEvidence {
@@ -176,7 +176,7 @@ pub struct LeakDetail {
     /// The thread of its spawner that forked it, when not the spawner's main thread.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread: Option<SpawningThread>,
-    /// The agent session it is in (`--session-env`), when it is in one.
+    /// The agent session it is in (`--session-env` or `--session-cgroup`), when it is in one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionEvidence>,
     /// For `accumulating`: the kind of which it is one instance too many.

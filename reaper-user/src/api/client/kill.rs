@@ -27,8 +27,9 @@ pub struct KillCli {
     /// The tracked processes to end, by pid (a session's owner is ended only so).
     #[arg(value_name = "PID")]
     pub pids: Vec<u32>,
-    /// The live processes of this agent session (`--session-env`), its owner apart, by its
-    /// value (any bytes: one that is not UTF-8 is asked for as `session_b64`).
+    /// The live processes of this agent session (`--session-env` or `--session-cgroup`), its
+    /// owner apart, by its value (any bytes: one that is not UTF-8 is asked for as
+    /// `session_b64`).
     #[arg(long, value_name = "SESSION")]
     pub session: Option<OsString>,
     /// The live processes holding a flag of this reason (`orphaned`, `idle`, ...).

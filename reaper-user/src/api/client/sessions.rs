@@ -1,6 +1,6 @@
-//! `reaper-trace sessions`: the agent sessions (`--session-env`) of the running audits, or of
-//! an audit read back (`--from`): each one's value, where it begins, its owner and whether it
-//! ended, its live processes, those flagged and their memory.
+//! `reaper-trace sessions`: the agent sessions (`--session-env` or `--session-cgroup`) of the
+//! running audits, or of an audit read back (`--from`): each one's value, where it begins, its
+//! owner and whether it ended, its live processes, those flagged and their memory.
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};

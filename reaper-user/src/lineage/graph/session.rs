@@ -1,6 +1,8 @@
-//! Which agent session a process belongs to (`--session-env`), by the lineage. A process's
-//! session is the value of the first of the session variables (in their order) that the
-//! environment its last exec gave it sets, a value of reaper-trace's own environment apart; without one of its own (it scrubbed its environment, `env -i`, a wrapper that drops
+//! Which agent session a process belongs to (`--session-env` or `--session-cgroup`), by the
+//! lineage. A process's session is the value of the first of the session variables (in their
+//! order) that the environment its last exec gave it sets, a value of reaper-trace's own
+//! environment apart (with `--session-cgroup`: the cgroup below its gateway's that it runs
+//! in); without one of its own (it scrubbed its environment, `env -i`, a wrapper that drops
 //! variables) it is its spawner's, however it escaped (`setsid`, a double fork, a reparent),
 //! up to its gateway. The graph keeps a value only where a session begins: on a process whose
 //! environment names another value than its spawner's session ([`LineageGraph::set_session`]);
