@@ -51,6 +51,10 @@ pub struct Checkpoint {
     /// The live processes' spawn stacks unwound from copies (a Node host's children).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unwound: Vec<SavedUnwound>,
+    /// Where the sessions it keeps were read (`Source::describe`; `none` when they were not):
+    /// a run reading them elsewhere does not keep them. None from a run before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<String>,
     /// The kernel side it was written beside; none from a run whose kernel side was not kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelKept>,

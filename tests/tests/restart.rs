@@ -359,3 +359,72 @@ fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_th
     let _ = gateway.kill();
     let _ = gateway.wait();
 }
+
+/// A checkpoint's sessions are read where the run that wrote it read them: a run that reads
+/// them elsewhere (here other `--session-env` names) keeps none of them, ends each in the
+/// stream, and reads every live process again.
+#[test]
+fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
+    let test = "sessions_read_from_another_source_than_the_checkpoints_are_not_kept";
+    let Some((dir, state)) = state_test(test) else {
+        return;
+    };
+    let release = dir.join("release");
+    let script = format!(
+        "AGENT_SESSION_ID=sess-kept sleep 633 & echo $! > {d}/child; \
+         while [ ! -e {r} ]; do sleep 0.05; done; kill $!",
+        d = dir.display(),
+        r = release.display()
+    );
+    let mut gateway = Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("sh");
+    let gw = u64::from(gateway.id());
+    wait_until("the child started", || {
+        reaper_tests::pid_in(&dir, "child").is_some()
+    });
+    let child = u64::from(reaper_tests::pid_in(&dir, "child").unwrap());
+    // The first run (the hosts' variables): the child's session, read from /proc at its
+    // start, is in its checkpoint.
+    let first = kept_run(&state, &dir.join("first.ndjson"), gw, &[]);
+    let kept = |state: &Path| -> bool {
+        let Ok(text) = std::fs::read(state.join("lineage.json")) else {
+            return false;
+        };
+        let Ok(checkpoint) = serde_json::from_slice::<Value>(&text) else {
+            return false;
+        };
+        let nodes = checkpoint["nodes"].as_array().cloned().unwrap_or_default();
+        // "sess-kept", base64.
+        (nodes.iter()).any(|n| pid(&n["pid"]) == child && n["session"] == "c2Vzcy1rZXB0")
+    };
+    wait_until("the checkpoint to keep the child's session", || {
+        kept(&state)
+    });
+    end_once_checkpointed(first, &state, child, libc::SIGTERM);
+
+    let run = reaper_tests::run_reaper_until(
+        &[
+            "--gateway-pid",
+            &gw.to_string(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--session-env",
+            "OTHER_SESSION_ID",
+        ],
+        &[],
+        &release,
+        ("the kept session ended", reaper_tests::Then::Release),
+        |events| {
+            let ended = |e: &&Value| {
+                e["event"] == "session" && pid(&e["pid"]) == child && e["session"] == ""
+            };
+            events.iter().any(|e| ended(&e))
+        },
+    );
+    let _ = gateway.wait();
+    let ended = run.all("session");
+    assert_eq!(ended.len(), 1, "one session ended, none begun: {ended:?}");
+    release_leaves_nothing(&state);
+}

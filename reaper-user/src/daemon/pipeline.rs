@@ -123,6 +123,36 @@ impl Pipeline {
         self.sessions = Some(sessions);
     }
 
+    /// Where this run reads sessions, as a checkpoint keeps it (see [`Source::describe`]).
+    pub fn session_source(&self) -> String {
+        (self.sessions.as_ref()).map_or_else(|| "none".into(), |s| s.source().describe())
+    }
+
+    /// Takes back where the checkpoint's sessions were read (`saved`; none from a run before
+    /// it was kept: they are kept as they are). Read elsewhere (other `--session-env` names,
+    /// `--session-cgroup`, `none`), they are another kind of value: none is kept, each end
+    /// written (a `session` event with an empty value, as for an exec that dropped one),
+    /// and every live process is read again. A session that began at a process gone
+    /// meanwhile cannot be read again: what it spawned names its own, or none.
+    pub fn resume_sessions(&mut self, saved: Option<&str>) -> Result<()> {
+        if saved.is_none_or(|s| s == self.session_source()) {
+            return Ok(());
+        }
+        let now = boottime_now();
+        for id in self.graph.session_values() {
+            if self.graph.set_session(id, None) {
+                self.write_session(id, now)?;
+            }
+        }
+        if let Some(sessions) = self.sessions.as_mut() {
+            let alive: Vec<NodeId> = self.graph.alive().map(|n| n.id).collect();
+            for id in alive {
+                sessions.note(&mut self.graph, id);
+            }
+        }
+        Ok(())
+    }
+
     /// The environments waiting to be read for their session, for the slow side.
     pub fn sessions_to_read(&mut self) -> Result<Option<ToRead>> {
         let Some(sessions) = self.sessions.as_mut() else {
@@ -148,21 +178,26 @@ impl Pipeline {
                     continue;
                 }
             };
-            if !self.graph.set_session(id, value.as_deref()) {
-                continue;
+            if self.graph.set_session(id, value.as_deref()) {
+                self.write_session(id, now)?;
             }
-            let Some(node) = self.graph.node(id) else {
-                continue;
-            };
-            let kept = node.session.as_deref().unwrap_or_default();
-            let event = Event::Session(Session {
-                pid: node.pid,
-                start: node.start.boottime_ns(),
-                session: ProcText::new("session", kept),
-            });
-            self.out.event(now, &event)?;
         }
         Ok(())
+    }
+
+    /// A `session` event for process `id`, with the value the graph keeps for it (empty for
+    /// none).
+    fn write_session(&mut self, id: NodeId, now: u64) -> Result<()> {
+        let Some(node) = self.graph.node(id) else {
+            return Ok(());
+        };
+        let kept = node.session.as_deref().unwrap_or_default();
+        let event = Event::Session(Session {
+            pid: node.pid,
+            start: node.start.boottime_ns(),
+            session: ProcText::new("session", kept),
+        });
+        self.out.event(now, &event)
     }
 
     /// The session reads of `ids` were given up (their job never ran): each keeps what an

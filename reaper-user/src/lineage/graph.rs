@@ -215,6 +215,18 @@ impl LineageGraph {
         self.nodes.values().filter(|n| n.alive())
     }
 
+    /// The processes that keep a session value (where a session begins, or a gateway's own),
+    /// in no particular order.
+    pub fn session_values(&self) -> Vec<NodeId> {
+        if self.session_values == 0 {
+            return Vec::new();
+        }
+        (self.nodes.values())
+            .filter(|n| n.session.is_some())
+            .map(|n| n.id)
+            .collect()
+    }
+
     /// Exited processes not yet reaped.
     pub fn zombies(&self) -> impl Iterator<Item = &Node> {
         self.nodes.values().filter(|n| n.zombie())

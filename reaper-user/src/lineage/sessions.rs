@@ -55,6 +55,18 @@ pub enum Source {
 }
 
 impl Source {
+    /// What this source reads, as a checkpoint keeps it: values read from another source are
+    /// another kind of value (see `Pipeline::resume_sessions`).
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Environment { names, .. } => {
+                let names: Vec<_> = names.iter().map(|n| String::from_utf8_lossy(n)).collect();
+                format!("environment {}", names.join(","))
+            }
+            Source::Cgroup => "cgroup".into(),
+        }
+    }
+
     /// The variables `names`, each naming a session, passing over the values this run's own
     /// environment gives them.
     pub fn environment(names: Vec<Vec<u8>>) -> Source {
@@ -149,6 +161,11 @@ impl Sessions {
             gateway,
         });
         graph.session_asked(id);
+    }
+
+    /// What this reads (see [`Source::describe`]).
+    pub fn source(&self) -> &Source {
+        &self.source
     }
 
     /// What waits to be read, for the slow side; none when nothing does.
