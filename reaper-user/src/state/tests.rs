@@ -50,6 +50,7 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
         nodes: vec![node(10)],
         build_ids: Vec::new(),
         unwound: Vec::new(),
+        sessions: Some("cgroup".into()),
         kernel: None,
     };
     state
@@ -82,6 +83,7 @@ fn other_selectors_or_format_are_refused_naming_release_state_another_boot_is_st
         nodes: Vec::new(),
         build_ids: Vec::new(),
         unwound: Vec::new(),
+        sessions: Some("cgroup".into()),
         kernel: None,
     };
     let Verdict::Stale(why) = check(&checkpoint, &dir, &["pid".into()]).unwrap() else {
