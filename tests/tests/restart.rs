@@ -361,8 +361,9 @@ fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_th
 }
 
 /// A checkpoint's sessions are read where the run that wrote it read them: a run that reads
-/// them elsewhere (here other `--session-env` names) keeps none of them, ends each in the
-/// stream, and reads every live process again.
+/// them there too keeps them as they are; a run that reads them elsewhere (here other
+/// `--session-env` names) keeps none of them, ends each in the stream, and reads every live
+/// process again.
 #[test]
 fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
     let test = "sessions_read_from_another_source_than_the_checkpoints_are_not_kept";
@@ -371,8 +372,8 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
     };
     let release = dir.join("release");
     let script = format!(
-        "AGENT_SESSION_ID=sess-kept sleep 633 & echo $! > {d}/child; \
-         while [ ! -e {r} ]; do sleep 0.05; done; kill $!",
+        "AGENT_SESSION_ID=sess-kept OTHER_SESSION_ID=sess-other sleep 633 & \
+         echo $! > {d}/child; while [ ! -e {r} ]; do sleep 0.05; done; kill $!",
         d = dir.display(),
         r = release.display()
     );
@@ -385,25 +386,42 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
         reaper_tests::pid_in(&dir, "child").is_some()
     });
     let child = u64::from(reaper_tests::pid_in(&dir, "child").unwrap());
+    // The child's session as the checkpoint in `state` keeps it (base64), if it is there.
+    let kept = |state: &Path| -> Option<Value> {
+        let text = std::fs::read(state.join("lineage.json")).ok()?;
+        let checkpoint = serde_json::from_slice::<Value>(&text).ok()?;
+        let nodes = checkpoint["nodes"].as_array()?;
+        let node = nodes.iter().find(|n| pid(&n["pid"]) == child)?;
+        Some(node["session"].clone())
+    };
+    // "sess-kept", base64.
+    let sess_kept = Value::from("c2Vzcy1rZXB0");
     // The first run (the hosts' variables): the child's session, read from /proc at its
     // start, is in its checkpoint.
     let first = kept_run(&state, &dir.join("first.ndjson"), gw, &[]);
-    let kept = |state: &Path| -> bool {
-        let Ok(text) = std::fs::read(state.join("lineage.json")) else {
-            return false;
-        };
-        let Ok(checkpoint) = serde_json::from_slice::<Value>(&text) else {
-            return false;
-        };
-        let nodes = checkpoint["nodes"].as_array().cloned().unwrap_or_default();
-        // "sess-kept", base64.
-        (nodes.iter()).any(|n| pid(&n["pid"]) == child && n["session"] == "c2Vzcy1rZXB0")
-    };
     wait_until("the checkpoint to keep the child's session", || {
-        kept(&state)
+        kept(&state) == Some(sess_kept.clone())
     });
     end_once_checkpointed(first, &state, child, libc::SIGTERM);
 
+    // A run that reads sessions where the first did: the value is kept, no session ends.
+    let same = dir.join("same.ndjson");
+    let mut second = kept_run(&state, &same, gw, &[]);
+    wait_until("the second run ready", || {
+        reaper_tests::stream(&same)
+            .iter()
+            .any(|e| e["event"] == "ready")
+    });
+    // SAFETY: a plain signal to the child this test started.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    assert!(second.wait().expect("wait for reaper-trace").success());
+    let sessions: Vec<Value> = (reaper_tests::stream(&same).into_iter())
+        .filter(|e| e["event"] == "session")
+        .collect();
+    assert!(sessions.is_empty(), "nothing read again: {sessions:?}");
+    assert_eq!(kept(&state), Some(sess_kept), "kept as it was");
+
+    // A run that reads another variable: the kept value ends, and the child read again.
     let run = reaper_tests::run_reaper_until(
         &[
             "--gateway-pid",
@@ -415,16 +433,23 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
         ],
         &[],
         &release,
-        ("the kept session ended", reaper_tests::Then::Release),
+        (
+            "the kept session ended, the other read",
+            reaper_tests::Then::Release,
+        ),
         |events| {
-            let ended = |e: &&Value| {
-                e["event"] == "session" && pid(&e["pid"]) == child && e["session"] == ""
+            let read = |value: &str| {
+                (events.iter()).any(|e| {
+                    e["event"] == "session" && pid(&e["pid"]) == child && e["session"] == value
+                })
             };
-            events.iter().any(|e| ended(&e))
+            read("") && read("sess-other")
         },
     );
     let _ = gateway.wait();
-    let ended = run.all("session");
-    assert_eq!(ended.len(), 1, "one session ended, none begun: {ended:?}");
+    let sessions: Vec<&Value> = (run.all("session").into_iter())
+        .map(|e| &e["session"])
+        .collect();
+    assert_eq!(sessions, ["", "sess-other"], "ended, then read again");
     release_leaves_nothing(&state);
 }

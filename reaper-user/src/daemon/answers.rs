@@ -23,29 +23,20 @@ pub(super) async fn answer_all(
     mut queries: Receiver<Query>,
     slow: Worker,
 ) {
-    let mut gateway_wait = Some(COMMAND_GATEWAY_WAIT);
     while let Some(query) = queries.recv().await {
-        if query.asked.names_a_process()
-            && let Some(cap) = gateway_wait.take()
-        {
-            command_gateway_taken(&run, cap).await;
+        if query.asked.names_a_process() {
+            command_gateway_taken(&run).await;
         }
         answer(&run, &slow, query).await;
     }
 }
 
-/// How long a question waits for the `-- CMD` gateway's fork record, at most: the record
-/// comes within milliseconds; only a record lost to a full ring never comes.
-const COMMAND_GATEWAY_WAIT: Duration = Duration::from_secs(2);
-
 /// `ready` names the `-- CMD` gateway before the event loop took the record of its fork from
 /// the ring: a question that names a process, asked meanwhile, waits until the event loop
 /// took it, so that no answer says a gateway `ready` named is not tracked. A wait of a few
-/// milliseconds, once, at the start (at most `cap`, once: a record lost makes no later
-/// question wait).
-async fn command_gateway_taken(run: &RefCell<Pipeline>, cap: Duration) {
-    let deadline = tokio::time::Instant::now() + cap;
-    while run.borrow().awaits_command_gateway() && tokio::time::Instant::now() < deadline {
+/// milliseconds at the start (see [`Pipeline::awaits_command_gateway`]).
+async fn command_gateway_taken(run: &RefCell<Pipeline>) {
+    while run.borrow().awaits_command_gateway() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

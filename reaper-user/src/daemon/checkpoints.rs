@@ -111,7 +111,7 @@ impl Checkpoints {
             nodes: run.saved(),
             build_ids: run.saved_build_ids(),
             unwound: run.saved_unwound(),
-            sessions: Some(run.session_source()),
+            sessions: Some(run.sessions_kept_as()),
             // Encoded between two batches: it holds exactly the records taken so far.
             kernel: Some(KernelKept {
                 layout: reaper_common::LAYOUT,

@@ -530,7 +530,7 @@ fn resume(
         }
     };
     run.resume_spawn_sites(&checkpoint.build_ids, &checkpoint.unwound);
-    run.resume_sessions(checkpoint.sessions.as_deref())?;
+    run.resume_sessions(checkpoint.sessions.as_deref(), checkpoint.written)?;
     let resumed = Resumed {
         state_dir: dir.path().display().to_string(),
         gap_ns: t0.saturating_sub(checkpoint.written),

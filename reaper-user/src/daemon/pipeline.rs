@@ -81,7 +81,17 @@ pub struct Pipeline {
     started: u64,
     /// A round of the rules judged, not yet written (see [`Pipeline::judge_round`]).
     judged: Option<scan::Judged>,
+    /// When the `-- CMD` gateway was spawned (see [`Pipeline::awaits_command_gateway`]).
+    command_gateway_spawned: Option<Instant>,
+    /// Where the checkpoint taken back read its sessions, while this run reads every live
+    /// process's again (see [`Pipeline::sessions_kept_as`]).
+    sessions_rereading: Option<String>,
 }
+
+/// How long after the `-- CMD` gateway's spawn a question naming a process waits for the
+/// record of its fork, at most: it comes within milliseconds; only one lost to a full ring
+/// never comes.
+const COMMAND_GATEWAY_WAIT: Duration = Duration::from_secs(2);
 
 impl Pipeline {
     /// `kill_reasons`: the flags `--kill` follows (or would, without it: the API's answers say
@@ -110,6 +120,8 @@ impl Pipeline {
             last_exit: boottime_now(),
             started: boottime_now(),
             judged: None,
+            command_gateway_spawned: None,
+            sessions_rereading: None,
         }
     }
 
@@ -123,25 +135,38 @@ impl Pipeline {
         self.sessions = Some(sessions);
     }
 
-    /// Where this run reads sessions, as a checkpoint keeps it (see [`Source::describe`]).
-    pub fn session_source(&self) -> String {
+    /// Where this run reads sessions (see `lineage::sessions::Source::describe`).
+    fn session_source(&self) -> String {
         (self.sessions.as_ref()).map_or_else(|| "none".into(), |s| s.source().describe())
     }
 
-    /// Takes back where the checkpoint's sessions were read (`saved`; none from a run before
-    /// it was kept: they are kept as they are). Read elsewhere (other `--session-env` names,
-    /// `--session-cgroup`, `none`), they are another kind of value: none is kept, each end
-    /// written (a `session` event with an empty value, as for an exec that dropped one),
-    /// and every live process is read again. A session that began at a process gone
-    /// meanwhile cannot be read again: what it spawned names its own, or none.
-    pub fn resume_sessions(&mut self, saved: Option<&str>) -> Result<()> {
-        if saved.is_none_or(|s| s == self.session_source()) {
-            return Ok(());
+    /// Where the sessions a checkpoint keeps now were read: this run's source, or while the
+    /// reads [`Pipeline::resume_sessions`] asked for are under way, the checkpoint's it took
+    /// back, so that a run after a crash meanwhile reads them all again too.
+    pub fn sessions_kept_as(&mut self) -> String {
+        if let Some(before) = &self.sessions_rereading {
+            if self.graph.sessions_pending() > 0 {
+                return before.clone();
+            }
+            self.sessions_rereading = None;
         }
-        let now = boottime_now();
+        self.session_source()
+    }
+
+    /// Takes back where the sessions of the checkpoint written at boot-time `written` were
+    /// read (`saved`; none from a release that did not say: they are kept as they are). Read
+    /// elsewhere (other `--session-env` names or order, `--session-cgroup`, `none`), they
+    /// are another kind of value: none is kept, each end written at `written` (a `session`
+    /// event with an empty value, as for an exec that dropped one), and every live process
+    /// is read again. A session that began at a process gone meanwhile cannot be read
+    /// again: what it spawned names its own, or none.
+    pub fn resume_sessions(&mut self, saved: Option<&str>, written: u64) -> Result<()> {
+        let Some(saved) = saved.filter(|&s| s != self.session_source()) else {
+            return Ok(());
+        };
         for id in self.graph.session_values() {
             if self.graph.set_session(id, None) {
-                self.write_session(id, now)?;
+                self.write_session(id, written)?;
             }
         }
         if let Some(sessions) = self.sessions.as_mut() {
@@ -150,6 +175,7 @@ impl Pipeline {
                 sessions.note(&mut self.graph, id);
             }
         }
+        self.sessions_rereading = Some(saved.to_owned());
         Ok(())
     }
 
@@ -387,13 +413,16 @@ impl Pipeline {
     /// `pid` becomes a gateway when its fork event arrives; `argv` is its command line.
     pub fn expect_gateway(&mut self, pid: u32, argv: Args) {
         self.graph.expect_gateway(pid);
+        self.command_gateway_spawned = Some(Instant::now());
         self.gateways.expect(argv);
     }
 
     /// Whether the `-- CMD` gateway was spawned and the record of its fork (in the ring
-    /// before the spawn returned) not taken yet.
+    /// before the spawn returned) not taken yet, for at most [`COMMAND_GATEWAY_WAIT`] after
+    /// the spawn.
     pub fn awaits_command_gateway(&self) -> bool {
-        self.graph.expected_gateway().is_some()
+        let waited = self.command_gateway_spawned.map(|at| at.elapsed());
+        self.graph.expected_gateway().is_some() && waited < Some(COMMAND_GATEWAY_WAIT)
     }
 
     /// Whether the graph holds `pid` as a live gateway.

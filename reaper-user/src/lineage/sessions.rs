@@ -1,7 +1,8 @@
 //! Which agent session each process is in, read (`--session-env`, or `--session-cgroup`; see
 //! `graph::session` for what a session is): the environment its last exec gave it, or the
-//! cgroup it runs in, read from /proc on the slow side, never on the ring's reader. The reader only notes each exec (and each process found
-//! in /proc at start-up) here; the event loop hands what waits to a thread of the slow side
+//! cgroup it runs in, read from /proc on the slow side, never on the ring's reader. The
+//! reader only notes each exec (and each process found in /proc at start-up, or taken back
+//! from a checkpoint whose sessions were read elsewhere) here; the event loop hands what waits to a thread of the slow side
 //! at the end of its turn ([`Sessions::take`]), which reads each environment (or cgroup) as
 //! hostile input (capped, its identity checked after the read, so a pid reused meanwhile is
 //! not read for it) and gives back the values found, which the graph keeps
@@ -49,7 +50,7 @@ pub enum Source {
     },
     /// The cgroup directly below its gateway's that it runs in (`--session-cgroup`: a
     /// gateway that makes a cgroup of its own for each session below its own), by its path
-    /// (`/gateway.service/session-1`; by its own name where the path is longer than a
+    /// (`/gateway.service/session-1`; by its end and digest where the path is longer than a
     /// session's cap); none in the gateway's own cgroup or outside it.
     Cgroup,
 }
@@ -188,8 +189,9 @@ impl Sessions {
         }
         self.said = true;
         Some(format!(
-            "session reads fell behind a storm of execs: {} processes' sessions were not read \
-             (and more may not be; each such process is in its spawner's session); said once",
+            "session reads fell behind: {} processes' sessions were not read, more than {WAITING} \
+             waiting at once (and more may not be; each such process is in its spawner's \
+             session); said once",
             self.unread
         ))
     }
@@ -224,7 +226,7 @@ impl ToRead {
                         .as_deref()
                         .ok_or(())?;
                     let own = cgroup_of(w.process).ok_or(())?;
-                    Ok(session_cgroup(theirs, &own).map(<[u8]>::to_vec))
+                    Ok(session_cgroup(theirs, &own))
                 }
             }
         };
@@ -259,10 +261,10 @@ fn cgroup_of(process: ProcessId) -> Option<Vec<u8>> {
 
 /// The session a process in `cgroup` is in, below `gateway`'s cgroup: the path of the cgroup
 /// directly below the gateway's that it is in or under; none in the gateway's own or outside
-/// it. A path longer than a session's cap is named by that cgroup's own name alone (at most
-/// 255 bytes, a file name's limit, so never cut): cutting the path could give two sessions
-/// one name, and `kill --session` would end both.
-fn session_cgroup<'a>(gateway: &[u8], cgroup: &'a [u8]) -> Option<&'a [u8]> {
+/// it. A path longer than a session's cap (a deep hierarchy, or a long name: cgroupfs sets no
+/// limit to one) is named by [`digest_named`]: cutting it could give two sessions one value,
+/// and `kill --session` would end both.
+fn session_cgroup(gateway: &[u8], cgroup: &[u8]) -> Option<Vec<u8>> {
     let base = gateway.strip_suffix(b"/").unwrap_or(gateway);
     let rest = cgroup.strip_prefix(base)?.strip_prefix(b"/")?;
     let name = rest
@@ -271,26 +273,59 @@ fn session_cgroup<'a>(gateway: &[u8], cgroup: &'a [u8]) -> Option<&'a [u8]> {
         .filter(|c| !c.is_empty())?;
     let path = &cgroup[..base.len() + 1 + name.len()];
     Some(if path.len() <= SESSION_MAX {
-        path
+        path.to_vec()
     } else {
-        name
+        digest_named(path)
     })
+}
+
+/// How many hex digits of a long path's SHA-256 name it: 64 bits, so that no one who can
+/// name cgroups finds a second path of the same value (the first 16 of 64).
+const DIGEST_HEX: usize = 16;
+
+/// A path longer than a session's cap, named in it: `…` and its end (as much of it as fits,
+/// for the reader), then `#` and the first [`DIGEST_HEX`] hex digits of the whole path's
+/// SHA-256, which tell two such paths apart. Never a path itself (a path starts with `/`).
+fn digest_named(path: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    const MARK: &str = "…";
+    let mut digest = String::with_capacity(1 + DIGEST_HEX);
+    digest.push('#');
+    for byte in &Sha256::digest(path)[..DIGEST_HEX / 2] {
+        let _ = write!(digest, "{byte:02x}");
+    }
+    let room = SESSION_MAX - MARK.len() - digest.len();
+    let mut tail = &path[path.len() - room..];
+    // Not from inside a character: the end starts at one's first byte.
+    while let Some((&first, rest)) = tail.split_first() {
+        if first & 0xC0 != 0x80 {
+            break;
+        }
+        tail = rest;
+    }
+    let mut value = Vec::with_capacity(SESSION_MAX);
+    value.extend_from_slice(MARK.as_bytes());
+    value.extend_from_slice(tail);
+    value.extend_from_slice(digest.as_bytes());
+    value
 }
 
 #[cfg(test)]
 mod tests {
-    use super::session_cgroup;
+    use super::{SESSION_MAX, session_cgroup};
 
-    fn below<'a>(gateway: &str, cgroup: &'a str) -> Option<&'a str> {
+    fn below(gateway: &str, cgroup: &str) -> Option<String> {
         let found = session_cgroup(gateway.as_bytes(), cgroup.as_bytes())?;
-        Some(std::str::from_utf8(found).unwrap())
+        Some(String::from_utf8(found).unwrap())
     }
 
     #[test]
     fn a_session_cgroup_is_the_one_directly_below_the_gateways() {
-        assert_eq!(below("/gw", "/gw/s1"), Some("/gw/s1"));
-        assert_eq!(below("/gw", "/gw/s1/inner/x"), Some("/gw/s1"));
-        assert_eq!(below("/", "/a/b"), Some("/a"));
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(below("/gw", "/gw/s1"), some("/gw/s1"));
+        assert_eq!(below("/gw", "/gw/s1/inner/x"), some("/gw/s1"));
+        assert_eq!(below("/", "/a/b"), some("/a"));
         assert_eq!(below("/gw", "/gw"), None, "the gateway's own");
         assert_eq!(
             below("/gw", "/gw2/s1"),
@@ -299,20 +334,47 @@ mod tests {
         );
         assert_eq!(below("/gw", "/other/s1"), None);
         assert_eq!(below("/gw", "/gw/"), None);
+        // Bytes that are not UTF-8 are kept as they are.
+        let odd = session_cgroup(b"/gw", b"/gw/s\xff\xfe/x");
+        assert_eq!(odd.as_deref(), Some(&b"/gw/s\xff\xfe"[..]));
     }
 
     #[test]
-    fn a_session_cgroup_too_long_to_name_whole_is_named_by_its_own_name_exactly() {
-        let gateway = format!("/{}", "k".repeat(250));
-        let (one, two) = ("s".repeat(200) + "1", "s".repeat(200) + "2");
-        let below_one = format!("{gateway}/{one}/inner");
-        assert_eq!(below(&gateway, &below_one), Some(one.as_str()));
-        assert_eq!(
-            below(&gateway, &format!("{gateway}/{two}")),
-            Some(two.as_str())
-        );
-        // Bytes that are not UTF-8 are kept as they are.
-        let odd = session_cgroup(b"/gw", b"/gw/s\xff\xfe/x");
-        assert_eq!(odd, Some(&b"/gw/s\xff\xfe"[..]));
+    fn a_session_cgroup_path_past_the_cap_is_named_by_its_end_and_digest_never_cut() {
+        // At the cap, the path whole.
+        let gateway = format!("/{}", "g".repeat(SESSION_MAX - 5));
+        let at_cap = format!("{gateway}/abc");
+        assert_eq!(at_cap.len(), SESSION_MAX);
+        assert_eq!(below(&gateway, &at_cap), Some(at_cap.clone()));
+        // One past it, and two long names alike in their first 300 bytes (cgroupfs takes
+        // names of any length), each under two gateways: four values, none cut.
+        let long = |n: &str| format!("{}{n}", "s".repeat(300));
+        let mut seen = std::collections::HashSet::new();
+        for gateway in ["/a.service", "/b.service"] {
+            for name in [long("1"), long("2"), "abcd".to_owned()] {
+                let path = format!(
+                    "{gateway}/{}",
+                    if name == "abcd" {
+                        "x".repeat(250) + &name
+                    } else {
+                        name
+                    }
+                );
+                let value = below(gateway, &format!("{path}/inner")).unwrap();
+                assert!(value.len() <= SESSION_MAX, "{value}");
+                assert!(value.starts_with('…') && !value.starts_with('/'), "{value}");
+                let (end, digest) = value.rsplit_once('#').unwrap();
+                assert_eq!(digest.len(), 16, "{value}");
+                assert!(path.ends_with(end.trim_start_matches('…')), "{value}");
+                assert!(
+                    seen.insert(value.clone()),
+                    "one value for two paths: {value}"
+                );
+            }
+        }
+        // A character is never split at the end's start.
+        let wide = format!("/gw/{}", "é".repeat(200));
+        let value = below("/gw", &wide).unwrap();
+        assert!(value.len() <= SESSION_MAX, "{value}");
     }
 }

@@ -64,7 +64,11 @@ fn a_checkpoint_reads_back_as_written_and_release_removes_it() {
     assert_eq!(file_mode, 0o600);
     let back = state.load().unwrap().unwrap();
     assert_eq!(back.nodes, checkpoint.nodes, "the exact bytes came back");
-    assert_eq!(back.sessions.as_deref(), Some("cgroup"), "where sessions were read");
+    assert_eq!(
+        back.sessions.as_deref(),
+        Some("cgroup"),
+        "where sessions were read"
+    );
     assert_eq!(check(&back, &dir, &["pid".into()]).unwrap(), Verdict::Adopt);
     let removed = release(&dir).unwrap();
     assert!(removed.contains(CHECKPOINT), "{removed}");

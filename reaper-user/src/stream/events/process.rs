@@ -93,8 +93,8 @@ pub struct Setsid {
 
 /// An agent session begins at a process (`--session-env` or `--session-cgroup`): its
 /// environment (or cgroup) names a session that its spawner is not in. Every process it
-/// spawns is in it, unless it names another. Written when its environment was read, after its exec: `start` says which process of
-/// that pid it is.
+/// spawns is in it, unless it names another. Written when its environment was read, after
+/// its exec: `start` says which process of that pid it is.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Session {
