@@ -4,7 +4,7 @@
 //! (SIGKILL: the one written every second). Needs root (see `state_test`).
 use std::{
     collections::HashSet,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -360,10 +360,46 @@ fn a_checkpoint_that_cannot_be_written_is_said_and_tried_again_not_the_end_of_th
     let _ = gateway.wait();
 }
 
+/// What a test started, ended however it ends: the gateway released and waited for, a run
+/// still going killed, its state released.
+struct Started {
+    release: PathBuf,
+    state: PathBuf,
+    gateway: Option<std::process::Child>,
+    run: Option<std::process::Child>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.release, "");
+        if let Some(mut run) = self.run.take() {
+            let _ = run.kill();
+            let _ = run.wait();
+        }
+        if let Some(mut gateway) = self.gateway.take() {
+            let _ = gateway.wait();
+        }
+        if self.state.exists() {
+            let _ = Command::new(reaper_trace())
+                .arg("--release-state")
+                .arg(&self.state)
+                .output();
+        }
+    }
+}
+
+/// Whether the stream written to `path` so far has its `ready` line (a line being written
+/// is not read as one).
+fn is_ready(path: &Path) -> bool {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let whole = text.rsplit_once('\n').map_or("", |(lines, _)| lines);
+    whole.lines().any(|l| l.contains("\"event\":\"ready\""))
+}
+
 /// A checkpoint's sessions are read where the run that wrote it read them: a run that reads
 /// them there too keeps them as they are; a run that reads them elsewhere (here other
-/// `--session-env` names) keeps none of them, ends each in the stream, and reads every live
-/// process again.
+/// `--session-env` names) keeps none of them, ends each in the stream at the checkpoint's
+/// time, and reads every live process again.
 #[test]
 fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
     let test = "sessions_read_from_another_source_than_the_checkpoints_are_not_kept";
@@ -377,19 +413,28 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
         d = dir.display(),
         r = release.display()
     );
-    let mut gateway = Command::new("sh")
+    let gateway = Command::new("sh")
         .args(["-c", &script])
         .spawn()
         .expect("sh");
     let gw = u64::from(gateway.id());
+    let mut started = Started {
+        release: release.clone(),
+        state: state.clone(),
+        gateway: Some(gateway),
+        run: None,
+    };
     wait_until("the child started", || {
         reaper_tests::pid_in(&dir, "child").is_some()
     });
     let child = u64::from(reaper_tests::pid_in(&dir, "child").unwrap());
+    let checkpoint = |state: &Path| -> Option<Value> {
+        let text = std::fs::read(state.join("lineage.json")).ok()?;
+        serde_json::from_slice::<Value>(&text).ok()
+    };
     // The child's session as the checkpoint in `state` keeps it (base64), if it is there.
     let kept = |state: &Path| -> Option<Value> {
-        let text = std::fs::read(state.join("lineage.json")).ok()?;
-        let checkpoint = serde_json::from_slice::<Value>(&text).ok()?;
+        let checkpoint = checkpoint(state)?;
         let nodes = checkpoint["nodes"].as_array()?;
         let node = nodes.iter().find(|n| pid(&n["pid"]) == child)?;
         Some(node["session"].clone())
@@ -406,20 +451,18 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
 
     // A run that reads sessions where the first did: the value is kept, no session ends.
     let same = dir.join("same.ndjson");
-    let mut second = kept_run(&state, &same, gw, &[]);
-    wait_until("the second run ready", || {
-        reaper_tests::stream(&same)
-            .iter()
-            .any(|e| e["event"] == "ready")
-    });
+    let second = started.run.insert(kept_run(&state, &same, gw, &[]));
+    wait_until("the second run ready", || is_ready(&same));
     // SAFETY: a plain signal to the child this test started.
     unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
     assert!(second.wait().expect("wait for reaper-trace").success());
+    started.run = None;
     let sessions: Vec<Value> = (reaper_tests::stream(&same).into_iter())
         .filter(|e| e["event"] == "session")
         .collect();
     assert!(sessions.is_empty(), "nothing read again: {sessions:?}");
     assert_eq!(kept(&state), Some(sess_kept), "kept as it was");
+    let written = checkpoint(&state).expect("a checkpoint")["written"].clone();
 
     // A run that reads another variable: the kept value ends, and the child read again.
     let run = reaper_tests::run_reaper_until(
@@ -446,10 +489,12 @@ fn sessions_read_from_another_source_than_the_checkpoints_are_not_kept() {
             read("") && read("sess-other")
         },
     );
-    let _ = gateway.wait();
-    let sessions: Vec<&Value> = (run.all("session").into_iter())
-        .map(|e| &e["session"])
-        .collect();
-    assert_eq!(sessions, ["", "sess-other"], "ended, then read again");
+    let _ = started.gateway.take().map(|mut g| g.wait());
+    let sessions = run.all("session");
+    let values: Vec<&Value> = sessions.iter().map(|e| &e["session"]).collect();
+    assert_eq!(values, ["", "sess-other"], "ended, then read again");
+    assert_eq!(sessions[0]["ts"], written, "ended at the checkpoint's time");
+    let source = checkpoint(&state).expect("a checkpoint")["sessions"].clone();
+    assert_eq!(source, "environment OTHER_SESSION_ID", "read there now");
     release_leaves_nothing(&state);
 }

@@ -83,10 +83,13 @@ pub struct Pipeline {
     judged: Option<scan::Judged>,
     /// When the `-- CMD` gateway was spawned (see [`Pipeline::awaits_command_gateway`]).
     command_gateway_spawned: Option<Instant>,
-    /// Where the checkpoint taken back read its sessions, while this run reads every live
-    /// process's again (see [`Pipeline::sessions_kept_as`]).
-    sessions_rereading: Option<String>,
+    /// The processes whose sessions a restart reads again, while any of them waits (see
+    /// [`Pipeline::sessions_kept_as`]).
+    sessions_rereading: Vec<NodeId>,
 }
+
+/// What a checkpoint says its sessions were read from while a restart reads them again.
+const REREADING: &str = "read again, under way";
 
 /// How long after the `-- CMD` gateway's spawn a question naming a process waits for the
 /// record of its fork, at most: it comes within milliseconds; only one lost to a full ring
@@ -121,7 +124,7 @@ impl Pipeline {
             started: boottime_now(),
             judged: None,
             command_gateway_spawned: None,
-            sessions_rereading: None,
+            sessions_rereading: Vec::new(),
         }
     }
 
@@ -140,17 +143,18 @@ impl Pipeline {
         (self.sessions.as_ref()).map_or_else(|| "none".into(), |s| s.source().describe())
     }
 
-    /// Where the sessions a checkpoint keeps now were read: this run's source, or while the
-    /// reads [`Pipeline::resume_sessions`] asked for are under way, the checkpoint's it took
-    /// back, so that a run after a crash meanwhile reads them all again too.
+    /// Where the sessions a checkpoint keeps now were read: this run's source; while a read
+    /// [`Pipeline::resume_sessions`] asked for waits, [`REREADING`], which no source is, so
+    /// that whatever reads the next run does, it reads them all again (the values kept then
+    /// are of two kinds).
     pub fn sessions_kept_as(&mut self) -> String {
-        if let Some(before) = &self.sessions_rereading {
-            if self.graph.sessions_pending() > 0 {
-                return before.clone();
-            }
-            self.sessions_rereading = None;
+        let graph = &self.graph;
+        (self.sessions_rereading).retain(|&id| graph.node(id).is_some_and(|n| n.session_pending));
+        if self.sessions_rereading.is_empty() {
+            self.session_source()
+        } else {
+            REREADING.into()
         }
-        self.session_source()
     }
 
     /// Takes back where the sessions of the checkpoint written at boot-time `written` were
@@ -161,9 +165,9 @@ impl Pipeline {
     /// is read again. A session that began at a process gone meanwhile cannot be read
     /// again: what it spawned names its own, or none.
     pub fn resume_sessions(&mut self, saved: Option<&str>, written: u64) -> Result<()> {
-        let Some(saved) = saved.filter(|&s| s != self.session_source()) else {
+        if saved.is_none_or(|s| s == self.session_source()) {
             return Ok(());
-        };
+        }
         for id in self.graph.session_values() {
             if self.graph.set_session(id, None) {
                 self.write_session(id, written)?;
@@ -171,11 +175,11 @@ impl Pipeline {
         }
         if let Some(sessions) = self.sessions.as_mut() {
             let alive: Vec<NodeId> = self.graph.alive().map(|n| n.id).collect();
-            for id in alive {
+            for &id in &alive {
                 sessions.note(&mut self.graph, id);
             }
+            self.sessions_rereading = alive;
         }
-        self.sessions_rereading = Some(saved.to_owned());
         Ok(())
     }
 
@@ -421,8 +425,9 @@ impl Pipeline {
     /// before the spawn returned) not taken yet, for at most [`COMMAND_GATEWAY_WAIT`] after
     /// the spawn.
     pub fn awaits_command_gateway(&self) -> bool {
-        let waited = self.command_gateway_spawned.map(|at| at.elapsed());
-        self.graph.expected_gateway().is_some() && waited < Some(COMMAND_GATEWAY_WAIT)
+        let waiting =
+            (self.command_gateway_spawned).is_some_and(|at| at.elapsed() < COMMAND_GATEWAY_WAIT);
+        waiting && self.graph.expected_gateway().is_some()
     }
 
     /// Whether the graph holds `pid` as a live gateway.

@@ -215,11 +215,6 @@ impl LineageGraph {
         self.nodes.values().filter(|n| n.alive())
     }
 
-    /// How many processes' sessions wait to be read.
-    pub fn sessions_pending(&self) -> usize {
-        self.sessions_pending
-    }
-
     /// The processes that keep a session value (where a session begins, or a gateway's own),
     /// in no particular order.
     pub fn session_values(&self) -> Vec<NodeId> {

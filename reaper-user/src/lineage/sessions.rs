@@ -2,8 +2,9 @@
 //! `graph::session` for what a session is): the environment its last exec gave it, or the
 //! cgroup it runs in, read from /proc on the slow side, never on the ring's reader. The
 //! reader only notes each exec (and each process found in /proc at start-up, or taken back
-//! from a checkpoint whose sessions were read elsewhere) here; the event loop hands what waits to a thread of the slow side
-//! at the end of its turn ([`Sessions::take`]), which reads each environment (or cgroup) as
+//! from a checkpoint whose sessions were read elsewhere) here; the event loop hands what
+//! waits to a thread of the slow side at the end of its turn ([`Sessions::take`]), which
+//! reads each environment (or cgroup) as
 //! hostile input (capped, its identity checked after the read, so a pid reused meanwhile is
 //! not read for it) and gives back the values found, which the graph keeps
 //! ([`LineageGraph::set_session`]).
@@ -189,8 +190,8 @@ impl Sessions {
         }
         self.said = true;
         Some(format!(
-            "session reads fell behind: {} processes' sessions were not read, more than {WAITING} \
-             waiting at once (and more may not be; each such process is in its spawner's \
+            "session reads fell behind: {} processes' sessions were not read, {WAITING} \
+             waiting already (and more may not be; each such process is in its spawner's \
              session); said once",
             self.unread
         ))
@@ -279,9 +280,10 @@ fn session_cgroup(gateway: &[u8], cgroup: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
-/// How many hex digits of a long path's SHA-256 name it: 64 bits, so that no one who can
-/// name cgroups finds a second path of the same value (the first 16 of 64).
-const DIGEST_HEX: usize = 16;
+/// How many hex digits of a long path's SHA-256 name it (the first 32 of 64): 128 bits, so
+/// that no one who can name cgroups finds two paths of one value, let alone a second path
+/// of another's.
+const DIGEST_HEX: usize = 32;
 
 /// A path longer than a session's cap, named in it: `…` and its end (as much of it as fits,
 /// for the reader), then `#` and the first [`DIGEST_HEX`] hex digits of the whole path's
@@ -346,35 +348,32 @@ mod tests {
         let at_cap = format!("{gateway}/abc");
         assert_eq!(at_cap.len(), SESSION_MAX);
         assert_eq!(below(&gateway, &at_cap), Some(at_cap.clone()));
-        // One past it, and two long names alike in their first 300 bytes (cgroupfs takes
-        // names of any length), each under two gateways: four values, none cut.
+        // One past it; two long names alike in their first 300 bytes (cgroupfs takes names
+        // of any length); each under two gateways: six values, none cut, all different.
         let long = |n: &str| format!("{}{n}", "s".repeat(300));
         let mut seen = std::collections::HashSet::new();
         for gateway in ["/a.service", "/b.service"] {
-            for name in [long("1"), long("2"), "abcd".to_owned()] {
-                let path = format!(
-                    "{gateway}/{}",
-                    if name == "abcd" {
-                        "x".repeat(250) + &name
-                    } else {
-                        name
-                    }
-                );
+            let past_cap = format!("{}{}", "x".repeat(SESSION_MAX - gateway.len()), "y");
+            for name in [long("1"), long("2"), past_cap] {
+                let path = format!("{gateway}/{name}");
                 let value = below(gateway, &format!("{path}/inner")).unwrap();
-                assert!(value.len() <= SESSION_MAX, "{value}");
-                assert!(value.starts_with('…') && !value.starts_with('/'), "{value}");
+                assert_eq!(value.len(), SESSION_MAX, "{value}");
+                assert!(value.starts_with('…'), "{value}");
                 let (end, digest) = value.rsplit_once('#').unwrap();
-                assert_eq!(digest.len(), 16, "{value}");
-                assert!(path.ends_with(end.trim_start_matches('…')), "{value}");
+                assert_eq!(digest.len(), 32, "{value}");
+                let end = end.trim_start_matches('…');
+                assert!(end.len() > 200 && path.ends_with(end), "{value}");
                 assert!(
                     seen.insert(value.clone()),
                     "one value for two paths: {value}"
                 );
             }
         }
-        // A character is never split at the end's start.
-        let wide = format!("/gw/{}", "é".repeat(200));
+        // The end starts at a character's first byte, never inside one: the two-byte `é`s
+        // and the `z` after them put the cut inside one, which is passed over.
+        let wide = format!("/gw/{}z", "é".repeat(200));
         let value = below("/gw", &wide).unwrap();
-        assert!(value.len() <= SESSION_MAX, "{value}");
+        assert_eq!(value.len(), SESSION_MAX - 1, "{value}");
+        assert!(value.trim_start_matches('…').starts_with('é'), "{value}");
     }
 }

@@ -101,8 +101,10 @@ pub struct Session {
     pub pid: u32,
     /// Boot-time ns when the process started (to the clock tick for one found in /proc).
     pub start: u64,
-    /// The session's value, as the variable gives it (cut at 256 bytes); empty when an exec
-    /// dropped the value that began a session here (the process is in its spawner's again).
+    /// The session's value, as the variable gives it (cut at 256 bytes) or the session
+    /// cgroup's path (a long one by its end and digest, never cut); empty when an exec
+    /// dropped the value that began a session here (the process is in its spawner's again),
+    /// or a restart reads sessions elsewhere than its checkpoint.
     #[serde(flatten, deserialize_with = "ProcText::read_session")]
     pub session: ProcText,
 }
