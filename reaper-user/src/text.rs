@@ -59,6 +59,15 @@ pub fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// `bytes` in hex, two lowercase digits a byte.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 /// The exact bytes in base64, only when they are not UTF-8 (and the lossy text lost them).
 pub fn exact_b64(bytes: &[u8]) -> Option<String> {
     std::str::from_utf8(bytes)

@@ -4,10 +4,9 @@
 //! reader only notes each exec (and each process found in /proc at start-up, or taken back
 //! from a checkpoint whose sessions were read elsewhere) here; the event loop hands what
 //! waits to a thread of the slow side at the end of its turn ([`Sessions::take`]), which
-//! reads each environment (or cgroup) as
-//! hostile input (capped, its identity checked after the read, so a pid reused meanwhile is
-//! not read for it) and gives back the values found, which the graph keeps
-//! ([`LineageGraph::set_session`]).
+//! reads each environment (or cgroup) as hostile input (capped, its identity checked after
+//! the read, so a pid reused meanwhile is not read for it) and gives back the values found,
+//! which the graph keeps ([`LineageGraph::set_session`]).
 //!
 //! A process gone before its read (a wrapper that exec'd on, a short-lived one) keeps what an
 //! earlier read found (nothing, for one never read: it is in its spawner's session, as one
@@ -21,6 +20,7 @@ use super::graph::session::{SESSION_MAX, cut_session};
 use super::graph::{Change, LineageGraph, NodeId};
 use crate::identity::ProcessId;
 use crate::procfs::{self, environ, placement};
+use crate::text::hex;
 
 /// The variables hosts set to say which session a child is for (`--session-env`'s default),
 /// the first one found in a process's environment naming its session.
@@ -290,13 +290,8 @@ const DIGEST_HEX: usize = 32;
 /// SHA-256, which tell two such paths apart. Never a path itself (a path starts with `/`).
 fn digest_named(path: &[u8]) -> Vec<u8> {
     use sha2::{Digest, Sha256};
-    use std::fmt::Write as _;
     const MARK: &str = "…";
-    let mut digest = String::with_capacity(1 + DIGEST_HEX);
-    digest.push('#');
-    for byte in &Sha256::digest(path)[..DIGEST_HEX / 2] {
-        let _ = write!(digest, "{byte:02x}");
-    }
+    let digest = format!("#{}", hex(&Sha256::digest(path)[..DIGEST_HEX / 2]));
     let room = SESSION_MAX - MARK.len() - digest.len();
     let mut tail = &path[path.len() - room..];
     // Not from inside a character: the end starts at one's first byte.

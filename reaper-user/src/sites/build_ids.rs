@@ -13,6 +13,7 @@ use reaper_common::native::BUILD_ID_LEN;
 use serde::{Deserialize, Serialize};
 
 use super::mappings::{Mapping, mappings};
+use crate::text::hex;
 use crate::untrusted::Checked;
 
 /// Files and build ids the index holds before it is pruned (see [`BuildIds::bound`]).
@@ -145,11 +146,6 @@ pub fn has_build_id(file: &Checked, id: &BuildId) -> bool {
 pub fn build_id_of(path: &std::path::Path) -> Option<String> {
     let file = Checked::open(path).ok()?;
     read_build_id(&file).map(|(id, len)| hex(&id[..len]))
-}
-
-/// `bytes` in hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A build id from [`hex`]'s text, padded.
