@@ -7,6 +7,7 @@ mod checkpoints;
 mod command;
 mod descriptors;
 mod event_loop;
+mod kept;
 mod outlets;
 pub mod pipeline;
 mod rounds;
@@ -19,15 +20,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
-use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    capture::loader::{
-        Accounting, Attached, Kept, KernelCounters, LoadFacts, LoadOptions, Probes, ReaderMarks,
-        StackMaps,
-    },
+    capture::loader::{Attached, Kept, LoadOptions, Probes, StackMaps},
     cli::{Cli, SpawnStacks},
     gateways::{self, Selectors},
     identity,
@@ -49,7 +46,7 @@ use crate::{
     state::{self, StateDir, StateLock, Taken},
     stream::{
         Stamped,
-        events::{Check, Event, Ready, Resumed, SCHEMA_VERSION},
+        events::{Check, Event, Ready, SCHEMA_VERSION},
     },
     text::Args,
 };
@@ -57,15 +54,13 @@ use checkpoints::Checkpoints;
 use command::Stop;
 use command::{GatewayCommand, exit_code, spawn_gateway};
 use event_loop::{Signals, Sources, drain, event_loop};
+use kept::{resume, settle_kept, traced};
 use outlets::{API_QUEUE, api_socket, output_for};
-use pipeline::{KeptState, Pipeline};
+use pipeline::Pipeline;
 use servers::Servers;
 
 /// Time for probes still running on another CPU to finish after detaching.
 const DETACH_SETTLE: Duration = Duration::from_millis(20);
-/// How many times (a millisecond apart) a kept state's stop waits for the records numbered
-/// to be taken in.
-const SETTLE_TRIES: usize = 1000;
 
 /// Runs reaper-trace; returns the process exit status.
 pub async fn run(cli: Cli) -> Result<i32> {
@@ -489,90 +484,6 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         checkpoints.write(&mut run)?;
     }
     Ok(status)
-}
-
-/// Takes back what the state directory held: the lineage, and (taken whole) the kernel side's
-/// count of records taken, the losses reported and the probes' take-over. Returns the `ready`
-/// event's `resumed`, and whether the state was taken whole.
-fn resume(
-    taken: &Taken,
-    state: &Option<StateDir>,
-    facts: &LoadFacts,
-    tracked: &mut TrackedMap,
-    run: &mut Pipeline,
-    t0: u64,
-) -> Result<(Option<Resumed>, bool)> {
-    let Some(dir) = state else {
-        return Ok((None, false));
-    };
-    let (checkpoint, took, unsaved, whole) = match taken {
-        Taken::Nothing => return Ok((None, false)),
-        Taken::Lineage(checkpoint) => {
-            let took = run.resume(&checkpoint.nodes, tracked)?;
-            (checkpoint, took, 0, false)
-        }
-        Taken::Whole {
-            checkpoint,
-            kept,
-            mark,
-        } => {
-            let unsaved = mark.received - kept.received;
-            let took = run.resume_kept(
-                &checkpoint.nodes,
-                KeptState {
-                    received: mark.received,
-                    unsaved,
-                    reported: kept.losses,
-                    took_over: facts.took_over,
-                },
-            );
-            (checkpoint, took, unsaved, true)
-        }
-    };
-    run.resume_spawn_sites(&checkpoint.build_ids, &checkpoint.unwound);
-    run.resume_sessions(checkpoint.sessions.as_deref(), checkpoint.written)?;
-    let resumed = Resumed {
-        state_dir: dir.path().display().to_string(),
-        gap_ns: t0.saturating_sub(checkpoint.written),
-        adopted: took.adopted,
-        gone: took.gone,
-        kernel_kept: whole,
-        unsaved,
-    };
-    Ok((Some(resumed), whole))
-}
-
-/// A kept state's account at the stop: its probes go on recording, so the account is taken
-/// at a moment when every record numbered so far was taken in or counted lost: the ring
-/// drained, then the counters read, again (a millisecond later) while records keep coming
-/// in between (or are still being written on another CPU). What comes after waits in the ring
-/// for the next run. A storm that never pauses for [`SETTLE_TRIES`] ms leaves the account as
-/// it stood, and says so (`consistent: false`).
-async fn settle_kept(
-    ring: &mut RingBuf<MapData>,
-    run: &mut Pipeline,
-    counters: &KernelCounters,
-    marks: &mut ReaderMarks,
-) -> Result<Accounting> {
-    let mut account = Accounting::default();
-    for _ in 0..SETTLE_TRIES {
-        drain(ring, run, marks)?;
-        account = counters.account()?;
-        if run.received() + account.losses.dropped() == account.numbered {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    marks.stopping()?;
-    Ok(account)
-}
-
-/// What the run traces, by name, for a lineage checkpoint: its `--gateway-pid`s and its
-/// selectors. The next run must trace the same to take the lineage back.
-fn traced(cli: &Cli, selectors: &Selectors) -> Vec<String> {
-    let pids = cli.gateway_pid.iter().map(|pid| format!("pid:{pid}"));
-    let configured = selectors.labels().into_iter().skip(Selectors::COMMAND + 1);
-    pids.chain(configured).collect()
 }
 
 /// Makes the pid of each rewritten pidfile a gateway (with what it already spawned, from
