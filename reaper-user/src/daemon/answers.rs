@@ -23,12 +23,22 @@ pub(super) async fn answer_all(
     mut queries: Receiver<Query>,
     slow: Worker,
 ) {
+    let mut sizes = Sizes::default();
     while let Some(query) = queries.recv().await {
         if query.asked.names_a_process() {
             command_gateway_taken(&run).await;
         }
-        answer(&run, &slow, query).await;
+        answer(&run, &slow, &mut sizes, query).await;
     }
+}
+
+/// How long the last answer to each question about every process was: the next is written
+/// into a buffer that size, not grown to it (a `sessions` of 10,000 sessions is 1.4 MB,
+/// and growing to it copied it some twenty times, on the reader's thread).
+#[derive(Default)]
+struct Sizes {
+    sessions: usize,
+    tree: usize,
 }
 
 /// `ready` names the `-- CMD` gateway before the event loop took the record of its fork from
@@ -41,24 +51,24 @@ async fn command_gateway_taken(run: &RefCell<Pipeline>) {
     }
 }
 
-async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
+async fn answer(run: &RefCell<Pipeline>, slow: &Worker, sizes: &mut Sizes, query: Query) {
     let reply = query.reply;
     // A borrow of the run never lives across an await (the event loop's next borrow would
     // panic): no expression that borrows it awaits.
     match query.asked {
-        Asked::Status => send_json(reply, &run.borrow().status()),
-        Asked::Kinds => send_json(reply, &run.borrow().kinds()),
+        Asked::Status => send_json(reply, &run.borrow().status(), &mut 0),
+        Asked::Kinds => send_json(reply, &run.borrow().kinds(), &mut 0),
         Asked::Sessions(filter) => {
             let sessions = run.borrow().sessions(&filter);
             match sessions {
-                Some(sessions) => send_json(reply, &sessions),
+                Some(sessions) => send_json(reply, &sessions, &mut sizes.sessions),
                 None => refuse(reply),
             }
         }
         Asked::Tree(filter) => {
             let tree = run.borrow().tree(&filter);
             match tree {
-                Some(tree) => send_json(reply, &tree),
+                Some(tree) => send_json(reply, &tree, &mut sizes.tree),
                 None => refuse(reply),
             }
         }
@@ -68,10 +78,10 @@ async fn answer(run: &RefCell<Pipeline>, slow: &Worker, query: Query) {
         }
         Asked::Kill { request, asked_by } => {
             let answer = run.borrow_mut().kill_asked(&request, asked_by);
-            send_json(reply, &answer);
+            send_json(reply, &answer, &mut 0);
         }
         Asked::Process(pid) => match process(run, slow, pid).await {
-            Some(process) => send_json(reply, &process),
+            Some(process) => send_json(reply, &process, &mut 0),
             None => refuse(reply),
         },
     }
@@ -111,10 +121,15 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
     run.borrow_mut().process(asked.id, evidence, spawned)
 }
 
-/// Sends `value` as JSON. Serialized here, on the reader's thread: the answers share the
-/// run's strings (`Rc`), which cannot cross to another.
-fn send_json(reply: oneshot::Sender<Answer>, value: &impl Serialize) {
-    let _ = reply.send(serde_json::to_vec(value).ok());
+/// Sends `value` as JSON, written into a buffer of `size` bytes (the last answer's of its
+/// kind, or 0: grown as needed), which is then set to this answer's. Serialized here, on the
+/// reader's thread: the answers share the run's strings (`Rc`), which cannot cross to
+/// another.
+fn send_json(reply: oneshot::Sender<Answer>, value: &impl Serialize, size: &mut usize) {
+    let mut json = Vec::with_capacity(*size);
+    let written = serde_json::to_writer(&mut json, value).is_ok();
+    *size = json.len();
+    let _ = reply.send(written.then_some(json));
 }
 
 /// No answer: the client says the process or gateway is not tracked.

@@ -83,29 +83,29 @@ pub fn sessions(
     gateway: Option<NodeId>,
     rss_of: impl Fn(NodeId) -> Option<u64>,
 ) -> Vec<SessionRow> {
-    let mut rows: Vec<(NodeId, SessionRow)> = Vec::new();
+    let mut rows: Vec<SessionRow> = Vec::new();
+    // Each session's row, by the process where it begins.
     let mut at: HashMap<NodeId, usize> = HashMap::default();
     let live = graph
         .alive()
         .filter(|n| gateway.is_none_or(|g| graph.descends_from(n.id, g)));
+    let mut sessions = graph.sessions_of();
     for node in live {
-        let Some(session) = graph.session_of(node.id) else {
+        let Some(session) = sessions.of(node.id) else {
             continue;
         };
         let i = *at.entry(session.top).or_insert_with(|| {
             let top = graph.node(session.top);
-            rows.push((
-                session.top,
-                SessionRow {
-                    session: evidence_of_session(graph, &session, None),
-                    began: top.map_or(0, |n| n.start.boottime_ns()),
-                    gateway: graph.gateway_of(session.top).map(|g| g.pid),
-                    ..SessionRow::default()
-                },
-            ));
+            let owner = sessions.owner(&session);
+            rows.push(SessionRow {
+                session: evidence_of_session(graph, &session, owner),
+                began: top.map_or(0, |n| n.start.boottime_ns()),
+                gateway: graph.gateway_of(session.top).map(|g| g.pid),
+                ..SessionRow::default()
+            });
             rows.len() - 1
         });
-        let row = &mut rows[i].1;
+        let row = &mut rows[i];
         row.alive.push(node.pid);
         row.rss_kib += rss_of(node.id).unwrap_or(0);
         let flags = held.of(node.id);
@@ -116,10 +116,18 @@ pub fn sessions(
             });
         }
     }
-    let mut rows: Vec<SessionRow> = rows.into_iter().map(|(_, row)| row).collect();
-    rows.sort_by_key(|r| (r.began, r.session.begins));
     for row in &mut rows {
         row.alive.sort_unstable();
     }
-    rows
+    // Sorted by key alone, the rows then taken in that order: a row is large, and ten
+    // thousand of them moved about by a sort cost more than the rest of the answer.
+    let mut order: Vec<(u64, u32, usize)> = (rows.iter().enumerate())
+        .map(|(i, r)| (r.began, r.session.begins, i))
+        .collect();
+    order.sort_unstable();
+    let mut rows: Vec<Option<SessionRow>> = rows.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|(_, _, i)| rows[i].take())
+        .collect()
 }

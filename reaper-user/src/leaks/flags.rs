@@ -114,20 +114,19 @@ pub fn detail_named(
 /// The agent session `node` is in, when it is in one: where it begins, and its owner's exit
 /// once it ended (the owner named only when it is not `node` itself: see `graph::session`).
 pub fn session_evidence(graph: &LineageGraph, node: &Node) -> Option<SessionEvidence> {
-    let session = graph.session_of(node.id)?;
-    Some(evidence_of_session(graph, &session, Some(node.id)))
+    let mut sessions = graph.sessions_of();
+    let session = sessions.of(node.id)?;
+    let owner = sessions.owner(&session).filter(|o| o.id != node.id);
+    Some(evidence_of_session(graph, &session, owner))
 }
 
-/// Session `session`: its value, where it begins, its owner (unless it is `apart_from`) and
+/// Session `session`: its value, where it begins, its owner as given (none: not named) and
 /// the owner's exit.
 pub fn evidence_of_session(
     graph: &LineageGraph,
     session: &SessionOf,
-    apart_from: Option<NodeId>,
+    owner: Option<&Node>,
 ) -> SessionEvidence {
-    let owner = graph
-        .session_owner(session)
-        .filter(|o| Some(o.id) != apart_from);
     SessionEvidence {
         id: ProcText::new("id", session.value.clone()),
         begins: graph.node(session.top).map_or(0, |n| n.pid),

@@ -109,6 +109,10 @@ pub struct Inspector {
     crowds: Crowds,
     /// `respawning`'s spawners, found by the killer, for the next round.
     respawners: Respawners,
+    /// The servers of more than one process as the last round that judged them found them,
+    /// each outermost process first: what shares a channel changes only with a look, so the
+    /// next round extends its looks to whole servers by them instead of finding them again.
+    wider_servers: Vec<Vec<NodeId>>,
 }
 
 /// One round of the rules, taken in steps so that its /proc reads can be made away from the
@@ -181,6 +185,7 @@ impl Inspector {
             breaks: Breaks::default(),
             crowds: Crowds::default(),
             respawners: Respawners::default(),
+            wider_servers: Vec::new(),
         }
     }
 
@@ -317,7 +322,7 @@ impl Inspector {
         let count = self.crowds.due(now);
         let changes = &mut round.changes;
         if !round.sampled.is_empty() || count {
-            let servers = self.servers(graph);
+            let mut servers = self.servers(graph);
             for server in &servers {
                 if round.sampled.contains(&server[0]) {
                     self.judge(server, now, changes);
@@ -331,6 +336,8 @@ impl Inspector {
                 Some((w.pid, w.last.clone()?))
             };
             verdict.apply(&mut self.held, last, &servers, changes);
+            servers.retain(|s| s.len() > 1);
+            self.wider_servers = servers;
         }
         zombie::judge(
             graph,
@@ -425,7 +432,7 @@ impl Inspector {
             .filter_map(|id| self.watches.get(id).map(|w| &**w))
             .collect();
         let samples: Vec<&Sample> = watches.iter().filter_map(|w| w.last.as_ref()).collect();
-        let Some(top_sample) = self.watches.get(&top).and_then(|w| w.last.clone()) else {
+        let Some(top_sample) = self.watches.get(&top).and_then(|w| w.last.as_ref()) else {
             return;
         };
         let seen = Observed {
@@ -454,6 +461,7 @@ impl Inspector {
                         reason,
                         since,
                         evidence: Some(Evidence {
+                            // Cloned for a flag raised alone: most judgements raise none.
                             sample: top_sample.clone(),
                             peers: Vec::new(),
                             server: server.to_vec(),

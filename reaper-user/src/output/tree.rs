@@ -90,6 +90,7 @@ pub fn picked_tree(
         None => None,
     };
     let session = filter.session_value();
+    let sessions = std::cell::RefCell::new(graph.sessions_of());
     let wanted = |n: &Node| {
         under.is_none_or(|u| graph.descends_from(n.id, u))
             && filter
@@ -98,9 +99,9 @@ pub fn picked_tree(
             && filter.kind.as_deref().is_none_or(|k| runs(n, k))
             && match &session {
                 Ok(None) => true,
-                Ok(Some(value)) => graph
-                    .session_of(n.id)
-                    .is_some_and(|of| *of.value == **value),
+                Ok(Some(value)) => {
+                    (sessions.borrow_mut().of(n.id)).is_some_and(|of| *of.value == **value)
+                }
                 Err(_) => false,
             }
     };

@@ -99,14 +99,13 @@ impl Pipeline {
             }
         }
         if let Some(value) = &session {
+            let mut sessions = graph.sessions_of();
             for node in graph.alive().filter(|n| in_scope(n.id)) {
-                let Some(session) = graph.session_of(node.id) else {
+                let Some(session) = sessions.of(node.id) else {
                     continue;
                 };
                 // Its owner only by its pid: a session's end is its owner's to make.
-                let owner = graph
-                    .session_owner(&session)
-                    .is_some_and(|o| o.id == node.id);
+                let owner = sessions.owner(&session).is_some_and(|o| o.id == node.id);
                 if *session.value == *value && !owner {
                     picked.push(node.id);
                 }

@@ -57,9 +57,12 @@ impl Inspector {
         if due.is_empty() {
             return Vec::new();
         }
-        for server in self.servers(graph) {
+        // By the servers the last judged round found (a process new since is one by itself
+        // until it is looked at); one that exited since is not looked at.
+        for server in &self.wider_servers {
             if server.iter().any(|id| due.contains(id)) {
-                due.extend(server);
+                let alive = |id: &&NodeId| graph.node(**id).is_some_and(|n| n.alive());
+                due.extend(server.iter().filter(alive));
             }
         }
         let mut looks = Vec::with_capacity(due.len());

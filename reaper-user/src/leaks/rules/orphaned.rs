@@ -137,8 +137,9 @@ impl Breaks {
 /// session's owner, where one is seen above it (nothing before: a break inside a running
 /// session is no leak); else the nearest exited process on its chain.
 fn break_of<'g>(graph: &'g LineageGraph, node: &Node) -> Option<&'g Node> {
-    let session = graph.session_of(node.id);
-    let owner = session.and_then(|s| graph.session_owner(&s).filter(|o| o.id != node.id));
+    let mut sessions = graph.sessions_of();
+    let session = sessions.of(node.id);
+    let owner = session.and_then(|s| sessions.owner(&s).filter(|o| o.id != node.id));
     match owner {
         Some(owner) => owner.exited.is_some().then_some(owner),
         None => graph.exited_spawner(node.id),

@@ -16,7 +16,7 @@
 //! begins below a gateway, never at it.
 //!
 //! A session's **owner** is the process whose exit ends it, where one is seen
-//! ([`LineageGraph::session_owner`]). Let `top` be the process where the session begins:
+//! ([`SessionsOf::owner`]). Let `top` be the process where the session begins:
 //! - its spawner put the value into its environment and has no session itself (a per-session
 //!   process that starts its servers with the value, as claude-code's CLI does): that spawner
 //!   owns it, unless it is a gateway. (A launcher that starts a session and goes at once,
@@ -28,6 +28,8 @@
 //!
 //! A double fork or `( cmd & )` inside a running session ends nothing: the owner is above it.
 use std::rc::Rc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use super::{LineageGraph, Node, NodeId};
 
@@ -170,40 +172,7 @@ impl LineageGraph {
     /// process of the chain that names that value with no other value between (a value read
     /// late, after a child's, is the same session as the child's).
     pub fn session_of(&self, id: NodeId) -> Option<SessionOf> {
-        if self.session_values == 0 {
-            return None;
-        }
-        let ambient = self.ambient_of(id);
-        let mut found: Option<SessionOf> = None;
-        let mut at = self.nodes.get(id)?;
-        // Bounded like `chain`: a malformed cycle must not hang a walk.
-        for _ in 0..=self.nodes.len() {
-            if at.is_gateway {
-                break;
-            }
-            let value = at.session.as_ref().filter(|v| Some(*v) != ambient.as_ref());
-            match (value, &found) {
-                (Some(value), None) => {
-                    found = Some(SessionOf {
-                        value: value.clone(),
-                        top: at.id,
-                    })
-                }
-                (Some(value), Some(s)) if *value == s.value => {
-                    found = Some(SessionOf {
-                        value: value.clone(),
-                        top: at.id,
-                    })
-                }
-                (Some(_), Some(_)) => break,
-                (None, _) => {}
-            }
-            match at.spawner.and_then(|s| self.nodes.get(s)) {
-                Some(spawner) => at = spawner,
-                None => break,
-            }
-        }
-        found
+        self.sessions_of().of(id)
     }
 
     /// The value the gateway above `id` (or `id`, a gateway) carries itself: its
@@ -212,15 +181,93 @@ impl LineageGraph {
         self.gateway_of(id)?.session.clone()
     }
 
+    /// [`Self::session_of`] for many processes (an answer about all of them): each spawn
+    /// chain is walked once, what a walk found kept for the processes above.
+    pub fn sessions_of(&self) -> SessionsOf<'_> {
+        SessionsOf {
+            graph: self,
+            known: HashMap::default(),
+            path: Vec::new(),
+        }
+    }
+}
+
+/// The sessions of many processes of one graph, as [`LineageGraph::session_of`] gives them,
+/// each spawn chain walked once (see [`LineageGraph::sessions_of`]).
+pub struct SessionsOf<'g> {
+    graph: &'g LineageGraph,
+    /// Each process walked: its session, and its gateway's own value (the ambient one, which
+    /// begins nothing).
+    known: HashMap<NodeId, Known>,
+    /// The walk under way, from the process asked about up.
+    path: Vec<NodeId>,
+}
+
+/// What a walk found of one process.
+#[derive(Clone, Default)]
+struct Known {
+    session: Option<SessionOf>,
+    ambient: Option<Rc<[u8]>>,
+}
+
+impl<'g> SessionsOf<'g> {
+    /// The session process `id` is in (as [`LineageGraph::session_of`]). A process's session
+    /// is its spawner's, but where it names a value of its own: then it is its spawner's if
+    /// that is the same value (the session begins higher), else one that begins at it.
+    pub fn of(&mut self, id: NodeId) -> Option<SessionOf> {
+        let graph = self.graph;
+        if graph.session_values == 0 {
+            return None;
+        }
+        // Up to a process known, a gateway (in no session: its value is the ambient one
+        // below it) or the top of the known lineage. Bounded like `chain`: a malformed
+        // cycle must not hang a walk.
+        self.path.clear();
+        let mut above = Known::default();
+        let mut at = graph.nodes.get(id)?;
+        for _ in 0..=graph.nodes.len() {
+            if let Some(known) = self.known.get(&at.id) {
+                above = known.clone();
+                break;
+            }
+            if at.is_gateway {
+                above.ambient = at.session.clone();
+                self.known.insert(at.id, above.clone());
+                break;
+            }
+            self.path.push(at.id);
+            match at.spawner.and_then(|s| graph.nodes.get(s)) {
+                Some(spawner) => at = spawner,
+                None => break,
+            }
+        }
+        // Then down again, each process's session from its spawner's.
+        while let Some(id) = self.path.pop() {
+            let own = graph.nodes.get(id).and_then(|n| n.session.as_ref());
+            let own = own.filter(|v| Some(*v) != above.ambient.as_ref());
+            if let Some(value) = own
+                && above.session.as_ref().is_none_or(|s| s.value != *value)
+            {
+                above.session = Some(SessionOf {
+                    value: value.clone(),
+                    top: id,
+                });
+            }
+            self.known.insert(id, above.clone());
+        }
+        above.session
+    }
+
     /// The process whose exit ends the session `session` (see the module documentation).
-    pub fn session_owner(&self, session: &SessionOf) -> Option<&Node> {
-        let top = self.nodes.get(session.top)?;
+    pub fn owner(&mut self, session: &SessionOf) -> Option<&'g Node> {
+        let graph = self.graph;
+        let top = graph.nodes.get(session.top)?;
         let spawner = top
             .spawner
             .filter(|_| !top.is_gateway)
-            .and_then(|s| self.nodes.get(s));
+            .and_then(|s| graph.nodes.get(s));
         match spawner {
-            Some(p) if !p.is_gateway && self.session_of(p.id).is_none() => Some(p),
+            Some(p) if !p.is_gateway && self.of(p.id).is_none() => Some(p),
             _ => Some(top),
         }
     }
@@ -271,8 +318,9 @@ mod tests {
     }
 
     fn owner(g: &LineageGraph, pid: u32) -> Option<u32> {
-        let s = g.session_of(id(g, pid))?;
-        g.session_owner(&s).map(|n| n.pid)
+        let mut sessions = g.sessions_of();
+        let s = sessions.of(id(g, pid))?;
+        sessions.owner(&s).map(|n| n.pid)
     }
 
     #[test]
@@ -323,6 +371,53 @@ mod tests {
         assert_eq!(owner(&g, 301), Some(300));
         assert_eq!(owner(&g, 400), Some(400));
         assert_eq!(owner(&g, 200), None, "200 is in no session");
+    }
+
+    #[test]
+    fn many_asked_at_once_are_each_in_the_session_one_asked_alone_is_in() {
+        // The gateway carries X; 200 (X: ambient) > 201 (A) > 202 (-) > 203 (A) > 204 (B)
+        // > 205 (-); 300 (-) > 301 (C); 400 (A) beside them. Asked bottom up, top down and
+        // alone, each process is in the same session.
+        let mut g = tree(&[
+            (200, GW),
+            (201, 200),
+            (202, 201),
+            (203, 202),
+            (204, 203),
+            (205, 204),
+            (300, GW),
+            (301, 300),
+            (400, GW),
+        ]);
+        for (pid, value) in [
+            (GW, &b"X"[..]),
+            (200, b"X"),
+            (201, b"A"),
+            (203, b"A"),
+            (204, b"B"),
+            (301, b"C"),
+            (400, b"A"),
+        ] {
+            g.set_session_to(id(&g, pid), value);
+        }
+        let pids = [GW, 200, 201, 202, 203, 204, 205, 300, 301, 400];
+        let alone: Vec<_> = pids.iter().map(|&p| g.session_of(id(&g, p))).collect();
+        let tops: Vec<_> = (alone.iter())
+            .map(|s| s.as_ref().map(|s| g.node(s.top).unwrap().pid))
+            .collect();
+        let (a, b, c) = (Some(201), Some(204), Some(301));
+        assert_eq!(
+            tops,
+            [None, None, a, a, a, b, b, None, c, Some(400)],
+            "A begins at 201 (203's is the same), B at 204"
+        );
+        for order in [pids.to_vec(), pids.iter().rev().copied().collect()] {
+            let mut at_once = g.sessions_of();
+            for pid in order {
+                let i = pids.iter().position(|&p| p == pid).unwrap();
+                assert_eq!(at_once.of(id(&g, pid)), alone[i], "pid {pid}");
+            }
+        }
     }
 
     #[test]
