@@ -101,7 +101,7 @@ impl Crowds {
         for g in &groups {
             let crowd = Rc::new(Crowd {
                 exe: g.kind().exe().into(),
-                pattern: g.pattern(),
+                pattern: g.pattern().to_owned(),
                 instances: g.members.len(),
                 newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
             });
@@ -154,7 +154,7 @@ impl Crowds {
             }
             let crowd = Crowd {
                 exe: g.kind().exe().into(),
-                pattern: g.pattern(),
+                pattern: g.pattern().to_owned(),
                 instances: g.members.len(),
                 newest: graph.node(g.newest().node).map_or(0, |n| n.pid),
             };

@@ -74,12 +74,14 @@ pub struct Instance {
 pub struct Group {
     pub gateway: NodeId,
     pub members: Vec<Instance>,
+    /// Its command line with the values its instances differ in masked, formed once.
+    pattern: String,
 }
 
 impl Group {
     /// The group's command line with the values its instances differ in masked.
-    pub fn pattern(&self) -> String {
-        Kind::pattern(self.members.iter().map(|i| &*i.kind))
+    pub fn pattern(&self) -> &str {
+        &self.pattern
     }
 
     pub fn kind(&self) -> &Kind {
@@ -98,10 +100,10 @@ impl Group {
 
 /// The instances grouped by gateway instance and kind, each group oldest first.
 pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
-    let mut by_kind: HashMap<(NodeId, Vec<u8>), Vec<Instance>> = HashMap::default();
+    let mut by_kind: HashMap<(NodeId, Shape), Vec<Instance>> = HashMap::default();
     for i in instances {
         by_kind
-            .entry((i.gateway, i.kind.key().to_vec()))
+            .entry((i.gateway, Shape(i.kind.clone())))
             .or_default()
             .push(i);
     }
@@ -109,7 +111,12 @@ pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
         .into_iter()
         .map(|((gateway, _), mut members)| {
             members.sort_by_key(|i| (i.start, i.node));
-            Group { gateway, members }
+            let pattern = Kind::pattern(members.iter().map(|i| &*i.kind));
+            Group {
+                gateway,
+                members,
+                pattern,
+            }
         })
         .collect();
     // A stable order for the stream: by gateway, then by the oldest instance.
@@ -117,16 +124,35 @@ pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
     out
 }
 
+/// A kind as a map key: its shape ([`Kind::key`]), not copied out of it.
+struct Shape(Rc<Kind>);
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Shape) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl Eq for Shape {}
+
+impl std::hash::Hash for Shape {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state);
+    }
+}
+
 /// The `top` kinds with the most instances under one gateway instance, most first, as
 /// (pattern, instances); every other kind counts as `other`, with the most any of them has.
 /// One kind under several gateway instances shows its largest group.
 pub fn census(groups: &[Group], top: usize) -> Vec<(String, u64)> {
-    let mut by_pattern: HashMap<String, u64> = HashMap::default();
+    let mut by_pattern: HashMap<&str, u64> = HashMap::default();
     for g in groups {
         let n = by_pattern.entry(g.pattern()).or_default();
         *n = (*n).max(g.members.len() as u64);
     }
-    let mut all: Vec<(String, u64)> = by_pattern.into_iter().collect();
+    let mut all: Vec<(String, u64)> = (by_pattern.into_iter())
+        .map(|(pattern, n)| (pattern.to_owned(), n))
+        .collect();
     all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     if all.len() > top {
         let rest = all.split_off(top);
