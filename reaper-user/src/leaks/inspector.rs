@@ -110,8 +110,10 @@ pub struct Inspector {
     /// `respawning`'s spawners, found by the killer, for the next round.
     respawners: Respawners,
     /// The servers of more than one process as the last round that judged them found them,
-    /// each outermost process first: what shares a channel changes only with a look, so the
-    /// next round extends its looks to whole servers by them instead of finding them again.
+    /// each outermost process first. What shares a channel changes with a look, or as the
+    /// graph changes (an exit splits a server; a process found in /proc at the start may be
+    /// given its spawner later, and is judged with it from the round after): the next round
+    /// extends its looks to whole servers by these instead of finding them again.
     wider_servers: Vec<Vec<NodeId>>,
 }
 

@@ -37,6 +37,14 @@ impl Near {
     }
 }
 
+/// Every live pid the graph holds, in a set made its size at once (a `why` makes one of
+/// 10,000 on the reader's thread: growing it rehashed it a dozen times).
+fn live_pids(graph: &LineageGraph) -> HashSet<u32> {
+    let mut known = HashSet::with_capacity_and_hasher(graph.live_count(), Default::default());
+    known.extend(graph.alive().map(|n| n.pid));
+    known
+}
+
 /// Reads what evidence needs from /proc and the kernel's sockets: a process's sample, and the
 /// fds of the processes near it. The rounds and the answers each have theirs, on their
 /// thread of the slow side; the inspector has a sampler and an index of its own for what it
@@ -94,7 +102,7 @@ impl Inspector {
         if evidence.is_empty() {
             return;
         }
-        let known = graph.alive().map(|n| n.pid).collect();
+        let known = live_pids(graph);
         let among = among.map(|n| (n.pid, n.comm));
         add_peers(&mut self.peers, among, &known, evidence);
     }
@@ -120,7 +128,7 @@ impl Inspector {
             .filter(|n| n.alive())
             .map(|n| (n.pid, n.comm))
             .collect();
-        let known = graph.alive().map(|n| n.pid).collect();
+        let known = live_pids(graph);
         Near { among, known }
     }
 

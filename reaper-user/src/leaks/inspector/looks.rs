@@ -17,6 +17,7 @@ impl Inspector {
         let grace = nanos(self.opts.orphan_grace);
         self.breaks.begin_round();
         let mut due = HashSet::default();
+        let mut sessions = graph.sessions_of();
         for node in graph.alive().filter(|n| !n.is_gateway) {
             let w = self.watches.entry(node.id).or_insert_with(|| {
                 Box::new(Watch {
@@ -30,7 +31,7 @@ impl Inspector {
                 })
             });
             // A broken chain is judged for `orphaned` at the first look after its grace.
-            let grace_look = self.breaks.due(graph, node, now, grace);
+            let grace_look = self.breaks.due(graph, &mut sessions, node, now, grace);
             let urgent = grace_look
                 || self.held.holds(node.id, Reason::Idle)
                 || self.held.holds(node.id, Reason::Deaf);

@@ -16,6 +16,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::{About, Observed, Reason, Why};
+use crate::lineage::graph::session::SessionsOf;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::stream::words::{human_duration, thread_text, who};
 
@@ -70,8 +71,16 @@ impl Breaks {
 
     /// Whether `node` is to be looked at now for this rule: its chain broke `grace` ns ago
     /// (counted once the exit let go of its files: until then the other ends the spawner
-    /// held still poll open) and that look was not taken yet.
-    pub fn due(&mut self, graph: &LineageGraph, node: &Node, now: u64, grace: u64) -> bool {
+    /// held still poll open) and that look was not taken yet. `sessions` are `graph`'s, shared
+    /// by the round's looks (each spawn chain walked once).
+    pub fn due<'g>(
+        &mut self,
+        graph: &'g LineageGraph,
+        sessions: &mut SessionsOf<'g>,
+        node: &Node,
+        now: u64,
+        grace: u64,
+    ) -> bool {
         // An environment on its chain waits to be read: its session, so its break, is not
         // known yet. Judged once it is, the break it had kept (an exec that keeps a read
         // pending starts no grace over).
@@ -81,7 +90,7 @@ impl Breaks {
             }
             return false;
         }
-        let Some(gone) = break_of(graph, node) else {
+        let Some(gone) = break_of(graph, sessions, node) else {
             self.broken.remove(&node.id);
             return false;
         };
@@ -136,8 +145,11 @@ impl Breaks {
 /// Where `node`'s spawn chain counts as broken for this rule, once it is: the exit of its
 /// session's owner, where one is seen above it (nothing before: a break inside a running
 /// session is no leak); else the nearest exited process on its chain.
-fn break_of<'g>(graph: &'g LineageGraph, node: &Node) -> Option<&'g Node> {
-    let mut sessions = graph.sessions_of();
+fn break_of<'g>(
+    graph: &'g LineageGraph,
+    sessions: &mut SessionsOf<'g>,
+    node: &Node,
+) -> Option<&'g Node> {
     let session = sessions.of(node.id);
     let owner = session.and_then(|s| sessions.owner(&s).filter(|o| o.id != node.id));
     match owner {
@@ -214,18 +226,30 @@ mod tests {
         let node = g.current(helper).unwrap().clone();
         let (mut breaks, grace) = (Breaks::default(), 2 * SEC);
         breaks.begin_round();
-        assert!(!breaks.due(&g, &node, 5 * SEC, grace), "its chain is whole");
+        assert!(
+            !breaks.due(&g, &mut g.sessions_of(), &node, 5 * SEC, grace),
+            "its chain is whole"
+        );
         assert_eq!((breaks.since(node.id), breaks.next_look()), (None, None));
 
         record(&mut g, 10 * SEC, (spawner, 1), What::Exit { status: 0 });
         breaks.begin_round();
-        assert!(!breaks.due(&g, &node, 11 * SEC, grace), "within the grace");
+        assert!(
+            !breaks.due(&g, &mut g.sessions_of(), &node, 11 * SEC, grace),
+            "within the grace"
+        );
         assert_eq!(breaks.since(node.id), Some(10 * SEC));
         assert_eq!(breaks.next_look(), Some(12 * SEC));
         breaks.begin_round();
-        assert!(breaks.due(&g, &node, 12 * SEC, grace), "the grace is over");
+        assert!(
+            breaks.due(&g, &mut g.sessions_of(), &node, 12 * SEC, grace),
+            "the grace is over"
+        );
         breaks.begin_round();
-        assert!(!breaks.due(&g, &node, 13 * SEC, grace), "looked at once");
+        assert!(
+            !breaks.due(&g, &mut g.sessions_of(), &node, 13 * SEC, grace),
+            "looked at once"
+        );
         assert_eq!(breaks.next_look(), None);
         breaks.forget(node.id);
         assert_eq!(breaks.since(node.id), None);

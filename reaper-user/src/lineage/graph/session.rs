@@ -172,7 +172,10 @@ impl LineageGraph {
     /// process of the chain that names that value with no other value between (a value read
     /// late, after a child's, is the same session as the child's).
     pub fn session_of(&self, id: NodeId) -> Option<SessionOf> {
-        self.sessions_of().of(id)
+        // Asked once (an exec's read, on the reader's thread): nothing to remember.
+        let mut once = self.sessions_of();
+        once.remember = false;
+        once.of(id)
     }
 
     /// The value the gateway above `id` (or `id`, a gateway) carries itself: its
@@ -187,6 +190,7 @@ impl LineageGraph {
         SessionsOf {
             graph: self,
             known: HashMap::default(),
+            remember: true,
             path: Vec::new(),
         }
     }
@@ -199,6 +203,8 @@ pub struct SessionsOf<'g> {
     /// Each process walked: its session, and its gateway's own value (the ambient one, which
     /// begins nothing).
     known: HashMap<NodeId, Known>,
+    /// Whether a walk's processes are kept in `known` (not for one question alone).
+    remember: bool,
     /// The walk under way, from the process asked about up.
     path: Vec<NodeId>,
 }
@@ -232,7 +238,9 @@ impl<'g> SessionsOf<'g> {
             }
             if at.is_gateway {
                 above.ambient = at.session.clone();
-                self.known.insert(at.id, above.clone());
+                if self.remember {
+                    self.known.insert(at.id, above.clone());
+                }
                 break;
             }
             self.path.push(at.id);
@@ -253,7 +261,9 @@ impl<'g> SessionsOf<'g> {
                     top: id,
                 });
             }
-            self.known.insert(id, above.clone());
+            if self.remember {
+                self.known.insert(id, above.clone());
+            }
         }
         above.session
     }
