@@ -34,8 +34,9 @@ pub(super) async fn answer_all(
 
 /// How long the last answer to each question about every process was: the next is written
 /// into a buffer that size, not grown to it (a `sessions` of 10,000 sessions is 1.4 MB:
-/// growing to it reallocated it some fourteen times, on the reader's thread). By kind, not by filter: a small answer after a large one takes a
-/// buffer of the large one's size, freed once it is sent.
+/// growing to it reallocated it some fourteen times, on the reader's thread). By kind, not
+/// by filter: a small answer after a large one takes a buffer of the large one's size,
+/// freed once it is sent.
 #[derive(Default)]
 struct Sizes {
     sessions: usize,

@@ -1,6 +1,7 @@
 //! When the inspector looks at which descendant: first looks spread over a sample period, a
-//! look at the end of an orphan grace (see `rules::orphaned::Breaks`), every scan for what is flagged `idle` or `deaf`, and a
-//! server looked at whole; and what a look remembers of the process.
+//! look at the end of an orphan grace (see `rules::orphaned::Breaks`), every scan for what is
+//! flagged `idle` or `deaf`, and a server looked at whole; and what a look remembers of the
+//! process.
 use rustc_hash::FxHashSet as HashSet;
 
 use super::{Inspector, Look, Watch, nanos};
