@@ -74,8 +74,13 @@ fn build() -> Result<(), String> {
 fn commit() {
     println!("cargo:rerun-if-env-changed=REAPER_COMMIT");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // Only files that exist: cargo takes a missing one as changed, and would build this crate
+    // again on every run (a fresh clone has no packed-refs; a ref packed later leaves refs/).
     for watched in [".git/HEAD", ".git/refs", ".git/packed-refs"] {
-        println!("cargo:rerun-if-changed={}", repo.join(watched).display());
+        let watched = repo.join(watched);
+        if watched.exists() {
+            println!("cargo:rerun-if-changed={}", watched.display());
+        }
     }
     let commit = env::var("REAPER_COMMIT").ok().or_else(|| {
         let out = Command::new("git")

@@ -108,8 +108,22 @@ fn native_thread_id(layout: &PyLayout) -> u64 {
     if rc != 0 { 0 } else { ns.pid as u64 }
 }
 
-/// Reads the current process's Python frames into the stack store, returning the stack's key
-/// (0: not a known interpreter, or the forking thread's state not found).
+/// A Python stack read at a fork: its key in the stack store (0: none read) and whether this
+/// read put it there (no fork before had that stack).
+pub struct ReadStack {
+    pub key: u64,
+    pub first: bool,
+}
+
+impl ReadStack {
+    const NONE: ReadStack = ReadStack {
+        key: 0,
+        first: false,
+    };
+}
+
+/// Reads the current process's Python frames into the stack store (none: not a known
+/// interpreter, or the forking thread's state not found).
 ///
 /// One flat loop of steps, each either a step of the search for the forking thread's state
 /// (its interpreter's list, then the next interpreter's) or a step of the walk up its frames.
@@ -118,21 +132,21 @@ fn native_thread_id(layout: &PyLayout) -> u64 {
 /// (nested loops, or a count in a register, multiply the states past its limit on older
 /// kernels).
 #[inline(always)]
-pub fn stack(tgid: u32, start: u64) -> u64 {
+pub fn stack(tgid: u32, start: u64) -> ReadStack {
     let Some(layout) = (unsafe { PYTHONS.get(tgid) }) else {
-        return 0;
+        return ReadStack::NONE;
     };
     // 0: found in /proc, before the kernel knew the process's start (its free removes the
     // entry all the same, so a reused tgid never inherits it).
     if layout.start != 0 && layout.start != start {
-        return 0;
+        return ReadStack::NONE;
     }
     let tid = native_thread_id(layout);
     let (Some(scratch), Some(walk)) = (PY_SCRATCH.get_ptr_mut(0), PY_WALK.get_ptr_mut(0)) else {
-        return 0;
+        return ReadStack::NONE;
     };
     if tid == 0 {
-        return 0;
+        return ReadStack::NONE;
     }
     // SAFETY: per-CPU map values, ours alone while this program runs.
     let (stack, walk) = unsafe { (&mut *scratch, &mut *walk) };
@@ -153,15 +167,15 @@ pub fn stack(tgid: u32, start: u64) -> u64 {
         });
     }
     if stack.len == 0 {
-        return 0;
+        return ReadStack::NONE;
     }
     let key = stack.hash | 1;
     // A stack already kept under this key is the same stack: keep the first copy. A full
     // store keeps no more (the record then names none).
     match PY_STACKS.insert(key, stack, BPF_NOEXIST as u64) {
-        Ok(()) => key,
-        Err(-17) => key, // EEXIST
-        Err(_) => 0,
+        Ok(()) => ReadStack { key, first: true },
+        Err(-17) => ReadStack { key, first: false }, // EEXIST
+        Err(_) => ReadStack::NONE,
     }
 }
 

@@ -107,8 +107,14 @@ fn send_with_stacks(
     // SAFETY: a per-CPU map value, ours alone while this program runs.
     let record = unsafe { &mut *record };
     fill(&mut record.fork);
+    // A stack first seen is named (a Python one) or unwound (a native copy) from the
+    // spawner's memory, which may be gone milliseconds after its fork: its record wakes the
+    // reader at once, whatever the batch.
+    let mut at_once = false;
     if capture & SPAWN_STACKS_PYTHON != 0 {
-        record.fork.py_stack = python::stack(spawner, spawner_start);
+        let read = python::stack(spawner, spawner_start);
+        record.fork.py_stack = read.key;
+        at_once = read.first;
     }
     let copies = capture & SPAWN_STACKS_COPY != 0;
     let jit = copies && copy::jit_host(spawner, spawner_start);
@@ -142,11 +148,13 @@ fn send_with_stacks(
             record.fork.flags |= FORK_STACK_COPIED;
             // `len` is one of five constants on every path, so the verifier sees the bound.
             let size = FORK_COPY_FIXED_LEN as u64 + len;
-            send_prefix(reader, EventKind::Fork, record, size, false);
+            // A native site's copy is its first fork from there (a JIT host, copied at
+            // each fork, lives on: its forks batch).
+            send_prefix(reader, EventKind::Fork, record, size, at_once || !jit);
         }
         None => {
             let size = core::mem::size_of::<ForkEvent>() as u64;
-            send_prefix(reader, EventKind::Fork, &record.fork, size, false);
+            send_prefix(reader, EventKind::Fork, &record.fork, size, at_once);
         }
     }
 }
