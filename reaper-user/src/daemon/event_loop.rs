@@ -322,9 +322,10 @@ pub(super) async fn event_loop(
         rounds.failure().context("writing output")?;
         sessions.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
-        // The execs this turn took in have their environments read at once: a per-session
-        // process may not live long.
-        sessions.start(&mut run)?;
+        // The execs taken in have their environments read soon (a per-session process may
+        // not live long): gathered while the poll clock ticks (its next tick comes round
+        // within a period), at once when the reader may sleep next.
+        sessions.start(&mut run, poll.ticking())?;
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).
         if run.round_ready() {

@@ -1,7 +1,7 @@
 //! Reading which agent session each process is in (`--session-env` or `--session-cgroup`),
 //! a task beside the event loop: the event loop starts one at the end of a turn when
 //! environments (or cgroups) wait to be read and none is under way (what comes meanwhile
-//! waits for the next);
+//! waits for the next; while records stream, they are gathered into batches first);
 //! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
 //! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
 //! or a `why` never wait behind a storm's execs, nor these behind them.
@@ -34,12 +34,13 @@ impl SessionReads {
     }
 
     /// Starts reading what waits in `run`, unless a read is under way (what waits then waits
-    /// for a turn after it).
-    pub(super) fn start(&mut self, run: &mut Pipeline) -> Result<()> {
+    /// for a turn after it) or, while records `stream`, what waits is still gathering (see
+    /// `Sessions::take`).
+    pub(super) fn start(&mut self, run: &mut Pipeline, stream: bool) -> Result<()> {
         if self.under_way.as_ref().is_some_and(|r| !r.is_finished()) {
             return Ok(());
         }
-        let Some(to_read) = run.sessions_to_read()? else {
+        let Some(to_read) = run.sessions_to_read(stream)? else {
             return Ok(());
         };
         let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());

@@ -3,7 +3,7 @@
 //! cgroup it runs in, read from /proc on the slow side, never on the ring's reader. The
 //! reader only notes each exec (and each process found in /proc at start-up, or taken back
 //! from a checkpoint whose sessions were read elsewhere) here; the event loop hands what
-//! waits to a thread of the slow side at the end of its turn ([`Sessions::take`]), which
+//! waits to a thread of the slow side at the end of a turn ([`Sessions::take`]), which
 //! reads each environment (or cgroup) as hostile input (capped, its identity checked after
 //! the read, so a pid reused meanwhile is not read for it) and gives back the values found,
 //! which the graph keeps ([`LineageGraph::set_session`]).
@@ -15,6 +15,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::graph::session::{SESSION_MAX, cut_session};
 use super::graph::{Change, LineageGraph, NodeId};
@@ -36,6 +37,16 @@ pub const DEFAULT_NAMES: [&str; 6] = [
 /// Processes whose environment waits to be read: past this, an exec is not read (counted),
 /// and its process is in its spawner's session.
 const WAITING: usize = 32_768;
+
+/// While records stream, reads are handed on in batches of this many, or once the first has
+/// waited [`GATHER_FOR`]: each batch costs the reader a hand-over to the slow side and a
+/// wake-up to take its result.
+const BATCH: usize = 64;
+
+/// The longest a read waits for its batch to fill while records stream (a poll period more at
+/// most: the reader hands it on at the end of a turn). A process gone meanwhile is in its
+/// spawner's session, as one gone before any read; an agent session's process lives longer.
+const GATHER_FOR: Duration = Duration::from_millis(10);
 
 /// Where a process's session is read.
 #[derive(Clone)]
@@ -97,6 +108,8 @@ struct Waiting {
 pub struct Sessions {
     source: Source,
     waiting: Vec<Waiting>,
+    /// When the first of `waiting` was noted.
+    waiting_since: Option<Instant>,
     /// The nodes in `waiting`, each read once however many times it exec'd meanwhile.
     queued: HashSet<NodeId>,
     /// Execs not read: the queue was full.
@@ -127,6 +140,7 @@ impl Sessions {
         Sessions {
             source,
             waiting: Vec::new(),
+            waiting_since: None,
             queued: HashSet::default(),
             unread: 0,
             said: false,
@@ -157,6 +171,9 @@ impl Sessions {
             Source::Environment { .. } => None,
         };
         self.queued.insert(id);
+        if self.waiting.is_empty() {
+            self.waiting_since = Some(Instant::now());
+        }
         self.waiting.push(Waiting {
             id,
             process: node.process(),
@@ -170,11 +187,16 @@ impl Sessions {
         &self.source
     }
 
-    /// What waits to be read, for the slow side; none when nothing does.
-    pub fn take(&mut self) -> Option<ToRead> {
-        if self.waiting.is_empty() {
+    /// What waits to be read, for the slow side; none when nothing does. While records
+    /// `stream` (the reader comes round again within a poll period), what waits is gathered
+    /// until [`BATCH`] wait or the first has waited [`GATHER_FOR`]; otherwise it goes at
+    /// once: the reader may sleep next.
+    pub fn take(&mut self, stream: bool) -> Option<ToRead> {
+        let since = self.waiting_since?;
+        if stream && self.waiting.len() < BATCH && since.elapsed() < GATHER_FOR {
             return None;
         }
+        self.waiting_since = None;
         self.queued.clear();
         Some(ToRead {
             source: self.source.clone(),
@@ -310,7 +332,41 @@ fn digest_named(path: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{SESSION_MAX, session_cgroup};
+    use super::*;
+    use crate::lineage::graph::testing::{fork, gateway, record};
+
+    /// A gateway (100) and `n` children (pids 101 on), each noted as exec'd.
+    fn noted(n: u32) -> Sessions {
+        let mut g = LineageGraph::new(100);
+        g.add_seed(gateway(100));
+        let mut sessions = Sessions::new(Source::environment(vec![b"AGENT_SESSION_ID".to_vec()]));
+        for pid in 101..101 + n {
+            record(&mut g, u64::from(pid), (pid, u64::from(pid)), fork(100));
+            let id = g.current(pid).unwrap().id;
+            sessions.note(&mut g, id);
+        }
+        sessions
+    }
+
+    #[test]
+    fn reads_go_at_once_when_the_reader_may_sleep_and_in_batches_while_records_stream() {
+        let mut sessions = noted(3);
+        assert!(sessions.take(true).is_none(), "streaming: gathered");
+        let taken = sessions.take(false).expect("the reader may sleep: at once");
+        assert_eq!(taken.ids().len(), 3);
+        assert!(sessions.take(false).is_none(), "nothing left");
+
+        let mut full = noted(BATCH as u32);
+        assert_eq!(
+            full.take(true).map(|t| t.ids().len()),
+            Some(BATCH),
+            "a full batch"
+        );
+
+        let mut old = noted(1);
+        std::thread::sleep(GATHER_FOR);
+        assert!(old.take(true).is_some(), "waited long enough");
+    }
 
     fn below(gateway: &str, cgroup: &str) -> Option<String> {
         let found = session_cgroup(gateway.as_bytes(), cgroup.as_bytes())?;

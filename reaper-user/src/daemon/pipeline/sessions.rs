@@ -63,15 +63,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The environments waiting to be read for their session, for the slow side.
-    pub fn sessions_to_read(&mut self) -> Result<Option<ToRead>> {
+    /// The environments waiting to be read for their session, for the slow side (gathered
+    /// while records `stream`: see [`Sessions::take`]).
+    pub fn sessions_to_read(&mut self, stream: bool) -> Result<Option<ToRead>> {
         let Some(sessions) = self.sessions.as_mut() else {
             return Ok(None);
         };
         if let Some(note) = sessions.take_note() {
             self.out.note(&note)?;
         }
-        Ok(self.sessions.as_mut().and_then(Sessions::take))
+        Ok(self.sessions.as_mut().and_then(|s| s.take(stream)))
     }
 
     /// The sessions the slow side found (`found`: each process and what its environment
