@@ -107,9 +107,11 @@ fn send_with_stacks(
     // SAFETY: a per-CPU map value, ours alone while this program runs.
     let record = unsafe { &mut *record };
     fill(&mut record.fork);
-    // A stack first seen is named (a Python one) or unwound (a native copy) from the
-    // spawner's memory, which may be gone milliseconds after its fork: its record wakes the
-    // reader at once, whatever the batch.
+    // A Python stack first seen is named from the spawner's memory, which may be gone
+    // milliseconds after its fork: its record wakes the reader at once, whatever the batch
+    // (once per stack in the store). A native copy is not: it is taken at the first fork of
+    // each spawner process (a storm of new processes forking once would wake the reader for
+    // each), and is unwound in the mappings of a process up the lineage once it is gone.
     let mut at_once = false;
     if capture & SPAWN_STACKS_PYTHON != 0 {
         let read = python::stack(spawner, spawner_start);
@@ -148,9 +150,7 @@ fn send_with_stacks(
             record.fork.flags |= FORK_STACK_COPIED;
             // `len` is one of five constants on every path, so the verifier sees the bound.
             let size = FORK_COPY_FIXED_LEN as u64 + len;
-            // A native site's copy is its first fork from there (a JIT host, copied at
-            // each fork, lives on: its forks batch).
-            send_prefix(reader, EventKind::Fork, record, size, at_once || !jit);
+            send_prefix(reader, EventKind::Fork, record, size, at_once);
         }
         None => {
             let size = core::mem::size_of::<ForkEvent>() as u64;
