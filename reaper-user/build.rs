@@ -75,12 +75,18 @@ fn commit() {
     println!("cargo:rerun-if-env-changed=REAPER_COMMIT");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // Only files that exist: cargo takes a missing one as changed, and would build this crate
-    // again on every run (a fresh clone has no packed-refs; a ref packed later leaves refs/).
-    for watched in [".git/HEAD", ".git/refs", ".git/packed-refs"] {
-        let watched = repo.join(watched);
-        if watched.exists() {
-            println!("cargo:rerun-if-changed={}", watched.display());
-        }
+    // again on every run (a clone from a local path may have no packed-refs; a ref packed
+    // later leaves refs/). In a worktree `.git` is a file naming a git directory whose HEAD
+    // is not followed here: the commit embedded there is the one of the build that last ran
+    // this script (`REAPER_COMMIT` names one exactly).
+    let git = repo.join(".git");
+    let watched: Vec<_> = if git.is_file() {
+        vec![git]
+    } else {
+        ["HEAD", "refs", "packed-refs"].map(|f| git.join(f)).into()
+    };
+    for watched in watched.iter().filter(|w| w.exists()) {
+        println!("cargo:rerun-if-changed={}", watched.display());
     }
     let commit = env::var("REAPER_COMMIT").ok().or_else(|| {
         let out = Command::new("git")

@@ -193,6 +193,10 @@ pub struct EventHeader {
 /// `fork` flag: the child could not be inserted into the tracked map (it is full).
 pub const FORK_UNTRACKED: u32 = 1;
 
+/// `fork` flag: this fork put the Python stack it names into the stack store (no fork before
+/// had that stack), so its record woke the reader at once (see `send_with_stacks`).
+pub const FORK_PY_STACK_FIRST: u32 = 4;
+
 /// A tracked process created a new process (never a thread).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -6,8 +6,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use reaper_common::{
-    EventKind, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_COPY, SPAWN_STACKS_NATIVE,
-    SPAWN_STACKS_PYTHON, Tracked,
+    EventKind, FORK_PY_STACK_FIRST, FORK_UNTRACKED, ForkEvent, LossSlot, SPAWN_STACKS_COPY,
+    SPAWN_STACKS_NATIVE, SPAWN_STACKS_PYTHON, Tracked,
     copy::{FORK_COPY_FIXED_LEN, FORK_STACK_COPIED},
 };
 
@@ -109,14 +109,17 @@ fn send_with_stacks(
     fill(&mut record.fork);
     // A Python stack first seen is named from the spawner's memory, which may be gone
     // milliseconds after its fork: its record wakes the reader at once, whatever the batch
-    // (once per stack in the store). A native copy is not: it is taken at the first fork of
-    // each spawner process (a storm of new processes forking once would wake the reader for
-    // each), and is unwound in the mappings of a process up the lineage once it is gone.
-    let mut at_once = false;
+    // (once per stack in the store). A native copy does not: it is taken at each spawner's
+    // first fork from each site (a storm of new processes forking once would wake the reader
+    // for each), and is unwound in the mappings of a process up the lineage once it is gone.
+    // The mark is kept in the record (map memory), not a register: the verifier then checks
+    // the rest of the program once, not once for each value.
     if capture & SPAWN_STACKS_PYTHON != 0 {
         let read = python::stack(spawner, spawner_start);
         record.fork.py_stack = read.key;
-        at_once = read.first;
+        if read.first {
+            record.fork.flags |= FORK_PY_STACK_FIRST;
+        }
     }
     let copies = capture & SPAWN_STACKS_COPY != 0;
     let jit = copies && copy::jit_host(spawner, spawner_start);
@@ -150,10 +153,12 @@ fn send_with_stacks(
             record.fork.flags |= FORK_STACK_COPIED;
             // `len` is one of five constants on every path, so the verifier sees the bound.
             let size = FORK_COPY_FIXED_LEN as u64 + len;
+            let at_once = record.fork.flags & FORK_PY_STACK_FIRST != 0;
             send_prefix(reader, EventKind::Fork, record, size, at_once);
         }
         None => {
             let size = core::mem::size_of::<ForkEvent>() as u64;
+            let at_once = record.fork.flags & FORK_PY_STACK_FIRST != 0;
             send_prefix(reader, EventKind::Fork, &record.fork, size, at_once);
         }
     }

@@ -239,6 +239,8 @@ pub(super) async fn event_loop(
     let settle = sleep_until(far);
     pin!(stop_at, settle);
     let mut settling = false;
+    // Environments wait to be read behind the read under way, and no tick will come round.
+    let mut reads_wait_idle = false;
     loop {
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
@@ -315,6 +317,8 @@ pub(super) async fn event_loop(
                     settling = true;
                 }
             }
+            // A turn, so that what waited behind the read just done is handed on.
+            _ = sessions.done(), if reads_wait_idle => {}
             _ = &mut settle, if settling => return Ok(Stop::Done),
             Ok(name) = &mut signals.first => return Ok(Stop::Signal(name)),
             _ = &mut stop_at => return Ok(Stop::Duration),
@@ -324,8 +328,10 @@ pub(super) async fn event_loop(
         let mut run = shared.borrow_mut();
         // The execs taken in have their environments read soon (a per-session process may
         // not live long): gathered while the poll clock ticks (its next tick comes round
-        // within a period), at once when the reader may sleep next.
+        // within a period), handed on now when the reader may sleep next, or, behind a read
+        // under way, when that one is done.
         sessions.start(&mut run, poll.ticking())?;
+        reads_wait_idle = !poll.ticking() && run.sessions_waiting();
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).
         if run.round_ready() {

@@ -1,7 +1,8 @@
 //! Reading which agent session each process is in (`--session-env` or `--session-cgroup`),
 //! a task beside the event loop: the event loop starts one at the end of a turn when
 //! environments (or cgroups) wait to be read and none is under way (what comes meanwhile
-//! waits for the next; while records stream, they are gathered into batches first);
+//! waits for the next, and the event loop comes round when that one is done; while records
+//! stream, they are gathered first);
 //! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
 //! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
 //! or a `why` never wait behind a storm's execs, nor these behind them.
@@ -9,6 +10,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use anyhow::Result;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::pipeline::Pipeline;
@@ -19,6 +21,8 @@ pub(super) struct SessionReads {
     run: Rc<RefCell<Pipeline>>,
     slow: Rc<Worker>,
     under_way: Option<JoinHandle<()>>,
+    /// Told when a read is done.
+    done: Rc<Notify>,
     /// A read's failure (writing its lines), for the event loop to end the run with.
     failed: Rc<Cell<Option<anyhow::Error>>>,
 }
@@ -29,6 +33,7 @@ impl SessionReads {
             run,
             slow: Rc::new(slow),
             under_way: None,
+            done: Rc::default(),
             failed: Rc::default(),
         }
     }
@@ -44,6 +49,7 @@ impl SessionReads {
             return Ok(());
         };
         let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
+        let done = self.done.clone();
         let ids = to_read.ids();
         self.under_way = Some(tokio::task::spawn_local(async move {
             match slow.run(move |_| to_read.read()).await {
@@ -55,8 +61,14 @@ impl SessionReads {
                 // The job was refused or panicked: nothing waits for it any more.
                 None => shared.borrow_mut().sessions_given_up(&ids),
             }
+            done.notify_one();
         }));
         Ok(())
+    }
+
+    /// Resolves once a read is done (at once if one was done since the last time asked).
+    pub(super) async fn done(&self) {
+        self.done.notified().await
     }
 
     /// A read's failure, once.

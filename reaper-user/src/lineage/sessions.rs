@@ -38,14 +38,15 @@ pub const DEFAULT_NAMES: [&str; 6] = [
 /// and its process is in its spawner's session.
 const WAITING: usize = 32_768;
 
-/// While records stream, reads are handed on in batches of this many, or once the first has
-/// waited [`GATHER_FOR`]: each batch costs the reader a hand-over to the slow side and a
-/// wake-up to take its result.
+/// While records stream, what waits is handed on once this many wait, or once the first has
+/// waited [`GATHER_FOR`]: each hand-over costs the reader a wake-up of the slow side and one
+/// of its own to take the result.
 const BATCH: usize = 64;
 
-/// The longest a read waits for its batch to fill while records stream (a poll period more at
-/// most: the reader hands it on at the end of a turn). A process gone meanwhile is in its
-/// spawner's session, as one gone before any read; an agent session's process lives longer.
+/// The longest a read waits to be handed on while records stream, give or take a poll period
+/// (the reader hands it on at the end of a turn), and the read under way, if any. A process
+/// gone meanwhile is in its spawner's session, as one gone before any read; an agent
+/// session's process lives longer.
 const GATHER_FOR: Duration = Duration::from_millis(10);
 
 /// Where a process's session is read.
@@ -182,6 +183,11 @@ impl Sessions {
         graph.session_asked(id);
     }
 
+    /// Whether any process waits to be read.
+    pub fn waiting(&self) -> bool {
+        self.waiting_since.is_some()
+    }
+
     /// What this reads (see [`Source::describe`]).
     pub fn source(&self) -> &Source {
         &self.source
@@ -189,8 +195,8 @@ impl Sessions {
 
     /// What waits to be read, for the slow side; none when nothing does. While records
     /// `stream` (the reader comes round again within a poll period), what waits is gathered
-    /// until [`BATCH`] wait or the first has waited [`GATHER_FOR`]; otherwise it goes at
-    /// once: the reader may sleep next.
+    /// until [`BATCH`] wait or the first has waited [`GATHER_FOR`]; otherwise it all goes
+    /// now: the reader may sleep next.
     pub fn take(&mut self, stream: bool) -> Option<ToRead> {
         let since = self.waiting_since?;
         if stream && self.waiting.len() < BATCH && since.elapsed() < GATHER_FOR {
