@@ -212,6 +212,15 @@ fn why_asked_every_100ms_of_a_process_with_thousands_of_peers_during_a_fork_stor
         truth.to_str().unwrap(),
     ];
     let mut answers = Vec::new();
+    // What the proof last saw, said on stderr each time it changes: a run that never asks its
+    // questions says why.
+    let mut saw = String::new();
+    let mut say = |now: String| {
+        if now != saw {
+            eprintln!("{test}: {now}");
+            saw = now;
+        }
+    };
     let run = run_reaper_until_polled(
         &args,
         &[],
@@ -219,12 +228,15 @@ fn why_asked_every_100ms_of_a_process_with_thousands_of_peers_during_a_fork_stor
         ("ten answers of why", Then::Release),
         |events| {
             let Ok(text) = std::fs::read_to_string(&holders_at) else {
+                say(format!("no {} yet", holders_at.display()));
                 return false;
             };
             let h = pid(&serde_json::from_str::<Value>(&text).unwrap()["h"]);
             if flag_of(events, h).is_none() {
+                say(format!("holders written, h {h}; no flag of h yet"));
                 return false;
             }
+            say(format!("h {h} flagged: asking why"));
             // The storm goes on meanwhile: a question every 100 ms, until ten answers have
             // listed the holders the inspector has looked at by then (it looks at them on
             // its own cadence: the first answers may find fewer). Ten: under the storm a slow
