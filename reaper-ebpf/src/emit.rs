@@ -92,17 +92,49 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
     if global!(CONFIG.batch_wakeups) == 0 {
         return 0;
     }
-    if let Some(idle) = READER_IDLE.get_ptr_mut(0) {
-        // SAFETY: valid map value; a race between CPUs at worst wakes the reader twice.
-        if unsafe { *idle } != 0 {
-            unsafe { *idle = 0 };
-            return BPF_RB_FORCE_WAKEUP as u64;
-        }
+    if take_idle() {
+        return BPF_RB_FORCE_WAKEUP as u64;
     }
     if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= global!(CONFIG.wakeup_bytes) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// Whether the reader said it goes idle; if so, the flag is cleared, since this record is
+/// the one to wake it. A race between CPUs at worst wakes the reader twice.
+#[inline(always)]
+fn take_idle() -> bool {
+    let Some(idle) = READER_IDLE.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: a valid map value, shared by all CPUs; a plain load and store (see above).
+    unsafe {
+        if *idle == 0 {
+            return false;
+        }
+        *idle = 0;
+    }
+    true
+}
+
+/// Closes the race between the flag and the commit. [`submit_flags`] reads the flag before
+/// the record is committed, and the reader sets it, then polls once more, then sleeps: a
+/// reader that went idle in between looked at the ring before this record was there and
+/// would sleep until its housekeeping poll (up to 100 ms). So a record committed without a
+/// wake-up looks at the flag again. The commit is a full barrier (an `xchg` of the record's
+/// header), and the reader fences between setting the flag and its last poll: either that poll
+/// sees the record, or this look sees the flag. The ring has no wake-up without a record, so
+/// the wake-up is an empty record discarded with a forced wake-up (the reader skips it).
+#[inline(always)]
+fn after_commit(reader: Reader, flags: u64) {
+    let nobody_woken = reader.draining && flags == BPF_RB_NO_WAKEUP as u64;
+    if !nobody_woken || global!(CONFIG.batch_wakeups) == 0 || !take_idle() {
+        return;
+    }
+    if let Some(nudge) = EVENTS.reserve::<u64>(0) {
+        nudge.discard(BPF_RB_FORCE_WAKEUP as u64);
     }
 }
 
@@ -114,17 +146,20 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
 /// `size` must be provably at most `size_of::<T>()` to the verifier at the call site.
 #[inline(always)]
 pub fn send_prefix<T>(reader: Reader, kind: EventKind, record: &T, size: u64, at_once: bool) {
+    let flags = submit_flags(reader, at_once);
     // SAFETY: `record` is valid for `size` bytes (the caller's bound); the helper copies them.
     let rc = unsafe {
         bpf_ringbuf_output(
             core::ptr::addr_of!(EVENTS) as *mut c_void,
             record as *const T as *mut c_void,
             size,
-            submit_flags(reader, at_once),
+            flags,
         )
     };
     if rc < 0 {
         count_loss(kind.loss_slot());
+    } else {
+        after_commit(reader, flags);
     }
 }
 
@@ -139,7 +174,9 @@ pub fn send<T: 'static>(kind: EventKind, fill: impl FnOnce(&mut T)) {
             // SAFETY: `fill` writes every field the reader looks at.
             let record = unsafe { &mut *entry.as_mut_ptr() };
             fill(record);
-            entry.submit(submit_flags(reader, false));
+            let flags = submit_flags(reader, false);
+            entry.submit(flags);
+            after_commit(reader, flags);
         }
         None => {
             // Consume a sequence number anyway so the gap shows in the stream.

@@ -144,10 +144,9 @@ pub struct Cli {
     /// while they keep coming. The first event after a quiet spell wakes it at once. Batching
     /// wake-ups is what keeps tracing cheap under a fork storm; 0 wakes the reader for every
     /// event.
-    // 1.5 ms keeps a lone record's p99 under the 2 ms budget (2 ms read 2.15 ms). Exactly
-    // 1 ms is avoided: there, records of a fork+exec storm waited for the 100 ms housekeeping
-    // tick (p99 99 ms, in the build before this default too); 1.1 and 1.5 ms do not (see
-    // BENCHMARKS.md).
+    // 1.5 ms keeps a lone record's p99 under the 2 ms budget (2 ms read 2.15 ms). It was
+    // chosen over 1 ms when records at 1 ms waited for the 100 ms housekeeping tick: a lost
+    // wake-up at any interval, fixed since (docs/design.md); 1 ms now reads p99 1.5 ms.
     #[arg(long, value_name = "DUR", default_value = "1500us", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 

@@ -84,12 +84,51 @@ pub fn scratch_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("reaper-tests-{}-{name}", std::process::id()))
 }
 
-/// A fresh scratch directory for one test's files.
+/// A fresh scratch directory for one test's files. This test process's scratch directories
+/// are removed when it exits, unless a test failed: then they stay for a look, and their
+/// names are printed.
 pub fn scratch(name: &str) -> PathBuf {
+    static CLEAN_AT_EXIT: std::sync::Once = std::sync::Once::new();
+    CLEAN_AT_EXIT.call_once(|| {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            A_TEST_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+            hook(info)
+        }));
+        // SAFETY: registers a plain `extern "C" fn` to run at `exit`, which the test harness
+        // calls once every test is done.
+        unsafe { libc::atexit(remove_scratch) };
+    });
     let dir = scratch_path(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
+}
+
+/// Whether a test of this process panicked (its assertion failed).
+static A_TEST_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Removes this test process's scratch directories, or names them when a test failed.
+extern "C" fn remove_scratch() {
+    let prefix = scratch_path("");
+    let (Some(parent), Some(prefix)) = (prefix.parent(), prefix.file_name()) else {
+        return;
+    };
+    let prefix = prefix.to_string_lossy();
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let failed = A_TEST_FAILED.load(std::sync::atomic::Ordering::Relaxed);
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(&*prefix) {
+            continue;
+        }
+        if failed {
+            eprintln!("scratch kept for a look: {}", entry.path().display());
+        } else {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// The event stream's JSON Schema (`schema/events.schema.json`), built into the tests so that

@@ -151,7 +151,7 @@ pub fn run(root: &Path, opts: &BenchOptions, rev: &str) -> Result<()> {
         ));
     }
     for (label, bins) in [(rev, &before), ("this", &now)] {
-        let l = quiet_latency(bins)?;
+        let l = quiet_latency(bins, 100, "0.05")?;
         let p99 = l["p99"].as_u64().unwrap_or(0);
         verdicts.push(format!(
             "quiet latency, {label}: {} lone records, p50 {}, p99 {} (budget {}: {})",

@@ -1,6 +1,7 @@
 //! The maps the probes and the reader share, as user space sees them: what the kernel
 //! counts (sequence numbers handed out, records lost) and what the reader tells the probes
 //! (wake me, which generation records, how many records were taken, `--state-keep`).
+use std::sync::atomic::{Ordering, fence};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -73,9 +74,14 @@ impl ReaderMarks {
 pub struct ReaderIdle(pub(super) Array<MapData, u64>);
 
 impl ReaderIdle {
-    /// Says the reader is about to sleep until a record wakes it.
+    /// Says the reader is about to sleep until a record wakes it. The fence orders the flag
+    /// before the reader's last poll: a producer reads the flag after its commit (a full
+    /// barrier), so either that poll sees the record or the producer sees the flag and wakes
+    /// the reader (`reaper-ebpf/src/emit.rs`, `after_commit`).
     pub fn going_idle(&mut self) -> Result<()> {
-        Ok(self.0.set(0, 1, 0)?)
+        self.0.set(0, 1, 0)?;
+        fence(Ordering::SeqCst);
+        Ok(())
     }
 }
 

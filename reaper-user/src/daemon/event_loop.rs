@@ -201,9 +201,10 @@ impl Chores {
 ///
 /// Wake-ups are batched: while records stream, the loop polls the ring every wake-up interval,
 /// widening to 16 ms while polls keep finding records (see [`PollClock`]), and no record wakes
-/// it. When a poll finds nothing, it tells the kernel it goes idle (the
-/// next record then wakes it at once), polls once more to catch a record that raced that,
-/// and sleeps. Housekeeping also polls, which bounds even that race's delay.
+/// it. When a poll finds nothing, the clock stops; at the end of every turn without it, the
+/// loop tells the kernel it goes idle (the next record then wakes it at once), polls once more
+/// to catch a record that raced that, and sleeps; a record committed after that poll finds the
+/// flag and wakes it.
 ///
 /// The run is borrowed at each wake-up, for what that wake-up does, and never across an
 /// await: the API's answers (`daemon/answers.rs`) borrow it between.
@@ -265,11 +266,7 @@ pub(super) async fn event_loop(
             tick = poll.tick(), if poll.ticking() => {
                 tick.context("waiting on the poll clock")?;
                 let mut run = shared.borrow_mut();
-                let mut n = drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
-                if n == 0 {
-                    kernel.reader_idle.going_idle()?;
-                    n = drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
-                }
+                let n = drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
                 match n {
                     0 => {
                         poll.stop().context("stopping the poll clock")?;
@@ -338,6 +335,17 @@ pub(super) async fn event_loop(
             drain(ring.get_mut(), &mut run, &mut kernel.marks)?;
             run.commit_round(true).context("writing output")?;
             chores.scan_sooner(next_scan(cli.scan_interval, run.next_look()));
+        }
+        // No tick will come round: the next record is to wake the reader. Said at the end of
+        // every such turn, not only when a tick found nothing: a record that took the flag
+        // may have been read by another drain (housekeeping's, a round's) before its wake-up
+        // reached the loop, and the ring then has nothing to say; a flag left taken would
+        // leave every later record to the housekeeping poll, 100 ms late.
+        if batching && !poll.ticking() {
+            kernel.reader_idle.going_idle()?;
+            if drain(ring.get_mut(), &mut run, &mut kernel.marks)? > 0 {
+                poll.start().context("starting the poll clock")?;
+            }
         }
         if flush {
             run.output().flush().context("writing output")?;
