@@ -109,7 +109,8 @@ fn take_idle() -> bool {
     let Some(idle) = READER_IDLE.get_ptr_mut(0) else {
         return false;
     };
-    // SAFETY: a valid map value, shared by all CPUs; a plain load and store (see above).
+    // SAFETY: a valid map value, shared by all CPUs; a plain load and store, since two CPUs
+    // that both see it set only wake the reader twice.
     unsafe {
         if *idle == 0 {
             return false;
@@ -126,15 +127,22 @@ fn take_idle() -> bool {
 /// wake-up looks at the flag again. The commit is a full barrier (an `xchg` of the record's
 /// header), and the reader fences between setting the flag and its last poll: either that poll
 /// sees the record, or this look sees the flag. The ring has no wake-up without a record, so
-/// the wake-up is an empty record discarded with a forced wake-up (the reader skips it).
+/// the wake-up is an 8-byte record discarded with a forced wake-up (the reader skips it).
 #[inline(always)]
 fn after_commit(reader: Reader, flags: u64) {
     let nobody_woken = reader.draining && flags == BPF_RB_NO_WAKEUP as u64;
     if !nobody_woken || global!(CONFIG.batch_wakeups) == 0 || !take_idle() {
         return;
     }
-    if let Some(nudge) = EVENTS.reserve::<u64>(0) {
-        nudge.discard(BPF_RB_FORCE_WAKEUP as u64);
+    match EVENTS.reserve::<u64>(0) {
+        Some(nudge) => nudge.discard(BPF_RB_FORCE_WAKEUP as u64),
+        // A full ring: the flag goes back for the next record to find.
+        None => {
+            if let Some(idle) = READER_IDLE.get_ptr_mut(0) {
+                // SAFETY: a valid map value (see `take_idle`).
+                unsafe { *idle = 1 };
+            }
+        }
     }
 }
 

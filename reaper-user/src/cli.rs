@@ -144,9 +144,10 @@ pub struct Cli {
     /// while they keep coming. The first event after a quiet spell wakes it at once. Batching
     /// wake-ups is what keeps tracing cheap under a fork storm; 0 wakes the reader for every
     /// event.
-    // 1.5 ms keeps a lone record's p99 under the 2 ms budget (2 ms read 2.15 ms). It was
-    // chosen over 1 ms when records at 1 ms waited for the 100 ms housekeeping tick: a lost
-    // wake-up at any interval, fixed since (docs/design.md); 1 ms now reads p99 1.5 ms.
+    // 1.5 ms keeps the p99 of lone records 50 ms apart under the 2 ms budget (2 ms read
+    // 2.15 ms); records 8 ms apart read 2.11 ms (BENCHMARKS.md). It was chosen over 1 ms when
+    // records at 1 ms waited for the 100 ms housekeeping tick: a lost wake-up at any
+    // interval, fixed since (docs/design.md).
     #[arg(long, value_name = "DUR", default_value = "1500us", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 

@@ -84,8 +84,8 @@ pub fn scratch_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("reaper-tests-{}-{name}", std::process::id()))
 }
 
-/// A fresh scratch directory for one test's files. This test process's scratch directories
-/// are removed when it exits, unless a test failed: then they stay for a look, and their
+/// A fresh scratch directory for one test's files. The scratch directories a test process
+/// made are removed when it exits, unless a test failed: then they stay for a look, and their
 /// names are printed.
 pub fn scratch(name: &str) -> PathBuf {
     static CLEAN_AT_EXIT: std::sync::Once = std::sync::Once::new();
@@ -96,37 +96,33 @@ pub fn scratch(name: &str) -> PathBuf {
             hook(info)
         }));
         // SAFETY: registers a plain `extern "C" fn` to run at `exit`, which the test harness
-        // calls once every test is done.
+        // reaches once every test is done (returning from `main`, or `process::exit`).
         unsafe { libc::atexit(remove_scratch) };
     });
     let dir = scratch_path(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
+    MADE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.clone());
     dir
 }
+
+/// The scratch directories this test process made.
+static MADE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 /// Whether a test of this process panicked (its assertion failed).
 static A_TEST_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Removes this test process's scratch directories, or names them when a test failed.
+/// Removes the scratch directories this test process made, or names them when a test failed.
 extern "C" fn remove_scratch() {
-    let prefix = scratch_path("");
-    let (Some(parent), Some(prefix)) = (prefix.parent(), prefix.file_name()) else {
-        return;
-    };
-    let prefix = prefix.to_string_lossy();
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
+    let made = std::mem::take(&mut *MADE.lock().unwrap_or_else(|e| e.into_inner()));
     let failed = A_TEST_FAILED.load(std::sync::atomic::Ordering::Relaxed);
-    for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(&*prefix) {
-            continue;
-        }
+    for dir in made {
         if failed {
-            eprintln!("scratch kept for a look: {}", entry.path().display());
+            eprintln!("scratch kept for a look: {}", dir.display());
         } else {
-            let _ = std::fs::remove_dir_all(entry.path());
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }

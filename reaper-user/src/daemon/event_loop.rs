@@ -444,8 +444,10 @@ pub(super) fn drain(
         run.record(&item)?;
         n += 1;
     }
-    run.end_batch()?;
+    // An empty drain ends no batch: ending one looks again at interpreters not yet mapped,
+    // whose looks are counted, and the loop drains once more, empty, at each idle turn's end.
     if n > 0 {
+        run.end_batch()?;
         marks.taken(run.received())?;
     }
     Ok(n)
