@@ -35,7 +35,12 @@ fn orphan(prepare: fn() -> Value) -> (u32, i32, Value) {
     let spawner = fork_then(move || {
         // SAFETY: plain syscalls in the child.
         unsafe { libc::setsid() };
-        let h = fork_then(move || {
+        fork_then(move || {
+            // The orphan says its own pid first, then what `prepare` did: one writer, so the
+            // gateway reads them in that order (the spawner sending the pid raced the orphan's
+            // text, and the gateway once read "{}" and two bytes of the pid as the pid).
+            // SAFETY: plain syscall.
+            send_pid(pwr, unsafe { libc::getpid() } as u32);
             as_stdin(rd);
             // SAFETY: closing the orphan's copies of the pipes it does not use.
             unsafe {
@@ -53,7 +58,6 @@ fn orphan(prepare: fn() -> Value) -> (u32, i32, Value) {
             Hold::leak().wait();
             0
         });
-        send_pid(pwr, h);
         0
     });
     // SAFETY: closing the gateway's copies of what it does not use.
