@@ -37,9 +37,11 @@ pub mod names {
     pub const FORK_SCRATCH: &str = "FORK_SCRATCH";
     pub const STACK_SCRATCH: &str = "STACK_SCRATCH";
     pub const COPIED_SITES: &str = "COPIED_SITES";
-    /// The maps each load has of its own: scratch space, and the sites whose stacks were
-    /// copied (the unwound frames live in the reader: a new run copies each site again).
-    pub const SCRATCH: [&str; 7] = [
+    pub const AT_ONCE_WOKEN: &str = "AT_ONCE_WOKEN";
+    /// The maps each load has of its own: scratch space, the sites whose stacks were copied
+    /// (the unwound frames live in the reader: a new run copies each site again), and when a
+    /// record last woke the reader at once (a new run's reader is woken afresh).
+    pub const SCRATCH: [&str; 8] = [
         EXEC_SCRATCH,
         PATH_SCRATCH,
         PY_SCRATCH,
@@ -47,6 +49,7 @@ pub mod names {
         FORK_SCRATCH,
         STACK_SCRATCH,
         COPIED_SITES,
+        AT_ONCE_WOKEN,
     ];
     /// The maps that outlive a run under `--state-dir` (pinned): everything the probes keep
     /// between records. The scratch maps are each program's own.
@@ -427,6 +430,9 @@ pub struct ProbeConfig {
     pub batch_wakeups: u64,
     /// Wake the reader at once when this many bytes are waiting in the ring.
     pub wakeup_bytes: u64,
+    /// Nanoseconds after a record sent at once woke the reader before another may: the
+    /// reader's poll interval while events stream (0: no limit).
+    pub at_once_gap: u64,
     /// Offset of `ret` in the `syscalls/sys_exit_setsid` record, read from tracefs.
     pub setsid_ret_offset: u64,
     /// The setsid syscall number on this architecture (for the raw `sys_exit` fallback).

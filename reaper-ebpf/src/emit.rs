@@ -11,7 +11,7 @@ use reaper_common::{EventHeader, EventKind, LAYOUT};
 
 use crate::{
     global,
-    maps::{EVENTS, READER, READER_IDLE, SEQ, count_loss},
+    maps::{AT_ONCE_WOKEN, EVENTS, READER, READER_IDLE, SEQ, count_loss},
 };
 
 /// Whether this load's records go to the ring, and if so whether a reader drains it (see
@@ -80,13 +80,14 @@ pub fn header(kind: EventKind, pid: u32, start: u64) -> EventHeader {
 /// polls the ring on its own every wake-up interval and no record wakes it; only the first
 /// record after the reader said it went idle (or a ring filling up) wakes it, at once. With
 /// no reader (a kept state between runs), nothing wakes anyone. A record sent `at_once`
-/// wakes a draining reader whatever the batch.
+/// wakes a draining reader whatever the batch, unless another did less than a poll interval
+/// ago (see [`at_once_due`]).
 #[inline(always)]
 fn submit_flags(reader: Reader, at_once: bool) -> u64 {
     if !reader.draining {
         return BPF_RB_NO_WAKEUP as u64;
     }
-    if at_once {
+    if at_once && at_once_due() {
         return BPF_RB_FORCE_WAKEUP as u64;
     }
     if global!(CONFIG.batch_wakeups) == 0 {
@@ -102,8 +103,32 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
     }
 }
 
+/// Whether a record sent at once may wake the reader now: the first since the last poll
+/// interval (`ProbeConfig::at_once_gap`) began. Such a record (a Python stack seen first) is
+/// one a traced process can make at will, by forking from ever-new stacks: unlimited, each
+/// would cost the reader a wake-up. One that is not due is batched like any record, and the
+/// reader, woken less than an interval ago, polls again within one (or the idle flag wakes
+/// it). A race between CPUs at worst lets two through.
+#[inline(always)]
+fn at_once_due() -> bool {
+    let Some(last) = AT_ONCE_WOKEN.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // SAFETY: a valid map value, shared by all CPUs; a plain load and store (see above).
+    unsafe {
+        if now.wrapping_sub(*last) < global!(CONFIG.at_once_gap) {
+            return false;
+        }
+        *last = now;
+    }
+    true
+}
+
 /// Whether the reader said it goes idle; if so, the flag is cleared, since this record is
-/// the one to wake it. A race between CPUs at worst wakes the reader twice.
+/// the one to wake it (or it gives it back, see [`give_back_idle`]). A race between CPUs at
+/// worst wakes the reader twice.
 #[inline(always)]
 fn take_idle() -> bool {
     let Some(idle) = READER_IDLE.get_ptr_mut(0) else {
@@ -137,12 +162,16 @@ fn after_commit(reader: Reader, flags: u64) {
     match EVENTS.reserve::<u64>(0) {
         Some(nudge) => nudge.discard(BPF_RB_FORCE_WAKEUP as u64),
         // A full ring: the flag goes back for the next record to find.
-        None => {
-            if let Some(idle) = READER_IDLE.get_ptr_mut(0) {
-                // SAFETY: a valid map value (see `take_idle`).
-                unsafe { *idle = 1 };
-            }
-        }
+        None => give_back_idle(),
+    }
+}
+
+/// Sets the reader's idle flag again, taken by a record that could not wake the reader.
+#[inline(always)]
+fn give_back_idle() {
+    if let Some(idle) = READER_IDLE.get_ptr_mut(0) {
+        // SAFETY: a valid map value (see `take_idle`).
+        unsafe { *idle = 1 };
     }
 }
 

@@ -31,6 +31,11 @@ pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
 
+/// When a record sent at once last woke the reader (index 0, boot-time ns): such wake-ups
+/// are limited to one per `ProbeConfig::at_once_gap`.
+#[map]
+pub static AT_ONCE_WOKEN: Array<u64> = Array::with_max_entries(1, 0);
+
 /// What the reader tells the probes (index 0): which generation of programs records, and
 /// until when a reader is taken to drain the ring.
 #[map]
@@ -162,6 +167,7 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
 pub static CONFIG: ProbeConfig = ProbeConfig {
     batch_wakeups: 0,
     wakeup_bytes: 0,
+    at_once_gap: 0,
     setsid_ret_offset: 0,
     setsid_nr: 0,
     gateway_exes: 0,

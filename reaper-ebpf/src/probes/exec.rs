@@ -75,8 +75,9 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> u32 {
     if n <= 0 {
         ev.program = [0; COMM_LEN];
     }
-    // An interpreter's exec wakes the reader now: it is looked at (its layout given to the
-    // fork probe, a JIT host marked) before it has run far enough to fork.
+    // An interpreter's exec wakes the reader now (at most one such wake-up per poll
+    // interval, see `emit::at_once_due`): it is looked at (its layout given to the fork
+    // probe, a JIT host marked) before it has run far enough to fork.
     let at_once = capture != 0 && Interpreter::of_program(&ev.program).is_some();
 
     let filename = read_ptr_at(bprm, global!(OFFSETS.bprm_filename));

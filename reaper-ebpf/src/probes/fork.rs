@@ -109,7 +109,9 @@ fn send_with_stacks(
     fill(&mut record.fork);
     // A Python stack first seen is named from the spawner's memory, which may be gone
     // milliseconds after its fork: its record wakes the reader at once, whatever the batch
-    // (once per stack in the store). A native copy does not: it is taken at each spawner's
+    // (once per stack in the store, and at most once per poll interval: a Python forking
+    // from ever-new stacks is batched beyond that, see `emit::at_once_due`). A native copy
+    // does not: it is taken at each spawner's
     // first fork from each site (a storm of new processes forking once would wake the reader
     // for each), and is unwound in the mappings of a process up the lineage once it is gone.
     // The mark is kept in the record (map memory), not a register: the verifier then checks

@@ -68,8 +68,9 @@ pub struct LoadOptions {
     pub max_tracked: u32,
     /// Ring buffer size in bytes (a power of two, at least a page).
     pub ring_bytes: u32,
-    /// Batch wake-ups (the reader polls while events stream); false: the kernel's default.
-    pub batch_wakeups: bool,
+    /// How often the reader polls the ring while events stream (`--wakeup-interval`), its
+    /// wake-ups batched meanwhile; zero: the kernel's default, a wake-up per record.
+    pub wakeup_interval: Duration,
     /// The setsid hook to use; `None`: the best one this host offers.
     pub setsid_hook: Option<SetsidHook>,
     pub selectors: SelectorNeeds,
@@ -315,7 +316,8 @@ impl Probes {
             ));
         }
         let config = ProbeConfig {
-            batch_wakeups: u64::from(opts.batch_wakeups),
+            batch_wakeups: u64::from(!opts.wakeup_interval.is_zero()),
+            at_once_gap: opts.wakeup_interval.as_nanos() as u64,
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
             wakeup_bytes: u64::from(sizes.ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),

@@ -97,7 +97,7 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
     let mut evidence = None;
     if let Some((process, before)) = asked.to_sample {
         let sampled = slow.run(move |lookout| {
-            let sample = lookout.sample(process, before.as_ref());
+            let sample = lookout.sample(process, before.as_deref());
             (sample, lookout.take_notes())
         });
         let (sample, notes) = sampled.await.unwrap_or_default();

@@ -219,7 +219,7 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     } = Probes::load(&LoadOptions {
         max_tracked: cli.max_tracked,
         ring_bytes: cli.ring_size,
-        batch_wakeups: !cli.wakeup_interval.is_zero(),
+        wakeup_interval: cli.wakeup_interval,
         setsid_hook: cli.setsid_hook.wanted(),
         selectors: selectors.needs(),
         kept,
@@ -445,7 +445,9 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     run.keep_exact(losses, &kernel.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
-    // A round judged before the stop, written (no kill starts now); then the stop's own look.
+    // A round judged before the stop (or being judged: judged to its end), written (no kill
+    // starts now); then the stop's own look.
+    run.finish_judging();
     run.commit_round(false)?;
     run.clear_ended()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {

@@ -41,6 +41,7 @@ mod resume;
 mod scan;
 mod sessions;
 pub use resume::KeptState;
+pub use scan::JudgeStep;
 
 /// The frames that spawned each process a round asked about, by pid, and whether they were
 /// cut.
@@ -80,7 +81,9 @@ pub struct Pipeline {
     last_exit: u64,
     /// Boot-time ns the run started at.
     started: u64,
-    /// A round of the rules judged, not yet written (see [`Pipeline::judge_round`]).
+    /// A round of the rules being judged, in steps (see [`Pipeline::judge_step`]).
+    judging: Option<scan::Judging>,
+    /// A round of the rules judged, not yet written (see [`Pipeline::judge_step`]).
     judged: Option<scan::Judged>,
     /// When the `-- CMD` gateway was spawned (see [`Pipeline::awaits_command_gateway`]).
     command_gateway_spawned: Option<Instant>,
@@ -120,6 +123,7 @@ impl Pipeline {
             sessions: None,
             last_exit: boottime_now(),
             started: boottime_now(),
+            judging: None,
             judged: None,
             command_gateway_spawned: None,
             sessions_rereading: Vec::new(),

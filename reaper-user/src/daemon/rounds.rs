@@ -2,7 +2,8 @@
 //! a scan is due (and none is under way or waiting to be written); the round reads what the
 //! run holds in its steps (see `daemon/pipeline/scan.rs`) and has its looks and its new
 //! flags' evidence read and their spawn sites named on the rounds' thread of the slow side
-//! ([`Worker`]) between them;
+//! ([`Worker`]) between them, and judges in bounded steps with a yield between each (the
+//! event loop drains the ring there: judging 10,000 looks at once held it some 9 ms);
 //! then the event loop, at its next wake-up, drains the ring and writes the round. Every
 //! live process's fds, read for the other ends of a new flag's pipes, took 400 ms with
 //! 10,000 tracked: the ring is read meanwhile.
@@ -12,7 +13,7 @@ use std::rc::Rc;
 use anyhow::Result;
 use tokio::task::JoinHandle;
 
-use super::pipeline::Pipeline;
+use super::pipeline::{JudgeStep, Pipeline};
 use super::worker::Worker;
 
 /// The rounds of a run: at most one under way or waiting to be written.
@@ -42,8 +43,9 @@ impl Rounds {
         if busy {
             return;
         }
-        // A round that ended judged but unread (it panicked meanwhile) is written as it is,
-        // or no round would start again.
+        // A round that ended mid-judging, or judged but unread (it panicked meanwhile), is
+        // judged to its end and written as it is, or no round would start again.
+        run.finish_judging();
         if run.has_judged_round() && !run.round_ready() {
             run.round_unread();
         }
@@ -73,9 +75,10 @@ impl Rounds {
         }
     }
 
-    /// Ends the round under way where it is: the run stopped. One not yet judged judges
-    /// nothing (what a stop leaves is half torn down, see `Pipeline::clear_ended`); one
-    /// judged is written by the close, with its evidence if it was read, else its samples.
+    /// Ends the round under way where it is: the run stopped. One whose looks are not all
+    /// taken judges nothing (what a stop leaves is half torn down, see
+    /// `Pipeline::clear_ended`); one being judged is judged to its end by the close, and one
+    /// judged is written by it, with its evidence if it was read, else its samples.
     pub(super) async fn stop(mut self) -> Result<()> {
         if let Some(round) = self.under_way.take() {
             round.abort();
@@ -97,7 +100,7 @@ async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
             let sampled: Vec<_> = looks
                 .into_iter()
                 .map(|look| {
-                    let sample = lookout.sample(look.process, look.before.as_ref());
+                    let sample = lookout.sample(look.process, look.before.as_deref());
                     (look, sample)
                 })
                 .collect();
@@ -107,7 +110,15 @@ async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
         (sampled, notes) = job.await.unwrap_or_default();
         run.borrow_mut().tell(&notes)?;
     }
-    let unread = run.borrow_mut().judge_round(planned, sampled);
+    run.borrow_mut().start_judging(planned, sampled);
+    let unread = loop {
+        if let JudgeStep::Judged(unread) = run.borrow_mut().judge_step() {
+            break unread;
+        }
+        // Deferred until the runtime has polled its drivers: a record's wake-up meanwhile
+        // brings the event loop round before the next step.
+        tokio::task::yield_now().await;
+    };
     if let Some(mut unread) = unread {
         let job = slow.run(move |lookout| {
             unread.read(lookout);

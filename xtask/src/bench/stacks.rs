@@ -1,6 +1,7 @@
 //! `--spawn-stacks` for a Python spawner: the fork probe's kernel cost with the interpreter's
-//! frames read, the native stack only, and nothing; the bytes of a fork record; and the
-//! kernel memory of the stack stores at 10,000 distinct stacks.
+//! frames read, the native stack only, and nothing; the bytes of a fork record; the reader's
+//! wake-ups when every fork is from a stack never seen (each such record may wake it at
+//! once); and the kernel memory of the stack stores at 10,000 distinct stacks.
 use std::{
     fs,
     process::{Command, Stdio},
@@ -52,7 +53,10 @@ fn traced_gateway(
     fs::create_dir_all(&dir)?;
     let script = dir.join("gateway.py");
     let done = dir.join(format!("done-{stacks}-{distinct}"));
+    // A run before with the same arguments left both: its DONE.end would end this one's
+    // gateway as soon as it is done.
     let _ = fs::remove_file(&done);
+    let _ = fs::remove_file(format!("{}.end", done.display()));
     fs::write(&script, GATEWAY)?;
     let tracer = Command::new(&bins.reaper)
         .args([
@@ -116,6 +120,8 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         size_of::<reaper_common::EventHeader>()
     );
 
+    wake_ups(bins, opts)?;
+
     let n = 10_000;
     let (tracer, done) = traced_gateway(bins, "auto", n, true)?;
     thread::sleep(Duration::from_millis(500));
@@ -140,6 +146,40 @@ pub(crate) fn python_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
         }
     }
     finish(tracer, &done)
+}
+
+/// The reader's wake-ups (its thread's voluntary context switches, the whole run) per fork
+/// of a Python spawner forking from ever-new stacks, against one forking from one stack,
+/// interleaved: a stack seen first wakes the reader at once, at most once per poll interval.
+fn wake_ups(bins: &Bins, opts: &BenchOptions) -> Result<()> {
+    let reps = opts.reps.max(3);
+    let n = opts.procs;
+    println!(
+        "\n### The reader's wake-ups per fork: {n} forks from {n} distinct Python functions \
+         against {n} from one ({reps} runs each, interleaved)\n"
+    );
+    let (mut same, mut distinct) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        for (wakes, new_stacks) in [(&mut same, false), (&mut distinct, true)] {
+            let (tracer, done) = traced_gateway(bins, "auto", n, new_stacks)?;
+            let status = fs::read_to_string(format!("/proc/{0}/task/{0}/status", tracer.id()))?;
+            let woken = status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .context("the reader's voluntary_ctxt_switches")?;
+            wakes.push(woken / n as f64);
+            finish(tracer, &done)?;
+        }
+    }
+    let (same, distinct) = (median(&mut same), median(&mut distinct));
+    println!("| forks from | wake-ups per fork (median) |\n|---|---|");
+    println!("| one stack | {same:.3} |\n| a new stack each | {distinct:.3} |");
+    println!(
+        "\nA new stack each against one: {:.1}x the wake-ups.",
+        distinct / same.max(f64::EPSILON)
+    );
+    Ok(())
 }
 
 /// The id of map `name` that process `pid` holds.

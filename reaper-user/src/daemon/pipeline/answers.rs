@@ -27,7 +27,7 @@ use crate::stream::evidence::Frame;
 pub struct Asked {
     pub id: NodeId,
     /// Alive: the process to sample and its last sample (see [`crate::leaks::Inspector::to_sample`]).
-    pub to_sample: Option<(ProcessId, Option<Sample>)>,
+    pub to_sample: Option<(ProcessId, Option<Arc<Sample>>)>,
 }
 
 impl Pipeline {

@@ -2,6 +2,8 @@
 //! the run holds: the looks and the new flags' evidence are read from /proc between them,
 //! wherever the caller has them read (`daemon/rounds.rs`: a thread of the slow side).
 //!
+//! A round is judged in steps (`Pipeline::judging`), the reader's own work run between them
+//! (an exit record meanwhile withdraws the flags of its process the steps raised, as below).
 //! A judged round waits here (`Pipeline::judged`) for its evidence, then for its new flags'
 //! spawn sites to be named (both read on the slow side), then for the event loop to write it
 //! right after a drain of the ring (`Pipeline::commit_round`), so what it writes
@@ -16,7 +18,7 @@ use anyhow::Result;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{Pipeline, SpawnedAt, ToName};
-use crate::leaks::{Change, Evidence, Look, Lookout, Near, Reason, Round, Sample, flags};
+use crate::leaks::{self, Change, Evidence, Look, Lookout, Near, Reason, Round, Sample, flags};
 use crate::lineage::graph::NodeId;
 use crate::procfs::boottime_now;
 use crate::sites::NamedSites;
@@ -25,6 +27,47 @@ use crate::sites::NamedSites;
 pub struct Planned {
     round: Round,
     began: Instant,
+}
+
+/// A round being judged, in steps.
+pub(super) struct Judging {
+    round: Round,
+    began: Instant,
+    steps: leaks::Judging,
+}
+
+impl Judging {
+    /// The flag `reason` of process `id` that the steps so far raised, taken out; whether
+    /// there was one.
+    fn take_flag(&mut self, id: NodeId, reason: Reason) -> bool {
+        let raised =
+            |c: &Change| matches!(c, Change::Flag(f) if f.node == id && f.reason == reason);
+        let at = self.round.changes.iter().position(raised);
+        at.map(|at| self.round.changes.remove(at)).is_some()
+    }
+
+    /// The `cleared` changes of live process `pid` (not a zombie's) the steps so far made,
+    /// taken out.
+    fn take_cleared(&mut self, pid: u32) -> Vec<Change> {
+        let of_pid = |c: &Change| match c {
+            Change::Cleared { reason, .. } if *reason == Reason::Zombie => false,
+            Change::Cleared { pid: p, .. } => *p == pid,
+            Change::Flag(_) => false,
+        };
+        let (taken, kept) = std::mem::take(&mut self.round.changes)
+            .into_iter()
+            .partition(of_pid);
+        self.round.changes = kept;
+        taken
+    }
+}
+
+/// What a step of a round's judging left (see [`Pipeline::judge_step`]).
+pub enum JudgeStep {
+    /// More steps to take.
+    More,
+    /// The round is judged: its new flags' evidence to be read, none when there is none.
+    Judged(Option<Unread>),
 }
 
 /// A judged round, waiting for its evidence and its commit.
@@ -75,7 +118,7 @@ impl Unread {
 }
 
 impl Planned {
-    /// The looks due, to be sampled and given back to [`Pipeline::judge_round`].
+    /// The looks due, to be sampled and given back to [`Pipeline::start_judging`].
     pub fn take_looks(&mut self) -> Vec<Look> {
         std::mem::take(&mut self.round.looks)
     }
@@ -92,17 +135,48 @@ impl Pipeline {
         Ok(Planned { round, began })
     }
 
-    /// The next step, the looks sampled: the rules applied. The round waits here for its
-    /// evidence (returned to be read, none when there is none) and its commit; the flags it
-    /// raised are held from now on.
-    pub fn judge_round(
-        &mut self,
-        planned: Planned,
-        sampled: Vec<(Look, Option<Sample>)>,
-    ) -> Option<Unread> {
-        debug_assert!(self.judged.is_none(), "one round judged at a time");
-        let Planned { mut round, began } = planned;
-        self.inspector.judge_round(&self.graph, &mut round, sampled);
+    /// The next step, the looks sampled: the rules are to be applied, in the steps of
+    /// [`Pipeline::judge_step`].
+    pub fn start_judging(&mut self, planned: Planned, sampled: Vec<(Look, Option<Sample>)>) {
+        debug_assert!(
+            self.judged.is_none() && self.judging.is_none(),
+            "one round judged at a time"
+        );
+        let Planned { round, began } = planned;
+        let steps = leaks::Judging::new(sampled);
+        self.judging = Some(Judging {
+            round,
+            began,
+            steps,
+        });
+    }
+
+    /// One step of the round's judging: each bounded, for the caller to let the reader's
+    /// own work run between them. Once judged, the round waits here for its evidence
+    /// (returned to be read) and its commit; the flags it raised are held from their step on.
+    pub fn judge_step(&mut self) -> JudgeStep {
+        let Some(judging) = self.judging.as_mut() else {
+            return JudgeStep::Judged(None);
+        };
+        let (round, steps) = (&mut judging.round, &mut judging.steps);
+        if self.inspector.judge_step(&self.graph, round, steps) {
+            return JudgeStep::More;
+        }
+        let Some(Judging { round, began, .. }) = self.judging.take() else {
+            return JudgeStep::Judged(None);
+        };
+        JudgeStep::Judged(self.judged(round, began))
+    }
+
+    /// The round being judged, if any, judged to its end at once: what judged it is gone (it
+    /// panicked, or the run stops). Its evidence stays unread.
+    pub fn finish_judging(&mut self) {
+        while let JudgeStep::More = self.judge_step() {}
+    }
+
+    /// The judged `round`, waiting for its evidence (returned to be read, none when there is
+    /// none) and its commit.
+    fn judged(&mut self, mut round: Round, began: Instant) -> Option<Unread> {
         let (mut flags, mut cleared) = (HashMap::default(), HashMap::<u32, Vec<usize>>::default());
         for (at, change) in round.changes.iter().enumerate() {
             match change {
@@ -144,7 +218,7 @@ impl Pipeline {
         (!read).then_some(unread)
     }
 
-    /// The evidence of the judged round read (`read`, as [`Pipeline::judge_round`] returned
+    /// The evidence of the judged round read (`read`, as [`Pipeline::judge_step`] returned
     /// it; none when it could not be: the samples stay its evidence): its spawn sites are to
     /// be named next.
     pub fn evidence_read(&mut self, read: Option<Unread>) {
@@ -250,6 +324,11 @@ impl Pipeline {
     /// judged round raised it, is withdrawn (neither it nor its clearing is written; returns
     /// true).
     pub(super) fn never_written(&mut self, id: NodeId, reason: Reason) -> bool {
+        // Raised by a step of the round being judged: not counted yet, and its hold is
+        // what the exit cleared.
+        if let Some(judging) = self.judging.as_mut() {
+            return judging.take_flag(id, reason);
+        }
         let Some(judged) = self.judged.as_mut() else {
             return false;
         };
@@ -264,6 +343,14 @@ impl Pipeline {
     /// At the exit record of `pid`: the `cleared` changes the judged round holds for it,
     /// written now (after its `exit`, as the flags its exit clears are), not at the commit.
     pub(super) fn cleared_at_exit(&mut self, pid: u32, ts: u64) -> Result<()> {
+        if let Some(judging) = self.judging.as_mut() {
+            for change in judging.take_cleared(pid) {
+                if let Some(event) = flags::change_event(&self.graph, &change, ts) {
+                    self.out.event(ts, &event)?;
+                }
+            }
+            return Ok(());
+        }
         let Some(judged) = self.judged.as_mut() else {
             return Ok(());
         };

@@ -5,6 +5,8 @@
 //! reads can be made away from the graph: what to look at ([`Inspector::to_sample`]) and who
 //! may hold the other ends ([`Inspector::near`]) come from what the inspector remembers; the
 //! sample and the peers' fds ([`Lookout`]) are read from /proc, wherever its owner runs it.
+use std::sync::Arc;
+
 use rustc_hash::FxHashSet as HashSet;
 
 use super::{FULL_SCAN_EVERY, Inspector};
@@ -109,7 +111,7 @@ impl Inspector {
 
     /// The first step of evidence about the live process `node`: what to sample, and its last
     /// sample (a socket's peer is taken from it when the socket is the same).
-    pub fn to_sample(&self, node: &Node) -> (ProcessId, Option<Sample>) {
+    pub fn to_sample(&self, node: &Node) -> (ProcessId, Option<Arc<Sample>>) {
         let before = self.watches.get(&node.id).and_then(|w| w.last.clone());
         (node.process(), before)
     }
@@ -138,7 +140,7 @@ impl Inspector {
     /// fds, where every tracked process's (a scan's flags) took 400 ms with 10,000 tracked.
     pub fn evidence(&mut self, graph: &LineageGraph, node: &Node) -> Option<Evidence> {
         let (process, before) = self.to_sample(node);
-        let mut sample = self.sampler.sample(process, before.as_ref())?;
+        let mut sample = self.sampler.sample(process, before.as_deref())?;
         let near = self.near(graph, node.id, &mut sample);
         Some(gather(&mut self.peers, node.id, sample, &near))
     }

@@ -2,10 +2,11 @@
 //! look at the end of an orphan grace (see `rules::orphaned::Breaks`), every scan for what is
 //! flagged `idle` or `deaf`, and a server looked at whole; and what a look remembers of the
 //! process.
+use std::sync::Arc;
+
 use rustc_hash::FxHashSet as HashSet;
 
 use super::{Inspector, Look, Watch, nanos};
-use crate::leaks::channels;
 use crate::leaks::findings::Reason;
 use crate::leaks::sampler::Sample;
 use crate::lineage::graph::{LineageGraph, NodeId};
@@ -82,16 +83,17 @@ impl Inspector {
         looks
     }
 
-    /// Remembers what the looks found, at boot-time `now`; returns the processes looked at
-    /// that are still alive (one that exited meanwhile is its exit record's: its flags were
-    /// cleared there).
+    /// Remembers what some looks found, at boot-time `now`; adds to `looked` the processes
+    /// looked at that are still alive (one that exited meanwhile is its exit record's: its
+    /// flags were cleared there). Their internal channels are marked once every look's
+    /// samples are in (see `judging.rs`).
     pub(super) fn remember(
         &mut self,
         graph: &LineageGraph,
-        sampled: Vec<(Look, Option<Sample>)>,
+        sampled: impl Iterator<Item = (Look, Option<Sample>)>,
         now: u64,
-    ) -> HashSet<NodeId> {
-        let mut looked = HashSet::default();
+        looked: &mut HashSet<NodeId>,
+    ) {
         for (look, sample) in sampled {
             let alive = graph.node(look.id).filter(|n| n.alive());
             if alive.is_none_or(|n| n.process() != look.process) {
@@ -102,13 +104,6 @@ impl Inspector {
                 self.refresh(look.id, sample, now);
             }
         }
-        // Internal channels need every fresh sample's holders in the index first.
-        for &id in &looked {
-            if let Some(s) = self.watches.get_mut(&id).and_then(|w| w.last.as_mut()) {
-                channels::mark_internal(id, &mut s.fds, &self.holders);
-            }
-        }
-        looked
     }
 
     /// Updates what the watch of process `id` remembers from a fresh sample `s`.
@@ -130,7 +125,7 @@ impl Inspector {
         };
         let before = w.last.as_ref().map_or(&[][..], |l| &l.fds[..]);
         self.holders.replace(id, before, &s.fds);
-        w.last = Some(s);
+        w.last = Some(Arc::new(s));
     }
 }
 

@@ -1,13 +1,14 @@
 //! The count kept across looks: each instance's kind and gateway instance (looked up once),
 //! since when it has been one too many, when instances are next counted, and the census the
-//! metrics take. The inspector calls [`Crowds::judge`] when a look or an exit may have changed
-//! a count, and applies what it decides to the flags it keeps.
+//! metrics take. The inspector gathers the instances ([`Crowds::instances`]) and calls
+//! [`Crowds::judge`] when a look or an exit may have changed a count, and applies what it
+//! decides to the flags it keeps.
 use std::rc::Rc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::kinds::Kind;
-use super::{CENSUS_KINDS, CROWD_GRACE, FELL_BACK, Instance, census, groups};
+use super::{CENSUS_KINDS, CROWD_GRACE, FELL_BACK, Group, Instance, census};
 use crate::leaks::findings::Crowd;
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs;
@@ -79,23 +80,34 @@ impl Crowds {
         self.census.take()
     }
 
-    /// Counts every instance (a server, on its outermost process; `servers` each outermost
-    /// first) by gateway instance and kind: all but the newest `max` of a kind are over, and
-    /// flagged once over for [`CROWD_GRACE`]; a flag whose process is no longer over clears.
+    /// The instances among `servers` (each outermost process first), to be grouped for
+    /// [`Crowds::judge`]: gathered a slice of servers at a time, if the caller wants.
+    pub fn instances(
+        &mut self,
+        graph: &LineageGraph,
+        servers: &[Vec<NodeId>],
+        watched: &impl Watched,
+    ) -> Vec<Instance> {
+        servers
+            .iter()
+            .filter_map(|s| self.instance(graph, s[0], watched))
+            .collect()
+    }
+
+    /// Counts every instance (`groups`, by gateway instance and kind, gathered from
+    /// `servers`: a server, on its outermost process): all but the newest `max` of a kind
+    /// are over, and flagged once over for [`CROWD_GRACE`]; a flag whose process is no longer
+    /// over clears.
     pub fn judge(
         &mut self,
         graph: &LineageGraph,
         servers: &[Vec<NodeId>],
+        groups: Vec<Group>,
         watched: &impl Watched,
         max: usize,
         now: u64,
     ) -> Verdict {
         let grace = u64::try_from(CROWD_GRACE.as_nanos()).unwrap_or(u64::MAX);
-        let instances: Vec<Instance> = servers
-            .iter()
-            .filter_map(|s| self.instance(graph, s[0], watched))
-            .collect();
-        let groups = groups(instances);
         self.census = Some(census(&groups, CENSUS_KINDS));
         self.counted.clear();
         for g in &groups {
@@ -232,6 +244,7 @@ impl Crowds {
 mod tests {
     use super::*;
     use crate::capture::decode::What;
+    use crate::leaks::rules::accumulating::Grouping;
     use crate::lineage::graph::testing::{fork, gateway, record};
     use crate::text::{Args, Comm};
 
@@ -276,13 +289,26 @@ mod tests {
         }
     }
 
+    /// A count of `servers` with two instances of a kind allowed.
+    fn count(
+        crowds: &mut Crowds,
+        graph: &LineageGraph,
+        servers: &[Vec<NodeId>],
+        watched: &Flags,
+        now: u64,
+    ) -> Verdict {
+        let mut grouping = Grouping::default();
+        grouping.add(crowds.instances(graph, servers, watched));
+        crowds.judge(graph, servers, grouping.groups(), watched, 2, now)
+    }
+
     #[test]
     fn the_oldest_over_the_limit_are_flagged_after_the_grace_and_cleared_when_the_count_falls() {
         let (graph, servers) = instances(4);
         let (oldest, second) = (servers[0][0], servers[1][0]);
         let mut crowds = Crowds::default();
         let now = 10 * SEC;
-        let first = crowds.judge(&graph, &servers, &Flags(vec![]), 2, now);
+        let first = count(&mut crowds, &graph, &servers, &Flags(vec![]), now);
         assert!(
             first.raise.is_empty(),
             "one too many for less than the grace"
@@ -291,7 +317,7 @@ mod tests {
         assert_eq!(crowds.next_look(), Some(now + grace));
         assert!(!crowds.due(now + grace - 1) && crowds.due(now + grace));
 
-        let later = crowds.judge(&graph, &servers, &Flags(vec![]), 2, now + grace);
+        let later = count(&mut crowds, &graph, &servers, &Flags(vec![]), now + grace);
         let raised: Vec<(NodeId, usize, u32)> = later
             .raise
             .iter()
@@ -305,7 +331,13 @@ mod tests {
 
         // The two newest gone: the two oldest are no longer over, and their flags clear.
         let flagged = Flags(vec![oldest, second]);
-        let fewer = crowds.judge(&graph, &servers[..2], &flagged, 2, now + 2 * grace);
+        let fewer = count(
+            &mut crowds,
+            &graph,
+            &servers[..2],
+            &flagged,
+            now + 2 * grace,
+        );
         assert!(fewer.raise.is_empty());
         assert_eq!(fewer.clear, [(oldest, FELL_BACK), (second, FELL_BACK)]);
     }

@@ -99,29 +99,44 @@ impl Group {
 }
 
 /// The instances grouped by gateway instance and kind, each group oldest first.
+#[cfg(test)]
 pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
-    let mut by_kind: HashMap<(NodeId, Shape), Vec<Instance>> = HashMap::default();
-    for i in instances {
-        by_kind
-            .entry((i.gateway, Shape(i.kind.clone())))
-            .or_default()
-            .push(i);
+    let mut grouping = Grouping::default();
+    grouping.add(instances);
+    grouping.groups()
+}
+
+/// Instances being grouped by gateway instance and kind (each kind's shape hashed), added a
+/// slice at a time if the caller wants.
+#[derive(Default)]
+pub struct Grouping(HashMap<(NodeId, Shape), Vec<Instance>>);
+
+impl Grouping {
+    pub fn add(&mut self, instances: impl IntoIterator<Item = Instance>) {
+        for i in instances {
+            let group = self.0.entry((i.gateway, Shape(i.kind.clone())));
+            group.or_default().push(i);
+        }
     }
-    let mut out: Vec<Group> = by_kind
-        .into_iter()
-        .map(|((gateway, _), mut members)| {
-            members.sort_by_key(|i| (i.start, i.node));
-            let pattern = Kind::pattern(members.iter().map(|i| &*i.kind));
-            Group {
-                gateway,
-                members,
-                pattern,
-            }
-        })
-        .collect();
-    // A stable order for the stream: by gateway, then by the oldest instance.
-    out.sort_by_key(|g| (g.gateway, g.members[0].start, g.members[0].node));
-    out
+
+    /// The groups, each oldest first, in a stable order.
+    pub fn groups(self) -> Vec<Group> {
+        let mut out: Vec<Group> = (self.0)
+            .into_iter()
+            .map(|((gateway, _), mut members)| {
+                members.sort_by_key(|i| (i.start, i.node));
+                let pattern = Kind::pattern(members.iter().map(|i| &*i.kind));
+                Group {
+                    gateway,
+                    members,
+                    pattern,
+                }
+            })
+            .collect();
+        // A stable order for the stream: by gateway, then by the oldest instance.
+        out.sort_by_key(|g| (g.gateway, g.members[0].start, g.members[0].node));
+        out
+    }
 }
 
 /// A kind as a map key: its shape ([`Kind::key`]), not copied out of it.
