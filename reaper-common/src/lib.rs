@@ -431,7 +431,7 @@ pub struct ProbeConfig {
     /// Wake the reader at once when this many bytes are waiting in the ring.
     pub wakeup_bytes: u64,
     /// Nanoseconds after a record sent at once woke the reader before another may: the
-    /// reader's poll interval while events stream (0: no limit).
+    /// reader's base poll interval (`--wakeup-interval`; 0: no limit).
     pub at_once_gap: u64,
     /// Offset of `ret` in the `syscalls/sys_exit_setsid` record, read from tracefs.
     pub setsid_ret_offset: u64,

@@ -88,6 +88,9 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
         return BPF_RB_NO_WAKEUP as u64;
     }
     if at_once && at_once_due() {
+        // This record wakes the reader: an idle flag is this record's to take, or the next
+        // record would wake it again.
+        let _ = take_idle();
         return BPF_RB_FORCE_WAKEUP as u64;
     }
     if global!(CONFIG.batch_wakeups) == 0 {
@@ -103,12 +106,14 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
     }
 }
 
-/// Whether a record sent at once may wake the reader now: the first since the last poll
+/// Whether a record sent at once may wake the reader now: the first since the last base poll
 /// interval (`ProbeConfig::at_once_gap`) began. Such a record (a Python stack seen first) is
 /// one a traced process can make at will, by forking from ever-new stacks: unlimited, each
-/// would cost the reader a wake-up. One that is not due is batched like any record, and the
-/// reader, woken less than an interval ago, polls again within one (or the idle flag wakes
-/// it). A race between CPUs at worst lets two through.
+/// would cost the reader a wake-up. One that is not due is batched like any record: the
+/// reader, woken less than an interval ago, finds it at its next poll (its poll interval
+/// widens to 16 ms at most while records stream), or the idle flag wakes it. The limit is
+/// shared: a traced process using it up delays another spawner's first stack to that poll.
+/// A race between CPUs at worst lets two through.
 #[inline(always)]
 fn at_once_due() -> bool {
     let Some(last) = AT_ONCE_WOKEN.get_ptr_mut(0) else {
@@ -116,9 +121,10 @@ fn at_once_due() -> bool {
     };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_boot_ns() };
+    let gap = global!(CONFIG.at_once_gap);
     // SAFETY: a valid map value, shared by all CPUs; a plain load and store (see above).
     unsafe {
-        if now.wrapping_sub(*last) < global!(CONFIG.at_once_gap) {
+        if now.wrapping_sub(*last) < gap {
             return false;
         }
         *last = now;

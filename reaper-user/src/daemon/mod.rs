@@ -406,6 +406,10 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     let mut run = Rc::try_unwrap(run)
         .map_err(|_| anyhow!("the API's answers or a round still held the run at its close"))?
         .into_inner();
+    // A round being judged when the run stopped is judged to its end now, against the graph
+    // as the stop found it (not once CMD is ended and the last records drained: what a stop
+    // leaves is half torn down, see `Pipeline::clear_ended`); the commit below writes it.
+    run.finish_judging();
     let Sources {
         mut ring,
         mut kernel,
@@ -445,9 +449,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     run.keep_exact(losses, &kernel.tracked)?;
     run.release_lagging(Duration::ZERO)?;
     // Flags of processes that ended since the last scan are cleared in the stream too.
-    // A round judged before the stop (or being judged: judged to its end), written (no kill
-    // starts now); then the stop's own look.
-    run.finish_judging();
+    // A round judged before the stop, written (no kill starts now); then the stop's own look.
     run.commit_round(false)?;
     run.clear_ended()?;
     while let Some(r) = kill_reports.as_mut().and_then(|rx| rx.try_recv().ok()) {

@@ -34,30 +34,61 @@ pub(super) struct Judging {
     round: Round,
     began: Instant,
     steps: leaks::Judging,
+    /// The flags the steps so far raised, and the pids of the `cleared` changes they made
+    /// (a live process's, not a zombie's), from the changes before `indexed`: an exit record
+    /// between two steps looks here, not through every change.
+    flagged: HashSet<(NodeId, Reason)>,
+    cleared: HashSet<u32>,
+    indexed: usize,
 }
 
 impl Judging {
+    /// Indexes the changes the last step made.
+    fn index(&mut self) {
+        for change in &self.round.changes[self.indexed..] {
+            match change {
+                Change::Flag(f) => {
+                    self.flagged.insert((f.node, f.reason));
+                }
+                Change::Cleared { reason, .. } if *reason == Reason::Zombie => {}
+                Change::Cleared { pid, .. } => {
+                    self.cleared.insert(*pid);
+                }
+            }
+        }
+        self.indexed = self.round.changes.len();
+    }
+
     /// The flag `reason` of process `id` that the steps so far raised, taken out; whether
     /// there was one.
     fn take_flag(&mut self, id: NodeId, reason: Reason) -> bool {
+        if !self.flagged.remove(&(id, reason)) {
+            return false;
+        }
         let raised =
             |c: &Change| matches!(c, Change::Flag(f) if f.node == id && f.reason == reason);
         let at = self.round.changes.iter().position(raised);
-        at.map(|at| self.round.changes.remove(at)).is_some()
+        let taken = at.map(|at| self.round.changes.remove(at)).is_some();
+        self.indexed -= usize::from(taken);
+        taken
     }
 
     /// The `cleared` changes of live process `pid` (not a zombie's) the steps so far made,
     /// taken out.
     fn take_cleared(&mut self, pid: u32) -> Vec<Change> {
+        if !self.cleared.remove(&pid) {
+            return Vec::new();
+        }
         let of_pid = |c: &Change| match c {
             Change::Cleared { reason, .. } if *reason == Reason::Zombie => false,
             Change::Cleared { pid: p, .. } => *p == pid,
             Change::Flag(_) => false,
         };
-        let (taken, kept) = std::mem::take(&mut self.round.changes)
+        let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.round.changes)
             .into_iter()
             .partition(of_pid);
         self.round.changes = kept;
+        self.indexed -= taken.len();
         taken
     }
 }
@@ -148,6 +179,9 @@ impl Pipeline {
             round,
             began,
             steps,
+            flagged: HashSet::default(),
+            cleared: HashSet::default(),
+            indexed: 0,
         });
     }
 
@@ -160,6 +194,7 @@ impl Pipeline {
         };
         let (round, steps) = (&mut judging.round, &mut judging.steps);
         if self.inspector.judge_step(&self.graph, round, steps) {
+            judging.index();
             return JudgeStep::More;
         }
         let Some(Judging { round, began, .. }) = self.judging.take() else {

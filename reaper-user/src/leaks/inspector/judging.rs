@@ -3,12 +3,15 @@
 //! live rules applied to each server sampled, the `accumulating` count, zombies, and the
 //! spawners the killer found respawning.
 //!
-//! It is taken in steps ([`Inspector::judge_step`]), each bounded by [`PER_STEP`] looks,
+//! It is taken in steps ([`Inspector::judge_step`]), each of at most [`PER_STEP`] looks,
 //! processes or servers, for its caller to let the reader's own work run between them: at
-//! 10,000 looks, judging a round at once held the reader's thread some 9 ms. The graph may
-//! change between steps, as it does between a look and its judging: each step takes what it
-//! reads of it as it is then (a process gone meanwhile is not judged, or its flag is
-//! withdrawn when the round is written, as before).
+//! 10,000 looks, judging a round at once held the reader's thread some 9 ms. A step is
+//! bounded by count, not by size: a process of thousands of fds, or one server of thousands
+//! of processes, is still one piece of work, and the groups and the count are one step each.
+//! The graph may change between steps, as it does between a look and its judging: each step
+//! takes what it reads of it as it is then (a process gone before its sample is remembered is
+//! not judged; one gone later is judged on its sample, its flag held until the round is
+//! written, where it is withdrawn, as before).
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -23,7 +26,7 @@ use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::placement::Placement;
 
 /// How many looks, processes or servers one step of a round's judging takes: a fraction of
-/// a millisecond of work here.
+/// a millisecond of work here for processes of a few fds each.
 const PER_STEP: usize = 1_000;
 
 /// A round's judging under way, from the looks' samples to the last step (see
