@@ -425,14 +425,13 @@ pub struct KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProbeConfig {
-    /// 1: wake the reader only when it said it went idle (it polls on its own while events
-    /// stream); 0: the kernel's default, a wake-up whenever the reader has caught up.
-    pub batch_wakeups: u64,
+    /// The reader's base poll interval in ns (`--wakeup-interval`). Not 0: wake the reader
+    /// only when it said it went idle (it polls on its own while events stream), and a record
+    /// sent at once at most once per interval; 0: the kernel's default, a wake-up whenever
+    /// the reader has caught up.
+    pub wakeup_interval: u64,
     /// Wake the reader at once when this many bytes are waiting in the ring.
     pub wakeup_bytes: u64,
-    /// Nanoseconds after a record sent at once woke the reader before another may: the
-    /// reader's base poll interval (`--wakeup-interval`; 0: no limit).
-    pub at_once_gap: u64,
     /// Offset of `ret` in the `syscalls/sys_exit_setsid` record, read from tracefs.
     pub setsid_ret_offset: u64,
     /// The setsid syscall number on this architecture (for the raw `sys_exit` fallback).

@@ -93,7 +93,7 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
         let _ = take_idle();
         return BPF_RB_FORCE_WAKEUP as u64;
     }
-    if global!(CONFIG.batch_wakeups) == 0 {
+    if global!(CONFIG.wakeup_interval) == 0 {
         return 0;
     }
     if take_idle() {
@@ -107,7 +107,7 @@ fn submit_flags(reader: Reader, at_once: bool) -> u64 {
 }
 
 /// Whether a record sent at once may wake the reader now: the first since the last base poll
-/// interval (`ProbeConfig::at_once_gap`) began. Such a record (a Python stack seen first) is
+/// interval (`ProbeConfig::wakeup_interval`) began. Such a record (a Python stack seen first) is
 /// one a traced process can make at will, by forking from ever-new stacks: unlimited, each
 /// would cost the reader a wake-up. One that is not due is batched like any record: the
 /// reader, woken less than an interval ago, finds it at its next poll (its poll interval
@@ -121,7 +121,7 @@ fn at_once_due() -> bool {
     };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    let gap = global!(CONFIG.at_once_gap);
+    let gap = global!(CONFIG.wakeup_interval);
     // SAFETY: a valid map value, shared by all CPUs; a plain load and store (see above).
     unsafe {
         if now.wrapping_sub(*last) < gap {
@@ -162,7 +162,7 @@ fn take_idle() -> bool {
 #[inline(always)]
 fn after_commit(reader: Reader, flags: u64) {
     let nobody_woken = reader.draining && flags == BPF_RB_NO_WAKEUP as u64;
-    if !nobody_woken || global!(CONFIG.batch_wakeups) == 0 || !take_idle() {
+    if !nobody_woken || global!(CONFIG.wakeup_interval) == 0 || !take_idle() {
         return;
     }
     match EVENTS.reserve::<u64>(0) {

@@ -32,7 +32,7 @@ pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
 pub static READER_IDLE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// When a record sent at once last woke the reader (index 0, boot-time ns): such wake-ups
-/// are limited to one per `ProbeConfig::at_once_gap`.
+/// are limited to one per `ProbeConfig::wakeup_interval`.
 #[map]
 pub static AT_ONCE_WOKEN: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -165,9 +165,8 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
 /// Run-time settings (set by user space at load).
 #[unsafe(no_mangle)]
 pub static CONFIG: ProbeConfig = ProbeConfig {
-    batch_wakeups: 0,
+    wakeup_interval: 0,
     wakeup_bytes: 0,
-    at_once_gap: 0,
     setsid_ret_offset: 0,
     setsid_nr: 0,
     gateway_exes: 0,

@@ -111,11 +111,11 @@ fn send_with_stacks(
     // milliseconds after its fork: its record wakes the reader at once, whatever the batch
     // (once per stack in the store, and at most once per poll interval: a Python forking
     // from ever-new stacks is batched beyond that, see `emit::at_once_due`). A native copy
-    // does not: it is taken at each spawner's
-    // first fork from each site (a storm of new processes forking once would wake the reader
-    // for each), and is unwound in the mappings of a process up the lineage once it is gone.
-    // The mark is kept in the record (map memory), not a register: the verifier then checks
-    // the rest of the program once, not once for each value.
+    // does not: it is taken at each spawner's first fork from each site (a storm of new
+    // processes forking once would wake the reader for each), and is unwound in the mappings
+    // of a process up the lineage once it is gone. The mark is kept in the record (map
+    // memory), not a register: the verifier then checks the rest of the program once, not
+    // once for each value.
     if capture & SPAWN_STACKS_PYTHON != 0 {
         let read = python::stack(spawner, spawner_start);
         record.fork.py_stack = read.key;

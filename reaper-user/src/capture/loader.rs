@@ -316,8 +316,7 @@ impl Probes {
             ));
         }
         let config = ProbeConfig {
-            batch_wakeups: u64::from(!opts.wakeup_interval.is_zero()),
-            at_once_gap: opts.wakeup_interval.as_nanos() as u64,
+            wakeup_interval: u64::try_from(opts.wakeup_interval.as_nanos()).unwrap_or(u64::MAX),
             // Wake at once when a quarter of the ring is waiting, long before it can fill.
             wakeup_bytes: u64::from(sizes.ring_bytes / 4),
             setsid_ret_offset: setsid_ret_offset.unwrap_or(0),

@@ -119,8 +119,8 @@ pub struct Inspector {
 
 /// One round of the rules, taken in steps so that its /proc reads can be made away from the
 /// graph: [`Inspector::plan`] (what is due), the looks (each a [`Look`], sampled wherever its
-/// owner runs them), [`Inspector::judge_step`] (the rules, in bounded steps), then who holds the other ends of
-/// the new flags' channels ([`Round::evidence_slots`], read like the looks).
+/// owner runs them), [`Inspector::judge_step`] (the rules, in bounded steps), then who holds
+/// the other ends of the new flags' channels ([`Round::evidence_slots`], read like the looks).
 pub struct Round {
     /// Boot-time ns the round judges at.
     pub now: u64,
