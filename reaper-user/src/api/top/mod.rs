@@ -18,18 +18,18 @@ use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph, Wrap};
 use ratatui::{DefaultTerminal, Frame};
 
 use super::client::{get, kill, readable, sessions};
-use super::{Branch, KillRequest, KindCount, Process, Sessions, Status, name_session};
-use crate::output::tree::State;
+use super::{KillRequest, Process, Sessions, name_session};
 use crate::procfs::boottime_now;
-use crate::procfs::facts::read_rss_kib;
 use crate::stream::answer::SessionRow;
 use crate::stream::words::human_duration;
 use crate::text::escape_for_terminal;
 
 mod kill_line;
+mod snapshot;
 mod trends;
 
 use kill_line::{CONFIRM_FOR, Confirm, confirmation, outcome};
+use snapshot::{FlagRow, Snapshot, TREE_EVERY, snapshot};
 use trends::Trends;
 
 /// A live view of a running audit: its gateways, kinds, and flags or sessions (`s` switches);
@@ -45,27 +45,6 @@ pub struct TopCli {
     /// How often the view is refreshed.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::cli::parse_duration)]
     pub every: Duration,
-}
-
-/// What one refresh read.
-#[derive(Default)]
-struct Snapshot {
-    status: Status,
-    gateways: Vec<GatewayRow>,
-    kinds: Vec<KindCount>,
-    flags: Vec<FlagRow>,
-    sessions: Sessions,
-}
-
-struct GatewayRow {
-    text: String,
-    descendants: usize,
-    rss_kib: u64,
-}
-
-struct FlagRow {
-    pid: u32,
-    text: String,
 }
 
 /// Runs the view until `q`; the terminal is given back as it was.
@@ -527,80 +506,6 @@ impl View {
                 )
             })
             .collect()
-    }
-}
-
-/// The tree (the gateways' descendants and memory, the flags) is read at every this many
-/// refreshes, the status and the kinds at each: with 10,000 tracked processes the tree is 3 MB
-/// of JSON and 10,000 `statm` files, most of `top`'s CPU.
-const TREE_EVERY: u64 = 5;
-
-/// Reads the run's status and kinds and, when `whole`, its tree and the memory of each
-/// gateway's descendants.
-async fn snapshot(socket: &std::path::Path, whole: bool) -> Result<Snapshot> {
-    let ask = async |path: &str| -> Result<bytes::Bytes> {
-        let (status, body) = get(socket, path).await?;
-        match status.is_success() {
-            true => Ok(body),
-            false => bail!("{} answered {status} to {path}", socket.display()),
-        }
-    };
-    let status: Status = serde_json::from_slice(&ask("/v1/status").await?)?;
-    let kinds: Vec<KindCount> = serde_json::from_slice(&ask("/v1/kinds").await?)?;
-    let (roots, sessions): (Vec<Branch>, Sessions) = match whole {
-        true => (
-            serde_json::from_slice(&ask("/v1/tree").await?)?,
-            serde_json::from_slice(&ask("/v1/sessions").await?)?,
-        ),
-        false => Default::default(),
-    };
-    let mut snap = Snapshot {
-        status,
-        kinds,
-        sessions,
-        ..Snapshot::default()
-    };
-    for root in &roots {
-        let mut alive = Vec::new();
-        walk(root, &mut |b| {
-            if b.state != State::Alive {
-                return;
-            }
-            if !b.gateway || !std::ptr::eq(b, root) {
-                alive.push(b.pid);
-            }
-            if !b.flags.is_empty() {
-                let flags: Vec<&str> = b.flags.iter().map(|r| r.name()).collect();
-                snap.flags.push(FlagRow {
-                    pid: b.pid,
-                    text: format!(
-                        "{:>7} {:<16} {}",
-                        b.pid,
-                        clip(&b.comm.for_terminal(), 16),
-                        flags.join(", ")
-                    ),
-                });
-            }
-        });
-        if root.gateway {
-            snap.gateways.push(GatewayRow {
-                text: format!(
-                    "{} {}",
-                    root.pid,
-                    program_by_file_name(&root.argv.for_terminal())
-                ),
-                descendants: alive.len(),
-                rss_kib: alive.iter().filter_map(|&p| read_rss_kib(p)).sum(),
-            });
-        }
-    }
-    Ok(snap)
-}
-
-fn walk<'a>(b: &'a Branch, visit: &mut impl FnMut(&'a Branch)) {
-    visit(b);
-    for kid in &b.spawned {
-        walk(kid, visit);
     }
 }
 
