@@ -151,11 +151,12 @@ pub struct Cli {
     /// while they keep coming. The first event after a quiet spell wakes it at once. Batching
     /// wake-ups is what keeps tracing cheap under a fork storm; 0 wakes the reader for every
     /// event.
-    // 1.5 ms keeps the p99 of lone records 50 ms apart under the 2 ms budget (2 ms read
-    // 2.15 ms); records 8 ms apart read 2.11 ms (BENCHMARKS.md). It was chosen over 1 ms when
+    // A record that comes just after a poll waits a whole interval, then for the reader to
+    // be scheduled: at 1.5 ms the p99 of lone records read 2.04 to 2.08 ms, at 1 ms 1.2 to
+    // 1.44 ms (50 ms and 8 ms apart, BENCHMARKS.md). 1.5 ms had been chosen over 1 ms when
     // records at 1 ms waited for the 100 ms housekeeping tick: a lost wake-up at any
     // interval, fixed since (docs/design.md).
-    #[arg(long, value_name = "DUR", default_value = "1500us", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]
     pub wakeup_interval: Duration,
 
     /// How setsid() is observed: `auto` uses the syscalls/sys_exit_setsid tracepoint (mounting

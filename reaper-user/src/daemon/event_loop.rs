@@ -30,10 +30,10 @@ use crate::procfs::boottime_now;
 
 /// How often losses are checked and pending reparents re-read when nothing else happens.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
-/// Records one tick must find for the poll clock to widen: a fork+exec storm brings a dozen a
-/// millisecond and a fork+exit storm dozens; one process's fork, exec, exit and free come
-/// in ones and twos a tick (and keep the quiet budget).
-const STREAM_BATCH: usize = 8;
+/// Records one tick must find for the poll clock to widen: a fork+exec storm brings several a
+/// millisecond and a fork+exit storm dozens; one process's fork, exec, exit
+/// and free come in ones and twos a tick (and keep the quiet budget).
+const STREAM_BATCH: usize = 6;
 /// How soon a child whose parent exited is looked at again.
 const LOOK_AGAIN: Duration = Duration::from_millis(5);
 /// How soon an interpreter whose libpython the loader had not mapped yet is looked at again:
@@ -240,8 +240,6 @@ pub(super) async fn event_loop(
     let settle = sleep_until(far);
     pin!(stop_at, settle);
     let mut settling = false;
-    // Environments wait to be read behind the read under way, and no tick will come round.
-    let mut reads_wait_idle = false;
     loop {
         // A child whose parent exited, and an interpreter not yet mapped (before the program
         // gets to spawn), are looked at again soon, not at the next tick.
@@ -314,21 +312,22 @@ pub(super) async fn event_loop(
                     settling = true;
                 }
             }
-            // A turn, so that what waited behind the read just done is handed on.
-            _ = sessions.done(), if reads_wait_idle => {}
+            // A session read done while no tick would come round: kept, and what waited
+            // behind it handed on, below (one done while the clock ticks waits for a tick).
+            _ = sessions.woken(), if sessions.under_way() && !poll.ticking() => {}
             _ = &mut settle, if settling => return Ok(Stop::Done),
             Ok(name) = &mut signals.first => return Ok(Stop::Signal(name)),
             _ = &mut stop_at => return Ok(Stop::Duration),
         }
         rounds.failure().context("writing output")?;
-        sessions.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
         // The execs taken in have their environments read soon (a per-session process may
         // not live long): gathered while the poll clock ticks (its next tick comes round
         // within a period), handed on now when the reader may sleep next, or, behind a read
         // under way, when that one is done.
-        sessions.start(&mut run, poll.ticking())?;
-        reads_wait_idle = !poll.ticking() && run.sessions_waiting();
+        sessions
+            .turn(&mut run, poll.ticking())
+            .context("writing output")?;
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).
         if run.round_ready() {

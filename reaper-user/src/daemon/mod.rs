@@ -87,7 +87,7 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     let slow = worker::Worker::start("reaper-rounds")?;
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
     let slow = worker::Worker::start("reaper-sessions")?;
-    let mut sessions = session_reads::SessionReads::new(tracing.run.clone(), slow);
+    let mut sessions = session_reads::SessionReads::new(slow);
     let stop = event_loop(
         cli,
         &mut tracing.selectors,
@@ -102,16 +102,13 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     // close).
     // Both aborted before either is awaited: an await lets the other run on.
     rounds.abort();
-    sessions.abort();
     if let Some(answers) = answers {
         answers.abort();
         let _ = answers.await;
     }
     let stopped = rounds.stop().await;
-    let read = sessions.stop().await;
     let stop = stop?;
     stopped?;
-    read?;
     close(cli, tracing, stop).await
 }
 

@@ -1,98 +1,212 @@
-//! Reading which agent session each process is in (`--session-env` or `--session-cgroup`),
-//! a task beside the event loop: the event loop starts one at the end of a turn when
-//! environments (or cgroups) wait to be read and none is under way (what comes meanwhile
-//! waits for the next, and the event loop comes round when that one is done; while records
-//! stream, they are gathered first);
-//! the reads are made on a thread of the slow side of their own ([`Worker`]), and what they
-//! found is kept by the run when the task wakes with it. A thread of its own: a round's looks
-//! or a `why` never wait behind a storm's execs, nor these behind them.
-use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+//! Reading which agent session each process is in (`--session-env` or `--session-cgroup`)
+//! on a thread of the slow side of its own ([`Worker`]): a round's looks or a `why` never
+//! wait behind a storm's execs, nor these behind them.
+//!
+//! The event loop hands on what waits at the end of a turn when no read is under way (what
+//! comes meanwhile waits for the next; while records stream, it is gathered first, see
+//! `Sessions::take`), and takes what a read found at each turn. A read done while the poll
+//! clock ticks is left for the next tick, within a poll period: waking the reader for each
+//! added a third to a half to its wake-ups in a fork+exec loop (a read every 10 ms beside
+//! ticks up to 16 ms apart) and about a tenth to its CPU. A read done while the reader may
+//! sleep wakes it, or what waited behind it would wait for the next record.
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::Result;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use super::pipeline::Pipeline;
 use super::worker::Worker;
+use crate::lineage::graph::NodeId;
+use crate::lineage::sessions::Read;
 
 /// The session reads of a run: at most one under way.
 pub(super) struct SessionReads {
-    run: Rc<RefCell<Pipeline>>,
-    slow: Rc<Worker>,
-    under_way: Option<JoinHandle<()>>,
-    /// Told when a read is done.
-    done: Rc<Notify>,
-    /// A read's failure (writing its lines), for the event loop to end the run with.
-    failed: Rc<Cell<Option<anyhow::Error>>>,
+    slow: Worker,
+    under_way: bool,
+    done: Arc<Done>,
+}
+
+/// What a read left for the event loop, and the wake-up for it.
+#[derive(Default)]
+struct Done {
+    /// One lock for both sides of the hand-over, so that a reader going to sleep either finds
+    /// the outcome or is woken for it.
+    left: Mutex<Left>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Left {
+    outcome: Option<Outcome>,
+    /// The reader's poll clock ticks: it comes round within a period without a wake-up.
+    reader_ticks: bool,
+}
+
+impl Done {
+    fn left(&self) -> MutexGuard<'_, Left> {
+        // Nothing under the lock panics; a poisoned lock holds a whole value all the same.
+        self.left.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How a read ended.
+enum Outcome {
+    /// Each process read and what its environment (or cgroup) names.
+    Found(Vec<(NodeId, Read)>),
+    /// The read never finished (it panicked): each keeps what an earlier read found.
+    GivenUp(Vec<NodeId>),
+}
+
+/// The read's outcome, left for the event loop when the read ends however it ends: a read
+/// that panics unwinds through this and leaves [`Outcome::GivenUp`], or no read would start
+/// again.
+struct Leave {
+    done: Arc<Done>,
+    ids: Vec<NodeId>,
+    found: Option<Vec<(NodeId, Read)>>,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        let outcome = match self.found.take() {
+            Some(found) => Outcome::Found(found),
+            None => Outcome::GivenUp(std::mem::take(&mut self.ids)),
+        };
+        let mut left = self.done.left();
+        left.outcome = Some(outcome);
+        if !left.reader_ticks {
+            self.done.wake.notify_one();
+        }
+    }
 }
 
 impl SessionReads {
-    pub(super) fn new(run: Rc<RefCell<Pipeline>>, slow: Worker) -> SessionReads {
+    pub(super) fn new(slow: Worker) -> SessionReads {
         SessionReads {
-            run,
-            slow: Rc::new(slow),
-            under_way: None,
-            done: Rc::default(),
-            failed: Rc::default(),
+            slow,
+            under_way: false,
+            done: Arc::default(),
         }
     }
 
-    /// Starts reading what waits in `run`, unless a read is under way (what waits then waits
-    /// for a turn after it) or, while records `stream`, what waits is still gathering (see
-    /// `Sessions::take`).
-    pub(super) fn start(&mut self, run: &mut Pipeline, stream: bool) -> Result<()> {
-        if self.under_way.as_ref().is_some_and(|r| !r.is_finished()) {
-            return Ok(());
+    /// Whether a read is under way (the event loop waits for [`SessionReads::woken`] then).
+    pub(super) fn under_way(&self) -> bool {
+        self.under_way
+    }
+
+    /// Resolves when a read that ended while the reader might sleep left its outcome.
+    pub(super) async fn woken(&self) {
+        self.done.wake.notified().await
+    }
+
+    /// One turn's part: says whether the poll clock `ticks` (see the module's comment), keeps
+    /// in `run` what the read under way found if it is done, then hands on what waits if no
+    /// read is under way (gathered first while records stream, as they do while the clock
+    /// ticks).
+    pub(super) fn turn(&mut self, run: &mut Pipeline, ticks: bool) -> Result<()> {
+        let outcome = {
+            let mut left = self.done.left();
+            left.reader_ticks = ticks;
+            left.outcome.take()
+        };
+        match outcome {
+            Some(Outcome::Found(found)) => run.sessions_read(found)?,
+            Some(Outcome::GivenUp(ids)) => run.sessions_given_up(&ids),
+            None if self.under_way => return Ok(()),
+            None => {}
         }
-        let Some(to_read) = run.sessions_to_read(stream)? else {
+        self.under_way = false;
+        let Some(to_read) = run.sessions_to_read(ticks)? else {
             return Ok(());
         };
-        let (shared, slow, failed) = (self.run.clone(), self.slow.clone(), self.failed.clone());
-        let done = self.done.clone();
-        let ids = to_read.ids();
-        self.under_way = Some(tokio::task::spawn_local(async move {
-            match slow.run(move |_| to_read.read()).await {
-                Some(found) => {
-                    if let Err(e) = shared.borrow_mut().sessions_read(found) {
-                        failed.set(Some(e));
-                    }
-                }
-                // The job was refused or panicked: nothing waits for it any more.
-                None => shared.borrow_mut().sessions_given_up(&ids),
-            }
-            done.notify_one();
-        }));
+        let leave = Leave {
+            done: self.done.clone(),
+            ids: to_read.ids(),
+            found: None,
+        };
+        // A job the queue refuses (full, or its thread gone) is dropped here, and with it
+        // `leave`: its outcome, given up, is taken at the next turn like any other.
+        self.slow.post(move |_| {
+            let mut leave = leave;
+            leave.found = Some(to_read.read());
+        });
+        self.under_way = true;
         Ok(())
     }
+}
 
-    /// Resolves once a read is done (at once if one was done since the last time asked).
-    pub(super) async fn done(&self) {
-        self.done.notified().await
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// A read's failure, once.
-    pub(super) fn failure(&self) -> Result<()> {
-        match self.failed.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+    /// Whether `done` was told to wake the reader (its permit taken if so).
+    async fn woken(done: &Done) -> bool {
+        tokio::select! {
+            biased;
+            _ = done.wake.notified() => true,
+            _ = std::future::ready(()) => false,
         }
     }
 
-    /// Ends the read under way (see [`SessionReads::stop`]); awaited by `stop`.
-    pub(super) fn abort(&self) {
-        if let Some(read) = &self.under_way {
-            read.abort();
+    fn leave(done: &Arc<Done>, ids: Vec<NodeId>) -> Leave {
+        Leave {
+            done: done.clone(),
+            ids,
+            found: None,
         }
     }
 
-    /// Ends the read under way where it is: the run stopped (what it would have found is left
-    /// unread), and lets go of the run.
-    pub(super) async fn stop(mut self) -> Result<()> {
-        if let Some(read) = self.under_way.take() {
-            read.abort();
-            let _ = read.await;
+    fn outcome(done: &Done) -> Option<Outcome> {
+        done.left().outcome.take()
+    }
+
+    #[tokio::test]
+    async fn a_read_done_while_the_clock_ticks_is_left_for_the_next_tick_unwoken() {
+        let done = Arc::new(Done::default());
+        done.left().reader_ticks = true;
+        let mut read = leave(&done, vec![7]);
+        read.found = Some(vec![(7, Read::NamesNone)]);
+        drop(read);
+        assert!(
+            !woken(&done).await,
+            "the tick comes round without a wake-up"
+        );
+        assert!(matches!(outcome(&done), Some(Outcome::Found(f)) if f.len() == 1));
+    }
+
+    #[tokio::test]
+    async fn a_read_done_while_the_reader_may_sleep_wakes_it() {
+        let done = Arc::new(Done::default());
+        let mut read = leave(&done, vec![7]);
+        read.found = Some(vec![(7, Read::NamesNone)]);
+        drop(read);
+        assert!(woken(&done).await);
+        assert!(matches!(outcome(&done), Some(Outcome::Found(_))));
+    }
+
+    #[tokio::test]
+    async fn a_read_that_panics_or_is_refused_is_given_up_not_lost() {
+        let done = Arc::new(Done::default());
+        let worker = Worker::start("reaper-test").unwrap();
+        let read = leave(&done, vec![1, 2]);
+        assert!(worker.post(move |_| {
+            let _read = read;
+            panic!("a read's bug");
+        }));
+        done.wake.notified().await;
+        assert!(matches!(outcome(&done), Some(Outcome::GivenUp(ids)) if ids == [1, 2]));
+        // Refused (the thread held, its queue full): the job, dropped at once, leaves its
+        // outcome as it goes.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        assert!(worker.post(move |_| held.recv().unwrap_or_default()));
+        let mut queued = 0;
+        while worker.post(|_| {}) {
+            queued += 1;
+            assert!(queued < 100, "the queue is bounded");
         }
-        self.failure()
+        let read = leave(&done, vec![3]);
+        assert!(!worker.post(move |_| drop(read)));
+        assert!(matches!(outcome(&done), Some(Outcome::GivenUp(ids)) if ids == [3]));
+        release.send(()).unwrap();
     }
 }

@@ -56,16 +56,25 @@ impl Worker {
         F: FnOnce(&mut Lookout) -> R + Send + 'static,
     {
         let (done, result) = oneshot::channel();
-        let queued = self.jobs.try_send(Box::new(move |lookout: &mut Lookout| {
+        let queued = self.post(move |lookout| {
             // The answer that asked may have gone: nobody wants the result then.
             let _ = done.send(job(lookout));
-        }));
+        });
         async move {
             match queued {
-                Ok(()) => result.await.ok(),
-                Err(_) => None,
+                true => result.await.ok(),
+                false => None,
             }
         }
+    }
+
+    /// Queues `job`, which delivers its own result (see `session_reads`); false, the job
+    /// dropped, when the queue is full or the thread is gone.
+    pub(super) fn post<F>(&self, job: F) -> bool
+    where
+        F: FnOnce(&mut Lookout) + Send + 'static,
+    {
+        self.jobs.try_send(Box::new(job)).is_ok()
     }
 }
 

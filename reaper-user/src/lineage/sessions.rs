@@ -39,8 +39,8 @@ pub const DEFAULT_NAMES: [&str; 6] = [
 const WAITING: usize = 32_768;
 
 /// While records stream, what waits is handed on once this many wait, or once the first has
-/// waited [`GATHER_FOR`]: each hand-over costs the reader a wake-up of the slow side and one
-/// of its own to take the result.
+/// waited [`GATHER_FOR`]: each hand-over costs the reader a wake-up of the slow side (its
+/// result waits for the reader's next tick, see `daemon/session_reads`).
 const BATCH: usize = 64;
 
 /// The longest a read waits to be handed on while records stream, give or take a poll period
@@ -181,11 +181,6 @@ impl Sessions {
             gateway,
         });
         graph.session_asked(id);
-    }
-
-    /// Whether any process waits to be read.
-    pub fn waiting(&self) -> bool {
-        self.waiting_since.is_some()
     }
 
     /// What this reads (see [`Source::describe`]).

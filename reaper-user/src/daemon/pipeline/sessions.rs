@@ -75,11 +75,6 @@ impl Pipeline {
         Ok(self.sessions.as_mut().and_then(|s| s.take(stream)))
     }
 
-    /// Whether environments wait to be read.
-    pub fn sessions_waiting(&self) -> bool {
-        self.sessions.as_ref().is_some_and(Sessions::waiting)
-    }
-
     /// The sessions the slow side found (`found`: each process and what its environment
     /// names): kept by the graph, and a `session` event written where one begins (or, with
     /// an empty value, where an exec dropped one), with the value the graph kept.
