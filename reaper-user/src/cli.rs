@@ -152,8 +152,8 @@ pub struct Cli {
     /// wake-ups is what keeps tracing cheap under a fork storm; 0 wakes the reader for every
     /// event.
     // A record that comes just after a poll waits a whole interval, then for the reader to
-    // be scheduled: at 1.5 ms the p99 of lone records read 2.04 to 2.08 ms, at 1 ms 1.2 to
-    // 1.44 ms (50 ms and 8 ms apart, BENCHMARKS.md). 1.5 ms had been chosen over 1 ms when
+    // be scheduled: at 1.5 ms the p99 of lone records read 2.04 to 2.08 ms, at 1 ms 1.16 to
+    // 1.67 ms (50 ms and 8 ms apart, BENCHMARKS.md). 1.5 ms had been chosen over 1 ms when
     // records at 1 ms waited for the 100 ms housekeeping tick: a lost wake-up at any
     // interval, fixed since (docs/design.md).
     #[arg(long, value_name = "DUR", default_value = "1ms", value_parser = parse_duration)]

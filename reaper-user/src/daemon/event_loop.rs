@@ -321,13 +321,6 @@ pub(super) async fn event_loop(
         }
         rounds.failure().context("writing output")?;
         let mut run = shared.borrow_mut();
-        // The execs taken in have their environments read soon (a per-session process may
-        // not live long): gathered while the poll clock ticks (its next tick comes round
-        // within a period), handed on now when the reader may sleep next, or, behind a read
-        // under way, when that one is done.
-        sessions
-            .turn(&mut run, poll.ticking())
-            .context("writing output")?;
         // A round read what it needed: written against the graph as the kernel left it, and
         // its rules may want the next look sooner (an orphan grace that started).
         if run.round_ready() {
@@ -346,6 +339,14 @@ pub(super) async fn event_loop(
                 poll.start().context("starting the poll clock")?;
             }
         }
+        // The execs taken in (by any drain of this turn) have their environments read soon (a
+        // per-session process may not live long): gathered while the poll clock ticks (its
+        // next tick comes round within a period), handed on now when the reader may sleep
+        // next, or, behind a read under way, when that one is done. Last, so that whether the
+        // clock ticks is what the reader does next.
+        sessions
+            .turn(&mut run, poll.ticking())
+            .context("writing output")?;
         if flush {
             run.output().flush().context("writing output")?;
         }

@@ -107,8 +107,10 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
         let _ = answers.await;
     }
     let stopped = rounds.stop().await;
+    let read = sessions.stop(&mut tracing.run.borrow_mut());
     let stop = stop?;
     stopped?;
+    read?;
     close(cli, tracing, stop).await
 }
 

@@ -7,8 +7,8 @@
 //! `Sessions::take`), and takes what a read found at each turn. A read done while the poll
 //! clock ticks is left for the next tick, within a poll period: waking the reader for each
 //! added a third to a half to its wake-ups in a fork+exec loop (a read every 10 ms beside
-//! ticks up to 16 ms apart) and about a tenth to its CPU. A read done while the reader may
-//! sleep wakes it, or what waited behind it would wait for the next record.
+//! ticks up to 16 ms apart). A read done while the reader may sleep wakes it, or what waited
+//! behind it would wait for the next record.
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::Result;
@@ -53,7 +53,8 @@ impl Done {
 enum Outcome {
     /// Each process read and what its environment (or cgroup) names.
     Found(Vec<(NodeId, Read)>),
-    /// The read never finished (it panicked): each keeps what an earlier read found.
+    /// The read never finished (it panicked, or the queue refused it): each keeps what an
+    /// earlier read found.
     GivenUp(Vec<NodeId>),
 }
 
@@ -109,13 +110,9 @@ impl SessionReads {
             left.reader_ticks = ticks;
             left.outcome.take()
         };
-        match outcome {
-            Some(Outcome::Found(found)) => run.sessions_read(found)?,
-            Some(Outcome::GivenUp(ids)) => run.sessions_given_up(&ids),
-            None if self.under_way => return Ok(()),
-            None => {}
+        if !self.keep(run, outcome)? {
+            return Ok(());
         }
-        self.under_way = false;
         let Some(to_read) = run.sessions_to_read(ticks)? else {
             return Ok(());
         };
@@ -132,6 +129,24 @@ impl SessionReads {
         });
         self.under_way = true;
         Ok(())
+    }
+
+    /// The run stops: what a read left is kept, none waited for (its `session` events are
+    /// written before the close; a read still under way is left unread).
+    pub(super) fn stop(mut self, run: &mut Pipeline) -> Result<()> {
+        let outcome = self.done.left().outcome.take();
+        self.keep(run, outcome).map(drop)
+    }
+
+    /// Keeps in `run` what a read left (`outcome`); whether no read is under way now.
+    fn keep(&mut self, run: &mut Pipeline, outcome: Option<Outcome>) -> Result<bool> {
+        match outcome {
+            Some(Outcome::Found(found)) => run.sessions_read(found)?,
+            Some(Outcome::GivenUp(ids)) => run.sessions_given_up(&ids),
+            None => return Ok(!self.under_way),
+        }
+        self.under_way = false;
+        Ok(true)
     }
 }
 
@@ -193,12 +208,20 @@ mod tests {
             let _read = read;
             panic!("a read's bug");
         }));
-        done.wake.notified().await;
+        let patience = std::time::Duration::from_secs(30);
+        let woke = tokio::time::timeout(patience, done.wake.notified()).await;
+        assert!(woke.is_ok(), "a read that panicked never left its outcome");
         assert!(matches!(outcome(&done), Some(Outcome::GivenUp(ids)) if ids == [1, 2]));
         // Refused (the thread held, its queue full): the job, dropped at once, leaves its
         // outcome as it goes.
         let (release, held) = std::sync::mpsc::channel::<()>();
-        assert!(worker.post(move |_| held.recv().unwrap_or_default()));
+        let (on_it, started) = std::sync::mpsc::channel::<()>();
+        assert!(worker.post(move |_| {
+            on_it.send(()).unwrap();
+            held.recv().unwrap_or_default()
+        }));
+        // The thread is on the holding job before the queue fills behind it.
+        started.recv().unwrap();
         let mut queued = 0;
         while worker.post(|_| {}) {
             queued += 1;

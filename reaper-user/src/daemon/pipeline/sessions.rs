@@ -111,8 +111,8 @@ impl Pipeline {
         self.out.event(now, &event)
     }
 
-    /// The session reads of `ids` were given up (their job never ran): each keeps what an
-    /// earlier read found.
+    /// The session reads of `ids` were given up (their job was refused, or panicked): each
+    /// keeps what an earlier read found.
     pub fn sessions_given_up(&mut self, ids: &[NodeId]) {
         for &id in ids {
             self.graph.session_read_ended(id);
