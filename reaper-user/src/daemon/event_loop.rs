@@ -31,8 +31,8 @@ use crate::procfs::boottime_now;
 /// How often losses are checked and pending reparents re-read when nothing else happens.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Records one tick must find for the poll clock to widen: a fork+exec storm brings several a
-/// millisecond and a fork+exit storm dozens; one process's fork, exec, exit
-/// and free come in ones and twos a tick (and keep the quiet budget).
+/// millisecond and a fork+exit storm dozens; one process's fork, exec, exit and free come in
+/// ones and twos a tick (and keep the quiet budget).
 const STREAM_BATCH: usize = 6;
 /// How soon a child whose parent exited is looked at again.
 const LOOK_AGAIN: Duration = Duration::from_millis(5);

@@ -110,7 +110,8 @@ impl SessionReads {
             left.reader_ticks = ticks;
             left.outcome.take()
         };
-        if !self.keep(run, outcome)? {
+        self.keep(run, outcome)?;
+        if self.under_way {
             return Ok(());
         }
         let Some(to_read) = run.sessions_to_read(ticks)? else {
@@ -135,18 +136,22 @@ impl SessionReads {
     /// written before the close; a read still under way is left unread).
     pub(super) fn stop(mut self, run: &mut Pipeline) -> Result<()> {
         let outcome = self.done.left().outcome.take();
-        self.keep(run, outcome).map(drop)
+        self.keep(run, outcome)
     }
 
-    /// Keeps in `run` what a read left (`outcome`); whether no read is under way now.
-    fn keep(&mut self, run: &mut Pipeline, outcome: Option<Outcome>) -> Result<bool> {
-        match outcome {
-            Some(Outcome::Found(found)) => run.sessions_read(found)?,
-            Some(Outcome::GivenUp(ids)) => run.sessions_given_up(&ids),
-            None => return Ok(!self.under_way),
-        }
+    /// Keeps in `run` what a read left (`outcome`, if any): that read is no longer under way.
+    fn keep(&mut self, run: &mut Pipeline, outcome: Option<Outcome>) -> Result<()> {
+        let Some(outcome) = outcome else {
+            return Ok(());
+        };
         self.under_way = false;
-        Ok(true)
+        match outcome {
+            Outcome::Found(found) => run.sessions_read(found),
+            Outcome::GivenUp(ids) => {
+                run.sessions_given_up(&ids);
+                Ok(())
+            }
+        }
     }
 }
 
