@@ -199,7 +199,8 @@ pub struct Cli {
     pub retain_dead: usize,
 
     /// How often the leak inspector looks at the live descendants in /proc. Each one is read
-    /// in full only every max(this, --idle-after / 4), or at once when its spawn chain breaks.
+    /// in full only every max(this, --idle-after / 4), or at once when its spawn chain breaks
+    /// (or at the next scan after an exec).
     #[arg(long, value_name = "DUR", default_value = "1s", value_parser = parse_duration)]
     pub scan_interval: Duration,
 

@@ -19,6 +19,7 @@ use crate::capture::loader::{Accounting, LossCounts};
 use crate::capture::reader::Reader;
 use crate::closing::{Closing, RunFigures};
 use crate::gateways::announce::Announcer;
+use crate::identity::ProcessId;
 use crate::kill::{KillReport, Killer};
 use crate::leaks::{InspectOptions, Inspector, Reason, flags};
 use crate::lineage::graph::NodeId;
@@ -41,7 +42,7 @@ mod resume;
 mod scan;
 mod sessions;
 pub use resume::KeptState;
-pub use scan::JudgeStep;
+pub use scan::{JudgeStep, PlanStep};
 
 /// The frames that spawned each process a round asked about, by pid, and whether they were
 /// cut.
@@ -409,6 +410,13 @@ impl Pipeline {
             .collect();
         let notes = self.inspector.take_notes();
         self.tell(&notes)?;
+        for change in changes {
+            if let crate::leaks::Change::Flag(f) = change
+                && let Some(kib) = f.evidence.as_ref().and_then(|e| e.sample.rss_kib)
+            {
+                self.flagged_rss.flagged(f.node, kib);
+            }
+        }
         for event in &mut found {
             if let Event::Flag(flag) = event
                 && let Some(site) = spawned.get(&flag.pid)
@@ -425,6 +433,17 @@ impl Pipeline {
             self.set_gauges(began);
         }
         Ok(())
+    }
+
+    /// The flagged processes whose memory the gauge is to be given again, to be read on the
+    /// slow side (see [`flags::RssCache::read`]) and kept by [`Pipeline::rss_read`].
+    pub fn rss_to_read(&self) -> Vec<(NodeId, ProcessId)> {
+        self.flagged_rss.stale(&self.graph, &self.inspector)
+    }
+
+    /// Keeps the memory of flagged processes as the slow side read it.
+    pub fn rss_read(&mut self, read: Vec<(NodeId, Option<u64>)>) {
+        self.flagged_rss.fill(read);
     }
 
     /// The gauges, from what a round that `began` then saw.

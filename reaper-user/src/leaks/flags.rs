@@ -2,6 +2,7 @@
 //! findings and the lineage graph.
 use std::collections::BTreeMap;
 
+use crate::identity::ProcessId;
 use crate::leaks::{Change, Crowd, Evidence, Flagged, Inspector, Reason};
 use crate::lineage::graph::session::SessionOf;
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
@@ -240,7 +241,11 @@ pub struct FlaggedNow {
 
 /// The resident memory of flagged processes, each read at most every [`RssCache::EVERY`]: a
 /// thousand flagged instances of an accumulating kind must not cost a thousand statm reads a
-/// scan (that was 3% of a core). A process's memory a few seconds old is what the gauge shows.
+/// scan (that was 3% of a core). A process's memory up to 10 s and a round old is what the
+/// gauge shows: a new flag's as its evidence found it (0 until the next round when its evidence
+/// could not be read), then as read wherever the caller has the stale ones read ([`RssCache::stale`], [`RssCache::read`]: the run reads them on the slow side at the
+/// start of each round, not on the reader's thread, where 10,000 flagged instances would be
+/// 10,000 reads in one piece every 10 s).
 #[derive(Default)]
 pub struct RssCache {
     kib: rustc_hash::FxHashMap<NodeId, (u64, std::time::Instant)>,
@@ -249,22 +254,53 @@ pub struct RssCache {
 impl RssCache {
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
-    fn of(&mut self, node: &Node) -> u64 {
-        let fresh = self
-            .kib
-            .get(&node.id)
-            .filter(|(_, at)| at.elapsed() < Self::EVERY);
-        if let Some((kib, _)) = fresh {
-            return *kib;
+    /// Process `id`'s memory as last read (0 before it is).
+    fn of(&self, id: NodeId) -> u64 {
+        self.kib.get(&id).map_or(0, |(kib, _)| *kib)
+    }
+
+    /// The flagged live processes whose memory was not read within [`RssCache::EVERY`].
+    pub fn stale(&self, graph: &LineageGraph, inspector: &Inspector) -> Vec<(NodeId, ProcessId)> {
+        let fresh = |id: &NodeId| {
+            let at = self.kib.get(id).map(|(_, at)| at);
+            at.is_some_and(|at| at.elapsed() < Self::EVERY)
+        };
+        // (A process's flags come one after another.)
+        let mut ids: Vec<NodeId> = inspector.active().map(|(id, _, _)| id).collect();
+        ids.dedup();
+        (ids.into_iter().filter(|id| !fresh(id)))
+            .filter_map(|id| graph.node(id).filter(|n| n.alive()))
+            .map(|n| (n.id, n.process()))
+            .collect()
+    }
+
+    /// Reads the memory of the `stale` processes (each none unless its pid still names it).
+    pub fn read(stale: Vec<(NodeId, ProcessId)>) -> Vec<(NodeId, Option<u64>)> {
+        (stale.into_iter())
+            .map(|(id, process)| {
+                let kib = read_rss_kib(process.pid);
+                (id, kib.filter(|_| process.still_same().is_some()))
+            })
+            .collect()
+    }
+
+    /// Keeps what [`RssCache::read`] found, as of now (where it could read nothing, the
+    /// process gone or /proc refusing, what it had, else 0).
+    pub fn fill(&mut self, read: Vec<(NodeId, Option<u64>)>) {
+        let now = std::time::Instant::now();
+        for (id, kib) in read {
+            let kept = self.kib.entry(id).or_insert((0, now));
+            *kept = (kib.unwrap_or(kept.0), now);
         }
-        let kib = read_rss_kib(node.pid).unwrap_or(0);
-        self.kib.insert(node.id, (kib, std::time::Instant::now()));
-        kib
+    }
+
+    /// Keeps process `id`'s memory as the evidence of a flag it was just given found it.
+    pub fn flagged(&mut self, id: NodeId, kib: u64) {
+        self.kib.insert(id, (kib, std::time::Instant::now()));
     }
 }
 
-/// Reads what [`FlaggedNow`] holds (a statm read per flagged live process not read within
-/// [`RssCache::EVERY`]).
+/// What [`FlaggedNow`] holds, each flagged process's memory as `rss` last found it.
 pub fn flagged_now(graph: &LineageGraph, inspector: &Inspector, rss: &mut RssCache) -> FlaggedNow {
     let mut now = FlaggedNow {
         active: Reason::ALL.iter().map(|r| (r.name(), 0)).collect(),
@@ -281,7 +317,7 @@ pub fn flagged_now(graph: &LineageGraph, inspector: &Inspector, rss: &mut RssCac
             continue;
         };
         let kib = match node.alive() {
-            true => rss.of(node),
+            true => rss.of(id),
             false => 0,
         };
         now.rss_kib = now.rss_kib.saturating_add(kib);
@@ -292,7 +328,10 @@ pub fn flagged_now(graph: &LineageGraph, inspector: &Inspector, rss: &mut RssCac
 
 /// The summary's leak section.
 pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
-    let now = flagged_now(graph, inspector, &mut RssCache::default());
+    // At the run's end: read here.
+    let mut rss = RssCache::default();
+    rss.fill(RssCache::read(rss.stale(graph, inspector)));
+    let now = flagged_now(graph, inspector, &mut rss);
     let mut by_exe: BTreeMap<Vec<u8>, (Vec<u32>, u64)> = BTreeMap::new();
     for (id, rss) in &now.nodes {
         let Some(node) = graph.node(*id) else {
@@ -327,4 +366,34 @@ pub fn summary(graph: &LineageGraph, inspector: &Inspector) -> LeakSummary {
         })
         .collect();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Start;
+    use crate::procfs::read_stat;
+
+    /// The memory of a process read while its pid names it, none once it names another.
+    #[test]
+    fn a_flagged_processs_memory_is_read_only_while_its_pid_names_it() {
+        let me = ProcessId::of_stat(&read_stat(std::process::id()).unwrap());
+        let Start::Ticks(ticks) = me.start else {
+            unreachable!("read from /proc")
+        };
+        let reused = ProcessId {
+            start: Start::Ticks(ticks + 1),
+            ..me
+        };
+        let read = RssCache::read(vec![(1, me), (2, reused)]);
+        assert!(read[0].1.is_some_and(|kib| kib > 0), "{read:?}");
+        assert_eq!(read[1], (2, None));
+        let mut cache = RssCache::default();
+        cache.fill(read);
+        cache.flagged(3, 42);
+        assert!(cache.of(1) > 0);
+        assert_eq!((cache.of(2), cache.of(3), cache.of(4)), (0, 42, 0));
+        cache.fill(vec![(3, None)]);
+        assert_eq!(cache.of(3), 42, "kept where nothing could be read");
+    }
 }

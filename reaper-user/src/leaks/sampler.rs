@@ -3,6 +3,7 @@
 //! UNIX socket's peer asked of the kernel (sock_diag), and any other socket's kind (and a TCP
 //! connection's other end on this host) read from its network namespace's tables.
 use crate::identity::{self, PidRef, ProcessId};
+use crate::procfs;
 use crate::procfs::facts::{self, Blocked, End, FdKind, OpenFd};
 use crate::procfs::sockets::{NetTables, SocketKind};
 use crate::sockdiag::{SockDiag, UnixPeer};
@@ -79,9 +80,15 @@ impl Sampler {
         std::mem::take(&mut self.notes)
     }
 
-    /// Samples the process `id` while its pid still names it. A socket's peer is taken from
-    /// `before` (its previous sample) when the socket is the same.
-    pub fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
+    /// Samples the process `id` while its pid still names it; with `exe`, the program it runs
+    /// too, put there as /proc names it (links resolved; none when /proc could not say). A
+    /// socket's peer is taken from `before` (its previous sample) when the socket is the same.
+    pub fn sample(
+        &mut self,
+        id: ProcessId,
+        before: Option<&Sample>,
+        exe: Option<&mut Option<Box<[u8]>>>,
+    ) -> Option<Sample> {
         // Without the host's pid namespace no pidfd can name it (`--proc-root`): its /proc is
         // read between two checks of its start time instead, and the other end of a channel
         // is left unknown (the peers found in /proc still are known).
@@ -96,6 +103,9 @@ impl Sampler {
         // it is then already visible below, so a look never takes a server's last read of a
         // closed pipe for data moved while its peer still looked open.
         let io = facts::read_io(pid);
+        if let Some(exe) = exe {
+            *exe = procfs::read_exe(pid).map(Into::into);
+        }
         // Read once per look, and only if a socket is not a UNIX one sock_diag knows.
         let mut tables = None;
         let fds = facts::read_fds(pid)?

@@ -195,6 +195,14 @@ impl Metrics {
         self.gateways.set(state.gateways as i64);
         self.zombies.set(state.zombies as i64);
         self.graph_nodes.set(state.graph_nodes as i64);
+        // The memory first: a scrape between the two finds the new flags' memory with the
+        // flags before them, never the new flags with the memory before them.
+        self.flagged_rss.set(
+            state
+                .flagged_rss_kib
+                .saturating_mul(1024)
+                .min(i64::MAX as u64) as i64,
+        );
         for (reason, n) in &state.flagged {
             self.flagged
                 .get_or_create(&ReasonLabel {
@@ -202,12 +210,6 @@ impl Metrics {
                 })
                 .set(*n as i64);
         }
-        self.flagged_rss.set(
-            state
-                .flagged_rss_kib
-                .saturating_mul(1024)
-                .min(i64::MAX as u64) as i64,
-        );
         if let Some(kinds) = &state.kinds {
             // Kinds come and go: the family holds only those of the last count.
             self.kind_instances.clear();

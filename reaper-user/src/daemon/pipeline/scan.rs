@@ -23,6 +23,12 @@ use crate::lineage::graph::NodeId;
 use crate::procfs::boottime_now;
 use crate::sites::NamedSites;
 
+/// A round being planned, in steps (see [`Pipeline::plan_step`]).
+pub struct Planning {
+    steps: leaks::Planning,
+    began: Instant,
+}
+
 /// A round planned, its looks to be sampled.
 pub struct Planned {
     round: Round,
@@ -93,6 +99,14 @@ impl Judging {
     }
 }
 
+/// What a step of a round's planning left (see [`Pipeline::plan_step`]).
+pub enum PlanStep {
+    /// More steps to take.
+    More(Planning),
+    /// Its looks are to be taken.
+    Planned(Planned),
+}
+
 /// What a step of a round's judging left (see [`Pipeline::judge_step`]).
 pub enum JudgeStep {
     /// More steps to take.
@@ -156,14 +170,30 @@ impl Planned {
 }
 
 impl Pipeline {
-    /// A round's first step: the flags of processes that exited cleared (written now), and
-    /// the looks due.
-    pub fn plan_round(&mut self) -> Result<Planned> {
-        let began = Instant::now();
-        let mut round = self.inspector.plan(&self.graph, boottime_now());
-        let cleared = std::mem::take(&mut round.changes);
+    /// A round's first step begun, to be taken in the steps of [`Pipeline::plan_step`].
+    pub fn plan_round(&mut self) -> Planning {
+        Planning {
+            steps: self.inspector.plan(boottime_now()),
+            began: Instant::now(),
+        }
+    }
+
+    /// One step of a round's planning, bounded like the judging's (for the caller to let the
+    /// reader's own work run between them): the flags of processes that exited cleared (written
+    /// at once), then the looks due found. The round planned once it is done.
+    pub fn plan_step(&mut self, mut planning: Planning) -> Result<PlanStep> {
+        let more = self.inspector.plan_step(&self.graph, &mut planning.steps);
+        let cleared = planning.steps.take_changes();
+        if more {
+            if !cleared.is_empty() {
+                self.write_scan(&cleared, &SpawnedAt::default(), None)?;
+            }
+            return Ok(PlanStep::More(planning));
+        }
         self.write_scan(&cleared, &SpawnedAt::default(), None)?;
-        Ok(Planned { round, began })
+        let round = planning.steps.round();
+        let began = planning.began;
+        Ok(PlanStep::Planned(Planned { round, began }))
     }
 
     /// The next step, the looks sampled: the rules are to be applied, in the steps of

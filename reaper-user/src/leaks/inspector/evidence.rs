@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashSet as HashSet;
 
-use super::{FULL_SCAN_EVERY, Inspector};
+use super::{FULL_SCAN_EVERY, Inspector, Look};
 use crate::identity::ProcessId;
 use crate::leaks::sampler::{Sample, Sampler};
 use crate::leaks::{channels, findings::Evidence, peers::PeerIndex};
@@ -60,7 +60,15 @@ pub struct Lookout {
 impl Lookout {
     /// Samples the process `id` while its pid still names it (see [`Sampler::sample`]).
     pub fn sample(&mut self, id: ProcessId, before: Option<&Sample>) -> Option<Sample> {
-        self.sampler.sample(id, before)
+        self.sampler.sample(id, before, None)
+    }
+
+    /// Takes a round's `look` (see [`Look`]): its sample, and the program its process runs
+    /// put in the look when it asks for it.
+    pub fn look(&mut self, look: &mut Look) -> Option<Sample> {
+        let exe = look.exe_for.is_some().then_some(&mut look.exe);
+        self.sampler
+            .sample(look.process, look.before.as_deref(), exe)
     }
 
     /// The evidence about process `id` from its `sample` (internal channels marked by
@@ -140,7 +148,7 @@ impl Inspector {
     /// fds, where every tracked process's (a scan's flags) took 400 ms with 10,000 tracked.
     pub fn evidence(&mut self, graph: &LineageGraph, node: &Node) -> Option<Evidence> {
         let (process, before) = self.to_sample(node);
-        let mut sample = self.sampler.sample(process, before.as_deref())?;
+        let mut sample = self.sampler.sample(process, before.as_deref(), None)?;
         let near = self.near(graph, node.id, &mut sample);
         Some(gather(&mut self.peers, node.id, sample, &near))
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::{Inspector, Look, Looked, Round, Watch, nanos};
+use super::{Inspector, Look, Looked, PER_STEP, Round, Watch, nanos};
 use crate::leaks::channels;
 use crate::leaks::findings::{Change, Evidence, Flagged, Reason};
 use crate::leaks::rules::accumulating::{Group, Grouping};
@@ -24,10 +24,6 @@ use crate::leaks::rules::{self, Observed, Rules, zombie};
 use crate::leaks::sampler::Sample;
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::placement::Placement;
-
-/// How many looks, processes or servers one step of a round's judging takes: a fraction of
-/// a millisecond of work here for processes of a few fds each.
-const PER_STEP: usize = 1_000;
 
 /// A round's judging under way, from the looks' samples to the last step (see
 /// [`Inspector::judge_step`]).

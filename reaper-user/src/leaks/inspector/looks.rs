@@ -1,6 +1,7 @@
-//! When the inspector looks at which descendant: first looks spread over a sample period, a
-//! look at the end of an orphan grace (see `rules::orphaned::Breaks`), every scan for what is
-//! flagged `idle` or `deaf`, and a server looked at whole; and what a look remembers of the
+//! When the inspector looks at which descendant (asked in the steps of `planning.rs`): first
+//! looks spread over a sample period, a look at the end of an orphan grace (see
+//! `rules::orphaned::Breaks`), every scan for what is flagged `idle` or `deaf` and for what
+//! exec'd since its last look, and a server looked at whole; and what a look remembers of the
 //! process.
 use std::sync::Arc;
 
@@ -9,40 +10,49 @@ use rustc_hash::FxHashSet as HashSet;
 use super::{Inspector, Look, Watch, nanos};
 use crate::leaks::findings::Reason;
 use crate::leaks::sampler::Sample;
-use crate::lineage::graph::{LineageGraph, NodeId};
+use crate::lineage::graph::session::SessionsOf;
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
 impl Inspector {
-    /// The live descendants whose looks are due, with the rest of their servers (a server is
-    /// judged on all its processes at one moment); each is next due a sample period on.
-    pub(super) fn due(&mut self, graph: &LineageGraph, now: u64) -> Vec<Look> {
+    /// Whether live descendant `node` is due a look at `now` (its watch made at the first
+    /// call); `sessions` are `graph`'s, shared by the calls of one step.
+    pub(super) fn due<'g>(
+        &mut self,
+        graph: &'g LineageGraph,
+        sessions: &mut SessionsOf<'g>,
+        node: &Node,
+        now: u64,
+    ) -> bool {
         let every = self.opts.sample_every();
+        let w = self.watches.entry(node.id).or_insert_with(|| {
+            Box::new(Watch {
+                pid: node.pid,
+                // First looks are spread over a sample period, so that a thousand processes
+                // appearing at once are not read in one burst; a short-lived one is never read.
+                next_sample: now + first_look_delay(node.id, every),
+                io_since: now,
+                ..Watch::default()
+            })
+        });
+        // A broken chain is judged for `orphaned` at the first look after its grace.
         let grace = nanos(self.opts.orphan_grace);
-        self.breaks.begin_round();
-        let mut due = HashSet::default();
-        let mut sessions = graph.sessions_of();
-        for node in graph.alive().filter(|n| !n.is_gateway) {
-            let w = self.watches.entry(node.id).or_insert_with(|| {
-                Box::new(Watch {
-                    pid: node.pid,
-                    // First looks are spread over a sample period, so that a thousand
-                    // processes appearing at once are not read in one burst; a short-lived
-                    // one is never read.
-                    next_sample: now + first_look_delay(node.id, every),
-                    io_since: now,
-                    ..Watch::default()
-                })
-            });
-            // A broken chain is judged for `orphaned` at the first look after its grace.
-            let grace_look = self.breaks.due(graph, &mut sessions, node, now, grace);
-            let urgent = grace_look
-                || self.held.holds(node.id, Reason::Idle)
-                || self.held.holds(node.id, Reason::Deaf);
-            if urgent || now >= w.next_sample {
-                due.insert(node.id);
-            }
-        }
-        // The spawners the killer found respawning: looked at now (a gateway too), each look
-        // its flag's evidence.
+        let grace_look = self.breaks.due(graph, sessions, node, now, grace);
+        // One that exec'd since its last look is counted as what it runs now once looked at
+        // again (see `Crowds::looked_at`).
+        let exec_since = w.last.is_some() && !self.crowds.knows_kind(node);
+        let urgent = grace_look
+            || exec_since
+            || self.held.holds(node.id, Reason::Idle)
+            || self.held.holds(node.id, Reason::Deaf);
+        urgent || now >= w.next_sample
+    }
+
+    /// Widens `due` (the live descendants due a look) by the spawners the killer found
+    /// respawning: looked at now (a gateway too), each look its flag's evidence. Then, if
+    /// anything is due, by the rest of each server the last judged round found (a server is
+    /// judged on all its processes at one moment; a process new since is one by itself until
+    /// it is looked at, one that exited since is not looked at).
+    pub(super) fn widen_due(&mut self, graph: &LineageGraph, now: u64, due: &mut HashSet<NodeId>) {
         for &id in self.respawners.waiting() {
             let Some(node) = graph.node(id).filter(|n| n.alive()) else {
                 continue;
@@ -58,29 +68,30 @@ impl Inspector {
             due.insert(id);
         }
         if due.is_empty() {
-            return Vec::new();
+            return;
         }
-        // By the servers the last judged round found (a process new since is one by itself
-        // until it is looked at); one that exited since is not looked at.
         for server in &self.wider_servers {
             if server.iter().any(|id| due.contains(id)) {
                 let alive = |id: &&NodeId| graph.node(**id).is_some_and(|n| n.alive());
                 due.extend(server.iter().filter(alive));
             }
         }
-        let mut looks = Vec::with_capacity(due.len());
-        for id in due {
-            let (Some(node), Some(w)) = (graph.node(id), self.watches.get_mut(&id)) else {
-                continue;
-            };
-            w.next_sample = now.saturating_add(every);
-            looks.push(Look {
-                id,
-                process: node.process(),
-                before: w.last.clone(),
-            });
-        }
-        looks
+    }
+
+    /// The look at process `id`, due at `now`: it is next due a sample period on. None for
+    /// one that exited, or not watched.
+    pub(super) fn look(&mut self, graph: &LineageGraph, id: NodeId, now: u64) -> Option<Look> {
+        let every = self.opts.sample_every();
+        let node = graph.node(id).filter(|n| n.alive())?;
+        let w = self.watches.get_mut(&id)?;
+        w.next_sample = now.saturating_add(every);
+        Some(Look {
+            id,
+            process: node.process(),
+            before: w.last.clone(),
+            exe_for: (!self.crowds.knows_kind(node)).then_some(node.execs),
+            exe: None,
+        })
     }
 
     /// Remembers what some looks found, at boot-time `now`; adds to `looked` the processes
@@ -94,12 +105,17 @@ impl Inspector {
         now: u64,
         looked: &mut HashSet<NodeId>,
     ) {
-        for (look, sample) in sampled {
+        for (mut look, sample) in sampled {
             let alive = graph.node(look.id).filter(|n| n.alive());
-            if alive.is_none_or(|n| n.process() != look.process) {
+            let Some(node) = alive.filter(|n| n.process() == look.process) else {
                 continue;
-            }
+            };
             looked.insert(look.id);
+            // Its kind, unless it exec'd since the look read its program (formed from the
+            // exec's path when the look could read nothing: else it would be due every round).
+            if look.exe_for == Some(node.execs) {
+                self.crowds.looked_at(node, look.exe.take());
+            }
             if let Some(sample) = sample {
                 self.refresh(look.id, sample, now);
             }

@@ -72,7 +72,7 @@ impl Breaks {
     /// Whether `node` is to be looked at now for this rule: its chain broke `grace` ns ago
     /// (counted once the exit let go of its files: until then the other ends the spawner
     /// held still poll open) and that look was not taken yet. `sessions` are `graph`'s, shared
-    /// by the round's looks (each spawn chain walked once).
+    /// by the calls of one step of a round's plan (each spawn chain walked once a step).
     pub fn due<'g>(
         &mut self,
         graph: &'g LineageGraph,

@@ -10,13 +10,13 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use super::kinds::Kind;
 use super::{CENSUS_KINDS, CROWD_GRACE, FELL_BACK, Group, Instance, census};
 use crate::leaks::findings::Crowd;
-use crate::lineage::graph::{LineageGraph, NodeId};
-use crate::procfs;
+use crate::lineage::graph::{LineageGraph, Node, NodeId};
 
 /// What the count remembers of one process it counted.
 #[derive(Default)]
 struct Member {
-    /// Its kind, formed at the exec it is from (by the graph's exec count).
+    /// Its kind, formed at a look after the exec it is from (by the graph's exec count): until
+    /// a look after its next exec, what it ran before.
     kind: Option<(u32, Rc<Kind>)>,
     /// The gateway instance it descends from, once looked up (the lineage edge never moves).
     gateway: Option<Option<NodeId>>,
@@ -73,6 +73,30 @@ impl Crowds {
     /// When an instance's grace ends (boot-time ns): instances are counted again then.
     pub fn next_look(&self) -> Option<u64> {
         self.due
+    }
+
+    /// Process `node` was looked at, and the program it runs read (`exe`, as /proc names it,
+    /// links resolved; none when /proc could not say): its kind at its current exec is
+    /// formed, from that program for every instance alike (one exec'd as /usr/bin/python3
+    /// and one found running at start are the same python3.11), else from the exec's path.
+    pub fn looked_at(&mut self, node: &Node, exe: Option<Box<[u8]>>) {
+        let exe = exe
+            .map(Into::into)
+            .or_else(|| node.filename.clone())
+            .unwrap_or_else(|| node.comm.as_bytes().into());
+        let kind = Rc::new(Kind::of(exe, &node.argv));
+        self.members.entry(node.id).or_default().kind = Some((node.execs, kind));
+    }
+
+    /// Whether `node`'s kind at its current exec is known (else its next look is to read the
+    /// program it runs).
+    pub fn knows_kind(&self, node: &Node) -> bool {
+        let member = self.members.get(&node.id);
+        member.is_some_and(|m| {
+            m.kind
+                .as_ref()
+                .is_some_and(|(execs, _)| *execs == node.execs)
+        })
     }
 
     /// The census of the last count, if one was taken since the last call.
@@ -193,7 +217,8 @@ impl Crowds {
 
     /// `top` as an instance of its kind, once its server is known: it and its spawner were
     /// looked at (a wrapper's child looked at before the wrapper would count as an instance of
-    /// its own kind for a moment). None for a process outside any gateway's lineage.
+    /// its own kind for a moment), and its kind formed at a look. None for a process outside
+    /// any gateway's lineage.
     fn instance(
         &mut self,
         graph: &LineageGraph,
@@ -216,21 +241,9 @@ impl Crowds {
                 .filter(|g| g.is_gateway && g.id != top)
                 .map(|g| g.id)
         });
-        let kind = match &m.kind {
-            Some((execs, kind)) if *execs == node.execs => kind.clone(),
-            _ => {
-                // The program it runs as /proc names it (links resolved), for every instance
-                // alike: one exec'd as /usr/bin/python3 and one found running at start are
-                // the same python3.11. The exec's path if /proc cannot say.
-                let exe = procfs::read_exe(node.pid)
-                    .map(Into::into)
-                    .or_else(|| node.filename.clone())
-                    .unwrap_or_else(|| node.comm.as_bytes().into());
-                let kind = Rc::new(Kind::of(exe, &node.argv));
-                m.kind = Some((node.execs, kind.clone()));
-                kind
-            }
-        };
+        // One that exec'd since its last look counts as what it ran until it is looked at
+        // again (at the next round: see `Inspector::due`), not dropped from its count.
+        let kind = m.kind.as_ref()?.1.clone();
         Some(Instance {
             node: top,
             start: node.start.boottime_ns(),
@@ -249,8 +262,7 @@ mod tests {
     use crate::text::{Args, Comm};
 
     const SEC: u64 = 1_000_000_000;
-    /// Pids above `pid_max` (32768 here): none names a real process whose /proc the kind
-    /// would be read from.
+    /// Pids above `pid_max` (32768 here): none names a real process.
     const GATEWAY: u32 = 40_000;
 
     /// A gateway and `n` instances of `srv --session N`, each a server of one process.
@@ -289,7 +301,8 @@ mod tests {
         }
     }
 
-    /// A count of `servers` with two instances of a kind allowed.
+    /// A count of `servers` with two instances of a kind allowed, each looked at since its
+    /// last exec (its program unread: the exec's path).
     fn count(
         crowds: &mut Crowds,
         graph: &LineageGraph,
@@ -297,6 +310,11 @@ mod tests {
         watched: &Flags,
         now: u64,
     ) -> Verdict {
+        for node in servers.iter().filter_map(|s| graph.node(s[0])) {
+            if !crowds.knows_kind(node) {
+                crowds.looked_at(node, None);
+            }
+        }
         let mut grouping = Grouping::default();
         grouping.add(crowds.instances(graph, servers, watched));
         crowds.judge(graph, servers, grouping.groups(), watched, 2, now)
@@ -340,5 +358,54 @@ mod tests {
         );
         assert!(fewer.raise.is_empty());
         assert_eq!(fewer.clear, [(oldest, FELL_BACK), (second, FELL_BACK)]);
+    }
+
+    #[test]
+    fn an_instance_that_execd_counts_as_what_it_ran_until_a_look_reads_its_new_program() {
+        let (mut graph, servers) = instances(2);
+        let mut crowds = Crowds::default();
+        let (first, second) = (servers[0][0], servers[1][0]);
+        for id in [first, second] {
+            crowds.looked_at(graph.node(id).unwrap(), Some((*b"/usr/bin/srv3").into()));
+        }
+        let kinds = |crowds: &mut Crowds, graph: &LineageGraph| -> Vec<(NodeId, Vec<u8>)> {
+            let all = crowds.instances(graph, &servers, &Flags(vec![]));
+            all.iter()
+                .map(|i| (i.node, i.kind.exe().to_vec()))
+                .collect()
+        };
+        let read = b"/usr/bin/srv3".to_vec();
+        assert_eq!(
+            kinds(&mut crowds, &graph),
+            [(first, read.clone()), (second, read.clone())],
+            "the program the look read, not the exec's path"
+        );
+
+        let pid = graph.node(second).unwrap().pid;
+        let exec = What::Exec {
+            old_tid: pid,
+            comm: Comm::from_c(b"node"),
+            filename: b"/bin/node".as_slice().into(),
+            argv: Args::from_list(["node", "bridge.js"]),
+            truncated: false,
+            interpreter: None,
+        };
+        record(&mut graph, 100_000, (pid, u64::from(pid)), exec);
+        let node = graph.node(second).unwrap();
+        assert!(
+            !crowds.knows_kind(node),
+            "its kind is of the program before"
+        );
+        assert_eq!(
+            kinds(&mut crowds, &graph),
+            [(first, read.clone()), (second, read.clone())],
+            "still counted, as what it ran before, its program not read at the count"
+        );
+        crowds.looked_at(graph.node(second).unwrap(), None);
+        assert_eq!(
+            kinds(&mut crowds, &graph),
+            [(first, read), (second, b"/bin/node".to_vec())],
+            "counted again once looked at: the exec's path when /proc could not say"
+        );
     }
 }

@@ -105,26 +105,47 @@ impl Kind {
         &self.exe
     }
 
-    /// The command line of a group of instances of this kind, for people and metrics: each
-    /// value the instances agree on as it is, each other one `*`
-    /// (`python3 -m tui_gateway.slash_worker --session-key * --model m`). An argument with
-    /// white space is quoted.
+    /// The command line of a group of instances of this kind (see [`Kind::masked`]).
+    #[cfg(test)]
     pub fn pattern<'a>(instances: impl IntoIterator<Item = &'a Kind>) -> String {
         let mut all = instances.into_iter();
         let Some(first) = all.next() else {
             return String::new();
         };
-        let mut same: Vec<bool> = first.slots.iter().map(|_| true).collect();
-        for other in all.filter(|k| k.key == first.key) {
-            for (i, (a, b)) in first.slots.iter().zip(&other.slots).enumerate() {
-                same[i] &= a.value == b.value;
-            }
+        let mut agreed = first.agreed();
+        for other in all {
+            first.agree(other, &mut agreed);
         }
-        let words: Vec<String> = first
+        first.masked(&agreed)
+    }
+
+    /// Which of its slots the instances of this kind agree on, before any other is seen:
+    /// every one (to be narrowed by [`Kind::agree`]).
+    pub fn agreed(&self) -> Vec<bool> {
+        vec![true; self.slots.len()]
+    }
+
+    /// Narrows `agreed` (this kind's slots its instances agree on so far) by `other`, an
+    /// instance of the same shape (one of another shape changes nothing).
+    pub fn agree(&self, other: &Kind, agreed: &mut [bool]) {
+        if other.key != self.key {
+            return;
+        }
+        for ((a, b), same) in self.slots.iter().zip(&other.slots).zip(agreed) {
+            *same &= a.value == b.value;
+        }
+    }
+
+    /// The command line of a group of instances of this kind, for people and metrics, from
+    /// the slots `agreed` says they agree on (the same for any of them): each value they
+    /// agree on as it is, each other one `*` (`python3 -m tui_gateway.slash_worker
+    /// --session-key * --model m`). An argument with white space is quoted.
+    pub fn masked(&self, agreed: &[bool]) -> String {
+        let words: Vec<String> = self
             .slots
             .iter()
-            .zip(same)
-            .map(|(slot, same)| {
+            .zip(agreed)
+            .map(|(slot, &same)| {
                 let fixed = String::from_utf8_lossy(&slot.fixed);
                 match (&slot.value, same) {
                     (None, _) => quoted(&fixed),

@@ -107,15 +107,31 @@ pub fn groups(instances: impl IntoIterator<Item = Instance>) -> Vec<Group> {
 }
 
 /// Instances being grouped by gateway instance and kind (each kind's shape hashed), added a
-/// slice at a time if the caller wants.
+/// slice at a time if the caller wants: what a group's instances agree on is learned as they
+/// are added, so that forming the groups at the end is a sort of each (at 10,000 instances of
+/// one kind, comparing them there held the reader's thread for half a millisecond more).
 #[derive(Default)]
-pub struct Grouping(HashMap<(NodeId, Shape), Vec<Instance>>);
+pub struct Grouping(HashMap<(NodeId, Shape), Gathered>);
+
+/// One group's instances as they are added, and the slots of its kind they all agree on
+/// with the first (see [`Kind::agree`]).
+struct Gathered {
+    members: Vec<Instance>,
+    agreed: Vec<bool>,
+}
 
 impl Grouping {
     pub fn add(&mut self, instances: impl IntoIterator<Item = Instance>) {
         for i in instances {
             let group = self.0.entry((i.gateway, Shape(i.kind.clone())));
-            group.or_default().push(i);
+            let g = group.or_insert_with(|| Gathered {
+                members: Vec::new(),
+                agreed: i.kind.agreed(),
+            });
+            if let Some(first) = g.members.first() {
+                first.kind.agree(&i.kind, &mut g.agreed);
+            }
+            g.members.push(i);
         }
     }
 
@@ -123,15 +139,24 @@ impl Grouping {
     pub fn groups(self) -> Vec<Group> {
         let mut out: Vec<Group> = (self.0)
             .into_iter()
-            .map(|((gateway, _), mut members)| {
-                members.sort_by_key(|i| (i.start, i.node));
-                let pattern = Kind::pattern(members.iter().map(|i| &*i.kind));
-                Group {
-                    gateway,
-                    members,
-                    pattern,
-                }
-            })
+            .map(
+                |(
+                    (gateway, _),
+                    Gathered {
+                        mut members,
+                        agreed,
+                    },
+                )| {
+                    // (Two instances are never the same process: no order left to keep.)
+                    members.sort_unstable_by_key(|i| (i.start, i.node));
+                    let pattern = members[0].kind.masked(&agreed);
+                    Group {
+                        gateway,
+                        members,
+                        pattern,
+                    }
+                },
+            )
             .collect();
         // A stable order for the stream: by gateway, then by the oldest instance.
         out.sort_by_key(|g| (g.gateway, g.members[0].start, g.members[0].node));
