@@ -184,13 +184,13 @@ impl Pipeline {
     pub fn plan_step(&mut self, mut planning: Planning) -> Result<PlanStep> {
         let more = self.inspector.plan_step(&self.graph, &mut planning.steps);
         let cleared = planning.steps.take_changes();
+        // Written once a round at least (its notes, the sites of processes gone forgotten).
+        if !more || !cleared.is_empty() {
+            self.write_scan(&cleared, &SpawnedAt::default(), None)?;
+        }
         if more {
-            if !cleared.is_empty() {
-                self.write_scan(&cleared, &SpawnedAt::default(), None)?;
-            }
             return Ok(PlanStep::More(planning));
         }
-        self.write_scan(&cleared, &SpawnedAt::default(), None)?;
         let round = planning.steps.round();
         let began = planning.began;
         Ok(PlanStep::Planned(Planned { round, began }))
