@@ -13,6 +13,7 @@ pub mod pipeline;
 mod rounds;
 mod servers;
 mod session_reads;
+mod slice;
 mod worker;
 
 use std::cell::RefCell;
@@ -88,6 +89,9 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
     let slow = worker::Worker::start("reaper-sessions")?;
     let mut sessions = session_reads::SessionReads::new(slow);
+    // The reader's thread alone: the slow side's threads, started before, keep the default,
+    // and what starts after does not inherit it.
+    slice::ask_short_slice();
     let stop = event_loop(
         cli,
         &mut tracing.selectors,

@@ -244,6 +244,12 @@ impl ToRead {
                     let Some(gateway) = w.gateway else {
                         return Ok(None);
                     };
+                    // A gateway is in its own cgroup, never in a session below it. Its two
+                    // reads would not say so if it moved between them (a gateway that puts
+                    // itself in a cgroup before it execs, as `systemd-run --scope` does).
+                    if gateway == w.process {
+                        return Ok(None);
+                    }
                     let theirs = gateways
                         .entry(gateway)
                         .or_insert_with(|| cgroup_of(gateway))
