@@ -231,7 +231,7 @@ impl ToRead {
     /// checked after the read to be still the process asked about (a pid is not reused while
     /// its process lives).
     pub fn read(self) -> Vec<(NodeId, Read)> {
-        // Each gateway's cgroup, read once for the processes below it.
+        // Each gateway's cgroup as last read, for the next process below it.
         let mut gateways: HashMap<ProcessId, Option<Vec<u8>>> = HashMap::default();
         let mut read = |w: &Waiting| -> Result<Option<Vec<u8>>, ()> {
             match &self.source {
@@ -250,13 +250,23 @@ impl ToRead {
                     if gateway == w.process {
                         return Ok(None);
                     }
-                    let theirs = gateways
-                        .entry(gateway)
-                        .or_insert_with(|| cgroup_of(gateway))
-                        .as_deref()
-                        .ok_or(())?;
-                    let own = cgroup_of(w.process).ok_or(())?;
-                    Ok(session_cgroup(theirs, &own))
+                    // The process's cgroup read between two reads of its gateway's that agree
+                    // (the first is the last one's, for the process before): a gateway that
+                    // moved meanwhile (into a leaf of its own, as a delegated manager may)
+                    // leaves this process's session unknown, not named against where it was.
+                    let before = match gateways.get(&gateway) {
+                        Some(last) => last.clone(),
+                        None => cgroup_of(gateway),
+                    };
+                    let own = cgroup_of(w.process);
+                    let after = cgroup_of(gateway);
+                    gateways.insert(gateway, after.clone());
+                    match (before, own) {
+                        (Some(theirs), Some(own)) if after.as_ref() == Some(&theirs) => {
+                            Ok(session_cgroup(&theirs, &own))
+                        }
+                        _ => Err(()),
+                    }
                 }
             }
         };
