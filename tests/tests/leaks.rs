@@ -85,10 +85,12 @@ fn only_the_abandoned_stdio_servers_are_idle() {
             "{stdin}"
         );
         // Released, the gateway closes its write ends and each server reads EOF and exits;
-        // a scan can land between the two.
+        // a scan can land between the two. Its stdout and stderr are this harness's pipe (a
+        // live peer), so such a scan sees the EOF read as data moved.
         let because = &cleared(&run, s, "idle")["because"];
         assert!(
-            because == "exited" || because == "no live peer on its channels now",
+            ["exited", "no live peer on its channels now", "moved data"]
+                .contains(&because.as_str().unwrap_or_default()),
             "{because}"
         );
     }
