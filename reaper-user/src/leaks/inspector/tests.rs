@@ -16,11 +16,18 @@ fn inspector() -> Inspector {
     })
 }
 
-/// A gateway (100) whose child (200) exited at 1 s and is not reaped.
-fn a_zombie() -> LineageGraph {
+/// A gateway (100) and its child (200), forked at 1 ns; the child's id.
+fn a_child() -> (LineageGraph, NodeId) {
     let mut g = LineageGraph::new(100);
     g.add_seed(gateway(100));
     record(&mut g, 1, (200, 5_000), fork(100));
+    let id = g.current(200).unwrap().id;
+    (g, id)
+}
+
+/// A gateway (100) whose child (200) exited at 1 s and is not reaped.
+fn a_zombie() -> LineageGraph {
+    let (mut g, _) = a_child();
     record(&mut g, SECOND, (200, 5_000), What::Exit { status: 0 });
     g
 }
@@ -67,10 +74,7 @@ fn reasons(changes: &[Change]) -> Vec<(&'static str, Reason)> {
 /// written is not counted.
 #[test]
 fn a_round_judges_the_samples_its_looks_bring_and_a_flag_never_written_is_not_counted() {
-    let mut g = LineageGraph::new(100);
-    g.add_seed(gateway(100));
-    record(&mut g, 1, (200, 5_000), fork(100));
-    let id = g.current(200).unwrap().id;
+    let (mut g, id) = a_child();
     let mut inspector = inspector();
     let round_at =
         |inspector: &mut Inspector, now: u64| judged(inspector, &g, now, |_| Some(deaf(200, 9))).1;
@@ -234,10 +238,7 @@ fn a_round_of_many_processes_is_planned_in_bounded_steps_while_the_graph_changes
 /// that look read nothing (else it would be looked at every round).
 #[test]
 fn a_process_that_execd_is_looked_at_next_round_for_its_program() {
-    let mut g = LineageGraph::new(100);
-    g.add_seed(gateway(100));
-    record(&mut g, 1, (200, 5_000), fork(100));
-    let id = g.current(200).unwrap().id;
+    let (mut g, id) = a_child();
     let mut inspector = inspector();
     let round_at = |inspector: &mut Inspector, g: &LineageGraph, now: u64| {
         // After the second exec, the look finds nothing (/proc refused it).
