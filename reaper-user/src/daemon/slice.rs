@@ -3,9 +3,10 @@
 //!
 //! Under EEVDF (Linux 6.6 and later) a task woken runs at once only when its virtual deadline
 //! comes before the running task's; the deadline is its eligible time plus its slice. With
-//! the default slice (0.75 ms times 1 + log2 of the CPUs, at most 8 counted), a wake-up of the reader waited
-//! behind the traced workload itself (`sh`, `true`, `sleep` measured as what ran while it
-//! waited) or a kernel thread for 1 to 16 ms, while a round's looks kept the other core busy.
+//! the default slice (0.75 ms times 1 + log2 of the CPUs, at most 8 counted), one wake-up of
+//! the reader in 35 waited behind the traced workload itself (`sh`, `true`, `sleep` measured
+//! as what ran while it waited) or a kernel thread for over 1 ms, up to 16 ms, while a
+//! round's looks kept the other core busy.
 //! A shorter slice (`sched_attr.sched_runtime` of a SCHED_OTHER task, Linux 6.12 and later)
 //! gives the reader earlier deadlines, not a larger share of the CPU: its weight, and so what
 //! it may take from the processes it watches in a storm, is unchanged. An older kernel

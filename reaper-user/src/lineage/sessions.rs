@@ -244,9 +244,9 @@ impl ToRead {
                     let Some(gateway) = w.gateway else {
                         return Ok(None);
                     };
-                    // A gateway is in its own cgroup, never in a session below it. Its two
-                    // reads would not say so if it moved between them (a gateway that puts
-                    // itself in a cgroup before it execs, as `systemd-run --scope` does).
+                    // A gateway is in its own cgroup, never in a session below it: nothing to
+                    // read (one that puts itself in a cgroup before it execs, as
+                    // `systemd-run --scope` does, is read at that exec).
                     if gateway == w.process {
                         return Ok(None);
                     }
