@@ -35,8 +35,9 @@ fn build() -> Result<(), String> {
 
     let dest = out_dir.join(EBPF_BIN);
     let target_dir = out_dir.join("ebpf-target");
+    let arch = bpf_target_arch()?;
     let rustflags = [
-        "--cfg=bpf_target_arch=\"x86_64\"",
+        format!("--cfg=bpf_target_arch=\"{arch}\"").as_str(),
         "-Cdebuginfo=2",
         "-Clink-arg=--btf",
         "-Ctarget-cpu=v3",
@@ -67,6 +68,19 @@ fn build() -> Result<(), String> {
     }
     let built = target_dir.join("bpfel-unknown-none/release").join(EBPF_BIN);
     copy_if_changed(&built, &dest)
+}
+
+/// The architecture the programs are built for (`bpf_target_arch`: where they find a
+/// thread's saved registers): the one this crate is built for, which the kernel it loads
+/// them into runs.
+fn bpf_target_arch() -> Result<String, String> {
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").map_err(|e| e.to_string())?;
+    match arch.as_str() {
+        "x86_64" | "aarch64" => Ok(arch),
+        other => Err(format!(
+            "reaper-trace is built for x86_64 and aarch64, not {other}"
+        )),
+    }
 }
 
 /// `REAPER_COMMIT` for `--version`: the git commit this is built from (`$REAPER_COMMIT` when

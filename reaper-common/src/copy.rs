@@ -36,14 +36,28 @@ pub const COPY_CHUNKS: usize = 4;
 /// JavaScript frames, the binding's C++, libuv, the C library) takes a few KiB of it.
 pub const COPY_MAX: usize = COPY_CHUNK * COPY_CHUNKS;
 
+/// A thread's user registers as the kernel saved them at syscall entry: what an unwinder
+/// starts from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    /// Where it was (in the C library's fork): `rip` on x86_64, `pc` on aarch64.
+    pub pc: u64,
+    /// Its stack pointer: `rsp`, `sp`.
+    pub sp: u64,
+    /// Its frame pointer: `rbp`, `x29`.
+    pub fp: u64,
+    /// Its link register, `x30` on aarch64: the return address of a function that has not
+    /// stored it on the stack yet (the C library's fork wrapper, a leaf). 0 on x86_64, where
+    /// a call pushes its return address.
+    pub lr: u64,
+}
+
 /// The forking thread's user registers at the fork syscall and its stack from there up.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct StackCopy {
-    /// Where it was (in the C library's fork), its stack pointer and its frame pointer.
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
+    pub regs: UserRegs,
     /// The address `bytes` were copied from: the start of `sp`'s page.
     pub base: u64,
     /// Bytes of `bytes` copied (a multiple of [`COPY_CHUNK`]).

@@ -166,7 +166,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 5;
+pub const LAYOUT: u8 = 6;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -416,8 +416,8 @@ pub struct KernelOffsets {
     /// Offset of `cgroup::root` (the hierarchy a cgroup is in).
     pub cgroup_root: u64,
     pub cgroup_root_hierarchy_id: u64,
-    /// Offset of the syscall number in `struct pt_regs` (`orig_ax` on x86_64), for the
-    /// raw `sys_exit` fallback of the setsid hook.
+    /// Offset of the syscall number in `struct pt_regs` (`orig_ax` on x86_64, `syscallno` on
+    /// aarch64), for the raw `sys_exit` fallback of the setsid hook.
     pub pt_regs_syscall_nr: u64,
 }
 

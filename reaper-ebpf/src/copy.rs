@@ -1,20 +1,18 @@
 //! A spawner's stack at fork, copied for user space to unwind (see `reaper_common::copy`):
 //! a JIT host's at each fork, any other native spawner's once per site.
-use core::{ffi::c_void, mem::offset_of};
+use core::ffi::c_void;
 
-use aya_ebpf::{
-    bindings::pt_regs,
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
-    },
+use aya_ebpf::helpers::{
+    bpf_probe_read_kernel,
+    generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
 };
 use reaper_common::{
-    copy::{COPY_CHUNK, COPY_CHUNKS, COPY_MAX, CopiedSite, SCAN_BYTES, StackCopy},
+    copy::{COPY_CHUNK, COPY_CHUNKS, COPY_MAX, CopiedSite, SCAN_BYTES, StackCopy, UserRegs},
     python::{HASH_SEED, hash_word},
 };
 
 use crate::{
+    arch::{REGS_FROM, REGS_WORDS, user_regs_in},
     maps::{COPIED_SITES, JIT_HOSTS},
     task::Task,
 };
@@ -31,54 +29,37 @@ pub fn jit_host(tgid: u32, start: u64) -> bool {
     }
 }
 
-/// The forking thread's user registers, as the kernel saved them at syscall entry.
-#[derive(Clone, Copy)]
-pub struct UserRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
-
-/// Reads the current thread's user registers; none when they cannot be read.
+/// Reads the current thread's user registers, as the kernel saved them at syscall entry;
+/// none when they cannot be read.
 #[inline(always)]
 pub fn user_regs() -> Option<UserRegs> {
-    // `bp`, `ip` and `sp` in one read of the span of `pt_regs` that holds them (one helper
-    // call, not three: this runs on every tracked fork of a native spawner).
-    const FROM: usize = offset_of!(pt_regs, rbp);
-    const TO: usize = offset_of!(pt_regs, rsp) + 8;
-    const WORDS: usize = (TO - FROM) / 8;
-    const _: () = assert!(FROM < offset_of!(pt_regs, rip) && offset_of!(pt_regs, rip) < TO);
     // SAFETY: plain helper calls; the task pointer is the verifier-checked current task.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     // SAFETY: a read of the user registers the kernel saved at syscall entry; it faults
     // safely.
-    let span: [u64; WORDS] =
-        unsafe { bpf_probe_read_kernel(regs.add(FROM) as *const [u64; WORDS]) }.ok()?;
-    let word = |offset: usize| span[(offset - FROM) / 8];
-    Some(UserRegs {
-        ip: word(offset_of!(pt_regs, rip)),
-        sp: word(offset_of!(pt_regs, rsp)),
-        bp: word(offset_of!(pt_regs, rbp)),
-    })
+    let span: [u64; REGS_WORDS] =
+        unsafe { bpf_probe_read_kernel(regs.add(REGS_FROM) as *const [u64; REGS_WORDS]) }.ok()?;
+    Some(user_regs_in(&span))
 }
 
 /// Words scanned for a site.
 const SCAN_WORDS: usize = SCAN_BYTES / 8;
 const _: () = assert!(SCAN_BYTES <= COPY_MAX);
 
-/// A hash of the executable's code addresses in the first [`SCAN_BYTES`] above `sp` (its
-/// callers' return addresses, mostly), read into `scratch`; 0 when none could be read. Two
-/// callers of the same fork wrapper differ here where a frame-pointer walk that stops in the
-/// wrapper sees them alike.
+/// A hash of the executable's code addresses in the first [`SCAN_BYTES`] above the stack
+/// pointer (its callers' return addresses, mostly) and in the link register (aarch64's return
+/// address of a function that has not stored it yet), read into `scratch`; 0 when none could
+/// be read. Two callers of the same fork wrapper differ here where a frame-pointer walk that
+/// stops in the wrapper sees them alike.
 #[inline(always)]
-pub fn site_salt(scratch: &mut [u8; COPY_MAX], sp: u64) -> u64 {
+pub fn site_salt(scratch: &mut [u8; COPY_MAX], regs: UserRegs) -> u64 {
     let (start, end) = Task::current().code_range();
     // SAFETY: the helper writes at most SCAN_BYTES ≤ COPY_MAX bytes; it faults safely.
     let rc = unsafe {
         bpf_probe_read_user(
             scratch.as_mut_ptr() as *mut c_void,
             SCAN_BYTES as u32,
-            sp as *const c_void,
+            regs.sp as *const c_void,
         )
     };
     if rc != 0 || start >= end {
@@ -87,6 +68,9 @@ pub fn site_salt(scratch: &mut [u8; COPY_MAX], sp: u64) -> u64 {
     let words = scratch.as_ptr() as *const u64;
     let code_len = end - start;
     let mut hash = HASH_SEED;
+    if regs.lr.wrapping_sub(start) < code_len {
+        hash = hash_word(hash, regs.lr);
+    }
     for i in 0..SCAN_WORDS {
         // SAFETY: within the scratch array (SCAN_WORDS words ≤ its length); unaligned-safe
         // as the array starts a map value.
@@ -124,9 +108,7 @@ pub fn first_at_site(stack: u64, tgid: u32, start: u64) -> bool {
 #[inline(always)]
 pub fn copy_stack(copy: &mut StackCopy, regs: UserRegs) -> u64 {
     let base = regs.sp & !(COPY_CHUNK as u64 - 1);
-    copy.ip = regs.ip;
-    copy.sp = regs.sp;
-    copy.bp = regs.bp;
+    copy.regs = regs;
     copy.base = base;
     // Straight-line reads, each at a constant offset, and the length returned as a constant
     // on each path (not read back from the map value): the verifier sees the record's bound.

@@ -9,6 +9,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod arch;
 mod copy;
 mod emit;
 mod maps;

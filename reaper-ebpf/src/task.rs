@@ -138,12 +138,12 @@ pub fn read_ptr_at(base: *const u8, off: u64) -> *const u8 {
     read_ptr(base, off)
 }
 
-/// Reads a u64 at `off` from `base` when `base` is an untyped address (a raw tracepoint's
+/// Reads a u32 at `off` from `base` when `base` is an untyped address (a raw tracepoint's
 /// argument): the verifier cannot check a direct load there, so this goes through the helper.
-pub fn read_u64_at(base: *const u8, off: u64) -> u64 {
+pub fn read_u32_at(base: *const u8, off: u64) -> u32 {
     // SAFETY: bpf_probe_read_kernel faults safely; a failed read yields 0.
     unsafe {
-        aya_ebpf::helpers::bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const u64)
+        aya_ebpf::helpers::bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const u32)
     }
     .unwrap_or(0)
 }

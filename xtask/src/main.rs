@@ -383,35 +383,42 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     Ok(())
 }
 
-/// Clippy on the kernel programs, which only build for the BPF target with nightly.
+/// Clippy on the kernel programs, which only build for the BPF target with nightly: once for
+/// each architecture they are built for (each reads its own saved registers).
 fn clippy_ebpf(root: &Path) -> Result<()> {
-    let flags = ["--cfg=bpf_target_arch=\"x86_64\"", "-Ctarget-cpu=v3"].join("\x1f");
-    let status = Command::new("rustup")
-        .args([
-            "run",
-            setup::NIGHTLY,
-            "cargo",
-            "clippy",
-            "--package",
-            "reaper-ebpf",
-            "--bins",
-        ])
-        .args([
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .arg("--target-dir")
-        .arg(root.join("target/ebpf-clippy"))
-        .args(["--", "-D", "warnings"])
-        .env("CARGO_ENCODED_RUSTFLAGS", flags)
-        .current_dir(root.join("reaper-ebpf"))
-        .status()
-        .context("running clippy on reaper-ebpf")?;
-    if !status.success() {
-        bail!("clippy on reaper-ebpf failed ({status})");
+    for arch in ["x86_64", "aarch64"] {
+        let flags = [
+            format!("--cfg=bpf_target_arch=\"{arch}\""),
+            "-Ctarget-cpu=v3".into(),
+        ]
+        .join("\x1f");
+        let status = Command::new("rustup")
+            .args([
+                "run",
+                setup::NIGHTLY,
+                "cargo",
+                "clippy",
+                "--package",
+                "reaper-ebpf",
+                "--bins",
+            ])
+            .args([
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+            ])
+            .arg("--target-dir")
+            .arg(root.join("target/ebpf-clippy").join(arch))
+            .args(["--", "-D", "warnings"])
+            .env("CARGO_ENCODED_RUSTFLAGS", flags)
+            .current_dir(root.join("reaper-ebpf"))
+            .status()
+            .context("running clippy on reaper-ebpf")?;
+        if !status.success() {
+            bail!("clippy on reaper-ebpf for {arch} failed ({status})");
+        }
     }
     Ok(())
 }

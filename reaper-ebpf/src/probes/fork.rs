@@ -134,7 +134,7 @@ fn send_with_stacks(
     };
     if capture & SPAWN_STACKS_NATIVE != 0 && !jit {
         let salt = match (native_copy, regs) {
-            (true, Some(regs)) => copy::site_salt(&mut record.copy.bytes, regs.sp),
+            (true, Some(regs)) => copy::site_salt(&mut record.copy.bytes, regs),
             _ => 0,
         };
         record.fork.stack = native::stack(ctx, salt);

@@ -13,7 +13,7 @@ use crate::{
     emit::{header, send},
     global,
     maps::tracked_current,
-    task::{Task, read_u64_at},
+    task::{Task, read_u32_at},
 };
 
 #[tracepoint]
@@ -28,7 +28,10 @@ pub fn sys_exit_setsid(ctx: TracePointContext) -> u32 {
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn raw_sys_exit(ctx: RawTracePointContext) -> u32 {
     let regs = ctx.arg::<*const u8>(0);
-    if read_u64_at(regs, global!(OFFSETS.pt_regs_syscall_nr)) != global!(CONFIG.setsid_nr) {
+    // The saved syscall number is `orig_ax` (a u64) on x86_64 and `syscallno` (an s32
+    // beside another u32) on aarch64: its low 32 bits (little-endian, first) on both.
+    let nr = read_u32_at(regs, global!(OFFSETS.pt_regs_syscall_nr));
+    if u64::from(nr) != global!(CONFIG.setsid_nr) {
         return 0;
     }
     report(ctx.arg::<i64>(1));

@@ -359,10 +359,17 @@ impl KernelBtf {
                 .or_else(|_| self.offset("kernfs_node", "__parent"))?,
             cgroup_root: self.offset("cgroup", "root")?,
             cgroup_root_hierarchy_id: self.offset("cgroup_root", "hierarchy_id")?,
-            pt_regs_syscall_nr: self.offset("pt_regs", "orig_ax")?,
+            pt_regs_syscall_nr: self.offset("pt_regs", PT_REGS_SYSCALL_NR)?,
         })
     }
 }
+
+/// The field of `struct pt_regs` in which this architecture's kernel keeps the number of the
+/// system call under way.
+#[cfg(target_arch = "x86_64")]
+const PT_REGS_SYSCALL_NR: &str = "orig_ax";
+#[cfg(target_arch = "aarch64")]
+const PT_REGS_SYSCALL_NR: &str = "syscallno";
 
 fn read_u32(bytes: &[u8], at: usize) -> Result<u32> {
     at.checked_add(4)

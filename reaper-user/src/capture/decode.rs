@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{Result, bail};
 use reaper_common::copy::{
-    COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, ForkCopyEvent, StackCopy,
+    COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, ForkCopyEvent, StackCopy, UserRegs,
 };
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
@@ -48,10 +48,8 @@ pub struct SpawnStack {
 /// `reaper_common::copy`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CopiedStack {
-    /// The forking thread's instruction, stack and frame pointers at the fork syscall.
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
+    /// The forking thread's registers at the fork syscall.
+    pub regs: UserRegs,
     /// Its stack from `base` (the start of `sp`'s page) up.
     pub base: u64,
     pub bytes: Vec<u8>,
@@ -150,9 +148,12 @@ fn decode_copy(bytes: &[u8]) -> Result<CopiedStack> {
         );
     }
     Ok(CopiedStack {
-        ip: word(offset_of!(StackCopy, ip)),
-        sp: word(offset_of!(StackCopy, sp)),
-        bp: word(offset_of!(StackCopy, bp)),
+        regs: UserRegs {
+            pc: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, pc)),
+            sp: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, sp)),
+            fp: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, fp)),
+            lr: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, lr)),
+        },
         base: word(offset_of!(StackCopy, base)),
         bytes: copied[..len as usize].to_vec(),
     })
@@ -339,9 +340,13 @@ mod tests {
         let mut ev: ForkCopyEvent = unsafe { std::mem::zeroed() };
         ev.fork.header = header(EventKind::Fork);
         ev.fork.flags = FORK_STACK_COPIED;
-        ev.copy.ip = 0x1000;
-        ev.copy.sp = 0x7ff0_0000;
-        ev.copy.bp = 0x7ff0_0100;
+        let regs = UserRegs {
+            pc: 0x1000,
+            sp: 0x7ff0_0000,
+            fp: 0x7ff0_0100,
+            lr: 0x1234,
+        };
+        ev.copy.regs = regs;
         ev.copy.base = 0x7fef_f000;
         ev.copy.len = COPY_CHUNK as u64;
         ev.copy.bytes[..4].copy_from_slice(b"\x01\x02\x03\x04");
@@ -350,10 +355,7 @@ mod tests {
             What::Fork {
                 copy: Some(copy), ..
             } => {
-                assert_eq!(
-                    (copy.ip, copy.sp, copy.bp),
-                    (0x1000, 0x7ff0_0000, 0x7ff0_0100)
-                );
+                assert_eq!(copy.regs, regs);
                 assert_eq!(copy.bytes.len(), COPY_CHUNK);
                 assert_eq!(&copy.bytes[..4], b"\x01\x02\x03\x04");
             }

@@ -188,15 +188,42 @@ pub enum Blocked {
     NotInSyscall,
 }
 
-/// x86_64 system calls that wait for data to read: the reads on an fd, and the waits on many.
+/// System calls that wait for data to read on an fd: the first argument is the fd.
+const READS_FD: [libc::c_long; 8] = [
+    libc::SYS_read,
+    libc::SYS_pread64,
+    libc::SYS_readv,
+    libc::SYS_preadv,
+    libc::SYS_preadv2,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_recvmmsg,
+];
+
+/// System calls that wait on many fds. aarch64 has only the newer ones (its C library's
+/// `poll`, `select` and `epoll_wait` call them).
+const WAITS_ON_MANY: [libc::c_long; 4] = [
+    libc::SYS_ppoll,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+];
+#[cfg(target_arch = "x86_64")]
+const WAITS_ON_MANY_OLD: [libc::c_long; 3] =
+    [libc::SYS_poll, libc::SYS_select, libc::SYS_epoll_wait];
+#[cfg(not(target_arch = "x86_64"))]
+const WAITS_ON_MANY_OLD: [libc::c_long; 0] = [];
+
+/// Whether system call `nr` (this architecture's numbers) waits for data to read: `Some(true)`
+/// when its first argument is the fd read from, `Some(false)` when it waits on many.
 fn waits_for_input(nr: u64) -> Option<bool> {
-    // true: the first argument is the fd read from.
-    match nr {
-        0 | 17 | 19 | 295 | 327 => Some(true), // read, pread64, readv, preadv, preadv2
-        45 | 47 | 299 => Some(true),           // recvfrom, recvmsg, recvmmsg
-        7 | 23 | 270 | 271 => Some(false),     // poll, select, pselect6, ppoll
-        232 | 281 | 441 => Some(false),        // epoll_wait, epoll_pwait, epoll_pwait2
-        _ => None,
+    let nr = libc::c_long::try_from(nr).ok()?;
+    if READS_FD.contains(&nr) {
+        Some(true)
+    } else if WAITS_ON_MANY.contains(&nr) || WAITS_ON_MANY_OLD.contains(&nr) {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -338,30 +365,44 @@ mod tests {
             parse_syscall("-1 0x7ffc 0x7f00\n"),
             Some(Blocked::NotInSyscall)
         );
+        // This architecture's numbers: `read`, `epoll_pwait` and `nanosleep`.
+        let (read, epoll, sleep) = (
+            libc::SYS_read as u64,
+            libc::SYS_epoll_pwait as u64,
+            libc::SYS_nanosleep as u64,
+        );
         assert_eq!(
-            parse_syscall("0 0x0 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
+            parse_syscall(&format!(
+                "{read} 0x0 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"
+            )),
             Some(Blocked::WaitingForInput {
-                syscall: 0,
+                syscall: read,
                 fd: Some(0)
             })
         );
         assert_eq!(
-            parse_syscall("0 0x5 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
+            parse_syscall(&format!(
+                "{read} 0x5 0x7ffd4 0x1000 0x0 0x0 0x0 0x7ffd 0x7f12\n"
+            )),
             Some(Blocked::WaitingForInput {
-                syscall: 0,
+                syscall: read,
                 fd: Some(5)
             })
         );
         assert_eq!(
-            parse_syscall("281 0x3 0x7ffd 0x400 0xffffffff 0x0 0x8 0x7ffd 0x7f12\n"),
+            parse_syscall(&format!(
+                "{epoll} 0x3 0x7ffd 0x400 0xffffffff 0x0 0x8 0x7ffd 0x7f12\n"
+            )),
             Some(Blocked::WaitingForInput {
-                syscall: 281,
+                syscall: epoll,
                 fd: None
             })
         );
         assert_eq!(
-            parse_syscall("230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f12\n"),
-            Some(Blocked::Other { syscall: 230 })
+            parse_syscall(&format!(
+                "{sleep} 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f12\n"
+            )),
+            Some(Blocked::Other { syscall: sleep })
         );
         assert_eq!(parse_syscall(""), None);
         assert_eq!(parse_syscall("x y"), None);

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{Object as _, ObjectSection as _};
@@ -15,6 +14,38 @@ use reaper_common::ExeKey;
 use crate::capture::decode::CopiedStack;
 use crate::sites::mappings::{self, Mapping};
 use crate::untrusted::Checked;
+
+use arch::{Cache, Unwinder, start_regs};
+
+/// This architecture's unwinder, the cache of its rules, and the registers it starts from.
+#[cfg(target_arch = "x86_64")]
+mod arch {
+    use framehop::x86_64::UnwindRegsX86_64;
+    pub use framehop::x86_64::{CacheX86_64 as Cache, UnwinderX86_64 as Unwinder};
+    use reaper_common::copy::UserRegs;
+
+    pub fn start_regs(regs: &UserRegs) -> UnwindRegsX86_64 {
+        UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp)
+    }
+}
+
+/// On aarch64 a return address may be signed (pointer authentication, which Debian's
+/// `-mbranch-protection=standard` turns on): its top bits hold the signature, stripped here
+/// to the 48 bits of a user address, as the kernel's own frame-pointer walk strips them.
+#[cfg(target_arch = "aarch64")]
+mod arch {
+    pub use framehop::aarch64::{CacheAarch64 as Cache, UnwinderAarch64 as Unwinder};
+    use framehop::aarch64::{PtrAuthMask, UnwindRegsAarch64};
+    use reaper_common::copy::UserRegs;
+
+    /// The bits of a user address: 48 (Linux's user address space on arm64 unless a process
+    /// asks for more).
+    const USER_ADDRESS: PtrAuthMask = PtrAuthMask(u64::MAX >> 16);
+
+    pub fn start_regs(regs: &UserRegs) -> UnwindRegsAarch64 {
+        UnwindRegsAarch64::new_with_ptr_auth_mask(USER_ADDRESS, regs.lr, regs.sp, regs.fp)
+    }
+}
 
 /// Most frames kept from one unwind (innermost first).
 pub const FRAMES_MAX: usize = 64;
@@ -114,8 +145,8 @@ pub struct Objects {
 pub struct HostUnwinder {
     /// The `/proc/PID/maps` text it was set up from.
     maps: String,
-    unwinder: UnwinderX86_64<Arc<[u8]>>,
-    cache: CacheX86_64,
+    unwinder: Unwinder<Arc<[u8]>>,
+    cache: Cache,
 }
 
 /// Objects read before [`Objects::bound`] lets go of those no kept unwinder uses.
@@ -147,7 +178,7 @@ impl Objects {
         if let Some(kept) = kept.filter(|k| k.maps == text) {
             return kept;
         }
-        let mut unwinder = UnwinderX86_64::new();
+        let mut unwinder = Unwinder::new();
         for m in maps.iter().filter(|m| m.executable) {
             let Some(object) = self.object(pid, m) else {
                 continue;
@@ -159,7 +190,7 @@ impl Objects {
         HostUnwinder {
             maps: text,
             unwinder,
-            cache: CacheX86_64::new(),
+            cache: Cache::new(),
         }
     }
 
@@ -211,15 +242,15 @@ impl HostUnwinder {
     /// The code addresses of `copy`'s frames, innermost first (a return address is given as
     /// the call's: one byte back).
     pub fn unwind(&mut self, copy: &CopiedStack) -> Vec<u64> {
-        let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+        let regs = start_regs(&copy.regs);
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let at = usize::try_from(addr.checked_sub(copy.base).ok_or(())?).map_err(|_| ())?;
             let bytes = copy.bytes.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
-        let mut frames = self
-            .unwinder
-            .iter_frames(copy.ip, regs, &mut self.cache, &mut read_stack);
+        let mut frames =
+            self.unwinder
+                .iter_frames(copy.regs.pc, regs, &mut self.cache, &mut read_stack);
         let mut addrs = Vec::new();
         // The walk ends at the outermost frame, at a frame past the copy, or at the cap.
         while let Ok(Some(frame)) = frames.next() {

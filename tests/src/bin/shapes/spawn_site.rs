@@ -13,9 +13,21 @@ use serde_json::{Value, json};
 
 use super::sys::*;
 
-/// Forks the stdin reader that stands for a stdio server. x86_64's fork(2), no libc wrapper.
+/// Forks the stdin reader that stands for a stdio server, by the system call itself, no libc
+/// wrapper.
 #[inline(never)]
 fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
+    match raw_fork() {
+        0 => serve_stdin(rd, close),
+        pid if pid < 0 => panic!("fork: {pid}"),
+        pid => pid as u32,
+    }
+}
+
+/// x86_64's fork(2).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn raw_fork() -> i64 {
     let pid: i64;
     // SAFETY: fork(2) takes no arguments; rcx and r11 are clobbered by `syscall`.
     unsafe {
@@ -27,11 +39,28 @@ fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
             options(nostack),
         );
     }
-    match pid {
-        0 => serve_stdin(rd, close),
-        pid if pid < 0 => panic!("fork: {pid}"),
-        pid => pid as u32,
+    pid
+}
+
+/// aarch64 has no fork(2): clone(2) with SIGCHLD and nothing shared is one.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn raw_fork() -> i64 {
+    let pid: i64;
+    // SAFETY: clone(SIGCHLD, 0, 0, 0, 0): a fork on the same stack; `svc` clobbers only x0.
+    unsafe {
+        std::arch::asm!(
+            "svc 0",
+            in("x8") libc::SYS_clone,
+            inlateout("x0") libc::SIGCHLD as i64 => pid,
+            in("x1") 0,
+            in("x2") 0,
+            in("x3") 0,
+            in("x4") 0,
+            options(nostack),
+        );
     }
+    pid
 }
 
 // `spawner.c`, with frame pointers and without (built by tests/build.rs).
