@@ -4,6 +4,7 @@
 //! of [`prereqs::TOOLS`] that the command needs, then `setup`'s toolchain (the nightly
 //! toolchain's `rust-src`, and `bpf-linker` built against the nightly toolchain's own LLVM).
 //! Both are idempotent and take well under a second when all is there.
+mod arch;
 mod bench;
 mod bench_before;
 mod debian;
@@ -27,6 +28,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use arch::Arch;
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
@@ -297,6 +299,7 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     clippy_ebpf(root)?;
+    clippy_other_archs(root)?;
     // The integration tests run the workspace's binaries: build them first.
     build(root, false)?;
     // The artifacts' tests get this run's artifacts by name, never whatever lies in
@@ -383,10 +386,23 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     Ok(())
 }
 
+/// Clippy on the workspace for each architecture other than this machine's: code under
+/// `cfg(target_arch)` (the unwinder's registers, system call numbers, the shapes' raw fork)
+/// is checked for every architecture on any machine.
+fn clippy_other_archs(root: &Path) -> Result<()> {
+    for arch in Arch::ALL.into_iter().filter(|&a| a != Arch::host()) {
+        arch.ensure_std()?;
+        let args = ["clippy", "--target", arch.triple(), "--all-targets"];
+        cargo(root, &[&args[..], &["--", "-D", "warnings"]].concat())
+            .with_context(|| format!("clippy for {}", arch.triple()))?;
+    }
+    Ok(())
+}
+
 /// Clippy on the kernel programs, which only build for the BPF target with nightly: once for
 /// each architecture they are built for (each reads its own saved registers).
 fn clippy_ebpf(root: &Path) -> Result<()> {
-    for arch in ["x86_64", "aarch64"] {
+    for arch in Arch::ALL.map(Arch::name) {
         let flags = [
             format!("--cfg=bpf_target_arch=\"{arch}\""),
             "-Ctarget-cpu=v3".into(),

@@ -93,6 +93,7 @@ pub const TOOLS: &[Tool] = &[
     tool("rustup", Rustup, ALL, "the nightly toolchain of the eBPF build and the fuzzers"),
     tool("bpf-linker", Crate("bpf-linker"), ALL, "links the eBPF programs (`cargo xtask setup`)"),
     tool("cc", Debian("gcc"), ALL, "links the binaries; builds the spawn-site shapes' C spawner (tests/build.rs)"),
+    tool("aarch64-linux-gnu-gcc", Debian("gcc-aarch64-linux-gnu"), &[Test], "builds the spawn-site shapes' C spawner for aarch64 (the workspace's clippy for aarch64)"),
     tool("apt-get", Debian("apt"), ALL, "installs this table's Debian packages and fetches kernels"),
     tool("apt-cache", Debian("apt"), &[Vm], "finds the newest kernel of each series"),
     tool("git", Debian("git"), &[Test, Dist, Bench], "the commit `--version` names; `bench --before` worktrees"),
