@@ -37,6 +37,67 @@ impl Arch {
         }
     }
 
+    /// Its name in Debian's packages (`linux-image-*-arm64-unsigned`, `_arm64.deb`).
+    pub fn deb(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
+
+    /// The qemu that boots its kernels, and the machine it emulates: TCG, one thread (a lane
+    /// is one host core; see vmtest). aarch64's `virt` board with the `max` CPU, its pointer
+    /// authentication by the cheaper implementation-defined algorithm (QARMA, the default,
+    /// costs TCG dearly on every signed return).
+    pub fn qemu(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Arch::X86_64 => ("qemu-system-x86_64", &["-cpu", "max"]),
+            Arch::Aarch64 => (
+                "qemu-system-aarch64",
+                &["-M", "virt", "-cpu", "max,pauth-impdef=on"],
+            ),
+        }
+    }
+
+    /// The guest kernel's serial console.
+    pub fn console(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "ttyS0",
+            Arch::Aarch64 => "ttyAMA0",
+        }
+    }
+
+    /// Cargo's environment for building its binaries on this machine: none for this
+    /// machine's own; for another, Debian's cross gcc as the linker, and the C library linked
+    /// in (`crt-static`), so that its binaries need no loader or library of theirs to run
+    /// (in a guest, or here under qemu-user to list their tests).
+    pub fn cargo_env(self) -> Vec<(String, String)> {
+        if self == Arch::host() {
+            return Vec::new();
+        }
+        let var = self.triple().to_uppercase().replace('-', "_");
+        vec![
+            (
+                format!("CARGO_TARGET_{var}_LINKER"),
+                format!("{}-linux-gnu-gcc", self.name()),
+            ),
+            (
+                format!("CARGO_TARGET_{var}_RUSTFLAGS"),
+                "-C target-feature=+crt-static".into(),
+            ),
+        ]
+    }
+
+    /// The command that runs one of its programs here: the program itself on this machine's
+    /// architecture, qemu-user's emulator for another (a static binary of it).
+    pub fn runner(self) -> Option<&'static str> {
+        match (self == Arch::host(), self) {
+            (true, _) => None,
+            (false, Arch::Aarch64) => Some("qemu-aarch64-static"),
+            (false, Arch::X86_64) => Some("qemu-x86_64-static"),
+        }
+    }
+
     /// Adds its standard library to the toolchain that builds the workspace, unless there.
     pub fn ensure_std(self) -> Result<()> {
         let installed = Command::new("rustup")

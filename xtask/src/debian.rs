@@ -8,6 +8,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use crate::arch::Arch;
+
 /// Whether `bin` is on the PATH.
 pub fn have(bin: &str) -> bool {
     Command::new("sh")
@@ -70,6 +72,62 @@ fn cache(what: &str) -> PathBuf {
 fn kernel_cache() -> PathBuf {
     cache("kernels")
 }
+
+/// This machine's Debian release (`bookworm`).
+fn machine_release() -> Result<String> {
+    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    os.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"').to_owned())
+        .context("/etc/os-release names no VERSION_CODENAME: is this Debian?")
+}
+
+/// The programs another architecture's guests run (the guest's userland: what this machine's
+/// own programs are to its own guests), with their libraries: Debian's files of this
+/// machine's release for `arch`, unpacked and never run here (`mmdebstrap --variant=extract`:
+/// no maintainer script, so no emulation), made once and cached.
+pub fn guest_userland(arch: Arch) -> Result<PathBuf> {
+    let release = machine_release()?;
+    let dir = cache("roots").join(format!("{release}-{}-guest", arch.deb()));
+    let complete = dir.join(".reaper-complete");
+    if complete.is_file() {
+        return Ok(dir);
+    }
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    eprintln!(
+        "xtask: unpacking Debian {release}'s {} programs for the guests (cached once)",
+        arch.deb()
+    );
+    let status = Command::new("mmdebstrap")
+        .args(["--variant=extract", "--mode=root", "--quiet"])
+        .arg(format!("--arch={}", arch.deb()))
+        .arg(format!("--include={}", GUEST_PACKAGES.join(",")))
+        .arg(&release)
+        .arg(&dir)
+        .arg("http://deb.debian.org/debian")
+        .status()
+        .context("running mmdebstrap")?;
+    if !status.success() {
+        bail!(
+            "mmdebstrap --arch={} {release} failed ({status})",
+            arch.deb()
+        );
+    }
+    fs::write(&complete, b"")?;
+    Ok(dir)
+}
+
+/// The Debian packages of the programs the guests run (see vmtest's `guest_root`).
+const GUEST_PACKAGES: &[&str] = &[
+    "coreutils",
+    "dash",
+    "bash",
+    "util-linux",
+    "mount",
+    "nodejs",
+    "busybox-static",
+];
 
 /// A fresh minimal Debian root of this machine's release (`mmdebstrap --variant=minbase` from
 /// Debian's archive), as a tarball: made once, cached, and linked at
@@ -147,21 +205,20 @@ fn release_of(series: &str) -> Option<&'static str> {
     }
 }
 
-/// apt options that read `release`'s package lists instead of the machine's, from a private
-/// configuration in the cache: the machine's own Debian sources with its codename swapped for
-/// `release` (same mirrors, same keyring). The machine's apt state is left alone.
-fn private_apt(release: &str) -> Result<Vec<String>> {
-    let dir = kernel_cache().join(format!("apt-{release}"));
+/// apt options that read `release`'s package lists for architecture `arch` instead of the
+/// machine's, from a private configuration in the cache: the machine's own Debian sources with
+/// its codename swapped for `release` (same mirrors, same keyring). The machine's apt state
+/// (its releases, its architectures) is left alone.
+fn private_apt(release: &str, arch: Arch) -> Result<Vec<String>> {
+    let dir = kernel_cache().join(match arch == Arch::host() {
+        true => format!("apt-{release}"),
+        false => format!("apt-{release}-{}", arch.deb()),
+    });
     let lists = dir.join("lists");
     let parts = dir.join("sources.list.d");
     fs::create_dir_all(lists.join("partial"))?;
     fs::create_dir_all(&parts)?;
-    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
-    let codename = os
-        .lines()
-        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-        .map(|c| c.trim_matches('"').to_owned())
-        .context("/etc/os-release names no VERSION_CODENAME: is this Debian?")?;
+    let codename = machine_release()?;
     let ours = fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
         .context("reading /etc/apt/sources.list.d/debian.sources (the Debian mirrors to use)")?;
     fs::write(
@@ -175,11 +232,16 @@ fn private_apt(release: &str) -> Result<Vec<String>> {
     opts.extend(opt("Dir::State::Lists", &lists));
     opts.extend(["-o".into(), "Dir::Cache::pkgcache=".into()]);
     opts.extend(["-o".into(), "Dir::Cache::srcpkgcache=".into()]);
+    opts.extend(["-o".into(), format!("APT::Architecture={}", arch.deb())]);
+    opts.extend(["-o".into(), format!("APT::Architectures={}", arch.deb())]);
     // Compressed or not (`..._Packages.lz4`).
     let has_lists = fs::read_dir(&lists)?
         .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().contains("_Packages")));
     if !has_lists {
-        eprintln!("xtask: fetching Debian {release}'s package lists (for its kernel)");
+        eprintln!(
+            "xtask: fetching Debian {release}'s package lists for {} (for its kernel)",
+            arch.deb()
+        );
         let ok = Command::new("apt-get")
             .args(&opts)
             .args(["update", "-qq"])
@@ -194,18 +256,19 @@ fn private_apt(release: &str) -> Result<Vec<String>> {
     Ok(opts)
 }
 
-/// apt options for `series`: none for the machine's own release.
-fn apt_opts(series: &str) -> Result<Vec<String>> {
-    match release_of(series) {
-        Some(release) => private_apt(release),
-        None => Ok(Vec::new()),
+/// apt options for `series` on `arch`: none for the machine's own release and architecture.
+fn apt_opts(series: &str, arch: Arch) -> Result<Vec<String>> {
+    match (release_of(series), arch == Arch::host()) {
+        (Some(release), _) => private_apt(release, arch),
+        (None, false) => private_apt(&machine_release()?, arch),
+        (None, true) => Ok(Vec::new()),
     }
 }
 
-/// Debian's newest generic amd64 kernel image package of the `series` line (`5.10`, `6.1`,
-/// `6.12`).
-pub fn newest_kernel_package(series: &str) -> Result<String> {
-    let opts = apt_opts(series)?;
+/// Debian's newest generic kernel image package of the `series` line (`5.10`, `6.1`, `6.12`)
+/// for `arch`.
+pub fn newest_kernel_package(series: &str, arch: Arch) -> Result<String> {
+    let opts = apt_opts(series, arch)?;
     let search = || -> Result<Vec<String>> {
         let out = Command::new("apt-cache")
             .args(&opts)
@@ -215,7 +278,7 @@ pub fn newest_kernel_package(series: &str) -> Result<String> {
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_whitespace().next())
-            .filter(|name| is_generic_image(name, series))
+            .filter(|name| is_generic_image(name, series, arch.deb()))
             .map(str::to_owned)
             .collect())
     };
@@ -230,19 +293,29 @@ pub fn newest_kernel_package(series: &str) -> Result<String> {
     names
         .into_iter()
         .max_by(|a, b| natural_cmp(a, b))
-        .with_context(|| format!("Debian offers no linux-image-{series}.*-amd64-unsigned package"))
+        .with_context(|| {
+            format!(
+                "Debian offers no linux-image-{series}.*-{}-unsigned package",
+                arch.deb()
+            )
+        })
 }
 
-/// `linux-image-6.1.0-56-amd64-unsigned`, `linux-image-6.12.117+deb12-amd64-unsigned`: the
-/// plain amd64 flavour of exactly this series (not cloud, rt or debug, not 6.10 for 6.1).
-fn is_generic_image(name: &str, series: &str) -> bool {
+/// `linux-image-6.1.0-56-amd64-unsigned`, `linux-image-6.12.117+deb12-arm64-unsigned`: the
+/// plain flavour for Debian architecture `deb` of exactly this series (not cloud, rt or
+/// debug, not 6.10 for 6.1).
+fn is_generic_image(name: &str, series: &str, deb: &str) -> bool {
     let Some(rest) = name
         .strip_prefix("linux-image-")
         .and_then(|r| r.strip_prefix(series))
     else {
         return false;
     };
-    let Some(middle) = rest.strip_suffix("-amd64-unsigned") else {
+    let Some(middle) = rest
+        .strip_suffix("-unsigned")
+        .and_then(|r| r.strip_suffix(deb))
+        .and_then(|r| r.strip_suffix('-'))
+    else {
         return false;
     };
     // After the series: `.0-56` or `.117+deb12`; a digit right after would be another series.
@@ -287,8 +360,9 @@ pub struct DebianKernel {
     pub unix_diag: PathBuf,
 }
 
-/// The kernel of Debian package `pkg` (of `series`), downloaded and cached on first use.
-pub fn kernel(pkg: &str, series: &str) -> Result<DebianKernel> {
+/// The kernel of Debian package `pkg` (of `series`, for `arch`), downloaded and cached on
+/// first use.
+pub fn kernel(pkg: &str, series: &str, arch: Arch) -> Result<DebianKernel> {
     let dir = kernel_cache().join(pkg);
     let cached = || -> Option<DebianKernel> {
         let kernel = DebianKernel {
@@ -310,7 +384,7 @@ pub fn kernel(pkg: &str, series: &str) -> Result<DebianKernel> {
         dir.display()
     );
     let status = Command::new("apt-get")
-        .args(apt_opts(series)?)
+        .args(apt_opts(series, arch)?)
         .args(["download", "-qq", pkg])
         .current_dir(&work)
         .status()
@@ -409,28 +483,24 @@ mod tests {
 
     #[test]
     fn picks_the_generic_image_of_one_series() {
-        assert!(is_generic_image(
-            "linux-image-6.1.0-56-amd64-unsigned",
-            "6.1"
-        ));
-        assert!(is_generic_image(
-            "linux-image-6.12.117+deb12-amd64-unsigned",
+        let generic = |name: &str, series: &str| is_generic_image(name, series, "amd64");
+        assert!(generic("linux-image-6.1.0-56-amd64-unsigned", "6.1"));
+        assert!(generic("linux-image-6.12.117+deb12-amd64-unsigned", "6.12"));
+        assert!(!generic("linux-image-6.12.117+deb12-amd64-unsigned", "6.1"));
+        assert!(!generic("linux-image-6.1.0-56-cloud-amd64-unsigned", "6.1"));
+        assert!(!generic("linux-image-6.1.0-56-rt-amd64-unsigned", "6.1"));
+        assert!(!generic("linux-image-6.1.0-56-amd64", "6.1"));
+        assert!(!generic("linux-image-6.1.0-56-amd64-dbg", "6.1"));
+        // Another architecture's: only when asked for.
+        assert!(!generic(
+            "linux-image-6.12.118+deb12-arm64-unsigned",
             "6.12"
         ));
-        assert!(!is_generic_image(
-            "linux-image-6.12.117+deb12-amd64-unsigned",
-            "6.1"
-        ));
-        assert!(!is_generic_image(
-            "linux-image-6.1.0-56-cloud-amd64-unsigned",
-            "6.1"
-        ));
-        assert!(!is_generic_image(
-            "linux-image-6.1.0-56-rt-amd64-unsigned",
-            "6.1"
-        ));
-        assert!(!is_generic_image("linux-image-6.1.0-56-amd64", "6.1"));
-        assert!(!is_generic_image("linux-image-6.1.0-56-amd64-dbg", "6.1"));
+        let arm64 = |name: &str| is_generic_image(name, "6.12", "arm64");
+        assert!(arm64("linux-image-6.12.118+deb12-arm64-unsigned"));
+        assert!(!arm64("linux-image-6.12.118+deb12-cloud-arm64-unsigned"));
+        assert!(!arm64("linux-image-6.12.118+deb12-rt-arm64-unsigned"));
+        assert!(!arm64("linux-image-6.12.118+deb12-amd64-unsigned"));
     }
 
     #[test]

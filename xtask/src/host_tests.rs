@@ -95,11 +95,17 @@ pub struct TestBinary {
     pub dir: PathBuf,
 }
 
-/// The test executables `cargo test ARGS` builds (`args`: a profile, packages, targets).
-pub fn test_binaries(root: &Path, args: &[&str]) -> Result<Vec<TestBinary>> {
+/// The test executables `cargo test ARGS` builds (`args`: a profile, packages, targets;
+/// `env`: cargo's environment for them, see `Arch::cargo_env`).
+pub fn test_binaries(
+    root: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<Vec<TestBinary>> {
     let out = Command::new(cargo_program())
         .args(["test", "--no-run", "--message-format=json"])
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
@@ -133,7 +139,7 @@ pub fn test_binaries(root: &Path, args: &[&str]) -> Result<Vec<TestBinary>> {
 }
 
 fn reverse(root: &Path, env: &[(&str, std::ffi::OsString)], filters: &[&str]) -> Result<Tally> {
-    let mut binaries = test_binaries(root, &[])?;
+    let mut binaries = test_binaries(root, &[], &[])?;
     binaries.sort_by(|a, b| b.name.cmp(&a.name));
     let mut tally = Tally::default();
     for binary in &binaries {

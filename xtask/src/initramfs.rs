@@ -72,6 +72,56 @@ impl Initramfs {
         Ok(())
     }
 
+    /// Program `path` of the foreign root `root` (another architecture's Debian files, which
+    /// this machine's `ldd` cannot run) at `at` in the archive, with the loader and the shared
+    /// libraries it loads at their own paths, found in `root` as the guest's loader will.
+    pub fn foreign_program(&mut self, root: &Path, path: &Path, at: &Path) -> Result<()> {
+        self.host_file_at(at, &resolve_in(root, path)?)?;
+        let mut wanted = vec![path.to_owned()];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(file) = wanted.pop() {
+            if !seen.insert(file.clone()) {
+                continue;
+            }
+            let host = resolve_in(root, &file)?;
+            if file != path {
+                self.host_file_at(&file, &host)?;
+            }
+            let linked = read_dynamic(&host)?;
+            wanted.extend(linked.interpreter);
+            for lib in linked.needed {
+                let found = library_dirs(&file, &linked.runpath)
+                    .into_iter()
+                    .map(|dir| dir.join(&lib))
+                    .find(|p| resolve_in(root, p).is_ok_and(|h| h.is_file()))
+                    .with_context(|| {
+                        format!(
+                            "{} needs {lib}, which {} lacks",
+                            file.display(),
+                            root.display()
+                        )
+                    })?;
+                wanted.push(found);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every file under directory `dir` of the foreign root `root`, at its own path.
+    pub fn foreign_dir(&mut self, root: &Path, dir: &Path) -> Result<()> {
+        let host = resolve_in(root, dir)?;
+        for entry in fs::read_dir(&host).with_context(|| format!("{}", host.display()))? {
+            let path = dir.join(entry?.file_name());
+            let file = resolve_in(root, &path)?;
+            if file.is_dir() {
+                self.foreign_dir(root, &path)?;
+            } else if file.is_file() {
+                self.host_file_at(&path, &file)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn write(&self, out: &Path) -> Result<()> {
         let mut w = BufWriter::new(fs::File::create(out)?);
         for (ino, (path, entry)) in self.entries.iter().enumerate() {
@@ -124,6 +174,119 @@ fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>> {
             path.starts_with('/').then(|| PathBuf::from(path))
         })
         .collect())
+}
+
+/// What an ELF file asks of the dynamic loader.
+struct Dynamic {
+    interpreter: Option<PathBuf>,
+    needed: Vec<String>,
+    runpath: Vec<String>,
+}
+
+/// `file`'s program interpreter, `NEEDED` libraries and run path, as `readelf` reads them
+/// (for any architecture's ELF). None of them for a static program.
+fn read_dynamic(file: &Path) -> Result<Dynamic> {
+    let out = Command::new("readelf")
+        .args(["-d", "-l", "-W"])
+        .arg(file)
+        .output()
+        .context("running readelf")?;
+    if !out.status.success() {
+        bail!("readelf {} failed ({})", file.display(), out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bracketed = |l: &str| {
+        l.split_once('[')?
+            .1
+            .split_once(']')
+            .map(|(v, _)| v.to_owned())
+    };
+    let mut linked = Dynamic {
+        interpreter: None,
+        needed: Vec::new(),
+        runpath: Vec::new(),
+    };
+    for line in text.lines() {
+        if line.contains("Requesting program interpreter:") {
+            linked.interpreter = line
+                .split_once(": ")
+                .and_then(|(_, p)| p.strip_suffix(']'))
+                .map(PathBuf::from);
+        } else if line.contains("(NEEDED)") {
+            linked.needed.extend(bracketed(line));
+        } else if line.contains("(RUNPATH)") || line.contains("(RPATH)") {
+            let paths = bracketed(line).unwrap_or_default();
+            linked.runpath.extend(paths.split(':').map(str::to_owned));
+        }
+    }
+    Ok(linked)
+}
+
+/// Where the loader looks for the libraries of `file` (a path in the guest): its run path
+/// (`$ORIGIN` is `file`'s directory), then Debian's library directories for the
+/// architecture's multiarch triplets, then the plain ones.
+fn library_dirs(file: &Path, runpath: &[String]) -> Vec<PathBuf> {
+    let origin = file.parent().unwrap_or(Path::new("/")).to_string_lossy();
+    let mut dirs: Vec<PathBuf> = runpath
+        .iter()
+        .map(|p| PathBuf::from(p.replace("$ORIGIN", &origin)))
+        .collect();
+    for triplet in ["aarch64-linux-gnu", "x86_64-linux-gnu"] {
+        dirs.push(Path::new("/lib").join(triplet));
+        dirs.push(Path::new("/usr/lib").join(triplet));
+    }
+    dirs.extend(["/lib", "/usr/lib"].map(PathBuf::from));
+    dirs
+}
+
+/// The host file that path `path` of root `root` names, its symbolic links followed inside
+/// `root` (an absolute link target is a path of the root, not of this machine).
+fn resolve_in(root: &Path, path: &Path) -> Result<PathBuf> {
+    let mut path = normal(path);
+    for _ in 0..40 {
+        let mut host = root.to_owned();
+        let mut linked = None;
+        let parts: Vec<_> = path.components().collect();
+        for (i, part) in parts.iter().enumerate() {
+            host.push(part);
+            if let Ok(target) = fs::read_link(&host) {
+                let inside: PathBuf = parts[..i].iter().collect();
+                let target = match target.is_absolute() {
+                    true => target,
+                    false => Path::new("/").join(&inside).join(target),
+                };
+                linked = Some(normal(
+                    &target.join(parts[i + 1..].iter().collect::<PathBuf>()),
+                ));
+                break;
+            }
+        }
+        match linked {
+            Some(next) => path = next,
+            None if host.exists() => return Ok(host),
+            None => bail!("{} is not in {}", path.display(), root.display()),
+        }
+    }
+    bail!(
+        "too many symbolic links at {} in {}",
+        path.display(),
+        root.display()
+    )
+}
+
+/// `path` without `.` and `..`, relative to the root (`/usr/bin/../lib` is `usr/lib`).
+fn normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 #[cfg(test)]

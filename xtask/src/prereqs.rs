@@ -93,7 +93,7 @@ pub const TOOLS: &[Tool] = &[
     tool("rustup", Rustup, ALL, "the nightly toolchain of the eBPF build and the fuzzers"),
     tool("bpf-linker", Crate("bpf-linker"), ALL, "links the eBPF programs (`cargo xtask setup`)"),
     tool("cc", Debian("gcc"), ALL, "links the binaries; builds the spawn-site shapes' C spawner (tests/build.rs)"),
-    tool("aarch64-linux-gnu-gcc", Debian("gcc-aarch64-linux-gnu"), &[Test], "builds the spawn-site shapes' C spawner for aarch64 (the workspace's clippy for aarch64)"),
+    tool("aarch64-linux-gnu-gcc", Debian("gcc-aarch64-linux-gnu"), &[Test, Vm], "builds the spawn-site shapes' C spawner for aarch64 (the workspace's clippy for aarch64); links the arm64 guests' binaries"),
     tool("apt-get", Debian("apt"), ALL, "installs this table's Debian packages and fetches kernels"),
     tool("apt-cache", Debian("apt"), &[Vm], "finds the newest kernel of each series"),
     tool("git", Debian("git"), &[Test, Dist, Bench], "the commit `--version` names; `bench --before` worktrees"),
@@ -135,7 +135,7 @@ pub const TOOLS: &[Tool] = &[
     tool("systemd-analyze", Debian("systemd"), &[Test], "the service unit, read as systemd reads it"),
     tool("tmux", Debian("tmux"), &[Test, Bench], "a real terminal for `reaper-trace top`: its screen read back, its CPU measured"),
     tool("kubernetes-validate", PyPi("kubernetes-validate"), &[Test], "the DaemonSet against the Kubernetes schemas"),
-    tool("mmdebstrap", Debian("mmdebstrap"), &[Test, Dist], "the sid root (CPython 3.13, 3.14) and the package's Debian root"),
+    tool("mmdebstrap", Debian("mmdebstrap"), &[Test, Dist, Vm], "the sid root (CPython 3.13, 3.14), the package's Debian root, the arm64 guests' programs"),
     // What `dist` makes and its tests.
     tool("dpkg-deb", Debian("dpkg"), &[Dist, Vm], "builds the package; unpacks Debian's kernels"),
     tool("umoci", Debian("umoci"), &[Dist], "builds the OCI image"),
@@ -145,6 +145,9 @@ pub const TOOLS: &[Tool] = &[
     // The kernel matrix.
     tool("qemu-system-x86_64", Debian("qemu-system-x86"), &[Vm], "boots each kernel of the matrix"),
     tool("busybox", Debian("busybox-static"), &[Vm], "the guests' init"),
+    tool("qemu-system-aarch64", Debian("qemu-system-arm"), &[Vm], "boots each arm64 kernel of the matrix"),
+    tool("qemu-aarch64-static", Debian("qemu-user-static"), &[Vm], "lists the arm64 test binaries' tests on this machine"),
+    tool("readelf", Debian("binutils"), &[Vm], "the libraries of the arm64 guests' programs (ldd cannot run them here)"),
     // The bench and its peers.
     tool("bpftool", Debian("bpftool"), &[Bench], "names the programs in the hook-cost table; map sizes"),
     tool("perf", Debian("linux-perf"), &[BenchPeer], "a peer tracer"),

@@ -3,11 +3,7 @@
 //! nothing. What reaper-trace cannot work without is an error naming the missing piece; what it
 //! can work around is picked or degraded by the caller (the setsid hook, for example).
 use anyhow::{Result, bail};
-use aya::{
-    maps::MapType,
-    programs::ProgramType,
-    sys::{is_map_supported, is_program_supported},
-};
+use aya::{maps::MapType, sys::is_map_supported};
 
 /// The oldest kernel the probes load on: the BPF v3 atomic fetch-add (5.12) and
 /// `bpf_get_current_task_btf` (5.11) are what older ones lack.
@@ -19,7 +15,10 @@ pub fn version_of(release: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// The probed facts.
+/// The probed facts. The BTF tracepoints need the kernel's BTF (read at load, whose absence
+/// has a message of its own) and their `btf_trace_*` types (checked at load); no trial load of
+/// a tracing program is made: a generic one is an fentry program, which Debian's 6.1 arm64
+/// kernel refuses while its BTF tracepoints work.
 #[derive(Clone, Debug)]
 pub struct KernelFeatures {
     /// `uname -r`.
@@ -27,8 +26,6 @@ pub struct KernelFeatures {
     /// BPF ring buffer maps (Linux 5.8+); `None`: the probe itself failed (no privileges:
     /// loading will say so).
     pub ring_buffer: Option<bool>,
-    /// BTF-typed tracing programs, for `tp_btf` (Linux 5.5+); `None` as above.
-    pub btf_tracing: Option<bool>,
 }
 
 impl KernelFeatures {
@@ -36,25 +33,15 @@ impl KernelFeatures {
         KernelFeatures {
             release: crate::procfs::kernel_release(),
             ring_buffer: is_map_supported(MapType::RingBuf).ok(),
-            btf_tracing: is_program_supported(ProgramType::Tracing).ok(),
         }
     }
 
     /// Fails, saying what is missing, when the probes cannot run on this kernel at all.
     pub fn require(&self) -> Result<()> {
-        let mut missing = Vec::new();
         if self.ring_buffer == Some(false) {
-            missing.push("BPF ring buffer maps (Linux 5.8+)");
-        }
-        if self.btf_tracing == Some(false) {
-            missing.push("BTF tracing programs (Linux 5.5+, CONFIG_DEBUG_INFO_BTF=y)");
-        }
-        if !missing.is_empty() {
             bail!(
-                "kernel {} lacks {}: {}",
-                self.release,
-                missing.join(" and "),
-                NEEDS_NEWER
+                "kernel {} lacks BPF ring buffer maps (Linux 5.8+): {NEEDS_NEWER}",
+                self.release
             );
         }
         Ok(())
@@ -84,7 +71,6 @@ mod tests {
         let old = KernelFeatures {
             release: "5.4.0".into(),
             ring_buffer: Some(false),
-            btf_tracing: Some(true),
         };
         let err = old.require().unwrap_err().to_string();
         assert!(
@@ -94,7 +80,6 @@ mod tests {
         assert!(err.contains("needs Linux 5.12 or newer"), "{err}");
         let unprobed = KernelFeatures {
             ring_buffer: None,
-            btf_tracing: None,
             ..old
         };
         assert!(

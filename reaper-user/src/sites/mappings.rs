@@ -78,6 +78,20 @@ pub fn parse(text: &str) -> Vec<Mapping> {
         .collect()
 }
 
+/// The address ranges of every executable mapping `/proc/PID/maps` text `text` lists, of a
+/// file or not (a JIT's code), [`caps::FILE_MAPPINGS`] at most: where code can be.
+pub fn executable_ranges(text: &str) -> Vec<std::ops::Range<u64>> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_ascii_whitespace();
+            let (start, end) = fields.next()?.split_once('-')?;
+            fields.next()?.contains('x').then_some(())?;
+            Some(u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?)
+        })
+        .take(caps::FILE_MAPPINGS)
+        .collect()
+}
+
 fn parse_mapping(line: &str) -> Option<Mapping> {
     let mut fields = line.split_ascii_whitespace();
     let (start, end) = fields.next()?.split_once('-')?;
@@ -136,6 +150,21 @@ mod tests {
         assert!(parse_mapping("7ffd-7ffe rw-p 00000000 00:00 0 [stack]").is_none());
         let data = parse_mapping("7f00-7f10 r--p 00000000 08:01 7 /usr/bin/node").unwrap();
         assert!(!data.executable);
+    }
+
+    #[test]
+    fn code_is_any_executable_mapping_of_a_file_or_not() {
+        let text = "\
+55d0-55e0 r-xp 00001000 08:01 7 /usr/bin/node
+7f00-7f40 rwxp 00000000 00:00 0
+7f40-7f80 r-xp 00000000 00:00 0 [anon:v8]
+7ffd-7ffe rw-p 00000000 00:00 0 [stack]
+7fff-8000 r--p 00000000 08:01 7 /usr/bin/node
+";
+        assert_eq!(
+            executable_ranges(text),
+            [0x55d0..0x55e0, 0x7f00..0x7f40, 0x7f40..0x7f80]
+        );
     }
 
     #[test]

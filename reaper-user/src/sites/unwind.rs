@@ -128,7 +128,9 @@ impl Object {
 pub struct Unwound {
     pub maps: Vec<Mapping>,
     /// Innermost first: each frame's mapping (an index in `maps`) and its offset in the mapped
-    /// file, or no mapping and its address (code no file maps: a JIT's, or no code at all).
+    /// file, or no file's mapping and its address (code in an anonymous executable mapping: a
+    /// JIT's). The frames end before the first address in no executable mapping: a walk that
+    /// read data as a return address (the end of a JIT's frame chain on aarch64 is one).
     pub frames: Vec<(Option<usize>, u64)>,
     /// Whether the walk stopped at [`FRAMES_MAX`] rather than at the outermost frame.
     pub capped: bool,
@@ -205,10 +207,13 @@ impl Objects {
     ) -> Option<(Unwound, HostUnwinder)> {
         let text = mappings::text(pid).ok()?;
         let maps = mappings::parse(&text);
+        let code = mappings::executable_ranges(&text);
         let mut unwinder = self.unwinder(pid, text, &maps, kept);
         let addrs = unwinder.unwind(copy);
+        let capped = addrs.len() == FRAMES_MAX;
         let frames = addrs
             .iter()
+            .take_while(|&addr| code.iter().any(|r| r.contains(addr)))
             .map(|&addr| {
                 maps.iter()
                     .enumerate()
@@ -216,7 +221,6 @@ impl Objects {
                     .unwrap_or((None, addr))
             })
             .collect();
-        let capped = addrs.len() == FRAMES_MAX;
         Some((
             Unwound {
                 maps,
