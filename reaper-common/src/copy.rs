@@ -7,8 +7,8 @@
 //! - Any other spawner whose Python frames are not read (C, Rust, Go...): its stack is copied
 //!   once per site, the first time it forks from there (`COPIED_SITES`). A site is the
 //!   frame-pointer walk's frames and the executable's code addresses found in the first
-//!   [`SCAN_BYTES`] above the stack pointer (return addresses, which tell apart callers the
-//!   walk cannot see past); the fork record's `stack` names it, and user space keeps the
+//!   [`SCAN_BYTES`] above the stack pointer and in the link register (return addresses, which
+//!   tell apart callers the walk cannot see past); the fork record's `stack` names it, and user space keeps the
 //!   unwound frames under that key.
 use crate::ForkEvent;
 

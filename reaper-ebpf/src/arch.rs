@@ -41,6 +41,15 @@ mod span {
     pub const LR: Option<usize> = Some(X + 30 * 8);
 }
 
+/// The bits of a user code address. On aarch64 a return address may be signed (pointer
+/// authentication, which Debian's `-mbranch-protection=standard` turns on): the signature is
+/// in the bits above the 48 of a user address (Linux's user address space unless a process
+/// asks for more), stripped before an address is compared with code.
+#[cfg(bpf_target_arch = "x86_64")]
+pub const USER_ADDRESS_MASK: u64 = u64::MAX;
+#[cfg(bpf_target_arch = "aarch64")]
+pub const USER_ADDRESS_MASK: u64 = u64::MAX >> 16;
+
 /// Where the span starts in `struct pt_regs`, and its words.
 pub const REGS_FROM: usize = span::FROM;
 pub const REGS_WORDS: usize = (span::TO - span::FROM) / 8;
@@ -54,10 +63,10 @@ const _: () = assert!(match span::LR {
     None => true,
 });
 
-/// The registers in `span`, the words of `struct pt_regs` from [`REGS_FROM`].
+/// The registers in `words`, the words of `struct pt_regs` from [`REGS_FROM`].
 #[inline(always)]
-pub fn user_regs_in(span: &[u64; REGS_WORDS]) -> UserRegs {
-    let word = |offset: usize| span[(offset - span::FROM) / 8];
+pub fn user_regs_in(words: &[u64; REGS_WORDS]) -> UserRegs {
+    let word = |offset: usize| words[(offset - span::FROM) / 8];
     UserRegs {
         pc: word(span::PC),
         sp: word(span::SP),

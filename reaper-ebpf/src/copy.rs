@@ -12,7 +12,7 @@ use reaper_common::{
 };
 
 use crate::{
-    arch::{REGS_FROM, REGS_WORDS, user_regs_in},
+    arch::{REGS_FROM, REGS_WORDS, USER_ADDRESS_MASK, user_regs_in},
     maps::{COPIED_SITES, JIT_HOSTS},
     task::Task,
 };
@@ -48,8 +48,8 @@ const _: () = assert!(SCAN_BYTES <= COPY_MAX);
 
 /// A hash of the executable's code addresses in the first [`SCAN_BYTES`] above the stack
 /// pointer (its callers' return addresses, mostly) and in the link register (aarch64's return
-/// address of a function that has not stored it yet), read into `scratch`; 0 when none could
-/// be read. Two callers of the same fork wrapper differ here where a frame-pointer walk that
+/// address of a function that has not stored it yet), each stripped of a pointer
+/// authentication's signature, read into `scratch`; 0 when none could be read. Two callers of the same fork wrapper differ here where a frame-pointer walk that
 /// stops in the wrapper sees them alike.
 #[inline(always)]
 pub fn site_salt(scratch: &mut [u8; COPY_MAX], regs: UserRegs) -> u64 {
@@ -68,13 +68,14 @@ pub fn site_salt(scratch: &mut [u8; COPY_MAX], regs: UserRegs) -> u64 {
     let words = scratch.as_ptr() as *const u64;
     let code_len = end - start;
     let mut hash = HASH_SEED;
-    if regs.lr.wrapping_sub(start) < code_len {
-        hash = hash_word(hash, regs.lr);
+    let lr = regs.lr & USER_ADDRESS_MASK;
+    if lr.wrapping_sub(start) < code_len {
+        hash = hash_word(hash, lr);
     }
     for i in 0..SCAN_WORDS {
         // SAFETY: within the scratch array (SCAN_WORDS words ≤ its length); unaligned-safe
         // as the array starts a map value.
-        let word = unsafe { *words.add(i) };
+        let word = unsafe { *words.add(i) } & USER_ADDRESS_MASK;
         // One unsigned compare for `start <= word < end`, and a branch around the hash (few
         // words are code): a short loop body, run SCAN_WORDS times on each such fork.
         if word.wrapping_sub(start) < code_len {

@@ -39,7 +39,7 @@ fn a_node_hosts_flag_names_its_javascript_function_and_the_native_spawn_path() {
         "{frames:#?}"
     );
     // libuv's spawn is node's own code where node links libuv in (the official builds), or
-    // libuv's library where a distribution links it as one (Debian's arm64 node).
+    // libuv's library where a distribution links it as one (Debian's node).
     let spawn = frame(native, "uv_spawn");
     let object = spawn["object"].as_str().unwrap();
     assert!(

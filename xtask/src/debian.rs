@@ -89,8 +89,10 @@ fn machine_release() -> Result<String> {
 pub fn guest_userland(arch: Arch) -> Result<PathBuf> {
     let release = machine_release()?;
     let dir = cache("roots").join(format!("{release}-{}-guest", arch.deb()));
+    // The marker names the packages: a list that changed unpacks the root again.
     let complete = dir.join(".reaper-complete");
-    if complete.is_file() {
+    let packages = GUEST_PACKAGES.join(",");
+    if fs::read_to_string(&complete).is_ok_and(|made| made == packages) {
         return Ok(dir);
     }
     let _ = fs::remove_dir_all(&dir);
@@ -102,7 +104,7 @@ pub fn guest_userland(arch: Arch) -> Result<PathBuf> {
     let status = Command::new("mmdebstrap")
         .args(["--variant=extract", "--mode=root", "--quiet"])
         .arg(format!("--arch={}", arch.deb()))
-        .arg(format!("--include={}", GUEST_PACKAGES.join(",")))
+        .arg(format!("--include={packages}"))
         .arg(&release)
         .arg(&dir)
         .arg("http://deb.debian.org/debian")
@@ -114,7 +116,7 @@ pub fn guest_userland(arch: Arch) -> Result<PathBuf> {
             arch.deb()
         );
     }
-    fs::write(&complete, b"")?;
+    fs::write(&complete, &packages)?;
     Ok(dir)
 }
 

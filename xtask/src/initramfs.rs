@@ -73,10 +73,9 @@ impl Initramfs {
     }
 
     /// Program `path` of the foreign root `root` (another architecture's Debian files, which
-    /// this machine's `ldd` cannot run) at `at` in the archive, with the loader and the shared
-    /// libraries it loads at their own paths, found in `root` as the guest's loader will.
-    pub fn foreign_program(&mut self, root: &Path, path: &Path, at: &Path) -> Result<()> {
-        self.host_file_at(at, &resolve_in(root, path)?)?;
+    /// this machine's `ldd` cannot run) at its own path in the archive, with the loader and the
+    /// shared libraries it loads, found in `root` as the guest's loader will find them.
+    pub fn foreign_program(&mut self, root: &Path, path: &Path) -> Result<()> {
         let mut wanted = vec![path.to_owned()];
         let mut seen = std::collections::BTreeSet::new();
         while let Some(file) = wanted.pop() {
@@ -84,9 +83,7 @@ impl Initramfs {
                 continue;
             }
             let host = resolve_in(root, &file)?;
-            if file != path {
-                self.host_file_at(&file, &host)?;
-            }
+            self.host_file_at(&file, &host)?;
             let linked = read_dynamic(&host)?;
             wanted.extend(linked.interpreter);
             for lib in linked.needed {
@@ -107,15 +104,19 @@ impl Initramfs {
         Ok(())
     }
 
-    /// Every file under directory `dir` of the foreign root `root`, at its own path.
+    /// Every file under directory `dir` of the foreign root `root`, at its own path: its
+    /// symbolic links to files resolved inside `root`; links to directories, and links that
+    /// lead nowhere, left out.
     pub fn foreign_dir(&mut self, root: &Path, dir: &Path) -> Result<()> {
         let host = resolve_in(root, dir)?;
         for entry in fs::read_dir(&host).with_context(|| format!("{}", host.display()))? {
-            let path = dir.join(entry?.file_name());
-            let file = resolve_in(root, &path)?;
-            if file.is_dir() {
+            let entry = entry?;
+            let path = dir.join(entry.file_name());
+            if entry.file_type()?.is_dir() {
                 self.foreign_dir(root, &path)?;
-            } else if file.is_file() {
+            } else if let Ok(file) = resolve_in(root, &path)
+                && file.is_file()
+            {
                 self.host_file_at(&path, &file)?;
             }
         }
@@ -188,6 +189,8 @@ struct Dynamic {
 fn read_dynamic(file: &Path) -> Result<Dynamic> {
     let out = Command::new("readelf")
         .args(["-d", "-l", "-W"])
+        // The lines read below are in English only.
+        .env("LC_ALL", "C")
         .arg(file)
         .output()
         .context("running readelf")?;
@@ -241,7 +244,7 @@ fn library_dirs(file: &Path, runpath: &[String]) -> Vec<PathBuf> {
 
 /// The host file that path `path` of root `root` names, its symbolic links followed inside
 /// `root` (an absolute link target is a path of the root, not of this machine).
-fn resolve_in(root: &Path, path: &Path) -> Result<PathBuf> {
+pub fn resolve_in(root: &Path, path: &Path) -> Result<PathBuf> {
     let mut path = normal(path);
     for _ in 0..40 {
         let mut host = root.to_owned();
@@ -305,6 +308,27 @@ mod tests {
             libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
             "{libs:?}"
         );
+    }
+
+    #[test]
+    fn a_foreign_roots_links_resolve_inside_it() {
+        let root = std::env::temp_dir().join(format!("xtask-root-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("usr/lib/t")).unwrap();
+        fs::create_dir_all(root.join("usr/bin")).unwrap();
+        fs::write(root.join("usr/lib/t/libx.so.1.2"), b"x").unwrap();
+        // An absolute link is a path of the root; a relative one, of its directory.
+        std::os::unix::fs::symlink("/usr/lib", root.join("lib")).unwrap();
+        std::os::unix::fs::symlink("libx.so.1.2", root.join("usr/lib/t/libx.so.1")).unwrap();
+        std::os::unix::fs::symlink("/etc/nowhere", root.join("usr/bin/gone")).unwrap();
+        let found = resolve_in(&root, Path::new("/lib/t/libx.so.1")).unwrap();
+        assert_eq!(found, root.join("usr/lib/t/libx.so.1.2"));
+        let up = resolve_in(&root, Path::new("/usr/bin/../lib/t/libx.so.1")).unwrap();
+        assert_eq!(up, found);
+        assert!(resolve_in(&root, Path::new("/usr/bin/gone")).is_err());
+        let dirs = library_dirs(Path::new("/usr/bin/node"), &["$ORIGIN/../lib".into()]);
+        assert_eq!(dirs[0], Path::new("/usr/bin/../lib"));
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

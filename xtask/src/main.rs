@@ -56,7 +56,8 @@ commands:
                    6.1, 6.12: its newest image for this machine's architecture, fetched
                    and cached; aarch64:6.12 for arm64's, booted by qemu-system-aarch64
                    with the tests built for aarch64), `host`, or a bzImage path;
-                   default: 5.10 6.1 6.12 host. Prints a table of results.
+                   default: 5.10 6.1 6.12 aarch64:6.1 aarch64:6.12 host. Prints a
+                   table of results.
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
         [--before REV]
                    overhead, completeness, reader CPU per traced process, hook cost,

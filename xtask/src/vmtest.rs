@@ -31,7 +31,12 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{arch::Arch, debian, host_tests, initramfs::Initramfs, tally::Tally};
+use crate::{
+    arch::Arch,
+    debian, host_tests,
+    initramfs::{Initramfs, resolve_in},
+    tally::Tally,
+};
 
 /// The kernels of the matrix besides the running one: this machine's architecture's, and
 /// arm64's of the two supported series. 5.10 is older than the oldest supported kernel
@@ -366,8 +371,11 @@ const HOST_ONLY_TESTS: &[&str] = &[
 /// Release builds of the binaries and of the kernel integration tests for `arch`; returns the
 /// test executables.
 fn build(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
-    let env = arch.cargo_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let owned = arch.cargo_env();
+    let env: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let mut args = vec!["build", "--release", "--bins"];
     let mut test_args = vec!["--release", "--package", "reaper-tests", "--tests"];
     if arch != Arch::host() {
@@ -376,7 +384,7 @@ fn build(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
         test_args.extend(["--target", arch.triple()]);
     }
     crate::cargo_env(root, &args, &env)?;
-    let built = host_tests::test_binaries(root, &test_args, &arch.cargo_env())?;
+    let built = host_tests::test_binaries(root, &test_args, &owned)?;
     let exes: Vec<PathBuf> = built
         .into_iter()
         .filter(|b| b.kind == "test" && !HOST_ONLY_TESTS.contains(&b.target.as_str()))
@@ -444,13 +452,13 @@ fn guest_root(
             }
             let userland = debian::guest_userland(arch)?;
             for (name, bin) in GUEST_PROGRAMS.iter().chain(&[("/bin/busybox", "busybox")]) {
-                let theirs = ["/bin", "/usr/bin", "/sbin", "/usr/sbin"]
+                let (theirs, file) = ["/bin", "/usr/bin", "/sbin", "/usr/sbin"]
                     .iter()
                     .map(|dir| Path::new(dir).join(bin))
-                    .find(|p| userland.join(p.strip_prefix("/").unwrap()).exists())
+                    .find_map(|p| Some((p.clone(), resolve_in(&userland, &p).ok()?)))
                     .with_context(|| format!("`{bin}` is not in {}", userland.display()))?;
-                fs.foreign_program(&userland, &theirs, &theirs)?;
-                fs.foreign_program(&userland, &theirs, Path::new(name))?;
+                fs.foreign_program(&userland, &theirs)?;
+                fs.host_file_at(Path::new(name), &file)?;
             }
             // Debian's node loads some of its own modules from files of their packages.
             fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"))?;

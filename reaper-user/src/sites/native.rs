@@ -180,7 +180,7 @@ impl NativeStacks {
     /// describes no frame to an unwinder: Go's).
     pub fn take_unwound(&mut self, key: SiteKey, pid: u32, unwound: &Unwound) {
         let mut frames = Vec::new();
-        let mut truncated = unwound.capped;
+        let mut truncated = unwound.truncated;
         for &(m, offset) in &unwound.frames {
             let Some(m) = m.map(|i| &unwound.maps[i]).filter(|m| m.executable) else {
                 truncated = true;

@@ -132,8 +132,9 @@ pub struct Unwound {
     /// JIT's). The frames end before the first address in no executable mapping: a walk that
     /// read data as a return address (the end of a JIT's frame chain on aarch64 is one).
     pub frames: Vec<(Option<usize>, u64)>,
-    /// Whether the walk stopped at [`FRAMES_MAX`] rather than at the outermost frame.
-    pub capped: bool,
+    /// Whether frames were left out: the walk stopped at [`FRAMES_MAX`], or at an address in
+    /// no executable mapping, rather than at the outermost frame.
+    pub truncated: bool,
 }
 
 /// The objects read so far, by file (device and inode): a process's libraries are read once.
@@ -210,10 +211,14 @@ impl Objects {
         let code = mappings::executable_ranges(&text);
         let mut unwinder = self.unwinder(pid, text, &maps, kept);
         let addrs = unwinder.unwind(copy);
-        let capped = addrs.len() == FRAMES_MAX;
-        let frames = addrs
+        let is_code = |addr: u64| {
+            // The maps are in address order: the first range that ends past `addr`.
+            let at = code.partition_point(|r| r.end <= addr);
+            code.get(at).is_some_and(|r| r.contains(&addr))
+        };
+        let frames: Vec<_> = addrs
             .iter()
-            .take_while(|&addr| code.iter().any(|r| r.contains(addr)))
+            .take_while(|&&addr| is_code(addr))
             .map(|&addr| {
                 maps.iter()
                     .enumerate()
@@ -221,11 +226,12 @@ impl Objects {
                     .unwrap_or((None, addr))
             })
             .collect();
+        let truncated = addrs.len() == FRAMES_MAX || frames.len() < addrs.len();
         Some((
             Unwound {
                 maps,
                 frames,
-                capped,
+                truncated,
             },
             unwinder,
         ))

@@ -14,22 +14,13 @@ use serde_json::{Value, json};
 use super::sys::*;
 
 /// Forks the stdin reader that stands for a stdio server, by the system call itself, no libc
-/// wrapper.
+/// wrapper. The call is written here, not in a helper: the innermost frame (the kernel's
+/// walk starts at the syscall) is this function's, in a debug build too.
 #[inline(never)]
 fn start_stdio_server_by_syscall(rd: i32, close: &[i32]) -> u32 {
-    match raw_fork() {
-        0 => serve_stdin(rd, close),
-        pid if pid < 0 => panic!("fork: {pid}"),
-        pid => pid as u32,
-    }
-}
-
-/// x86_64's fork(2).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn raw_fork() -> i64 {
     let pid: i64;
-    // SAFETY: fork(2) takes no arguments; rcx and r11 are clobbered by `syscall`.
+    // SAFETY: x86_64's fork(2) takes no arguments; rcx and r11 are clobbered by `syscall`.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         std::arch::asm!(
             "syscall",
@@ -39,15 +30,9 @@ fn raw_fork() -> i64 {
             options(nostack),
         );
     }
-    pid
-}
-
-/// aarch64 has no fork(2): clone(2) with SIGCHLD and nothing shared is one.
-#[cfg(target_arch = "aarch64")]
-#[inline(always)]
-fn raw_fork() -> i64 {
-    let pid: i64;
-    // SAFETY: clone(SIGCHLD, 0, 0, 0, 0): a fork on the same stack; `svc` clobbers only x0.
+    // SAFETY: aarch64 has no fork(2): clone(SIGCHLD, 0, 0, 0, 0) is one, on the same stack;
+    // `svc` clobbers only x0.
+    #[cfg(target_arch = "aarch64")]
     unsafe {
         std::arch::asm!(
             "svc 0",
@@ -60,7 +45,11 @@ fn raw_fork() -> i64 {
             options(nostack),
         );
     }
-    pid
+    match pid {
+        0 => serve_stdin(rd, close),
+        pid if pid < 0 => panic!("fork: {pid}"),
+        pid => pid as u32,
+    }
 }
 
 // `spawner.c`, with frame pointers and without (built by tests/build.rs).
