@@ -8,8 +8,8 @@
 //!   once per site, the first time it forks from there (`COPIED_SITES`). A site is the
 //!   frame-pointer walk's frames and the executable's code addresses found in the first
 //!   [`SCAN_BYTES`] above the stack pointer and in the link register (return addresses, which
-//!   tell apart callers the walk cannot see past); the fork record's `stack` names it, and user space keeps the
-//!   unwound frames under that key.
+//!   tell apart callers the walk cannot see past); the fork record's `stack` names it, and
+//!   user space keeps the unwound frames under that key.
 use crate::ForkEvent;
 
 /// Bytes above the stack pointer scanned for code addresses of the executable.
@@ -48,8 +48,8 @@ pub struct UserRegs {
     /// Its frame pointer: `rbp`, `x29`.
     pub fp: u64,
     /// Its link register, `x30` on aarch64: the return address of a function that has not
-    /// stored it on the stack yet (the C library's fork wrapper, a leaf). 0 on x86_64, where
-    /// a call pushes its return address.
+    /// stored it on the stack (a leaf, or one before its prologue). 0 on x86_64, where a call
+    /// pushes its return address.
     pub lr: u64,
 }
 

@@ -42,8 +42,8 @@ mod span {
 }
 
 /// The bits of a user code address. On aarch64 a return address may be signed (pointer
-/// authentication, which Debian's `-mbranch-protection=standard` turns on): the signature is
-/// in the bits above the 48 of a user address (Linux's user address space unless a process
+/// authentication: code built with `-mbranch-protection=standard`, as distributions now build
+/// their arm64 packages): the signature is in the bits above the 48 of a user address (Linux's user address space unless a process
 /// asks for more), stripped before an address is compared with code.
 #[cfg(bpf_target_arch = "x86_64")]
 pub const USER_ADDRESS_MASK: u64 = u64::MAX;

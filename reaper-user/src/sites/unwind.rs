@@ -29,9 +29,10 @@ mod arch {
     }
 }
 
-/// On aarch64 a return address may be signed (pointer authentication, which Debian's
-/// `-mbranch-protection=standard` turns on): its top bits hold the signature, stripped here
-/// to the 48 bits of a user address, as the kernel's own frame-pointer walk strips them.
+/// On aarch64 a return address may be signed (pointer authentication: code built with
+/// `-mbranch-protection=standard`, as distributions now build their arm64 packages): its top
+/// bits hold the signature, stripped here to the 48 bits of a user address, as the kernel's
+/// own frame-pointer walk strips them.
 #[cfg(target_arch = "aarch64")]
 mod arch {
     pub use framehop::aarch64::{CacheAarch64 as Cache, UnwinderAarch64 as Unwinder};
@@ -130,7 +131,7 @@ pub struct Unwound {
     /// Innermost first: each frame's mapping (an index in `maps`) and its offset in the mapped
     /// file, or no file's mapping and its address (code in an anonymous executable mapping: a
     /// JIT's). The frames end before the first address in no executable mapping: a walk that
-    /// read data as a return address (the end of a JIT's frame chain on aarch64 is one).
+    /// read data as a return address (seen on aarch64 in a Node host's stack).
     pub frames: Vec<(Option<usize>, u64)>,
     /// Whether frames were left out: the walk stopped at [`FRAMES_MAX`], or at an address in
     /// no executable mapping, rather than at the outermost frame.

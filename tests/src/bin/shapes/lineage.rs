@@ -351,7 +351,8 @@ pub(crate) fn respawner(truth: &str) -> Value {
                 libc::close_range(3, u32::MAX, 0);
             }
             let worker = || {
-                fork_then(|| {
+                let hold = hold.clone();
+                fork_then(move || {
                     // It holds the read end of a pipe whose writer is gone, as a worker of a
                     // dead session does. (A pipe it held both ends of would be its own
                     // plumbing, which no rule counts.)
@@ -359,7 +360,10 @@ pub(crate) fn respawner(truth: &str) -> Value {
                     pipe(&mut r, &mut w);
                     // SAFETY: closing its own write end.
                     unsafe { libc::close(w) };
-                    std::thread::sleep(Duration::from_secs(60));
+                    // Until the test is done (or killed): a worker that ended on its own
+                    // after a fixed time would be respawned, and its successor killed, on a
+                    // guest slow enough to take that long to flag the supervisor.
+                    hold.wait();
                     0
                 })
             };
