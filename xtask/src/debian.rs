@@ -82,6 +82,23 @@ fn machine_release() -> Result<String> {
         .context("/etc/os-release names no VERSION_CODENAME: is this Debian?")
 }
 
+/// Runs `mmdebstrap --mode=root --quiet ARGS SUITE INTO` from Debian's archive; `what` names
+/// the root in its error.
+fn mmdebstrap(args: &[&str], suite: &str, into: &Path, what: &str) -> Result<()> {
+    let status = Command::new("mmdebstrap")
+        .args(["--mode=root", "--quiet"])
+        .args(args)
+        .arg(suite)
+        .arg(into)
+        .arg("http://deb.debian.org/debian")
+        .status()
+        .context("running mmdebstrap")?;
+    if !status.success() {
+        bail!("mmdebstrap {what} failed ({status})");
+    }
+    Ok(())
+}
+
 /// The programs another architecture's guests run (the guest's userland: what this machine's
 /// own programs are to its own guests), with their libraries: Debian's files of this
 /// machine's release for `arch`, unpacked and never run here (`mmdebstrap --variant=extract`:
@@ -101,21 +118,15 @@ pub fn guest_userland(arch: Arch) -> Result<PathBuf> {
         "xtask: unpacking Debian {release}'s {} programs for the guests (cached once)",
         arch.deb()
     );
-    let status = Command::new("mmdebstrap")
-        .args(["--variant=extract", "--mode=root", "--quiet"])
-        .arg(format!("--arch={}", arch.deb()))
-        .arg(format!("--include={packages}"))
-        .arg(&release)
-        .arg(&dir)
-        .arg("http://deb.debian.org/debian")
-        .status()
-        .context("running mmdebstrap")?;
-    if !status.success() {
-        bail!(
-            "mmdebstrap --arch={} {release} failed ({status})",
-            arch.deb()
-        );
-    }
+    let arch_arg = format!("--arch={}", arch.deb());
+    let include = format!("--include={packages}");
+    let args = ["--variant=extract", arch_arg.as_str(), include.as_str()];
+    mmdebstrap(
+        &args,
+        &release,
+        &dir,
+        &format!("--arch={} {release}", arch.deb()),
+    )?;
     fs::write(&complete, &packages)?;
     Ok(dir)
 }
@@ -135,27 +146,13 @@ const GUEST_PACKAGES: &[&str] = &[
 /// Debian's archive), as a tarball: made once, cached, and linked at
 /// `target/test-tools/debian-root.tar` for the package's tests.
 pub fn test_root(root: &Path) -> Result<PathBuf> {
-    let release = fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
-        })
-        .unwrap_or_else(|| "bookworm".into());
+    let release = machine_release().unwrap_or_else(|_| "bookworm".into());
     let cached = cache("roots").join(format!("{release}-minbase.tar"));
     if !cached.is_file() {
         fs::create_dir_all(cached.parent().context("cache dir")?)?;
         eprintln!("xtask: making a Debian {release} root with mmdebstrap (cached once)");
         let partial = cached.with_extension("partial.tar");
-        let status = Command::new("mmdebstrap")
-            .args(["--variant=minbase", "--mode=root", "--quiet", &release])
-            .arg(&partial)
-            .arg("http://deb.debian.org/debian")
-            .status()
-            .context("running mmdebstrap")?;
-        if !status.success() {
-            bail!("mmdebstrap {release} failed ({status})");
-        }
+        mmdebstrap(&["--variant=minbase"], &release, &partial, &release)?;
         fs::rename(&partial, &cached)?;
     }
     let link = root.join("target/test-tools/debian-root.tar");
@@ -178,22 +175,12 @@ pub fn python_root() -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     eprintln!("xtask: making a Debian sid root with python3.13 and python3.14 (cached once)");
-    let status = Command::new("mmdebstrap")
-        .args([
-            "--variant=minbase",
-            "--mode=root",
-            "--quiet",
-            "--aptopt=Acquire::Check-Valid-Until \"false\"",
-            "--include=python3.13,python3.14",
-            "sid",
-        ])
-        .arg(&dir)
-        .arg("http://deb.debian.org/debian")
-        .status()
-        .context("running mmdebstrap")?;
-    if !status.success() {
-        bail!("mmdebstrap sid (python3.13, python3.14) failed ({status})");
-    }
+    let args = [
+        "--variant=minbase",
+        "--aptopt=Acquire::Check-Valid-Until \"false\"",
+        "--include=python3.13,python3.14",
+    ];
+    mmdebstrap(&args, "sid", &dir, "sid (python3.13, python3.14)")?;
     fs::write(&complete, b"")?;
     Ok(dir)
 }

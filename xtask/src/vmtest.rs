@@ -31,12 +31,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    arch::Arch,
-    debian, host_tests,
-    initramfs::{Initramfs, resolve_in},
-    tally::Tally,
-};
+use crate::{arch::Arch, debian, host_tests, tally::Tally};
+
+mod guest_root;
+use guest_root::guest_root;
 
 /// The kernels of the matrix besides the running one: this machine's architecture's, and
 /// arm64's of the two supported series. 5.10 is older than the oldest supported kernel
@@ -394,147 +392,6 @@ fn build(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
         bail!("cargo reported no integration test executables");
     }
     Ok(exes)
-}
-
-/// The guest's programs under the names the tests and shapes use, and the program of this
-/// machine (or of the guests' userland) each one is.
-const GUEST_PROGRAMS: &[(&str, &str)] = &[
-    ("/bin/sh", "sh"),
-    ("/bin/true", "true"),
-    ("/bin/sleep", "sleep"),
-    ("/bin/cat", "cat"),
-    ("/bin/seq", "seq"),
-    ("/bin/rm", "rm"),
-    ("/bin/dd", "dd"),
-    ("/bin/mount", "mount"),
-    ("/bin/umount", "umount"),
-    ("/bin/node", "node"),
-    // The session tests' `env -i`, and the demo's shell and setsid.
-    ("/usr/bin/env", "env"),
-    ("/bin/bash", "bash"),
-    ("/usr/bin/setsid", "setsid"),
-];
-
-/// The guest's files, and its init: `arch`'s test executables and the workspace's binaries
-/// beside them, at their paths here; the programs they run (this machine's own for its own
-/// architecture, Debian's unpacked for another: [`debian::guest_userland`]).
-fn guest_root(
-    root: &Path,
-    arch: Arch,
-    test_exes: &[PathBuf],
-    test_args: &[String],
-) -> Result<Initramfs> {
-    let mut fs = Initramfs::default();
-    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
-        fs.dir(dir);
-    }
-    let release = match arch == Arch::host() {
-        true => root.join("target/release"),
-        false => root.join("target").join(arch.triple()).join("release"),
-    };
-    let ours = [release.join("reaper-trace"), release.join("reaper-shapes")];
-    match arch == Arch::host() {
-        true => {
-            for program in test_exes.iter().chain(&ours) {
-                fs.program(program)?;
-            }
-            for (name, bin) in GUEST_PROGRAMS {
-                let host = which(bin)?;
-                fs.program(&host)?;
-                fs.host_file_at(Path::new(name), &host)?;
-            }
-            fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
-        }
-        false => {
-            // Static (see `Arch::cargo_env`): no loader, no library.
-            for program in test_exes.iter().chain(&ours) {
-                fs.host_file_at(program, program)?;
-            }
-            let userland = debian::guest_userland(arch)?;
-            for (name, bin) in GUEST_PROGRAMS.iter().chain(&[("/bin/busybox", "busybox")]) {
-                let (theirs, file) = ["/bin", "/usr/bin", "/sbin", "/usr/sbin"]
-                    .iter()
-                    .map(|dir| Path::new(dir).join(bin))
-                    .find_map(|p| Some((p.clone(), resolve_in(&userland, &p).ok()?)))
-                    .with_context(|| format!("`{bin}` is not in {}", userland.display()))?;
-                fs.foreign_program(&userland, &theirs)?;
-                fs.host_file_at(Path::new(name), &file)?;
-            }
-            // Debian's node loads some of its own modules from files of their packages.
-            fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"))?;
-        }
-    }
-    fs.dir(&root.join("tests").to_string_lossy());
-    // The demo's example, and the README its test holds it to.
-    for file in ["README.md", "examples/leaky-gateway.sh"] {
-        let file = root.join(file);
-        fs.host_file_at(&file, &file)?;
-    }
-    // The Node host tests' scripts, at their host paths (the tests name them so).
-    for script in std::fs::read_dir(root.join("tests/node")).context("tests/node")? {
-        let script = script?.path();
-        fs.host_file_at(&script, &script)?;
-    }
-    let args: Vec<String> = test_args.iter().map(|a| shell_quote(a)).collect();
-    // Every test binary the kernel command line names (`reaper.run=0,3,...`, indices into this
-    // list) runs; the status is the first failure's, or 0.
-    let runs: Vec<String> = test_exes
-        .iter()
-        .enumerate()
-        .map(|(i, exe)| {
-            // A bzImage older than the oldest supported kernel runs only the refusal's test.
-            let gate = match is_support_test(exe) {
-                true => "",
-                false => "[ \"$old\" = 1 ] || ",
-            };
-            format!(
-                "case \",$runs,\" in *,{i},*) {gate}{} --test-threads=2 {} || status=$? ;; esac",
-                shell_quote(&exe.to_string_lossy()),
-                args.join(" ")
-            )
-        })
-        .collect();
-    let init = format!(
-        "#!/bin/busybox sh
-export PATH=/bin:/usr/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
-busybox mount -t proc proc /proc
-busybox mount -t sysfs sysfs /sys
-busybox mount -t devtmpfs devtmpfs /dev
-busybox mkdir -p /dev/pts && busybox mount -t devpts devpts /dev/pts
-busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
-busybox ip link set lo up
-# sock_diag for UNIX sockets (Debian builds it as a module; a host loads it on demand).
-busybox insmod /lib/modules/$(busybox uname -r)/unix_diag.ko 2>/dev/null
-echo \"{KERNEL_MARK}$(busybox uname -r)\"
-case \"$(busybox uname -r)\" in 4.*|5.[0-9].*|5.1[01].*) old=1 ;; *) old=0 ;; esac
-runs=
-for word in $(busybox cat /proc/cmdline); do
-    case \"$word\" in reaper.run=*) runs=${{word#reaper.run=}} ;; esac
-done
-cd {tests}
-status=0
-{runs}
-echo \"{EXIT_MARK}$status\"
-busybox poweroff -f
-",
-        tests = shell_quote(&root.join("tests").to_string_lossy()),
-        runs = runs.join("\n"),
-    );
-    fs.data("/init", init.into_bytes(), 0o755);
-    Ok(fs)
-}
-
-/// The program file `bin` on the PATH (not a shell builtin of that name).
-fn which(bin: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(bin))
-        .find(|p| p.is_file())
-        .with_context(|| format!("`{bin}` is not on this machine's PATH"))
-}
-
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// Boots `guest` with its architecture's initramfs, streaming its console with its label,
