@@ -1,6 +1,7 @@
 //! The README's demo: what `cargo xtask demo` prints is what the README shows (its LEAK line
-//! and tree, pids, times, inodes and sizes aside), whatever fds the caller leaves open. Needs
-//! root (see `require_root`).
+//! and tree, pids, times, inodes and sizes aside), whatever fds the caller leaves open; in the
+//! guests of `cargo xtask test`, from the OCI image's binary of the guest's architecture
+//! (`$REAPER_IMAGE_TRACE`). Needs root (see `require_root`).
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -70,7 +71,11 @@ fn the_demo_prints_what_the_readme_shows() {
     let mut kept = [0; 2];
     // SAFETY: a plain pipe(2) into a local array; both ends stay open (inherited by the run).
     assert_eq!(unsafe { libc::pipe(kept.as_mut_ptr()) }, 0);
-    let mut child = Command::new(reaper_trace())
+    // The guests of `cargo xtask test` hold the image's binary of their architecture: the
+    // demo is then what a node running the image shows.
+    let trace = std::env::var_os("REAPER_IMAGE_TRACE").map_or_else(reaper_trace, Into::into);
+    eprintln!("the demo runs {}", trace.display());
+    let mut child = Command::new(&trace)
         .arg("--json")
         .args(["--", "examples/leaky-gateway.sh"])
         .current_dir(&checkout)

@@ -40,9 +40,10 @@ fn made_by_this_run(test: &str, variable: &str) -> Option<PathBuf> {
     }
 }
 
-/// A fresh Debian root (minbase, Debian's own archive) unpacked for this test.
-fn debian_root(test: &str, dir: &Path) -> Option<PathBuf> {
-    let tar = made_by_this_run(test, "REAPER_DEBIAN_ROOT")?;
+/// A fresh Debian root (minbase, Debian's own archive), the tarball `variable` names,
+/// unpacked for this test.
+fn debian_root(test: &str, dir: &Path, variable: &str) -> Option<PathBuf> {
+    let tar = made_by_this_run(test, variable)?;
     let root = dir.join("root");
     std::fs::create_dir_all(&root).unwrap();
     ok(Command::new("tar")
@@ -74,9 +75,65 @@ fn chroot(root: &Path, args: &[&str]) -> Output {
         .arg(root)
         .args(args)
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("PATH", PATH)
         .output()
         .unwrap()
+}
+
+const PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// [`chroot`] into a root of architecture `arch`, its programs run under qemu-user
+/// (`tests/emulated.sh`: a namespace of its own, nothing registered on this machine).
+fn emulated_chroot(arch: &str, root: &Path, args: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("emulated.sh");
+    Command::new("sh")
+        .arg(script)
+        .args([arch, "chroot"])
+        .arg(root)
+        .args(args)
+        .env_clear()
+        .env("PATH", PATH)
+        .output()
+        .unwrap()
+}
+
+/// What the package installs, each listed by `dpkg -L`.
+const PACKAGED: &[&str] = &[
+    "/usr/bin/reaper-trace",
+    "/usr/share/man/man1/reaper-trace.1.gz",
+    "/usr/share/man/man1/reaper-trace-report.1.gz",
+    "/usr/share/bash-completion/completions/reaper-trace",
+    "/usr/share/zsh/vendor-completions/_reaper-trace",
+    "/usr/share/fish/vendor_completions.d/reaper-trace.fish",
+    "/lib/systemd/system/reaper-trace.service",
+    "/etc/default/reaper-trace",
+    "/usr/share/doc/reaper-trace/copyright",
+];
+
+/// Asserts that `dpkg -L` lists each of [`PACKAGED`] and that each is in `root`.
+fn assert_packaged(root: &Path, listed: &str) {
+    for file in PACKAGED {
+        assert!(listed.lines().any(|l| l == *file), "{file} in {listed}");
+        let inside = root.join(file.trim_start_matches('/'));
+        assert!(inside.is_file(), "{} installed", inside.display());
+    }
+}
+
+/// Asserts that `--version` said this build's version.
+fn assert_version(out: &Output) {
+    let version = String::from_utf8_lossy(&out.stdout);
+    let this = format!("reaper-trace {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(version.starts_with(&this), "{}", said(out));
+}
+
+/// `lintian` finds no error in `deb`.
+fn assert_lintian_clean(deb: &Path) {
+    let lintian = Command::new("lintian")
+        .args(["--fail-on", "error", "--tag-display-limit", "0"])
+        .arg(deb)
+        .output()
+        .unwrap();
+    assert!(lintian.status.success(), "lintian: {}", said(&lintian));
 }
 
 #[path = "dist/pods.rs"]
@@ -96,46 +153,17 @@ mod installed_artifacts {
         let Some(deb) = made_by_this_run(test, "REAPER_DIST_DEB") else {
             return;
         };
-        let lintian = Command::new("lintian")
-            .args(["--fail-on", "error", "--tag-display-limit", "0"])
-            .arg(&deb)
-            .output()
-            .unwrap();
-        assert!(lintian.status.success(), "lintian: {}", said(&lintian));
+        assert_lintian_clean(&deb);
         let dir = scratch(test);
-        let Some(root) = debian_root(test, &dir) else {
+        let Some(root) = debian_root(test, &dir, "REAPER_DEBIAN_ROOT") else {
             return;
         };
         std::fs::copy(&deb, root.join("tmp/reaper-trace.deb")).unwrap();
         let install = chroot(&root, &["dpkg", "-i", "/tmp/reaper-trace.deb"]);
         assert!(install.status.success(), "dpkg -i: {}", said(&install));
-        let version = chroot(&root, &["reaper-trace", "--version"]);
-        let version = String::from_utf8_lossy(&version.stdout);
-        assert!(
-            version.starts_with(&format!(
-                "reaper-trace {} (commit ",
-                env!("CARGO_PKG_VERSION")
-            )),
-            "{version}"
-        );
-        let listed =
-            String::from_utf8_lossy(&chroot(&root, &["dpkg", "-L", "reaper-trace"]).stdout)
-                .into_owned();
-        for file in [
-            "/usr/bin/reaper-trace",
-            "/usr/share/man/man1/reaper-trace.1.gz",
-            "/usr/share/man/man1/reaper-trace-report.1.gz",
-            "/usr/share/bash-completion/completions/reaper-trace",
-            "/usr/share/zsh/vendor-completions/_reaper-trace",
-            "/usr/share/fish/vendor_completions.d/reaper-trace.fish",
-            "/lib/systemd/system/reaper-trace.service",
-            "/etc/default/reaper-trace",
-            "/usr/share/doc/reaper-trace/copyright",
-        ] {
-            assert!(listed.lines().any(|l| l == file), "{file} in {listed}");
-            let inside = root.join(file.trim_start_matches('/'));
-            assert!(inside.is_file(), "{} installed", inside.display());
-        }
+        assert_version(&chroot(&root, &["reaper-trace", "--version"]));
+        let listed = chroot(&root, &["dpkg", "-L", "reaper-trace"]);
+        assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
         // The page is the CLI's own, and the unit runs the packaged binary with its defaults.
         let page = ok(Command::new("zcat").arg(root.join("usr/share/man/man1/reaper-trace.1.gz")));
         assert!(
@@ -158,6 +186,59 @@ mod installed_artifacts {
         .unwrap();
         assert!(completion.contains("--gateway-pidfile"), "{completion}");
         removal_releases_the_state(&root, &dir);
+    }
+
+    /// The other architecture's package (arm64 on an x86_64 machine) as its users meet it:
+    /// `dpkg -i` in a fresh Debian root of that architecture, where dpkg, the package's
+    /// maintainer script and reaper-trace itself run as that architecture's programs (under
+    /// qemu-user here; the kernel matrix runs its binary on that architecture's kernels).
+    #[test]
+    fn the_other_architectures_package_installs_into_a_debian_root_of_that_architecture() {
+        let test =
+            "the_other_architectures_package_installs_into_a_debian_root_of_that_architecture";
+        if !require_root(test) {
+            return;
+        }
+        let Some(deb) = made_by_this_run(test, "REAPER_DIST_OTHER_DEB") else {
+            return;
+        };
+        let arch = std::env::var("REAPER_OTHER_ARCH").expect("REAPER_OTHER_ARCH beside the deb");
+        assert_ne!(arch, std::env::consts::ARCH, "the other architecture");
+        assert_lintian_clean(&deb);
+        let dir = scratch(test);
+        let Some(root) = debian_root(test, &dir, "REAPER_OTHER_DEBIAN_ROOT") else {
+            return;
+        };
+        let in_root = |args: &[&str]| emulated_chroot(&arch, &root, args);
+        // The root is of the package's architecture (which is not this machine's).
+        let package_arch = ok(Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(&deb)
+            .arg("Architecture"));
+        let root_arch = in_root(&["dpkg", "--print-architecture"]);
+        assert!(root_arch.status.success(), "{}", said(&root_arch));
+        assert_eq!(
+            String::from_utf8_lossy(&root_arch.stdout).trim(),
+            package_arch.trim(),
+            "the root's architecture is the package's"
+        );
+        std::fs::copy(&deb, root.join("tmp/reaper-trace.deb")).unwrap();
+        let install = in_root(&["dpkg", "-i", "/tmp/reaper-trace.deb"]);
+        assert!(install.status.success(), "dpkg -i: {}", said(&install));
+        assert_version(&in_root(&["reaper-trace", "--version"]));
+        let listed = in_root(&["dpkg", "-L", "reaper-trace"]);
+        assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
+        // The binary is that architecture's code, and needs no library of the root's.
+        let binary = std::fs::read(root.join("usr/bin/reaper-trace")).unwrap();
+        let machine = u16::from_le_bytes([binary[0x12], binary[0x13]]);
+        let expected = match arch.as_str() {
+            "aarch64" => 183,
+            _ => 62,
+        };
+        assert_eq!(machine, expected, "e_machine of {arch}");
+        let removed = in_root(&["dpkg", "-r", "reaper-trace"]);
+        assert!(removed.status.success(), "dpkg -r: {}", said(&removed));
+        assert!(!root.join("usr/bin/reaper-trace").exists(), "removed");
     }
 
     /// A bind mount undone however the test ends.
@@ -202,7 +283,7 @@ mod installed_artifacts {
             return;
         };
         let dir = scratch(test);
-        let Some(root) = debian_root(test, &dir) else {
+        let Some(root) = debian_root(test, &dir, "REAPER_DEBIAN_ROOT") else {
             return;
         };
         let opt = root.join("opt");

@@ -2,8 +2,8 @@
 //! the interpreter's frame chain, named from the spawner's memory when its leak is flagged.
 //! The host's Debian python3 (no frame pointers, libpython linked in) always; each other
 //! CPython 3.11–3.14 this machine has (pyenv's, with a shared libpython), and Debian sid's 3.13
-//! and 3.14 in a chroot. Needs root (see `require_root`); host only (the guests carry no
-//! Python).
+//! and 3.14 in a chroot. Needs root (see `require_root`). The guests of the kernel matrix
+//! carry Debian's python3.11 of their architecture (x86_64's and arm64's) and no other.
 use std::path::{Path, PathBuf};
 
 use reaper_tests::{

@@ -21,6 +21,15 @@ impl Arch {
         }
     }
 
+    /// The one this machine does not run: reaper-trace is built for two, and each machine's
+    /// tests meet the other's packages under emulation.
+    pub fn other() -> Arch {
+        match Arch::host() {
+            Arch::X86_64 => Arch::Aarch64,
+            Arch::Aarch64 => Arch::X86_64,
+        }
+    }
+
     /// Its name as the kernel (`uname -m`) and the kernel programs' `bpf_target_arch` say it.
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +51,23 @@ impl Arch {
         match self {
             Arch::X86_64 => "amd64",
             Arch::Aarch64 => "arm64",
+        }
+    }
+
+    /// Its ELF `e_machine`.
+    pub fn elf_machine(self) -> u16 {
+        match self {
+            Arch::X86_64 => 62,
+            Arch::Aarch64 => 183,
+        }
+    }
+
+    /// The binutils program `tool` (`strip`, `readelf`) for its files: this machine's own, or
+    /// Debian's cross binutils (`aarch64-linux-gnu-strip`, which the cross gcc brings).
+    pub fn binutil(self, tool: &str) -> String {
+        match self == Arch::host() {
+            true => tool.to_owned(),
+            false => format!("{}-linux-gnu-{tool}", self.name()),
         }
     }
 

@@ -85,7 +85,18 @@ fn machine_release() -> Result<String> {
 /// Runs `mmdebstrap --mode=root --quiet ARGS SUITE INTO` from Debian's archive; `what` names
 /// the root in its error.
 fn mmdebstrap(args: &[&str], suite: &str, into: &Path, what: &str) -> Result<()> {
-    let status = Command::new("mmdebstrap")
+    mmdebstrap_by(Command::new("mmdebstrap"), args, suite, into, what)
+}
+
+/// [`mmdebstrap`] run by `cmd` (which names mmdebstrap as its last argument).
+fn mmdebstrap_by(
+    mut cmd: Command,
+    args: &[&str],
+    suite: &str,
+    into: &Path,
+    what: &str,
+) -> Result<()> {
+    let status = cmd
         .args(["--mode=root", "--quiet"])
         .args(args)
         .arg(suite)
@@ -140,22 +151,46 @@ const GUEST_PACKAGES: &[&str] = &[
     "mount",
     "nodejs",
     "busybox-static",
+    "python3.11",
 ];
 
-/// A fresh minimal Debian root of this machine's release (`mmdebstrap --variant=minbase` from
-/// Debian's archive), as a tarball: made once, cached, and linked at
-/// `target/test-tools/debian-root.tar` for the package's tests.
-pub fn test_root(root: &Path) -> Result<PathBuf> {
+/// A fresh minimal Debian root of this machine's release for `arch` (`mmdebstrap
+/// --variant=minbase` from Debian's archive), as a tarball: made once, cached, and linked at
+/// `target/test-tools/debian-root[-ARCH].tar` for the package's tests. Another architecture's
+/// root is made with its programs run under qemu-user (`tests/emulated.sh`: nothing is
+/// registered on the machine), its maintainer scripts included: a root as Debian installs it.
+pub fn test_root(root: &Path, arch: Arch) -> Result<PathBuf> {
     let release = machine_release().unwrap_or_else(|_| "bookworm".into());
-    let cached = cache("roots").join(format!("{release}-minbase.tar"));
+    let suffix = match arch == Arch::host() {
+        true => String::new(),
+        false => format!("-{}", arch.deb()),
+    };
+    let cached = cache("roots").join(format!("{release}-minbase{suffix}.tar"));
     if !cached.is_file() {
         fs::create_dir_all(cached.parent().context("cache dir")?)?;
-        eprintln!("xtask: making a Debian {release} root with mmdebstrap (cached once)");
+        eprintln!(
+            "xtask: making a Debian {release} {} root with mmdebstrap (cached once)",
+            arch.deb()
+        );
         let partial = cached.with_extension("partial.tar");
-        mmdebstrap(&["--variant=minbase"], &release, &partial, &release)?;
+        let arch_arg = format!("--arch={}", arch.deb());
+        // The emulating namespace cannot mount /proc or /sys, and no maintainer script of
+        // minbase needs them: every root is made without them.
+        let args = ["--variant=minbase", &arch_arg, "--skip=chroot/mount"];
+        let by = match arch == Arch::host() {
+            true => Command::new("mmdebstrap"),
+            false => {
+                let mut cmd = Command::new("sh");
+                cmd.arg(root.join("tests/emulated.sh"))
+                    .args([arch.name(), "mmdebstrap"]);
+                cmd
+            }
+        };
+        let what = format!("{release} {}", arch.deb());
+        mmdebstrap_by(by, &args, &release, &partial, &what)?;
         fs::rename(&partial, &cached)?;
     }
-    let link = root.join("target/test-tools/debian-root.tar");
+    let link = root.join(format!("target/test-tools/debian-root{suffix}.tar"));
     fs::create_dir_all(link.parent().context("target dir")?)?;
     let _ = fs::remove_file(&link);
     std::os::unix::fs::symlink(&cached, &link)?;

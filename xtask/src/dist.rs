@@ -1,16 +1,19 @@
-//! `cargo xtask dist`: what people install, in `target/dist/`.
+//! `cargo xtask dist`: what people install, in `target/dist/`, for x86_64 and for aarch64.
 //!
-//! - `reaper-trace-VERSION-x86_64-linux.tar.gz`: one static binary (the eBPF object inside, no
+//! - `reaper-trace-VERSION-ARCH-linux.tar.gz`: one static binary (the eBPF object inside, no
 //!   runtime dependency, not even the C library's loader), its man pages and shell
 //!   completions, the service unit and its defaults, the event schema, README and licences.
-//! - `reaper-trace_VERSION_amd64.deb`: the same binary as `/usr/bin/reaper-trace`, with man
-//!   pages, completions, the unit and its `/etc/default/reaper-trace` (a conffile).
-//! - `reaper-trace-VERSION-oci.tar`: an OCI image archive made from nothing but the binary (no
-//!   base image is pulled): `podman run oci-archive:...`, or `podman load -i`.
+//! - `reaper-trace_VERSION_DEBARCH.deb` (`amd64`, `arm64`): the same binary as
+//!   `/usr/bin/reaper-trace`, with man pages, completions, the unit and its
+//!   `/etc/default/reaper-trace` (a conffile).
+//! - `reaper-trace-VERSION-oci.tar`: an OCI image archive made from nothing but the binaries
+//!   (no base image is pulled), one image index with an image for each platform, which podman
+//!   and Kubernetes pick per node: `podman run oci-archive:...`, or `podman load -i`.
 //!
-//! The binary is static through glibc's `crt-static` (the only Rust standard library this
-//! machine has is glibc's): reaper-trace resolves no host names and loads no NSS module, which
-//! is what makes a static glibc binary unsafe elsewhere.
+//! The binaries are static through glibc's `crt-static` (the only Rust standard library this
+//! machine has is glibc's), aarch64's linked by Debian's cross gcc: reaper-trace resolves no
+//! host names and loads no NSS module, which is what makes a static glibc binary unsafe
+//! elsewhere.
 use std::{
     fs,
     os::unix::fs::PermissionsExt,
@@ -19,17 +22,34 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
-use crate::{cargo_env, setup};
+use crate::{arch::Arch, cargo_env, setup};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// One architecture's packages.
+pub struct Packages {
+    pub arch: Arch,
+    pub tarball: PathBuf,
+    pub deb: PathBuf,
+}
 
 /// The artifacts of one `dist` run.
 pub struct Artifacts {
-    pub tarball: PathBuf,
-    pub deb: PathBuf,
+    /// Each architecture's, in [`Arch::ALL`]'s order.
+    pub packages: Vec<Packages>,
     pub image: PathBuf,
+}
+
+impl Artifacts {
+    pub fn of(&self, arch: Arch) -> &Packages {
+        self.packages
+            .iter()
+            .find(|p| p.arch == arch)
+            .expect("dist packages every architecture")
+    }
 }
 
 /// Where `dist` puts everything.
@@ -44,7 +64,6 @@ pub fn run(root: &Path) -> Result<Artifacts> {
         fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
     fs::create_dir_all(&out)?;
-    let binary = static_binary(root)?;
     let docs = out.join("docs");
     let docs_to = docs.to_str().context("path")?;
     let example = [
@@ -58,66 +77,120 @@ pub fn run(root: &Path) -> Result<Artifacts> {
         "--",
     ];
     cargo_env(root, &[&example[..], &[docs_to]].concat(), &[])?;
-    let artifacts = Artifacts {
-        tarball: tarball(root, &out, &binary, &docs)?,
-        deb: deb(root, &out, &binary, &docs)?,
-        image: image(&out, &binary)?,
-    };
-    for a in [&artifacts.tarball, &artifacts.deb, &artifacts.image] {
-        println!("{}", a.display());
+    let mut packages = Vec::new();
+    let mut binaries = Vec::new();
+    for arch in Arch::ALL {
+        let binary = static_binary(root, &out, arch)?;
+        packages.push(Packages {
+            arch,
+            tarball: tarball(root, &out, arch, &binary.path, &docs)?,
+            deb: deb(root, &out, arch, &binary, &docs)?,
+        });
+        binaries.push((arch, binary.path));
     }
+    let artifacts = Artifacts {
+        packages,
+        image: image(&out, &binaries)?,
+    };
+    for p in &artifacts.packages {
+        println!("{}\n{}", p.tarball.display(), p.deb.display());
+    }
+    println!("{}", artifacts.image.display());
     Ok(artifacts)
 }
 
-/// Builds reaper-trace statically linked and checks that it is: no program interpreter.
-fn static_binary(root: &Path) -> Result<PathBuf> {
-    cargo_env(
-        root,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "reaper-user",
-            "--bin",
-            "reaper-trace",
-            "--target",
-            TARGET,
-        ],
-        // Only the target's flags: build scripts and the nested eBPF build stay as they are.
-        &[(
-            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
-            "-C target-feature=+crt-static -C strip=symbols",
-        )],
-    )?;
-    let binary = root
-        .join("target")
-        .join(TARGET)
-        .join("release/reaper-trace");
-    let elf = fs::read(&binary).with_context(|| format!("reading {}", binary.display()))?;
-    if has_interpreter(&elf).context("reaper-trace is not a 64-bit ELF")? {
-        bail!("{} needs a dynamic loader: not static", binary.display());
-    }
-    Ok(binary)
+/// A static binary [`static_binary`] made.
+struct Static {
+    path: PathBuf,
+    /// Whether it is position-independent (static-pie).
+    pie: bool,
 }
 
-/// Whether a little-endian ELF64 file names a program interpreter (`PT_INTERP`): a
-/// dynamically linked executable does, a static (or static-pie) one does not.
-fn has_interpreter(elf: &[u8]) -> Option<bool> {
+/// Builds reaper-trace for `arch`, statically linked, and strips a copy of it in `out`; checks
+/// that the copy is static (no program interpreter) and is code of `arch`.
+fn static_binary(root: &Path, out: &Path, arch: Arch) -> Result<Static> {
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "reaper-user",
+        "--bin",
+        "reaper-trace",
+        "--target",
+        arch.triple(),
+    ];
+    // Only the target's flags: build scripts and the nested eBPF build stay as they are.
+    // Another architecture's are `vmtest`'s own (one build serves both).
+    let mut env = arch.cargo_env();
+    if arch == Arch::host() {
+        let var = arch.triple().to_uppercase().replace('-', "_");
+        env.push((
+            format!("CARGO_TARGET_{var}_RUSTFLAGS"),
+            "-C target-feature=+crt-static".into(),
+        ));
+    } else {
+        arch.ensure_std()?;
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    cargo_env(root, &args, &env)?;
+    let built = root
+        .join("target")
+        .join(arch.triple())
+        .join("release/reaper-trace");
+    let binary = out.join(arch.name()).join("reaper-trace");
+    install(&built, &binary, 0o755)?;
+    sh(Command::new(arch.binutil("strip")).arg(&binary))?;
+    let elf = fs::read(&binary).with_context(|| format!("reading {}", binary.display()))?;
+    let shape = elf_shape(&elf).context("reaper-trace is not a 64-bit ELF")?;
+    if shape.interpreter {
+        bail!("{} needs a dynamic loader: not static", binary.display());
+    }
+    if shape.machine != arch.elf_machine() {
+        bail!(
+            "{} is code of ELF machine {}, not {}'s",
+            binary.display(),
+            shape.machine,
+            arch.name()
+        );
+    }
+    Ok(Static {
+        path: binary,
+        pie: shape.pie,
+    })
+}
+
+/// What [`static_binary`] checks of an executable.
+struct ElfShape {
+    /// Whether it names a program interpreter (`PT_INTERP`): a dynamically linked executable
+    /// does, a static (or static-pie) one does not.
+    interpreter: bool,
+    /// `e_machine`: the architecture it is code of.
+    machine: u16,
+    /// Whether it is position-independent (`e_type` `ET_DYN`).
+    pie: bool,
+}
+
+/// The shape of a little-endian ELF64 file; none for anything else.
+fn elf_shape(elf: &[u8]) -> Option<ElfShape> {
     const PT_INTERP: u32 = 3;
-    if elf.get(..5)? != b"\x7fELF\x02" {
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
         return None;
     }
     let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
     let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
     let phoff = usize::try_from(u64_at(0x20)?).ok()?;
     let (entsize, count) = (usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    let mut interpreter = false;
     for i in 0..count {
-        let at = phoff + i * entsize;
-        if u32::from_le_bytes(elf.get(at..at + 4)?.try_into().ok()?) == PT_INTERP {
-            return Some(true);
-        }
+        let at = phoff.checked_add(i.checked_mul(entsize)?)?;
+        interpreter |= u32::from_le_bytes(elf.get(at..at + 4)?.try_into().ok()?) == PT_INTERP;
     }
-    Some(false)
+    const ET_DYN: u16 = 3;
+    Some(ElfShape {
+        interpreter,
+        machine: u16_at(0x12)?,
+        pie: u16_at(0x10)? == ET_DYN,
+    })
 }
 
 /// The files every artifact carries besides the binary: (path in the workspace, name).
@@ -130,8 +203,8 @@ const SHIPPED: &[(&str, &str)] = &[
     ("LICENSE-APACHE", "LICENSE-APACHE"),
 ];
 
-fn tarball(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
-    let name = format!("reaper-trace-{VERSION}-x86_64-linux");
+fn tarball(root: &Path, out: &Path, arch: Arch, binary: &Path, docs: &Path) -> Result<PathBuf> {
+    let name = format!("reaper-trace-{VERSION}-{}-linux", arch.name());
     let stage = out.join(&name);
     install(binary, &stage.join("reaper-trace"), 0o755)?;
     for (from, to) in SHIPPED {
@@ -144,9 +217,9 @@ fn tarball(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBu
     Ok(tarball)
 }
 
-fn deb(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
-    let stage = out.join("deb");
-    install(binary, &stage.join("usr/bin/reaper-trace"), 0o755)?;
+fn deb(root: &Path, out: &Path, arch: Arch, binary: &Static, docs: &Path) -> Result<PathBuf> {
+    let stage = out.join(format!("deb-{}", arch.deb()));
+    install(&binary.path, &stage.join("usr/bin/reaper-trace"), 0o755)?;
     for page in ["reaper-trace.1", "reaper-trace-report.1"] {
         let to = stage.join("usr/share/man/man1").join(page);
         install(&docs.join("man").join(page), &to, 0o644)?;
@@ -193,15 +266,27 @@ fn deb(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
         0o644,
     )?;
     // Static on purpose (one binary for every Debian release, nothing to keep in step): a
-    // static-pie executable looks to lintian like a library that names no C library.
+    // static-pie executable (x86_64's) looks to lintian like a library that names no C
+    // library; a static one that is not position-independent (aarch64's: Rust's glibc target
+    // there links no static-pie) is one lintian asks a reason for.
+    let overridden = match binary.pie {
+        true => "shared-library-lacks-prerequisites",
+        false => "statically-linked-binary",
+    };
     write(
         &stage.join("usr/share/lintian/overrides/reaper-trace"),
-        "# A static-pie executable: it needs no shared library at all.\n\
-         reaper-trace: shared-library-lacks-prerequisites [usr/bin/reaper-trace]\n",
+        format!(
+            "# Static on purpose: it needs no shared library at all.\n\
+             reaper-trace: {overridden} [usr/bin/reaper-trace]\n"
+        ),
         0o644,
     )?;
     let control = stage.join("DEBIAN");
-    write(&control.join("control"), &control_file(&stage)?, 0o644)?;
+    write(
+        &control.join("control"),
+        &control_file(&stage, arch)?,
+        0o644,
+    )?;
     write(&control.join("md5sums"), &md5sums(&stage)?, 0o644)?;
     write(
         &control.join("conffiles"),
@@ -209,7 +294,7 @@ fn deb(root: &Path, out: &Path, binary: &Path, docs: &Path) -> Result<PathBuf> {
         0o644,
     )?;
     write(&control.join("prerm"), PRERM, 0o755)?;
-    let deb = out.join(format!("reaper-trace_{VERSION}_amd64.deb"));
+    let deb = out.join(format!("reaper-trace_{VERSION}_{}.deb", arch.deb()));
     sh(Command::new("dpkg-deb")
         .args(["--root-owner-group", "-Zxz", "--build"])
         .arg(&stage)
@@ -247,7 +332,7 @@ fn md5sums(stage: &Path) -> Result<String> {
 
 const MAINTAINER: &str = "reaper developers <reaper@users.noreply.github.com>";
 
-fn control_file(stage: &Path) -> Result<String> {
+fn control_file(stage: &Path, arch: Arch) -> Result<String> {
     let out = Command::new("du")
         .args(["-sk", "--exclude=DEBIAN"])
         .arg(stage)
@@ -257,10 +342,11 @@ fn control_file(stage: &Path) -> Result<String> {
         .next()
         .unwrap_or("0")
         .to_owned();
+    let deb_arch = arch.deb();
     Ok(format!(
         "Package: reaper-trace
 Version: {VERSION}
-Architecture: amd64
+Architecture: {deb_arch}
 Maintainer: {MAINTAINER}
 Installed-Size: {kib}
 Section: admin
@@ -330,45 +416,156 @@ fn changelog() -> Result<String> {
     ))
 }
 
-/// An OCI image of the binary alone (umoci: no daemon, no base image), as an OCI archive.
-fn image(out: &Path, binary: &Path) -> Result<PathBuf> {
+/// The OCI image: for each architecture an image of its binary alone (umoci: no daemon, no
+/// base image), and one image index naming both by platform, the archive's only image: a
+/// reference to it (`oci-archive:FILE`, `reaper-trace:VERSION` once loaded) is resolved per
+/// node to the image of the node's platform.
+fn image(out: &Path, binaries: &[(Arch, PathBuf)]) -> Result<PathBuf> {
     let layout = out.join("oci");
-    // The reference a `podman load` names the image by: reaper-trace:VERSION.
-    let tag = format!("{}:reaper-trace:{VERSION}", layout.display());
     sh(Command::new("umoci")
         .args(["init", "--layout"])
         .arg(&layout))?;
-    sh(Command::new("umoci").args(["new", "--image", &tag]))?;
-    sh(Command::new("umoci")
-        .args(["insert", "--image", &tag])
-        .arg(binary)
-        .arg("/usr/bin/reaper-trace"))?;
-    sh(Command::new("umoci").args([
-        "config",
-        "--image",
-        &tag,
-        "--config.entrypoint",
-        "/usr/bin/reaper-trace",
-        "--config.user",
-        "0",
-        "--config.workingdir",
-        "/",
-        "--config.label",
-        &format!("org.opencontainers.image.version={VERSION}"),
-        "--config.label",
-        "org.opencontainers.image.title=reaper-trace",
-        "--config.label",
-        "org.opencontainers.image.licenses=MIT OR Apache-2.0",
-        "--os",
-        "linux",
-        "--architecture",
-        "amd64",
-    ]))?;
+    let mut images = Vec::new();
+    for (arch, binary) in binaries {
+        let name = format!("reaper-trace:{VERSION}-{}", arch.deb());
+        let tag = format!("{}:{name}", layout.display());
+        sh(Command::new("umoci").args(["new", "--image", &tag]))?;
+        // The layer is GNU tar's, whole: umoci 0.4.7's `insert` ends its tar inside the last
+        // file's padding, which Go's archive/tar (containerd's) refuses as an unexpected EOF.
+        let stage = out.join(format!("layer-{}", arch.deb()));
+        install(binary, &stage.join("usr/bin/reaper-trace"), 0o755)?;
+        let layer = out.join(format!("layer-{}.tar", arch.deb()));
+        tar(&layer, &stage, "usr")?;
+        sh(Command::new("umoci")
+            .args(["raw", "add-layer", "--image", &tag])
+            .arg(&layer))?;
+        sh(Command::new("umoci").args([
+            "config",
+            "--image",
+            &tag,
+            "--config.entrypoint",
+            "/usr/bin/reaper-trace",
+            "--config.user",
+            "0",
+            "--config.workingdir",
+            "/",
+            "--config.label",
+            &format!("org.opencontainers.image.version={VERSION}"),
+            "--config.label",
+            "org.opencontainers.image.title=reaper-trace",
+            "--config.label",
+            "org.opencontainers.image.licenses=MIT OR Apache-2.0",
+            "--os",
+            "linux",
+            // OCI's names of these two architectures are Debian's.
+            "--architecture",
+            arch.deb(),
+        ]))?;
+        images.push((*arch, name));
+    }
     sh(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
+    index_images(&layout, &images)?;
     // An OCI archive is the layout in a tar.
     let archive = out.join(format!("reaper-trace-{VERSION}-oci.tar"));
     tar(&archive, &layout, ".")?;
     Ok(archive)
+}
+
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+
+/// Replaces the layout's images, each named `(arch, name)` in its `index.json`, by one image
+/// index holding them by platform (a blob of the layout), named `reaper-trace:VERSION`.
+fn index_images(layout: &Path, images: &[(Arch, String)]) -> Result<()> {
+    let top_path = layout.join("index.json");
+    let top: Value = serde_json::from_slice(&fs::read(&top_path)?)
+        .with_context(|| format!("reading {}", top_path.display()))?;
+    let listed = top["manifests"]
+        .as_array()
+        .context("index.json lists no manifests")?;
+    let mut manifests = Vec::new();
+    for (arch, name) in images {
+        let mut manifest = listed
+            .iter()
+            .find(|m| m["annotations"][REF_NAME] == name.as_str())
+            .with_context(|| format!("umoci made no image {name}"))?
+            .clone();
+        manifest
+            .as_object_mut()
+            .context("a manifest's descriptor")?
+            .remove("annotations");
+        manifest["platform"] = json!({ "architecture": arch.deb(), "os": "linux" });
+        manifests.push(manifest);
+    }
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX_MEDIA_TYPE,
+        "manifests": manifests,
+    }))?;
+    let digest = format!("{:x}", Sha256::digest(&index));
+    write(&layout.join("blobs/sha256").join(&digest), &index, 0o644)?;
+    let top = json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": INDEX_MEDIA_TYPE,
+            "digest": format!("sha256:{digest}"),
+            "size": index.len(),
+            "annotations": { REF_NAME: format!("reaper-trace:{VERSION}") },
+        }],
+    });
+    write(&top_path, serde_json::to_vec(&top)?, 0o644)
+}
+
+/// The binary of the image for `arch` in the OCI archive `archive`, read as a runtime reads
+/// it (the archive's one index, its manifest for `linux/arch`, that manifest's layers), and
+/// unpacked under `into`: what a node of that architecture runs.
+pub fn image_binary(archive: &Path, arch: Arch, into: &Path) -> Result<PathBuf> {
+    let dir = into.join(format!("image-{}", arch.deb()));
+    let _ = fs::remove_dir_all(&dir);
+    let rootfs = dir.join("rootfs");
+    fs::create_dir_all(&rootfs)?;
+    sh(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&dir))?;
+    let json_at = |path: PathBuf| -> Result<Value> {
+        serde_json::from_slice(&fs::read(&path)?)
+            .with_context(|| format!("reading {}", path.display()))
+    };
+    let blob = |descriptor: &Value| -> Result<PathBuf> {
+        let digest = descriptor["digest"]
+            .as_str()
+            .context("a descriptor's digest")?;
+        let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
+        Ok(dir.join("blobs/sha256").join(hex))
+    };
+    let top = json_at(dir.join("index.json"))?;
+    let index = json_at(blob(&top["manifests"][0])?)?;
+    let manifest = index["manifests"]
+        .as_array()
+        .context("the image index lists no manifests")?
+        .iter()
+        .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch.deb())
+        .with_context(|| format!("the image index has no linux/{}", arch.deb()))?;
+    let manifest = json_at(blob(manifest)?)?;
+    for layer in manifest["layers"]
+        .as_array()
+        .context("a manifest's layers")?
+    {
+        sh(Command::new("tar")
+            .arg("-xzf")
+            .arg(blob(layer)?)
+            .arg("-C")
+            .arg(&rootfs))?;
+    }
+    let binary = rootfs.join("usr/bin/reaper-trace");
+    let elf = fs::read(&binary).with_context(|| format!("reading {}", binary.display()))?;
+    let machine = elf_shape(&elf).map(|shape| shape.machine);
+    if machine != Some(arch.elf_machine()) {
+        bail!("the image's linux/{} binary is not its code", arch.deb());
+    }
+    Ok(binary)
 }
 
 fn sh(cmd: &mut Command) -> Result<()> {
@@ -434,9 +631,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_dynamic_executable_names_its_interpreter() {
+    fn a_dynamic_executable_names_its_interpreter_and_machine() {
         let own = fs::read(std::env::current_exe().unwrap()).unwrap();
-        assert_eq!(has_interpreter(&own), Some(true));
-        assert_eq!(has_interpreter(b"#!/bin/sh\n"), None);
+        let shape = elf_shape(&own).unwrap();
+        assert!(shape.interpreter);
+        assert_eq!(shape.machine, Arch::host().elf_machine());
+        assert!(elf_shape(b"#!/bin/sh\n").is_none());
     }
 }

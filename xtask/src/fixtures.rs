@@ -7,7 +7,7 @@ use std::{ffi::OsString, path::Path, thread::JoinHandle};
 
 use anyhow::{Context, Result};
 
-use crate::{debian, npm, pypi, vmtest};
+use crate::{arch::Arch, debian, npm, pypi, vmtest};
 
 /// The variables that name the fixtures to the tests.
 pub type TestEnv = Vec<(&'static str, OsString)>;
@@ -33,8 +33,12 @@ pub fn fetch(root: &Path, dist: bool, vm: bool) -> JoinHandle<Result<TestEnv>> {
             ("REAPER_MCP_SDK", npm::mcp_sdk(&root)?.into()),
         ];
         if dist {
-            // A fresh Debian root for the package's tests.
-            env.push(("REAPER_DEBIAN_ROOT", debian::test_root(&root)?.into()));
+            // Fresh Debian roots for the package's tests: this machine's architecture's, and
+            // the other's (whose packages `dist` makes too).
+            let own = debian::test_root(&root, Arch::host())?;
+            env.push(("REAPER_DEBIAN_ROOT", own.into()));
+            let other = debian::test_root(&root, Arch::other())?;
+            env.push(("REAPER_OTHER_DEBIAN_ROOT", other.into()));
         }
         if vm {
             vmtest::debian_kernels(&vmtest::default_kernels()?)?;

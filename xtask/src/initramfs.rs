@@ -104,16 +104,20 @@ impl Initramfs {
         Ok(())
     }
 
-    /// Every file under directory `dir` of the foreign root `root`, at its own path: its
-    /// symbolic links to files resolved inside `root`; links to directories, and links that
-    /// lead nowhere, left out.
-    pub fn foreign_dir(&mut self, root: &Path, dir: &Path) -> Result<()> {
+    /// Every file under directory `dir` of the foreign root `root` (`/` for this machine's
+    /// own), at its own path, but those under a directory named in `left_out`: its symbolic
+    /// links to files resolved inside `root`; links to directories, and links that lead
+    /// nowhere, left out.
+    pub fn foreign_dir(&mut self, root: &Path, dir: &Path, left_out: &[&str]) -> Result<()> {
         let host = resolve_in(root, dir)?;
         for entry in fs::read_dir(&host).with_context(|| format!("{}", host.display()))? {
             let entry = entry?;
             let path = dir.join(entry.file_name());
             if entry.file_type()?.is_dir() {
-                self.foreign_dir(root, &path)?;
+                let name = entry.file_name();
+                if !left_out.iter().any(|l| name.to_str() == Some(l)) {
+                    self.foreign_dir(root, &path, left_out)?;
+                }
             } else if let Ok(file) = resolve_in(root, &path)
                 && file.is_file()
             {

@@ -38,8 +38,9 @@ commands:
   prereqs          the table of every program the commands and tests run, and where each
                    comes from (each command installs its rows first)
   build [--release]  build reaper-trace (eBPF object embedded)
-  dist             target/dist/: a static binary in a tarball (man pages, completions, unit,
-                   schema, README, licences), a Debian package and an OCI image archive
+  dist             target/dist/: for x86_64 and aarch64, a static binary in a tarball (man
+                   pages, completions, unit, schema, README, licences) and a Debian package;
+                   an OCI image archive of one index of both platforms
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
   test [--no-vm] [--no-dist] [--reverse]
@@ -51,13 +52,14 @@ commands:
   fuzz [--secs N] [TARGET...]
                    the cargo-fuzz targets (decode, proc_stat, proc_files, btf, cli_values,
                    audit), N seconds each (default 60); installs cargo-fuzz if missing
-  vmtest [KERNEL...] [-- TEST-ARGS]
+  vmtest [--image OCI-ARCHIVE] [KERNEL...] [-- TEST-ARGS]
                    the kernel integration tests on each KERNEL: a Debian series (5.10,
                    6.1, 6.12: its newest image for this machine's architecture, fetched
                    and cached; aarch64:6.12 for arm64's, booted by qemu-system-aarch64
                    with the tests built for aarch64), `host`, or a bzImage path;
                    default: 5.10 6.1 6.12 aarch64:6.1 aarch64:6.12 host. Prints a
-                   table of results.
+                   table of results. With --image (what `dist` made), the guests' demo
+                   runs the image's binary of their architecture (`test` passes its own).
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
         [--before REV]
                    overhead, completeness, reader CPU per traced process, hook cost,
@@ -190,9 +192,16 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             })
         }
         Some("vmtest") => {
-            let (specs, test_args) = match args[1..].iter().position(|a| a == "--") {
-                Some(i) => (&args[1..i + 1], &args[i + 2..]),
-                None => (&args[1..], &[][..]),
+            let (image, first) = match args.get(1).map(String::as_str) {
+                Some("--image") => {
+                    let archive = args.get(2).context("--image names an OCI archive")?;
+                    (Some(PathBuf::from(archive)), 3)
+                }
+                _ => (None, 1),
+            };
+            let (specs, test_args) = match args[first..].iter().position(|a| a == "--") {
+                Some(i) => (&args[first..first + i], &args[first + i + 1..]),
+                None => (&args[first..], &[][..]),
             };
             let kernels = match specs {
                 [] => vmtest::DEFAULT_KERNELS
@@ -207,7 +216,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             };
             prereqs::install(&[prereqs::Need::Vm])?;
             setup::ensure_all()?;
-            let outcomes = vmtest::run(&root, &kernels, test_args)?;
+            let outcomes = vmtest::run(&root, &kernels, test_args, image.as_deref())?;
             Ok(match outcomes.iter().all(vmtest::Outcome::ok) {
                 true => ExitCode::SUCCESS,
                 false => ExitCode::FAILURE,
@@ -320,12 +329,23 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     let _ = std::fs::remove_file(&skips);
     env.push(("REAPER_SKIP_LOG", skips.clone().into_os_string()));
     let mut filters = Vec::new();
+    // The guests run the demo from the image's binaries.
+    let image = made.as_ref().map(|made| made.image.clone());
     match made {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
         // image under podman.
+        // The other architecture's package is installed into a root of its own, emulated.
         Some(made) => env.extend([
-            ("REAPER_DIST_TARBALL", made.tarball.into_os_string()),
-            ("REAPER_DIST_DEB", made.deb.into_os_string()),
+            (
+                "REAPER_DIST_TARBALL",
+                made.of(Arch::host()).tarball.clone().into(),
+            ),
+            ("REAPER_DIST_DEB", made.of(Arch::host()).deb.clone().into()),
+            (
+                "REAPER_DIST_OTHER_DEB",
+                made.of(Arch::other()).deb.clone().into(),
+            ),
+            ("REAPER_OTHER_ARCH", Arch::other().name().into()),
             ("REAPER_DIST_IMAGE", made.image.into_os_string()),
         ]),
         None => filters.extend(["--skip", "installed_artifacts::"]),
@@ -350,7 +370,7 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     }
     let mut broken = Vec::new();
     if vm {
-        for o in vmtest::run(root, &vmtest::default_kernels()?, &[])? {
+        for o in vmtest::run(root, &vmtest::default_kernels()?, &[], image.as_deref())? {
             if let Some(p) = &o.problem {
                 broken.push(format!("{}: {p}", o.label));
             } else if o.tests.passed == 0 {

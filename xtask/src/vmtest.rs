@@ -180,8 +180,14 @@ struct Guest {
 
 /// Builds what the guests need, runs the tests on every kernel (the guests [`LANES`] at a
 /// time, then the host), prints the table. Each architecture's guests share one initramfs
-/// of that architecture's binaries.
-pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<Outcome>> {
+/// of that architecture's binaries; with `image` (the OCI archive `dist` made), each also
+/// holds the binary of the image's variant for its architecture, which the demo runs.
+pub fn run(
+    root: &Path,
+    kernels: &[Kernel],
+    test_args: &[String],
+    image: Option<&Path>,
+) -> Result<Vec<Outcome>> {
     let host_exes = build(root, Arch::host())?;
     // Every Debian kernel first: each architecture's initramfs carries its kernels' unix_diag.
     let debian_kernels = debian_kernels(kernels)?;
@@ -200,7 +206,10 @@ pub fn run(root: &Path, kernels: &[Kernel], test_args: &[String]) -> Result<Vec<
         };
         let initrd = root.join(format!("target/vmtest/initramfs-{}.cpio", arch.name()));
         std::fs::create_dir_all(initrd.parent().unwrap())?;
-        let mut guest = guest_root(root, arch, &test_exes, test_args)?;
+        let image_binary = image
+            .map(|archive| crate::dist::image_binary(archive, arch, &root.join("target/vmtest")))
+            .transpose()?;
+        let mut guest = guest_root(root, arch, &test_exes, test_args, image_binary.as_deref())?;
         for (_, _, k) in debian_kernels.iter().filter(|(_, a, _)| *a == arch) {
             let at = format!("/lib/modules/{}/unix_diag.ko", k.release);
             guest.host_file_at(Path::new(&at), &k.unix_diag)?;
@@ -360,7 +369,6 @@ const HOST_ONLY_TESTS: &[&str] = &[
     "dist",
     "hermes",
     "service_unit",
-    "python_sites",
     "go_sites",
     "mcp_sdk",
     "top",

@@ -169,20 +169,22 @@ impl Container {
             .unwrap_or_default()
     }
 
-    /// Its exit status once it has exited; `None` while it runs.
+    /// Its exit status once it has exited; `None` while it starts or runs (a container
+    /// being created is not running either, and says exit code 0: on a loaded machine the
+    /// pod is polled in that state).
     fn exit_code(&self) -> Option<i64> {
         let out = Command::new("podman")
             .args([
                 "inspect",
                 "--format",
-                "{{.State.Running}} {{.State.ExitCode}}",
+                "{{.State.Status}} {{.State.ExitCode}}",
             ])
             .arg(&self.0)
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         match text.split_whitespace().collect::<Vec<_>>()[..] {
-            ["false", code] => code.parse().ok(),
+            ["exited" | "stopped", code] => code.parse().ok(),
             _ => None,
         }
     }
@@ -247,10 +249,105 @@ fn events_if(path: &Path, proof: impl Fn(&[Value]) -> bool) -> Option<Vec<Value>
     proof(&events).then_some(events)
 }
 
+/// A directory removed however the test ends.
+struct RemovedAtEnd(PathBuf);
+
+impl Drop for RemovedAtEnd {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// In a module of their own, so that `cargo xtask test --no-dist` leaves them out by name
 /// (`--skip installed_artifacts::`) rather than letting them skip.
 mod installed_artifacts {
     use super::*;
+
+    /// The archive's one image is an index of an image for each architecture reaper-trace is
+    /// built for, and podman picks the node's: pulled as a node of this machine's
+    /// architecture and as an arm64 (or x86_64) one, each gets the binary of its own. Pulled
+    /// into a store of the test's own (nothing added to the host's images).
+    #[test]
+    fn the_image_is_one_index_and_podman_pulls_the_variant_of_the_nodes_platform() {
+        let test = "the_image_is_one_index_and_podman_pulls_the_variant_of_the_nodes_platform";
+        let Some((image, dir, _)) = pod_setup(test) else {
+            return;
+        };
+        // podman refuses a run root longer than 50 bytes: a short one of this test's.
+        let run_root = RemovedAtEnd(
+            std::env::temp_dir().join(format!("reaper-podman-{}", std::process::id())),
+        );
+        let podman = |args: &[&str]| {
+            let mut cmd = Command::new("podman");
+            cmd.arg("--root")
+                .arg(dir.join("store"))
+                .arg("--runroot")
+                .arg(&run_root.0)
+                .args(["--storage-driver", "vfs"])
+                .args(args);
+            ok(&mut cmd)
+        };
+        let archive = format!("oci-archive:{}", image.display());
+        let name = format!("reaper-trace:{}", env!("CARGO_PKG_VERSION"));
+        for (arch, elf_machine) in [("amd64", 62u16), ("arm64", 183)] {
+            podman(&["pull", "-q", "--arch", arch, &archive]);
+            let said = podman(&[
+                "image",
+                "inspect",
+                "--format",
+                "{{.Os}}/{{.Architecture}}",
+                &name,
+            ]);
+            assert_eq!(said.trim(), format!("linux/{arch}"), "{name} as pulled");
+            // The binary in that image is code of the platform it was picked for.
+            let copy = dir.join(format!("reaper-trace-{arch}"));
+            let container = podman(&["create", "--arch", arch, &name]);
+            let container = container.trim();
+            let from = format!("{container}:/usr/bin/reaper-trace");
+            podman(&["cp", &from, copy.to_str().unwrap()]);
+            podman(&["rm", container]);
+            let binary = std::fs::read(&copy).unwrap();
+            let machine = u16::from_le_bytes([binary[0x12], binary[0x13]]);
+            assert_eq!(
+                machine, elf_machine,
+                "e_machine of the {arch} image's binary"
+            );
+            podman(&["rmi", &name]);
+        }
+        // The test's store holds no image, and nothing of it stays mounted.
+        podman(&["system", "reset", "--force"]);
+        // Every layer is a whole tar: Go's archive/tar (containerd's, on a Kubernetes node)
+        // refuses one that ends inside its last file's padding, which podman lets by.
+        let layout = dir.join("layout");
+        std::fs::create_dir_all(&layout).unwrap();
+        ok(Command::new("tar")
+            .arg("-xf")
+            .arg(&image)
+            .arg("-C")
+            .arg(&layout));
+        let json = |digest: &Value| -> Value {
+            let hex = digest.as_str().unwrap().strip_prefix("sha256:").unwrap();
+            let blob = std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap();
+            serde_json::from_slice(&blob).unwrap()
+        };
+        let top: Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        let index = json(&top["manifests"][0]["digest"]);
+        let platforms = index["manifests"].as_array().unwrap();
+        assert_eq!(platforms.len(), 2, "{index}");
+        for platform in platforms {
+            for layer in json(&platform["digest"])["layers"].as_array().unwrap() {
+                let hex = layer["digest"]
+                    .as_str()
+                    .unwrap()
+                    .strip_prefix("sha256:")
+                    .unwrap();
+                ok(Command::new("tar")
+                    .arg("-tzf")
+                    .arg(layout.join("blobs/sha256").join(hex)));
+            }
+        }
+    }
 
     #[test]
     fn the_image_under_podman_flags_a_leak_of_a_gateway_on_the_host() {

@@ -1,7 +1,8 @@
 //! A guest's root filesystem: the initramfs of one architecture's guests (the test
 //! executables and the workspace's binaries at their paths here, the programs they run, the
-//! Node host tests' scripts, the demo's example) and its init, which runs the test binaries
-//! the kernel command line names and prints the marks `vmtest` reads back.
+//! Node and Python host tests' scripts, the demo's example, the image's binary) and its init,
+//! which runs the test binaries the kernel command line names and prints the marks `vmtest`
+//! reads back.
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -30,16 +31,40 @@ const GUEST_PROGRAMS: &[(&str, &str)] = &[
     ("/usr/bin/env", "env"),
     ("/bin/bash", "bash"),
     ("/usr/bin/setsid", "setsid"),
+    // The Python spawn-site tests' interpreter: Debian's (libpython linked in), by its path
+    // (this machine's PATH may name another first).
+    ("/usr/bin/python3.11", "/usr/bin/python3.11"),
 ];
+
+/// Debian's CPython's standard library, which the Python tests' host imports (asyncio,
+/// subprocess, threading), but what no test runs: its tests, bytecode caches, static
+/// library, GUI and packaging.
+const PYTHON_LIBRARY: &str = "/usr/lib/python3.11";
+const PYTHON_LEFT_OUT: &[&str] = &[
+    "test",
+    "__pycache__",
+    "idlelib",
+    "tkinter",
+    "lib2to3",
+    "ensurepip",
+    "pydoc_data",
+    "dist-packages",
+    "site-packages",
+];
+
+/// Where a guest holds the image's binary, and the variable that names it to the demo's test.
+const IMAGE_BINARY: &str = "/image/usr/bin/reaper-trace";
 
 /// The guest's files, and its init: `arch`'s test executables and the workspace's binaries
 /// beside them, at their paths here; the programs they run (this machine's own for its own
-/// architecture, Debian's unpacked for another: [`debian::guest_userland`]).
+/// architecture, Debian's unpacked for another: [`debian::guest_userland`]); the binary of
+/// the image's variant for `arch`, when there is one, at [`IMAGE_BINARY`].
 pub(super) fn guest_root(
     root: &Path,
     arch: Arch,
     test_exes: &[PathBuf],
     test_args: &[String],
+    image_binary: Option<&Path>,
 ) -> Result<Initramfs> {
     let mut fs = Initramfs::default();
     for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
@@ -61,6 +86,7 @@ pub(super) fn guest_root(
                 fs.host_file_at(Path::new(name), &host)?;
             }
             fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
+            python_library(&mut fs, Path::new("/"), arch)?;
         }
         false => {
             // Static (see `Arch::cargo_env`): no loader, no library.
@@ -78,19 +104,29 @@ pub(super) fn guest_root(
                 fs.host_file_at(Path::new(name), &file)?;
             }
             // Debian's node loads some of its own modules from files of their packages.
-            fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"))?;
+            fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"), &[])?;
+            python_library(&mut fs, &userland, arch)?;
         }
     }
+    let image_env = match image_binary {
+        Some(binary) => {
+            fs.host_file_at(Path::new(IMAGE_BINARY), binary)?;
+            format!("export REAPER_IMAGE_TRACE={IMAGE_BINARY}")
+        }
+        None => String::new(),
+    };
     fs.dir(&root.join("tests").to_string_lossy());
     // The demo's example, and the README its test holds it to.
     for file in ["README.md", "examples/leaky-gateway.sh"] {
         let file = root.join(file);
         fs.host_file_at(&file, &file)?;
     }
-    // The Node host tests' scripts, at their host paths (the tests name them so).
-    for script in std::fs::read_dir(root.join("tests/node")).context("tests/node")? {
-        let script = script?.path();
-        fs.host_file_at(&script, &script)?;
+    // The Node and Python host tests' scripts, at their host paths (the tests name them so).
+    for dir in ["tests/node", "tests/python"] {
+        for script in std::fs::read_dir(root.join(dir)).context(dir)? {
+            let script = script?.path();
+            fs.host_file_at(&script, &script)?;
+        }
     }
     let args: Vec<String> = test_args.iter().map(|a| shell_quote(a)).collect();
     // Every test binary the kernel command line names (`reaper.run=0,3,...`, indices into this
@@ -114,6 +150,7 @@ pub(super) fn guest_root(
     let init = format!(
         "#!/bin/busybox sh
 export PATH=/bin:/usr/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
+{image_env}
 busybox mount -t proc proc /proc
 busybox mount -t sysfs sysfs /sys
 busybox mount -t devtmpfs devtmpfs /dev
@@ -139,6 +176,14 @@ busybox poweroff -f
     );
     fs.data("/init", init.into_bytes(), 0o755);
     Ok(fs)
+}
+
+/// [`PYTHON_LIBRARY`] of the root `from` (`/` for this machine's own programs) but what
+/// [`PYTHON_LEFT_OUT`] names and the static library of `arch`.
+fn python_library(fs: &mut Initramfs, from: &Path, arch: Arch) -> Result<()> {
+    let config = format!("config-3.11-{}-linux-gnu", arch.name());
+    let left_out: Vec<&str> = PYTHON_LEFT_OUT.iter().copied().chain([&*config]).collect();
+    fs.foreign_dir(from, Path::new(PYTHON_LIBRARY), &left_out)
 }
 
 /// The program file `bin` on the PATH (not a shell builtin of that name).
