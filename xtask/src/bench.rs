@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod api;
+mod arches;
 mod footprint;
 mod jit_stacks;
 mod kernel;
@@ -41,9 +42,9 @@ pub struct BenchOptions {
 }
 
 /// The bench's sections, in the order they run.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "overhead", "reader", "hooks", "memory", "idle", "latency", "loaded", "sessions", "state",
-    "report", "api", "before", "soak",
+    "report", "api", "arches", "before", "soak",
 ];
 
 impl BenchOptions {
@@ -168,6 +169,9 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
     }
     if wanted("api") {
         api::api(&bins, opts)?;
+    }
+    if wanted("arches") {
+        arches::arches(root, opts)?;
     }
     match (&opts.before, wanted("before")) {
         (Some(rev), true) => crate::bench_before::run(root, opts, rev)?,

@@ -34,6 +34,7 @@ use anyhow::{Context, Result, bail};
 use crate::{arch::Arch, debian, host_tests, tally::Tally};
 
 mod guest_root;
+pub use guest_root::release_dir;
 use guest_root::guest_root;
 
 /// The kernels of the matrix besides the running one: this machine's architecture's, and
@@ -377,20 +378,12 @@ const HOST_ONLY_TESTS: &[&str] = &[
 /// Release builds of the binaries and of the kernel integration tests for `arch`; returns the
 /// test executables.
 fn build(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
-    let owned = arch.cargo_env();
-    let env: Vec<(&str, &str)> = owned
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let mut args = vec!["build", "--release", "--bins"];
+    build_binaries(root, arch)?;
     let mut test_args = vec!["--release", "--package", "reaper-tests", "--tests"];
     if arch != Arch::host() {
-        arch.ensure_std()?;
-        args.extend(["--target", arch.triple()]);
         test_args.extend(["--target", arch.triple()]);
     }
-    crate::cargo_env(root, &args, &env)?;
-    let built = host_tests::test_binaries(root, &test_args, &owned)?;
+    let built = host_tests::test_binaries(root, &test_args, &arch.cargo_env())?;
     let exes: Vec<PathBuf> = built
         .into_iter()
         .filter(|b| b.kind == "test" && !HOST_ONLY_TESTS.contains(&b.target.as_str()))
@@ -400,6 +393,80 @@ fn build(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
         bail!("cargo reported no integration test executables");
     }
     Ok(exes)
+}
+
+/// Release builds of the workspace's binaries for `arch` (see `guest_root::release_dir`).
+fn build_binaries(root: &Path, arch: Arch) -> Result<()> {
+    let owned = arch.cargo_env();
+    let env: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut args = vec!["build", "--release", "--bins"];
+    if arch != Arch::host() {
+        arch.ensure_std()?;
+        args.extend(["--target", arch.triple()]);
+    }
+    crate::cargo_env(root, &args, &env)
+}
+
+/// Runs `script` of each architecture (shell, after the guests' usual start: see
+/// `guest_root::init_prelude`) as the init of a guest of that architecture on Debian's kernel of `series`, the two guests at
+/// once (one a core), each root holding the workspace's binaries built for it and the
+/// programs the tests run; returns each one's console, or why it did not finish within
+/// `limit`. For measurements compared across architectures (`cargo xtask bench`).
+pub fn script_on_each_arch(
+    root: &Path,
+    series: &str,
+    script: impl Fn(Arch) -> String,
+    limit: Duration,
+) -> Result<Vec<(Arch, Vec<String>)>> {
+    let kernels: Vec<Kernel> = Arch::ALL
+        .map(|arch| Kernel::Debian {
+            series: series.to_owned(),
+            arch,
+        })
+        .into();
+    let fetched = debian_kernels(&kernels)?;
+    let mut guests = Vec::new();
+    for (_, arch, kernel) in &fetched {
+        build_binaries(root, *arch)?;
+        let mut fs = guest_root::with_programs(root, *arch, &[])?;
+        let init = format!(
+            "{}{}\necho \"{EXIT_MARK}$?\"\nbusybox poweroff -f\n",
+            guest_root::init_prelude(),
+            script(*arch)
+        );
+        fs.data("/init", init.into_bytes(), 0o755);
+        let initrd = root.join(format!("target/vmtest/script-{}.cpio", arch.name()));
+        std::fs::create_dir_all(initrd.parent().context("target dir")?)?;
+        fs.write(&initrd)?;
+        guests.push(Guest {
+            label: format!("{series} {}", arch.deb()),
+            arch: *arch,
+            image: kernel.image.clone(),
+            initrd,
+            runs: Vec::new(),
+            tests: 0,
+        });
+    }
+    std::thread::scope(|scope| {
+        let booted: Vec<_> = guests
+            .iter()
+            .map(|guest| scope.spawn(move || (guest.arch, boot(guest, limit))))
+            .collect();
+        booted
+            .into_iter()
+            .map(|b| {
+                let (arch, booted) = b.join().expect("a guest's thread");
+                let (log, problem) = booted?;
+                match problem {
+                    Some(p) => bail!("the {} guest: {p}", arch.name()),
+                    None => Ok((arch, log)),
+                }
+            })
+            .collect()
+    })
 }
 
 /// Boots `guest` with its architecture's initramfs, streaming its console with its label,

@@ -56,9 +56,8 @@ const PYTHON_LEFT_OUT: &[&str] = &[
 const IMAGE_BINARY: &str = "/image/usr/bin/reaper-trace";
 
 /// The guest's files, and its init: `arch`'s test executables and the workspace's binaries
-/// beside them, at their paths here; the programs they run (this machine's own for its own
-/// architecture, Debian's unpacked for another: [`debian::guest_userland`]); the binary of
-/// the image's variant for `arch`, when there is one, at [`IMAGE_BINARY`].
+/// beside them, at their paths here, and the programs they run (see [`with_programs`]); the
+/// binary of the image's variant for `arch`, when there is one, at [`IMAGE_BINARY`].
 pub(super) fn guest_root(
     root: &Path,
     arch: Arch,
@@ -66,48 +65,7 @@ pub(super) fn guest_root(
     test_args: &[String],
     image_binary: Option<&Path>,
 ) -> Result<Initramfs> {
-    let mut fs = Initramfs::default();
-    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
-        fs.dir(dir);
-    }
-    let release = match arch == Arch::host() {
-        true => root.join("target/release"),
-        false => root.join("target").join(arch.triple()).join("release"),
-    };
-    let ours = [release.join("reaper-trace"), release.join("reaper-shapes")];
-    match arch == Arch::host() {
-        true => {
-            for program in test_exes.iter().chain(&ours) {
-                fs.program(program)?;
-            }
-            for (name, bin) in GUEST_PROGRAMS {
-                let host = which(bin)?;
-                fs.program(&host)?;
-                fs.host_file_at(Path::new(name), &host)?;
-            }
-            fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
-            python_library(&mut fs, Path::new("/"), arch)?;
-        }
-        false => {
-            // Static (see `Arch::cargo_env`): no loader, no library.
-            for program in test_exes.iter().chain(&ours) {
-                fs.host_file_at(program, program)?;
-            }
-            let userland = debian::guest_userland(arch)?;
-            for (name, bin) in GUEST_PROGRAMS.iter().chain(&[("/bin/busybox", "busybox")]) {
-                let (theirs, file) = ["/bin", "/usr/bin", "/sbin", "/usr/sbin"]
-                    .iter()
-                    .map(|dir| Path::new(dir).join(bin))
-                    .find_map(|p| Some((p.clone(), resolve_in(&userland, &p).ok()?)))
-                    .with_context(|| format!("`{bin}` is not in {}", userland.display()))?;
-                fs.foreign_program(&userland, &theirs)?;
-                fs.host_file_at(Path::new(name), &file)?;
-            }
-            // Debian's node loads some of its own modules from files of their packages.
-            fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"), &[])?;
-            python_library(&mut fs, &userland, arch)?;
-        }
-    }
+    let mut fs = with_programs(root, arch, test_exes)?;
     let image_env = match image_binary {
         Some(binary) => {
             fs.host_file_at(Path::new(IMAGE_BINARY), binary)?;
@@ -148,18 +106,9 @@ pub(super) fn guest_root(
         })
         .collect();
     let init = format!(
-        "#!/bin/busybox sh
-export PATH=/bin:/usr/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
-{image_env}
-busybox mount -t proc proc /proc
-busybox mount -t sysfs sysfs /sys
-busybox mount -t devtmpfs devtmpfs /dev
-busybox mkdir -p /dev/pts && busybox mount -t devpts devpts /dev/pts
-busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
-busybox ip link set lo up
+        "{prelude}{image_env}
 # sock_diag for UNIX sockets (Debian builds it as a module; a host loads it on demand).
 busybox insmod /lib/modules/$(busybox uname -r)/unix_diag.ko 2>/dev/null
-echo \"{KERNEL_MARK}$(busybox uname -r)\"
 case \"$(busybox uname -r)\" in 4.*|5.[0-9].*|5.1[01].*) old=1 ;; *) old=0 ;; esac
 runs=
 for word in $(busybox cat /proc/cmdline); do
@@ -171,11 +120,83 @@ status=0
 echo \"{EXIT_MARK}$status\"
 busybox poweroff -f
 ",
+        prelude = init_prelude(),
         tests = shell_quote(&root.join("tests").to_string_lossy()),
         runs = runs.join("\n"),
     );
     fs.data("/init", init.into_bytes(), 0o755);
     Ok(fs)
+}
+
+/// The start of every guest's init: the environment the tests expect, the kernel's
+/// filesystems, loopback up, and the kernel's release (see `KERNEL_MARK`).
+pub(super) fn init_prelude() -> String {
+    format!(
+        "#!/bin/busybox sh
+export PATH=/bin:/usr/bin CI=true HOME=/tmp TMPDIR=/tmp RUST_BACKTRACE=1
+busybox mount -t proc proc /proc
+busybox mount -t sysfs sysfs /sys
+busybox mount -t devtmpfs devtmpfs /dev
+busybox mkdir -p /dev/pts && busybox mount -t devpts devpts /dev/pts
+busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+busybox ip link set lo up
+echo \"{KERNEL_MARK}$(busybox uname -r)\"
+"
+    )
+}
+
+/// A guest root of `arch` with its mount points, `exes` and the workspace's binaries at their
+/// paths here (`release_dir` names where they are), and the programs the tests and shapes run
+/// under their usual names: this machine's own (with their libraries) for its own
+/// architecture, Debian's unpacked for another ([`debian::guest_userland`]).
+pub(super) fn with_programs(root: &Path, arch: Arch, exes: &[PathBuf]) -> Result<Initramfs> {
+    let mut fs = Initramfs::default();
+    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
+        fs.dir(dir);
+    }
+    let ours = ["reaper-trace", "reaper-shapes"].map(|bin| release_dir(root, arch).join(bin));
+    match arch == Arch::host() {
+        true => {
+            for program in exes.iter().chain(&ours) {
+                fs.program(program)?;
+            }
+            for (name, bin) in GUEST_PROGRAMS {
+                let host = which(bin)?;
+                fs.program(&host)?;
+                fs.host_file_at(Path::new(name), &host)?;
+            }
+            fs.host_file_at(Path::new("/bin/busybox"), &which("busybox")?)?;
+            python_library(&mut fs, Path::new("/"), arch)?;
+        }
+        false => {
+            // Static (see `Arch::cargo_env`): no loader, no library.
+            for program in exes.iter().chain(&ours) {
+                fs.host_file_at(program, program)?;
+            }
+            let userland = debian::guest_userland(arch)?;
+            for (name, bin) in GUEST_PROGRAMS.iter().chain(&[("/bin/busybox", "busybox")]) {
+                let (theirs, file) = ["/bin", "/usr/bin", "/sbin", "/usr/sbin"]
+                    .iter()
+                    .map(|dir| Path::new(dir).join(bin))
+                    .find_map(|p| Some((p.clone(), resolve_in(&userland, &p).ok()?)))
+                    .with_context(|| format!("`{bin}` is not in {}", userland.display()))?;
+                fs.foreign_program(&userland, &theirs)?;
+                fs.host_file_at(Path::new(name), &file)?;
+            }
+            // Debian's node loads some of its own modules from files of their packages.
+            fs.foreign_dir(&userland, Path::new("/usr/share/nodejs"), &[])?;
+            python_library(&mut fs, &userland, arch)?;
+        }
+    }
+    Ok(fs)
+}
+
+/// Where `arch`'s release build of the workspace's binaries is.
+pub fn release_dir(root: &Path, arch: Arch) -> PathBuf {
+    match arch == Arch::host() {
+        true => root.join("target/release"),
+        false => root.join("target").join(arch.triple()).join("release"),
+    }
 }
 
 /// [`PYTHON_LIBRARY`] of the root `from` (`/` for this machine's own programs) but what
