@@ -63,11 +63,13 @@ commands:
   bench [--quick] [--procs N] [--reps N] [--idle-secs N] [--sleepers N] [--only LIST]
         [--before REV]
                    overhead, completeness, reader CPU per traced process, hook cost,
-                   memory, idle CPU, latency, the lineage checkpoint (restarts) and the
+                   memory, idle CPU, latency, the lineage checkpoint (restarts), the
                    report on a million-line audit, side by side with no tracer and with
-                   perf, forkstat and bpftrace (sections for --only: overhead, reader,
-                   hooks, memory, idle, latency, state, report, before); with --before, this build's reader CPU, cost of tracking and
-                   latency against git revision REV's, built from a worktree
+                   perf, forkstat and bpftrace, and aarch64 against x86_64 in guests
+                   (sections for --only: overhead, reader, hooks, memory, idle, latency,
+                   loaded, sessions, state, report, api, arches, before); with --before,
+                   this build's reader CPU, cost of tracking and latency against git
+                   revision REV's, built from a worktree
   soak [--mins N]  gateways that come and go for N minutes (default 60): one instance of a
                    --gateway-exe program a second, each leaving a helper; fails unless the
                    RSS at the end is within 10% of the RSS after the first ten minutes

@@ -34,8 +34,8 @@ use anyhow::{Context, Result, bail};
 use crate::{arch::Arch, debian, host_tests, tally::Tally};
 
 mod guest_root;
-pub use guest_root::release_dir;
 use guest_root::guest_root;
+pub use guest_root::release_dir;
 
 /// The kernels of the matrix besides the running one: this machine's architecture's, and
 /// arm64's of the two supported series. 5.10 is older than the oldest supported kernel

@@ -21,10 +21,7 @@ const MARK: &str = "reaper-bench: ";
 /// and reaper-trace's RSS.
 fn script(root: &Path, arch: Arch, procs: usize, reps: usize, sleepers: usize) -> String {
     let release = vmtest::release_dir(root, arch);
-    let (reaper, shapes) = (
-        release.join("reaper-trace"),
-        release.join("reaper-shapes"),
-    );
+    let (reaper, shapes) = (release.join("reaper-trace"), release.join("reaper-shapes"));
     let (reaper, shapes) = (reaper.display(), shapes.display());
     let cpu_us = "busybox sed 's/.*\"cpu_us\":\\([0-9]*\\).*/\\1/'";
     format!(
@@ -137,9 +134,9 @@ pub(crate) fn arches(root: &Path, opts: &BenchOptions) -> Result<()> {
         let mut figures = Figures::read(log, procs)?;
         let (hooks, reader) = figures.ratios();
         println!(
-            "| {} | {hooks:.3} | {reader:.3} | {} MiB |",
+            "| {} | {hooks:.3} | {reader:.3} | {:.1} MiB |",
             arch.name(),
-            figures.rss_kib / 1024
+            figures.rss_kib as f64 / 1024.0
         );
         each.insert(*arch, (hooks, reader, figures.rss_kib as f64));
     }
