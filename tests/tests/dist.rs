@@ -70,29 +70,27 @@ fn said(out: &Output) -> String {
     )
 }
 
+/// Runs `args` chrooted into `root` with a clean environment.
 fn chroot(root: &Path, args: &[&str]) -> Output {
-    Command::new("chroot")
-        .arg(root)
-        .args(args)
-        .env_clear()
-        .env("PATH", PATH)
-        .output()
-        .unwrap()
+    in_root(Command::new("chroot"), root, args)
 }
-
-const PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// [`chroot`] into a root of architecture `arch`, its programs run under qemu-user
 /// (`tests/emulated.sh`: a namespace of its own, nothing registered on this machine).
 fn emulated_chroot(arch: &str, root: &Path, args: &[&str]) -> Output {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("emulated.sh");
-    Command::new("sh")
-        .arg(script)
-        .args([arch, "chroot"])
-        .arg(root)
+    let mut emulated = Command::new("sh");
+    emulated
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("emulated.sh"))
+        .args([arch, "chroot"]);
+    in_root(emulated, root, args)
+}
+
+/// `chroot` (as `cmd` runs it) `root` `args`, with nothing of this environment but a PATH.
+fn in_root(mut cmd: Command, root: &Path, args: &[&str]) -> Output {
+    cmd.arg(root)
         .args(args)
         .env_clear()
-        .env("PATH", PATH)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .output()
         .unwrap()
 }
@@ -228,7 +226,7 @@ mod installed_artifacts {
         assert_version(&in_root(&["reaper-trace", "--version"]));
         let listed = in_root(&["dpkg", "-L", "reaper-trace"]);
         assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
-        // The binary is that architecture's code, and needs no library of the root's.
+        // The binary is that architecture's code (`dist` checked that it is static).
         let binary = std::fs::read(root.join("usr/bin/reaper-trace")).unwrap();
         let machine = u16::from_le_bytes([binary[0x12], binary[0x13]]);
         let expected = match arch.as_str() {

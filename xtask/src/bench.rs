@@ -48,6 +48,12 @@ const SECTIONS: [&str; 14] = [
 ];
 
 impl BenchOptions {
+    /// Whether `section` was asked for: every section when none was named (`soak` aside:
+    /// it runs only when named; `before` only with `--before`).
+    pub fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+
     pub fn parse(args: &[String]) -> Result<BenchOptions> {
         let mut o = BenchOptions {
             procs: 20_000,
@@ -133,7 +139,7 @@ pub fn run(root: &Path, opts: &BenchOptions) -> Result<()> {
             .unwrap_or_default()
             .trim()
     );
-    let wanted = |section: &str| opts.only.is_empty() || opts.only.iter().any(|s| s == section);
+    let wanted = |section: &str| opts.wants(section);
     if wanted("overhead") {
         overhead(&bins, opts, &peers)?;
     }

@@ -517,8 +517,9 @@ fn index_images(layout: &Path, images: &[(Arch, String)]) -> Result<()> {
 }
 
 /// The binary of the image for `arch` in the OCI archive `archive`, read as a runtime reads
-/// it (the archive's one index, its manifest for `linux/arch`, that manifest's layers), and
-/// unpacked under `into`: what a node of that architecture runs.
+/// it (the archive's one index, its manifest for `linux/arch`, that manifest's layers, each
+/// blob checked against its descriptor's size and digest), and unpacked under `into`: what a
+/// node of that architecture runs.
 pub fn image_binary(archive: &Path, arch: Arch, into: &Path) -> Result<PathBuf> {
     let dir = into.join(format!("image-{}", arch.deb()));
     let _ = fs::remove_dir_all(&dir);
@@ -538,7 +539,15 @@ pub fn image_binary(archive: &Path, arch: Arch, into: &Path) -> Result<PathBuf> 
             .as_str()
             .context("a descriptor's digest")?;
         let hex = digest.strip_prefix("sha256:").context("a sha256 digest")?;
-        Ok(dir.join("blobs/sha256").join(hex))
+        // Checked against its descriptor, as a runtime checks what it pulls.
+        let path = dir.join("blobs/sha256").join(hex);
+        let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        if descriptor["size"].as_u64() != Some(bytes.len() as u64)
+            || format!("{:x}", Sha256::digest(&bytes)) != hex
+        {
+            bail!("the blob {digest} is not the one its descriptor names");
+        }
+        Ok(path)
     };
     let top = json_at(dir.join("index.json"))?;
     let index = json_at(blob(&top["manifests"][0])?)?;

@@ -142,7 +142,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         Some("bench") => {
             let opts = bench::BenchOptions::parse(&args[1..])?;
-            prereqs::install(&[prereqs::Need::Bench])?;
+            // `arches` boots the kernel matrix's guests.
+            let mut needs = vec![prereqs::Need::Bench];
+            needs.extend(opts.wants("arches").then_some(prereqs::Need::Vm));
+            prereqs::install(&needs)?;
             setup::ensure_all()?;
             build(&root, true)?;
             bench::run(&root, &opts)?;

@@ -128,7 +128,7 @@ pub const TOOLS: &[Tool] = &[
     tool("zstd", Debian("zstd"), &[Vm], "Debian's kernel modules"),
     tool("node", Debian("nodejs"), &[Test, Vm, Bench], "the Node host tests and the Node spawner bench"),
     tool("npm", Debian("nodejs"), &[Test], "the MCP TypeScript SDK of the Node MCP host test"),
-    tool("/usr/bin/python3.11", Debian("python3.11"), &[Test], "Debian's CPython in the Python spawn-site tests"),
+    tool("/usr/bin/python3.11", Debian("python3.11"), &[Test, Vm], "Debian's CPython in the Python spawn-site tests, on the host and in the x86_64 guests"),
     tool("go", Debian("golang-go"), &[Test], "builds the Go spawner of the spawn-site tests (tests/go)"),
     tool("chromium", Debian("chromium"), &[Test], "the report's browser test"),
     tool("prometheus", Debian("prometheus"), &[Test], "a real Prometheus scraping a run"),

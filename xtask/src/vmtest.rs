@@ -411,10 +411,11 @@ fn build_binaries(root: &Path, arch: Arch) -> Result<()> {
 }
 
 /// Runs `script` of each architecture (shell, after the guests' usual start: see
-/// `guest_root::init_prelude`) as the init of a guest of that architecture on Debian's kernel of `series`, the two guests at
-/// once (one a core), each root holding the workspace's binaries built for it and the
-/// programs the tests run; returns each one's console, or why it did not finish within
-/// `limit`. For measurements compared across architectures (`cargo xtask bench`).
+/// `guest_root::init_prelude`) as the init of a guest of that architecture on Debian's
+/// kernel of `series`, the two guests at once (one a core), each root holding the
+/// workspace's binaries built for it and the programs the tests run; returns each one's
+/// console, or why it did not finish within `limit`. For measurements compared across
+/// architectures (`cargo xtask bench`).
 pub fn script_on_each_arch(
     root: &Path,
     series: &str,
@@ -433,7 +434,8 @@ pub fn script_on_each_arch(
         build_binaries(root, *arch)?;
         let mut fs = guest_root::with_programs(root, *arch, &[])?;
         let init = format!(
-            "{}{}\necho \"{EXIT_MARK}$?\"\nbusybox poweroff -f\n",
+            // In a subshell: a script that exits still ends with the mark and the power-off.
+            "{}(\n{}\n)\necho \"{EXIT_MARK}$?\"\nbusybox poweroff -f\n",
             guest_root::init_prelude(),
             script(*arch)
         );

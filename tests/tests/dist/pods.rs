@@ -266,7 +266,8 @@ mod installed_artifacts {
     /// The archive's one image is an index of an image for each architecture reaper-trace is
     /// built for, and podman picks the node's: pulled as a node of this machine's
     /// architecture and as an arm64 (or x86_64) one, each gets the binary of its own. Pulled
-    /// into a store of the test's own (nothing added to the host's images).
+    /// into a podman of the test's own (its store, run root and libpod state: neither the
+    /// host's images nor its podman's state are touched).
     #[test]
     fn the_image_is_one_index_and_podman_pulls_the_variant_of_the_nodes_platform() {
         let test = "the_image_is_one_index_and_podman_pulls_the_variant_of_the_nodes_platform";
@@ -283,6 +284,8 @@ mod installed_artifacts {
                 .arg(dir.join("store"))
                 .arg("--runroot")
                 .arg(&run_root.0)
+                .arg("--tmpdir")
+                .arg(dir.join("libpod"))
                 .args(["--storage-driver", "vfs"])
                 .args(args);
             ok(&mut cmd)
@@ -314,8 +317,8 @@ mod installed_artifacts {
             );
             podman(&["rmi", &name]);
         }
-        // The test's store holds no image, and nothing of it stays mounted.
-        podman(&["system", "reset", "--force"]);
+        // Each image was removed; the vfs store (plain directories, nothing mounted) goes with
+        // the scratch directory.
         // Every layer is a whole tar: Go's archive/tar (containerd's, on a Kubernetes node)
         // refuses one that ends inside its last file's padding, which podman lets by.
         let layout = dir.join("layout");

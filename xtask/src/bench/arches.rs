@@ -12,13 +12,17 @@ use crate::{arch::Arch, vmtest};
 /// The kernel series both guests boot.
 const SERIES: &str = "6.12";
 
+/// The tracked sleepers whose RSS is compared.
+const SLEEPERS: usize = 10_000;
+
 /// What one guest printed: a line per measurement, after this mark.
 const MARK: &str = "reaper-bench: ";
 
 /// The guest's script: `reps` rounds of a fork+exec loop of `procs` untraced, then tracked
 /// (reaper-trace's run time read from just before the loop to once its stream went quiet, as
 /// on the host: the gateway waits on FIFOs around the loop), then `sleepers` tracked sleepers
-/// and reaper-trace's RSS.
+/// and reaper-trace's RSS once the stream holds all their forks. Every wait is capped (ten
+/// minutes) and ends early when reaper-trace exits; a failure prints why and ends the script.
 fn script(root: &Path, arch: Arch, procs: usize, reps: usize, sleepers: usize) -> String {
     let release = vmtest::release_dir(root, arch);
     let (reaper, shapes) = (release.join("reaper-trace"), release.join("reaper-shapes"));
@@ -26,32 +30,46 @@ fn script(root: &Path, arch: Arch, procs: usize, reps: usize, sleepers: usize) -
     let cpu_us = "busybox sed 's/.*\"cpu_us\":\\([0-9]*\\).*/\\1/'";
     format!(
         r#"cd /tmp
-busybox mkfifo /tmp/go /tmp/done
+fail() {{ echo "{MARK}failed: $*"; exit 1; }}
+# Waits until the condition $1 holds, while reaper-trace runs.
+await() {{
+    n=0
+    until eval "$1"; do
+        n=$((n + 1))
+        [ $n -le 1200 ] || fail "waited 600 s for $1"
+        busybox kill -0 $tracer 2>/dev/null || fail "reaper-trace exited waiting for $1"
+        busybox sleep 0.5
+    done
+}}
+# Writes a line to the FIFO $1, whose reader is the tracked gateway.
+release() {{ busybox timeout 600 sh -c "echo > $1" || fail "nobody read $1"; }}
 size() {{ busybox stat -c %s /tmp/traced.ndjson; }}
+busybox mkfifo /tmp/go /tmp/done
 i=0
 while [ $i -lt {reps} ]; do
     i=$((i + 1))
-    {shapes} storm-exec /tmp/untraced.json {procs} || exit 1
+    {shapes} storm-exec /tmp/untraced.json {procs} || fail "the untraced loop"
     echo "{MARK}untraced $({cpu_us} /tmp/untraced.json)"
     {reaper} --json --quiet -- sh -c "read _ < /tmp/go; {shapes} storm-exec /tmp/traced.json {procs}; read _ < /tmp/done" > /tmp/traced.ndjson &
     tracer=$!
-    until busybox grep -q '"event":"ready"' /tmp/traced.ndjson; do busybox sleep 0.1; done
+    await "busybox grep -q '\"event\":\"ready\"' /tmp/traced.ndjson"
     before=$(busybox cut -d' ' -f1 /proc/$tracer/schedstat)
-    echo > /tmp/go
-    until [ -e /tmp/traced.json ]; do busybox sleep 0.1; done
+    release /tmp/go
+    await "[ -e /tmp/traced.json ]"
     seen=-1
-    until [ "$seen" = "$(size)" ]; do seen=$(size); busybox sleep 0.5; done
+    await '[ "$seen" = "$(size)" ] || {{ seen=$(size); false; }}'
     after=$(busybox cut -d' ' -f1 /proc/$tracer/schedstat)
-    echo > /tmp/done
-    wait $tracer
+    release /tmp/done
+    wait $tracer || fail "reaper-trace exited with $?"
     echo "{MARK}traced $({cpu_us} /tmp/traced.json) $((after - before))"
     busybox rm -f /tmp/untraced.json /tmp/traced.json
 done
 {reaper} --json --quiet -- {shapes} sleepers /tmp/sleepers.json {sleepers} 3600 > /tmp/sleepers.ndjson &
 tracer=$!
-until [ -e /tmp/sleepers.json.ready ]; do busybox sleep 0.5; done
-busybox sleep 3
-echo "{MARK}rss_kib $(busybox grep VmRSS /proc/$tracer/status | busybox tr -s ' \t' ' ' | busybox cut -d' ' -f2)"
+await "[ -e /tmp/sleepers.json.ready ]"
+forks() {{ busybox grep -c '"event":"fork"' /tmp/sleepers.ndjson; }}
+await '[ "$(forks)" -ge {sleepers} ]'
+echo "{MARK}rss_kib $(busybox grep VmRSS /proc/$tracer/status | busybox tr -s ' \t' ' ' | busybox cut -d' ' -f2) $(forks)"
 busybox kill $tracer
 "#
     )
@@ -76,6 +94,9 @@ impl Figures {
             let Some((_, said)) = line.split_once(MARK) else {
                 continue;
             };
+            if said.starts_with("failed") {
+                bail!("the guest's bench {said}");
+            }
             let words: Vec<f64> = said
                 .split_whitespace()
                 .skip(1)
@@ -87,8 +108,10 @@ impl Figures {
                     f.traced_us.push(per_proc(cpu));
                     f.reader_us.push(per_proc(reader_ns / 1e3));
                 }
-                (Some("rss_kib"), &[kib]) => f.rss_kib = kib as u64,
-                _ => bail!("an unexpected line from the guest: {said:?}"),
+                (Some("rss_kib"), &[kib, forks]) if forks >= SLEEPERS as f64 => {
+                    f.rss_kib = kib as u64
+                }
+                _ => bail!("the guest said {said:?}"),
             }
         }
         if f.untraced_us.is_empty() || f.reader_us.is_empty() || f.rss_kib == 0 {
@@ -111,7 +134,7 @@ impl Figures {
 pub(crate) fn arches(root: &Path, opts: &BenchOptions) -> Result<()> {
     // Fewer processes than on the host: an emulated fork+exec costs milliseconds.
     let procs = (opts.procs / 10).max(500);
-    let sleepers = 10_000;
+    let sleepers = SLEEPERS;
     eprintln!("bench: aarch64 against x86_64, Debian {SERIES} guests, both at once");
     let logs = vmtest::script_on_each_arch(
         root,
