@@ -174,8 +174,9 @@ pub fn test_root(root: &Path, arch: Arch) -> Result<PathBuf> {
         );
         let partial = cached.with_extension("partial.tar");
         let arch_arg = format!("--arch={}", arch.deb());
-        // The emulating namespace cannot mount /proc or /sys, and no maintainer script of
-        // minbase needs them: every root is made without them.
+        // The emulating namespace cannot mount /sys (it has no network namespace of its
+        // own), and no maintainer script of minbase needs /proc or /sys: every root is made
+        // without them.
         let args = ["--variant=minbase", &arch_arg, "--skip=chroot/mount"];
         let by = match arch == Arch::host() {
             true => Command::new("mmdebstrap"),

@@ -38,7 +38,8 @@ const GUEST_PROGRAMS: &[(&str, &str)] = &[
 
 /// Debian's CPython's standard library, which the Python tests' host imports (asyncio,
 /// subprocess, threading), but what no test runs: its tests, bytecode caches, static
-/// library, GUI and packaging.
+/// library (in `config-3.11-*`, left out by [`python_library`]), GUI, 2to3, pydoc's data and
+/// pip's bootstrap.
 const PYTHON_LIBRARY: &str = "/usr/lib/python3.11";
 const PYTHON_LEFT_OUT: &[&str] = &[
     "test",
@@ -48,8 +49,6 @@ const PYTHON_LEFT_OUT: &[&str] = &[
     "lib2to3",
     "ensurepip",
     "pydoc_data",
-    "dist-packages",
-    "site-packages",
 ];
 
 /// Where a guest holds the image's binary, and the variable that names it to the demo's test.
