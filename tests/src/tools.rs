@@ -12,20 +12,31 @@ use crate::*;
 /// A TCP port on 127.0.0.1 free right now (for `--metrics`, a Prometheus), and never one this
 /// test process handed out before: two ports asked for in a row (or by tests running side by
 /// side) must differ even though neither is bound yet.
+///
+/// Below the kernel's ephemeral range (`ip_local_port_range`): a port in it can be taken
+/// before its server binds it, as the source port of any connection, even one to that very
+/// port (TCP's self-connect). Seen once: reaper-trace's `--metrics` port was taken while a
+/// Prometheus already scraped it.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !given.contains(&port) {
-            given.push(port);
+    static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let low = 10_000.min(ephemeral / 2);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    // Each test process starts at its own place in the range: two test binaries run at once.
+    let span = u32::from(ephemeral - low);
+    let start =
+        next.unwrap_or(low + (u64::from(std::process::id()) * 7919 % u64::from(span)) as u16);
+    for i in 0..span {
+        let port = low + ((u32::from(start - low) + i) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *next = Some(low + ((u32::from(port - low) + 1) % span) as u16);
             return port;
         }
     }
+    panic!("no free port on 127.0.0.1 below the ephemeral range ({ephemeral})");
 }
 
 /// A program a test needs from the host (`cargo xtask test` installs it from Debian's
