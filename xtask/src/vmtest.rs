@@ -34,8 +34,10 @@ use anyhow::{Context, Result, bail};
 use crate::{arch::Arch, debian, host_tests, tally::Tally};
 
 mod guest_root;
+mod script;
 use guest_root::guest_root;
 pub use guest_root::release_dir;
+pub use script::script_on_each_arch;
 
 /// The kernels of the matrix besides the running one: this machine's architecture's, and
 /// arm64's of the two supported series. 5.10 is older than the oldest supported kernel
@@ -408,67 +410,6 @@ fn build_binaries(root: &Path, arch: Arch) -> Result<()> {
         args.extend(["--target", arch.triple()]);
     }
     crate::cargo_env(root, &args, &env)
-}
-
-/// Runs `script` of each architecture (shell, after the guests' usual start: see
-/// `guest_root::init_prelude`) as the init of a guest of that architecture on Debian's
-/// kernel of `series`, the two guests at once (one a core), each root holding the
-/// workspace's binaries built for it and the programs the tests run; returns each one's
-/// console, or why it did not finish within `limit`. For measurements compared across
-/// architectures (`cargo xtask bench`).
-pub fn script_on_each_arch(
-    root: &Path,
-    series: &str,
-    script: impl Fn(Arch) -> String,
-    limit: Duration,
-) -> Result<Vec<(Arch, Vec<String>)>> {
-    let kernels: Vec<Kernel> = Arch::ALL
-        .map(|arch| Kernel::Debian {
-            series: series.to_owned(),
-            arch,
-        })
-        .into();
-    let fetched = debian_kernels(&kernels)?;
-    let mut guests = Vec::new();
-    for (_, arch, kernel) in &fetched {
-        build_binaries(root, *arch)?;
-        let mut fs = guest_root::with_programs(root, *arch, &[])?;
-        let init = format!(
-            // In a subshell: a script that exits still ends with the mark and the power-off.
-            "{}(\n{}\n)\necho \"{EXIT_MARK}$?\"\nbusybox poweroff -f\n",
-            guest_root::init_prelude(),
-            script(*arch)
-        );
-        fs.data("/init", init.into_bytes(), 0o755);
-        let initrd = root.join(format!("target/vmtest/script-{}.cpio", arch.name()));
-        std::fs::create_dir_all(initrd.parent().context("target dir")?)?;
-        fs.write(&initrd)?;
-        guests.push(Guest {
-            label: format!("{series} {}", arch.deb()),
-            arch: *arch,
-            image: kernel.image.clone(),
-            initrd,
-            runs: Vec::new(),
-            tests: 0,
-        });
-    }
-    std::thread::scope(|scope| {
-        let booted: Vec<_> = guests
-            .iter()
-            .map(|guest| scope.spawn(move || (guest.arch, boot(guest, limit))))
-            .collect();
-        booted
-            .into_iter()
-            .map(|b| {
-                let (arch, booted) = b.join().expect("a guest's thread");
-                let (log, problem) = booted?;
-                match problem {
-                    Some(p) => bail!("the {} guest: {p}", arch.name()),
-                    None => Ok((arch, log)),
-                }
-            })
-            .collect()
-    })
 }
 
 /// Boots `guest` with its architecture's initramfs, streaming its console with its label,
