@@ -10,7 +10,7 @@
 //!   [`SCAN_BYTES`] above the stack pointer and in the link register (return addresses, which
 //!   tell apart callers the walk cannot see past); the fork record's `stack` names it, and
 //!   user space keeps the unwound frames under that key.
-use crate::ForkEvent;
+use crate::{ExeKey, ForkEvent};
 
 /// Bytes above the stack pointer scanned for code addresses of the executable.
 pub const SCAN_BYTES: usize = 1024;
@@ -53,11 +53,27 @@ pub struct UserRegs {
     pub lr: u64,
 }
 
+/// Where the spawner's executable was at the fork, as its mm says (`exe_file`, `start_code`,
+/// `end_code`): what its own frames in a copy are unwound in once it is gone, and its
+/// `/proc/PID/maps` with it (a spawner that forks and exits at once, as a shell after
+/// `cmd &`). The frame it forked in (the C library's fork) is placed by the kernel's
+/// frame-pointer walk, which names that frame's object by build id and file offset.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExeCode {
+    /// The executable's file; zeros when it could not be read.
+    pub file: ExeKey,
+    /// Its code's addresses: `start_code..end_code`.
+    pub start: u64,
+    pub end: u64,
+}
+
 /// The forking thread's user registers at the fork syscall and its stack from there up.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct StackCopy {
     pub regs: UserRegs,
+    pub exe: ExeCode,
     /// The address `bytes` were copied from: the start of `sp`'s page.
     pub base: u64,
     /// Bytes of `bytes` copied (a multiple of [`COPY_CHUNK`]).

@@ -166,7 +166,7 @@ impl LossSlot {
 /// The version of the records' layout and of the maps the probes keep. Records carry it, and
 /// a state kept across runs (`--state-dir`) names it: a build reads its own layout, and
 /// refuses any other rather than misread it.
-pub const LAYOUT: u8 = 6;
+pub const LAYOUT: u8 = 7;
 
 /// Header at the start of every record.
 #[repr(C)]
@@ -412,6 +412,8 @@ pub struct KernelOffsets {
     /// Offsets of `mm_struct::start_code` and `end_code`: the executable's text.
     pub mm_start_code: u64,
     pub mm_end_code: u64,
+    /// Offset of `mm_struct::exe_file`: the executable's file.
+    pub mm_exe_file: u64,
     pub kernfs_node_parent: u64,
     /// Offset of `cgroup::root` (the hierarchy a cgroup is in).
     pub cgroup_root: u64,

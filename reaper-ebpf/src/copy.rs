@@ -110,6 +110,7 @@ pub fn first_at_site(stack: u64, tgid: u32, start: u64) -> bool {
 pub fn copy_stack(copy: &mut StackCopy, regs: UserRegs) -> u64 {
     let base = regs.sp & !(COPY_CHUNK as u64 - 1);
     copy.regs = regs;
+    copy.exe = Task::current().exe_code();
     copy.base = base;
     // Straight-line reads, each at a constant offset, and the length returned as a constant
     // on each path (not read back from the map value): the verifier sees the record's bound.

@@ -156,6 +156,7 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     dentry_name: 0,
     mm_start_code: 0,
     mm_end_code: 0,
+    mm_exe_file: 0,
     kernfs_node_parent: 0,
     cgroup_root: 0,
     cgroup_root_hierarchy_id: 0,

@@ -1,4 +1,6 @@
 //! Reads of `task_struct` and friends through offsets resolved from BTF at start-up.
+use reaper_common::{ExeKey, copy::ExeCode};
+
 use crate::global;
 
 /// A kernel `task_struct *`.
@@ -87,6 +89,23 @@ impl Task {
             read(mm, global!(OFFSETS.mm_end_code)),
         )
     }
+    /// Where the task's executable is: its file and its code's addresses.
+    pub fn exe_code(self) -> ExeCode {
+        let mm = read_ptr(self.0, global!(OFFSETS.task_mm));
+        if mm.is_null() {
+            return ExeCode::default();
+        }
+        let file = read_ptr(mm, global!(OFFSETS.mm_exe_file));
+        let (start, end) = self.code_range();
+        ExeCode {
+            file: match file.is_null() {
+                true => ExeKey::default(),
+                false => file_key(file),
+            },
+            start,
+            end,
+        }
+    }
     /// Whether the task's pid is in the initial pid namespace (its thread ids are the ones
     /// the probes see).
     pub fn in_initial_pid_namespace(self) -> bool {
@@ -130,6 +149,17 @@ impl Cgroup {
             return 0;
         }
         read(parent, global!(OFFSETS.kernfs_node_id))
+    }
+}
+
+/// A `struct file *`'s file by its inode.
+#[inline(always)]
+pub fn file_key(file: *const u8) -> ExeKey {
+    let inode = read_ptr(file, global!(OFFSETS.file_inode));
+    let sb = read_ptr(inode, global!(OFFSETS.inode_sb));
+    ExeKey {
+        dev: u64::from(read::<u32>(sb, global!(OFFSETS.super_block_dev))),
+        ino: read::<u64>(inode, global!(OFFSETS.inode_ino)),
     }
 }
 

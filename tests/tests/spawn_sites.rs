@@ -98,6 +98,18 @@ fn a_c_spawner_without_frame_pointers_forking_through_libc_is_named() {
     );
 }
 
+/// A C spawner in a program of its own that forks through glibc's `fork()` and exits at once
+/// (as a shell does after `cmd &`): nothing left maps its objects when its stack copy is
+/// unwound, and it is named all the same, from where the kernel found its executable and its
+/// C library at the fork.
+#[test]
+fn a_c_spawner_gone_at_once_with_nothing_left_running_its_code_is_named() {
+    a_c_spawner_is_named(
+        "a_c_spawner_gone_at_once_with_nothing_left_running_its_code_is_named",
+        "leak-spawn-site-c-exec",
+    );
+}
+
 /// Two functions of one C spawner without frame pointers forking through the same C library
 /// `fork()`: the frame-pointer walk stops in the wrapper for both, and each leak still names
 /// its own function (two sites, each copied and unwound), never the other's.

@@ -19,7 +19,7 @@ use crate::{
         GATEWAY_CGROUP_PATHS, GATEWAY_CGROUPS, GATEWAY_EXES, GATEWAY_PATHS, PATH_SCRATCH, TRACKED,
         count_loss, same_process,
     },
-    task::{Cgroup, Task, read, read_ptr_at},
+    task::{Cgroup, Task, file_key, read_ptr_at},
 };
 
 /// The selector the program being executed matches, if any (`bprm`: the exec's
@@ -44,13 +44,7 @@ pub fn exec_selector(bprm: *const u8) -> Option<u32> {
 /// The executable an exec runs (`bprm->file`: the interpreter of a `#!` script) by its inode.
 #[inline(always)]
 pub fn exe_key(bprm: *const u8) -> ExeKey {
-    let file = read_ptr_at(bprm, global!(OFFSETS.bprm_file));
-    let inode = read_ptr_at(file, global!(OFFSETS.file_inode));
-    let sb = read_ptr_at(inode, global!(OFFSETS.inode_sb));
-    ExeKey {
-        dev: u64::from(read::<u32>(sb, global!(OFFSETS.super_block_dev))),
-        ino: read::<u64>(inode, global!(OFFSETS.inode_ino)),
-    }
+    file_key(read_ptr_at(bprm, global!(OFFSETS.bprm_file)))
 }
 
 /// A kernel string as a map key: zero-filled past its end. `None` if it is unreadable or too

@@ -353,6 +353,7 @@ impl KernelBtf {
             dentry_name: self.offset("dentry", "d_name.name")?,
             mm_start_code: self.offset("mm_struct", "start_code")?,
             mm_end_code: self.offset("mm_struct", "end_code")?,
+            mm_exe_file: self.offset("mm_struct", "exe_file")?,
             // `__parent` since 6.15, when it became RCU-protected.
             kernfs_node_parent: self
                 .offset("kernfs_node", "parent")

@@ -7,12 +7,12 @@ use std::{
 
 use anyhow::{Result, bail};
 use reaper_common::copy::{
-    COPY_MAX, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, ForkCopyEvent, StackCopy, UserRegs,
+    COPY_MAX, ExeCode, FORK_COPY_FIXED_LEN, FORK_STACK_COPIED, ForkCopyEvent, StackCopy, UserRegs,
 };
 use reaper_common::{
     ARGV_MAX, COMM_LEN, EXEC_ARGV_TRUNCATED, EXEC_FILENAME_TRUNCATED, EXEC_FIXED_LEN, EventHeader,
-    EventKind, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent, LAYOUT,
-    MatchedAt, SetsidEvent, interpreter::Interpreter,
+    EventKind, ExeKey, ExecEvent, ExitEvent, FILENAME_MAX, FORK_UNTRACKED, ForkEvent, GatewayEvent,
+    LAYOUT, MatchedAt, SetsidEvent, interpreter::Interpreter,
 };
 
 use crate::text::{Args, Comm};
@@ -50,6 +50,8 @@ pub struct SpawnStack {
 pub struct CopiedStack {
     /// The forking thread's registers at the fork syscall.
     pub regs: UserRegs,
+    /// Where the spawner's executable was.
+    pub exe: ExeCode,
     /// Its stack from `base` (the start of `sp`'s page) up.
     pub base: u64,
     pub bytes: Vec<u8>,
@@ -153,6 +155,22 @@ fn decode_copy(bytes: &[u8]) -> Result<CopiedStack> {
             sp: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, sp)),
             fp: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, fp)),
             lr: word(offset_of!(StackCopy, regs) + offset_of!(UserRegs, lr)),
+        },
+        exe: ExeCode {
+            file: ExeKey {
+                dev: word(
+                    offset_of!(StackCopy, exe)
+                        + offset_of!(ExeCode, file)
+                        + offset_of!(ExeKey, dev),
+                ),
+                ino: word(
+                    offset_of!(StackCopy, exe)
+                        + offset_of!(ExeCode, file)
+                        + offset_of!(ExeKey, ino),
+                ),
+            },
+            start: word(offset_of!(StackCopy, exe) + offset_of!(ExeCode, start)),
+            end: word(offset_of!(StackCopy, exe) + offset_of!(ExeCode, end)),
         },
         base: word(offset_of!(StackCopy, base)),
         bytes: copied[..len as usize].to_vec(),

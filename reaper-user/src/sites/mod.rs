@@ -13,12 +13,14 @@ use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
 use reaper_common::interpreter::Interpreter;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
 use crate::lineage::graph::saved::SavedStart;
 use crate::procfs::proc_path;
+use crate::untrusted::Checked;
 
 pub mod build_ids;
 mod jit;
@@ -104,16 +106,37 @@ impl SpawnSites {
     /// Unwinds the stack of native site `key` copied at its first fork from there (see
     /// `reaper_common::copy`), in the mappings of the first of `holders` still running (they
     /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
-    /// is gone by now, its parent is not): the site's frames from now on. With none left,
-    /// the site keeps its frame-pointer walk (located first: see [`NativeStacks::take_unwound`]).
-    fn unwind_site(&mut self, key: SiteKey, holders: &[u32], copy: &CopiedStack) {
+    /// is gone by now, its parent is not): the site's frames from now on. With none left (a
+    /// spawner that forked and exited at once), in what the kernel took of the spawner at the
+    /// fork (its executable's code, `exe`: the spawner's pid and the path it was exec'd
+    /// from) and the object its innermost frame is in. Failing both, the site keeps its
+    /// frame-pointer walk (located first: see [`NativeStacks::take_unwound`]).
+    fn unwind_site(
+        &mut self,
+        key: SiteKey,
+        holders: &[u32],
+        exe: (u32, Option<PathBuf>),
+        copy: &CopiedStack,
+    ) {
         if self.native.unwound(key) {
             return;
         }
         // Read once per site: the unwinder is not kept (the objects it read are).
         let unwound = holders
             .iter()
-            .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)));
+            .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
+            .or_else(|| {
+                let (pid, path) = exe;
+                let exe = path.and_then(|path| {
+                    let paths = [
+                        path.clone(),
+                        proc_path(pid, "root").join(path.strip_prefix("/").ok()?),
+                    ];
+                    Checked::open_as(paths, copy.exe.file).ok()
+                });
+                let forked_in = self.native.forked_in(key);
+                Some((pid, self.objects.unwind_taken(pid, copy, exe, forked_in)?))
+            });
         if let Some((pid, unwound)) = unwound {
             self.native.take_unwound(key, pid, &unwound);
         }

@@ -169,6 +169,15 @@ impl NativeStacks {
         );
     }
 
+    /// The object site `key`'s innermost frame is in (where its spawner forked: the C
+    /// library's fork, mostly), opened while it is the file the kernel named by build id, its
+    /// path, and the frame's offset in it.
+    pub fn forked_in(&self, key: SiteKey) -> Option<(Checked, PathBuf, u64)> {
+        let first = self.located.get(&key)?.frames.first()?;
+        let (file, path) = self.build_ids.open(&first.build_id?)?;
+        Some((file, path, first.offset))
+    }
+
     /// Whether the stack of `key` was unwound from a copy already.
     pub fn unwound(&self, key: SiteKey) -> bool {
         self.located.get(&key).is_some_and(|site| site.unwound)

@@ -1,6 +1,9 @@
 //! Spawn sites and the lineage: what a record's change means for them (a fork's stacks noted
 //! and located while its spawner runs, an exec's program looked at). The graph is only read
 //! here: it answers who runs a spawner's code ([`LineageGraph::code_holders`]).
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
 use reaper_common::interpreter::Interpreter;
 
 use super::native::SiteKey;
@@ -67,7 +70,8 @@ impl SpawnSites {
             self.locate_once(graph, key);
             // A native site's stack copied at its first fork: unwound too, as deep as it goes.
             if let Some(copy) = copy {
-                self.unwind_site(key, &graph.code_holders(node), copy);
+                let exe = (spawner.map_or(0, |(_, pid)| pid), exec_path(graph, node));
+                self.unwind_site(key, &graph.code_holders(node), exe, copy);
             }
         }
         // A JIT host's stack, copied at each fork.
@@ -151,4 +155,12 @@ impl SpawnSites {
     pub fn has_pending(&self) -> bool {
         self.python.as_ref().is_some_and(|p| p.has_pending())
     }
+}
+
+/// The path process `node` was exec'd from, when absolute (a relative one was relative to a
+/// directory it was in then).
+fn exec_path(graph: &LineageGraph, node: NodeId) -> Option<PathBuf> {
+    let filename = graph.node(node)?.filename.as_deref()?;
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(filename));
+    path.is_absolute().then_some(path)
 }

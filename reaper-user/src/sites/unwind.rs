@@ -4,6 +4,7 @@
 //! for (V8's builtins), is unwound by its frame pointer: V8 keeps one in every frame it makes.
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
@@ -110,6 +111,23 @@ impl Object {
             .checked_sub(p_vaddr.checked_add(offset)?)
     }
 
+    /// The loadable code segment holding file offset `offset`, or with none given the first
+    /// in the object's addresses: its file offset, address (as the object states it), size.
+    fn code_segment(&self, offset: Option<u64>) -> Option<(u64, u64, u64)> {
+        match offset {
+            Some(offset) => self
+                .loads
+                .iter()
+                .find(|(o, _, size)| (*o..o.saturating_add(*size)).contains(&offset))
+                .copied(),
+            None => self
+                .loads
+                .iter()
+                .min_by_key(|(_, vaddr, _)| *vaddr)
+                .copied(),
+        }
+    }
+
     fn module(&self, name: &str, range: Range<u64>, base: u64) -> Module<Arc<[u8]>> {
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
@@ -211,31 +229,68 @@ impl Objects {
         let maps = mappings::parse(&text);
         let code = mappings::executable_ranges(&text);
         let mut unwinder = self.unwinder(pid, text, &maps, kept);
-        let addrs = unwinder.unwind(copy);
-        let is_code = |addr: u64| {
-            // The maps are in address order: the first range that ends past `addr`.
-            let at = code.partition_point(|r| r.end <= addr);
-            code.get(at).is_some_and(|r| r.contains(&addr))
-        };
-        let frames: Vec<_> = addrs
-            .iter()
-            .take_while(|&&addr| is_code(addr))
-            .map(|&addr| {
-                maps.iter()
-                    .enumerate()
-                    .find_map(|(i, m)| Some((Some(i), m.file_offset(addr)?)))
-                    .unwrap_or((None, addr))
-            })
+        Some((unwinder.frames(copy, maps, &code), unwinder))
+    }
+
+    /// Unwinds `copy`, taken in process `pid` that is gone since (its mappings with it), in
+    /// what was taken of it at the fork: its executable's code where `copy.exe` says (the
+    /// file `exe`, opened as that one), and the object it forked in, `forked_in` (the file
+    /// and the offset in it of `copy.regs.pc`, as the kernel's frame-pointer walk named that
+    /// frame). Each is placed by its first code segment, or the one holding the offset; a
+    /// frame anywhere else ends the walk.
+    pub fn unwind_taken(
+        &mut self,
+        pid: u32,
+        copy: &CopiedStack,
+        exe: Option<(Checked, PathBuf)>,
+        forked_in: Option<(Checked, PathBuf, u64)>,
+    ) -> Option<Unwound> {
+        let exe = exe.map(|(file, path)| (file, path, copy.exe.start, None));
+        let forked_in =
+            forked_in.map(|(file, path, offset)| (file, path, copy.regs.pc, Some(offset)));
+        let mut maps: Vec<Mapping> = [exe, forked_in]
+            .into_iter()
+            .flatten()
+            .filter_map(|(file, path, addr, offset)| self.placed(file, path, addr, offset))
             .collect();
-        let truncated = addrs.len() == FRAMES_MAX || frames.len() < addrs.len();
-        Some((
-            Unwound {
-                maps,
-                frames,
-                truncated,
-            },
-            unwinder,
-        ))
+        // Two objects of one process never overlap: these did not come from one layout (a
+        // file replaced since, its segments others).
+        maps.sort_by_key(|m| m.start);
+        if maps.is_empty() || maps.windows(2).any(|w| w[0].end > w[1].start) {
+            return None;
+        }
+        let code: Vec<Range<u64>> = maps.iter().map(|m| m.start..m.end).collect();
+        let mut unwinder = self.unwinder(pid, String::new(), &maps, None);
+        Some(unwinder.frames(copy, maps, &code))
+    }
+
+    /// The executable mapping a process had of `file` (found at `path`) with the code at
+    /// file offset `offset` at address `addr`, or with no offset given its first code segment
+    /// at `addr`: the segment's whole span.
+    fn placed(
+        &mut self,
+        file: Checked,
+        path: PathBuf,
+        addr: u64,
+        offset: Option<u64>,
+    ) -> Option<Mapping> {
+        let key = file.key();
+        let object = self
+            .read
+            .entry(key)
+            .or_insert_with(|| Object::read(&file).map(Arc::new))
+            .clone()?;
+        let (p_offset, _, size) = object.code_segment(offset)?;
+        let start = addr.checked_sub(offset.map_or(Some(0), |o| o.checked_sub(p_offset))?)?;
+        Some(Mapping {
+            start,
+            end: start.checked_add(size)?,
+            offset: p_offset,
+            executable: true,
+            writable: false,
+            file: key,
+            path: path.to_str()?.to_string(),
+        })
     }
 
     fn object(&mut self, pid: u32, m: &Mapping) -> Option<Arc<Object>> {
@@ -250,6 +305,33 @@ impl Objects {
 }
 
 impl HostUnwinder {
+    /// `copy`'s frames in mappings `maps`, whose code is at `code` (in address order): up to
+    /// the first address that is no code.
+    fn frames(&mut self, copy: &CopiedStack, maps: Vec<Mapping>, code: &[Range<u64>]) -> Unwound {
+        let addrs = self.unwind(copy);
+        let is_code = |addr: u64| {
+            // The first range that ends past `addr`.
+            let at = code.partition_point(|r| r.end <= addr);
+            code.get(at).is_some_and(|r| r.contains(&addr))
+        };
+        let frames: Vec<_> = addrs
+            .iter()
+            .take_while(|&&addr| is_code(addr))
+            .map(|&addr| {
+                maps.iter()
+                    .enumerate()
+                    .find_map(|(i, m)| Some((Some(i), m.file_offset(addr)?)))
+                    .unwrap_or((None, addr))
+            })
+            .collect();
+        let truncated = addrs.len() == FRAMES_MAX || frames.len() < addrs.len();
+        Unwound {
+            maps,
+            frames,
+            truncated,
+        }
+    }
+
     /// The code addresses of `copy`'s frames, innermost first (a return address is given as
     /// the call's: one byte back).
     pub fn unwind(&mut self, copy: &CopiedStack) -> Vec<u64> {
@@ -274,5 +356,56 @@ impl HostUnwinder {
             }
         }
         addrs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An executable placed from where its mm says its code starts (`startcode` in
+    /// `/proc/PID/stat`), or from one code address and its file offset, puts each address of
+    /// its code at the file offset its process's mappings do.
+    #[test]
+    fn an_executable_is_placed_where_its_mappings_put_its_code() {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        // The fields after the command's `)` start at the third, `state`: `startcode` is
+        // the 26th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let start_code: u64 = fields[26 - 3].parse().unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = mappings::mappings(std::process::id()).unwrap();
+        let here = an_executable_is_placed_where_its_mappings_put_its_code as fn() as usize as u64;
+        let code = maps
+            .iter()
+            .find(|m| m.executable && m.file_offset(here).is_some())
+            .unwrap();
+        assert_eq!(std::path::Path::new(&code.path), exe);
+        let mut objects = Objects::default();
+        let open = || Checked::open(&exe).unwrap();
+        let by_start = objects
+            .placed(open(), exe.clone(), start_code, None)
+            .unwrap();
+        let by_offset = code.file_offset(here).unwrap();
+        let by_frame = objects
+            .placed(open(), exe.clone(), here, Some(by_offset))
+            .unwrap();
+        for placed in [&by_start, &by_frame] {
+            assert_eq!(placed.file, code.file);
+            assert_eq!(placed.file_offset(here), Some(by_offset));
+            assert_eq!(placed.file_offset(start_code), code.file_offset(start_code));
+        }
+        assert_eq!(
+            objects
+                .placed(open(), exe, here, Some(u64::MAX))
+                .map(|m| m.start),
+            None,
+            "an offset in no code segment places nothing"
+        );
     }
 }

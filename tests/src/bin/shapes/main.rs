@@ -27,6 +27,9 @@ fn main() {
         read_stdin_to_eof();
         std::process::exit(0);
     }
+    if args.get(1).is_some_and(|a| a == "fork-through-c-and-exit") {
+        spawn_site::fork_through_c_and_exit(&args[2..]);
+    }
     if args.get(1).is_some_and(|a| a == "subreaper") {
         subreaper_exec(&args[2..]);
     }
@@ -59,6 +62,7 @@ fn main() {
         "leak-spawn-site" => spawn_site::leak_spawn_site(truth),
         "leak-spawn-site-c-fp" => spawn_site::leak_spawn_site_c(truth, true),
         "leak-spawn-site-c-nofp" => spawn_site::leak_spawn_site_c(truth, false),
+        "leak-spawn-site-c-exec" => spawn_site::leak_spawn_site_c_exec(truth),
         "leak-spawn-site-c-two" => spawn_site::leak_spawn_site_c_two(truth),
         "leak-spawn-site-command" => spawn_site::leak_spawn_site_command(truth),
         "spawn-site-gap" => spawn_site::spawn_site_gap(truth),

@@ -124,6 +124,37 @@ pub(crate) fn leak_spawn_site_c(truth: &str, frame_pointers: bool) -> Value {
     found
 }
 
+/// `leak-spawn-site-c-exec`: as `leak-spawn-site-c-fp`, from a program that no process left
+/// runs: A execs `reaper-shapes fork-through-c-and-exit` ([`fork_through_c_and_exit`]), which
+/// forks B through the C library from C with frame pointers and exits at once. A exec'd, so
+/// the gateway's code is another program's; once A is gone, nothing maps what its stack
+/// needs unwinding in.
+pub(crate) fn leak_spawn_site_c_exec(truth: &str) -> Value {
+    let mut found = super::leaks::orphan_spawned_by(truth, |rd, close| {
+        let exe = std::fs::read_link("/proc/self/exe").expect("its own executable");
+        let fds: Vec<String> = [rd].iter().chain(close).map(i32::to_string).collect();
+        let mut argv = vec!["reaper-shapes", "fork-through-c-and-exit"];
+        argv.extend(fds.iter().map(String::as_str));
+        exec(exe.to_str().expect("a UTF-8 path"), &argv)
+    });
+    found["function"] = json!("spawn_leaky_helper_fp");
+    found["file"] = json!("spawner.c");
+    found
+}
+
+/// `reaper-shapes fork-through-c-and-exit RD FD...`: forks B through the C library from C
+/// with frame pointers, B reading `RD` and closing the `FD`s (the last of them: where B's pid
+/// goes, as [`super::leaks::orphans_spawned_by`] reads it), sends B's pid and exits at once.
+pub(crate) fn fork_through_c_and_exit(args: &[String]) -> ! {
+    let fds: Vec<i32> = args.iter().map(|a| a.parse().expect("an fd")).collect();
+    let (&rd, close) = fds.split_first().expect("RD FD...");
+    let &pid_to = close.last().expect("the fd B's pid goes to");
+    let b = start_stdio_server_by_c(spawn_leaky_helper_fp, rd, close);
+    send_pid(pid_to, b);
+    // SAFETY: ends the process at once, as a shell does after `cmd &`.
+    unsafe { libc::_exit(0) }
+}
+
 /// `leak-spawn-site-c-two`: A forks B from `spawn_leaky_helper_nofp` and then C from
 /// `spawn_other_helper_nofp`, two callers of the same C library `fork()` in C without frame
 /// pointers (two sites the frame-pointer walk sees alike), and exits: both are orphaned.
