@@ -226,17 +226,67 @@ mod installed_artifacts {
         assert_version(&in_root(&["reaper-trace", "--version"]));
         let listed = in_root(&["dpkg", "-L", "reaper-trace"]);
         assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
-        // The binary is that architecture's code (`dist` checked that it is static).
-        let binary = std::fs::read(root.join("usr/bin/reaper-trace")).unwrap();
+        assert_machine(&root.join("usr/bin/reaper-trace"), &arch);
+        let removed = in_root(&["dpkg", "-r", "reaper-trace"]);
+        assert!(removed.status.success(), "dpkg -r: {}", said(&removed));
+        assert!(!root.join("usr/bin/reaper-trace").exists(), "removed");
+    }
+
+    /// The other architecture's tarball (arm64's on an x86_64 machine): the same files as
+    /// this architecture's, and its binary, that architecture's code, runs in a fresh Debian
+    /// root of that architecture (under qemu-user here: the kernel matrix's guests of that
+    /// architecture trace with the same build, the image's).
+    #[test]
+    fn the_other_architectures_tarball_holds_the_same_files_and_runs_in_its_root() {
+        let test = "the_other_architectures_tarball_holds_the_same_files_and_runs_in_its_root";
+        if !require_root(test) {
+            return;
+        }
+        let (Some(ours), Some(theirs)) = (
+            made_by_this_run(test, "REAPER_DIST_TARBALL"),
+            made_by_this_run(test, "REAPER_DIST_OTHER_TARBALL"),
+        ) else {
+            return;
+        };
+        let arch = std::env::var("REAPER_OTHER_ARCH").expect("REAPER_OTHER_ARCH beside it");
+        // Each tarball's files under its own top directory (which names its architecture).
+        let files = |tarball: &Path| -> Vec<String> {
+            let listed = ok(Command::new("tar").arg("-tzf").arg(tarball));
+            let mut files: Vec<String> = listed
+                .lines()
+                .filter_map(|l| Some(l.split_once('/')?.1.to_owned()))
+                .filter(|f| !f.is_empty())
+                .collect();
+            files.sort();
+            files
+        };
+        assert_eq!(files(&theirs), files(&ours), "the same files in both");
+        let dir = scratch(test);
+        let Some(root) = debian_root(test, &dir, "REAPER_OTHER_DEBIAN_ROOT") else {
+            return;
+        };
+        ok(Command::new("tar")
+            .args(["-xzf"])
+            .arg(&theirs)
+            .args(["--strip-components=1", "-C"])
+            .arg(root.join("opt")));
+        assert_machine(&root.join("opt/reaper-trace"), &arch);
+        assert_version(&emulated_chroot(
+            &arch,
+            &root,
+            &["/opt/reaper-trace", "--version"],
+        ));
+    }
+
+    /// Fails unless ELF file `binary` is `arch`'s code (its `e_machine`).
+    fn assert_machine(binary: &Path, arch: &str) {
+        let binary = std::fs::read(binary).unwrap();
         let machine = u16::from_le_bytes([binary[0x12], binary[0x13]]);
-        let expected = match arch.as_str() {
+        let expected = match arch {
             "aarch64" => 183,
             _ => 62,
         };
         assert_eq!(machine, expected, "e_machine of {arch}");
-        let removed = in_root(&["dpkg", "-r", "reaper-trace"]);
-        assert!(removed.status.success(), "dpkg -r: {}", said(&removed));
-        assert!(!root.join("usr/bin/reaper-trace").exists(), "removed");
     }
 
     /// A bind mount undone however the test ends.

@@ -39,7 +39,7 @@ impl Python {
 
 /// Debian's python3, each other CPython 3.11–3.14 pyenv installed on this machine, and
 /// Debian sid's 3.13 and 3.14 in the root `cargo xtask test` makes (`REAPER_PYTHON_ROOT`;
-/// without it, not run).
+/// without it, not run: the arm64 guests hold theirs, the other guests none).
 fn interpreters() -> Vec<Python> {
     let mut found = vec![Python {
         path: PathBuf::from("/usr/bin/python3.11"),

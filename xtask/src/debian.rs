@@ -152,6 +152,7 @@ const GUEST_PACKAGES: &[&str] = &[
     "nodejs",
     "busybox-static",
     "python3.11",
+    "procps",
 ];
 
 /// A fresh minimal Debian root of this machine's release for `arch` (`mmdebstrap
@@ -198,26 +199,55 @@ pub fn test_root(root: &Path, arch: Arch) -> Result<PathBuf> {
     Ok(link)
 }
 
-/// A Debian sid root with CPython 3.13 and 3.14 (`mmdebstrap --variant=minbase`), made once
-/// and cached: the Python spawn-site tests run each of those interpreters in it (chroot),
-/// beside the host's own python3.11. The archive's sid index may be past its Valid-Until date
-/// (a frozen mirror), which apt is told to accept.
-pub fn python_root() -> Result<PathBuf> {
-    let dir = cache("roots").join("sid-python");
+/// A Debian sid root of `arch` with CPython 3.13 and 3.14, made once and cached: the Python
+/// spawn-site tests run each of those interpreters in it (chroot), beside Debian's python3.11.
+/// This machine's is installed (`mmdebstrap --variant=minbase`) and its tests run it here;
+/// another architecture's is unpacked, never run here (`--variant=extract`: no maintainer
+/// script, no emulation), with the links of a merged /usr (`/bin`, `/lib`: where its
+/// programs name their loader), for that architecture's guests to hold (vmtest's
+/// `guest_root`). The archive's sid index may be past its Valid-Until date (a frozen
+/// mirror), which apt is told to accept.
+pub fn python_root(arch: Arch) -> Result<PathBuf> {
+    let here = arch == Arch::host();
+    let dir = cache("roots").join(match here {
+        true => "sid-python".to_owned(),
+        false => format!("sid-python-{}", arch.deb()),
+    });
+    // An unpacked root has only what is named and what that depends on: the programs the
+    // Python tests start there (`true`, `cat`, `sleep`, `sh`) are named too. The marker names the
+    // packages: a list that changed makes the root again.
+    let packages = match here {
+        true => "python3.13,python3.14",
+        false => "python3.13,python3.14,coreutils,dash",
+    };
     let complete = dir.join(".reaper-complete");
-    if complete.is_file() {
+    if fs::read_to_string(&complete).is_ok_and(|made| made == packages) {
         return Ok(dir);
     }
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
-    eprintln!("xtask: making a Debian sid root with python3.13 and python3.14 (cached once)");
+    eprintln!(
+        "xtask: making a Debian sid {} root with python3.13 and python3.14 (cached once)",
+        arch.deb()
+    );
+    let arch_arg = format!("--arch={}", arch.deb());
+    let include = format!("--include={packages}");
     let args = [
-        "--variant=minbase",
+        match here {
+            true => "--variant=minbase",
+            false => "--variant=extract",
+        },
+        arch_arg.as_str(),
         "--aptopt=Acquire::Check-Valid-Until \"false\"",
-        "--include=python3.13,python3.14",
+        include.as_str(),
     ];
     mmdebstrap(&args, "sid", &dir, "sid (python3.13, python3.14)")?;
-    fs::write(&complete, b"")?;
+    if !here {
+        for link in ["bin", "lib", "sbin"] {
+            std::os::unix::fs::symlink(format!("usr/{link}"), dir.join(link))?;
+        }
+    }
+    fs::write(&complete, packages)?;
     Ok(dir)
 }
 

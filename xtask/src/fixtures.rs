@@ -28,7 +28,10 @@ pub fn fetch(root: &Path, dist: bool, vm: bool) -> JoinHandle<Result<TestEnv>> {
                 pypi::hermes_venv(&root, pypi::HERMES_LEAKING, "hermes-0.14-venv")?.into(),
             ),
             // CPython 3.13 and 3.14 for the Python spawn-site tests.
-            ("REAPER_PYTHON_ROOT", debian::python_root()?.into()),
+            (
+                "REAPER_PYTHON_ROOT",
+                debian::python_root(Arch::host())?.into(),
+            ),
             // The MCP TypeScript SDK for the Node MCP host's spawn-site test.
             ("REAPER_MCP_SDK", npm::mcp_sdk(&root)?.into()),
         ];

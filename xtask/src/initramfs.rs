@@ -22,6 +22,9 @@ enum Entry {
         bytes: Vec<u8>,
         mode: u32,
     },
+    Symlink {
+        target: PathBuf,
+    },
 }
 
 #[derive(Default)]
@@ -46,8 +49,21 @@ impl Initramfs {
         self.entries.insert(rel, entry);
     }
 
+    /// Every file and directory of `inner` under directory `at`.
+    pub fn nest(&mut self, at: &Path, inner: Initramfs) {
+        for (path, entry) in inner.entries {
+            self.add(&at.join(path), entry);
+        }
+    }
+
     pub fn dir(&mut self, path: &str) {
         self.add(Path::new(path), Entry::Dir);
+    }
+
+    /// A symbolic link at `path` to `target`.
+    pub fn symlink(&mut self, path: &str, target: &str) {
+        let target = PathBuf::from(target);
+        self.add(Path::new(path), Entry::Symlink { target });
     }
 
     pub fn data(&mut self, path: &str, bytes: Vec<u8>, mode: u32) {
@@ -138,6 +154,14 @@ impl Initramfs {
                     fs::read(source).with_context(|| format!("{}", source.display()))?,
                 ),
                 Entry::Data { bytes, mode } => (0o100000 | mode, bytes.clone()),
+                Entry::Symlink { target } => (
+                    0o120777,
+                    target
+                        .to_str()
+                        .context("non-UTF-8 link target in the initramfs")?
+                        .as_bytes()
+                        .to_vec(),
+                ),
             };
             let size = u32::try_from(bytes.len()).context("file too large for cpio")?;
             let mut file = cpio::newc::Builder::new(name)

@@ -339,7 +339,7 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
     match made {
         // The artifacts are tested as installed: the package in a fresh Debian root, the
         // image under podman.
-        // The other architecture's package is installed into a root of its own, emulated.
+        // The other architecture's package and tarball go into a root of their own, emulated.
         Some(made) => env.extend([
             (
                 "REAPER_DIST_TARBALL",
@@ -349,6 +349,10 @@ fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<(
             (
                 "REAPER_DIST_OTHER_DEB",
                 made.of(Arch::other()).deb.clone().into(),
+            ),
+            (
+                "REAPER_DIST_OTHER_TARBALL",
+                made.of(Arch::other()).tarball.clone().into(),
             ),
             ("REAPER_OTHER_ARCH", Arch::other().name().into()),
             ("REAPER_DIST_IMAGE", made.image.into_os_string()),

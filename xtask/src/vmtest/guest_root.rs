@@ -31,9 +31,15 @@ const GUEST_PROGRAMS: &[(&str, &str)] = &[
     ("/usr/bin/env", "env"),
     ("/bin/bash", "bash"),
     ("/usr/bin/setsid", "setsid"),
+    // The Python tests' shell waits on its host's helper by pgrep; tests end what their
+    // gateways leaked by pkill.
+    ("/usr/bin/pgrep", "pgrep"),
+    ("/usr/bin/pkill", "pkill"),
     // The Python spawn-site tests' interpreter: Debian's (libpython linked in), by its path
     // (this machine's PATH may name another first).
     ("/usr/bin/python3.11", "/usr/bin/python3.11"),
+    // What the Python tests run sid's CPythons in (see [`PYTHON_ROOT`]).
+    ("/usr/bin/chroot", "chroot"),
 ];
 
 /// Debian's CPython's standard library, which the Python tests' host imports (asyncio,
@@ -50,6 +56,17 @@ const PYTHON_LEFT_OUT: &[&str] = &[
     "ensurepip",
     "pydoc_data",
 ];
+
+/// Where another architecture's guests hold Debian sid's CPython 3.13 and 3.14 of theirs
+/// ([`debian::python_root`]): a root the Python tests chroot into, as they chroot into this
+/// machine's own on the host (`REAPER_PYTHON_ROOT`). This machine's architecture's guests
+/// run Debian's python3.11 alone: the host runs its other CPythons.
+const PYTHON_ROOT: &str = "/python-root";
+/// The CPythons [`PYTHON_ROOT`] holds.
+const SID_PYTHONS: [&str; 2] = ["3.13", "3.14"];
+/// The programs the Python tests start in [`PYTHON_ROOT`] (their hosts' helpers, and the
+/// shell that starts a host after a burst of forks), which it holds too.
+const SID_PROGRAMS: [&str; 4] = ["true", "cat", "sleep", "dash"];
 
 /// Where a guest holds the image's binary, and the variable that names it to the demo's test.
 const IMAGE_BINARY: &str = "/image/usr/bin/reaper-trace";
@@ -71,6 +88,17 @@ pub(super) fn guest_root(
             format!("export REAPER_IMAGE_TRACE={IMAGE_BINARY}")
         }
         None => String::new(),
+    };
+    let python_env = match arch == Arch::host() {
+        true => String::new(),
+        false => {
+            fs.nest(Path::new(PYTHON_ROOT), sid_pythons(arch)?);
+            format!(
+                "busybox mount --bind /dev {PYTHON_ROOT}/dev
+busybox mount -t proc proc {PYTHON_ROOT}/proc
+export REAPER_PYTHON_ROOT={PYTHON_ROOT}"
+            )
+        }
     };
     fs.dir(&root.join("tests").to_string_lossy());
     // The demo's example, and the README its test holds it to.
@@ -106,6 +134,7 @@ pub(super) fn guest_root(
         .collect();
     let init = format!(
         "{prelude}{image_env}
+{python_env}
 # sock_diag for UNIX sockets (Debian builds it as a module; a host loads it on demand).
 busybox insmod /lib/modules/$(busybox uname -r)/unix_diag.ko 2>/dev/null
 case \"$(busybox uname -r)\" in 4.*|5.[0-9].*|5.1[01].*) old=1 ;; *) old=0 ;; esac
@@ -204,6 +233,39 @@ fn python_library(fs: &mut Initramfs, from: &Path, arch: Arch) -> Result<()> {
     let config = format!("config-3.11-{}-linux-gnu", arch.name());
     let left_out: Vec<&str> = PYTHON_LEFT_OUT.iter().copied().chain([&*config]).collect();
     fs.foreign_dir(from, Path::new(PYTHON_LIBRARY), &left_out)
+}
+
+/// The root [`PYTHON_ROOT`] holds: [`SID_PYTHONS`] of `arch`'s sid root, each with its
+/// standard library (but what [`PYTHON_LEFT_OUT`] names and its static library) and the
+/// libraries it and its extension modules load, and [`SID_PROGRAMS`].
+fn sid_pythons(arch: Arch) -> Result<Initramfs> {
+    let root = debian::python_root(arch)?;
+    let mut fs = Initramfs::default();
+    for dir in ["/dev", "/proc", "/tmp"] {
+        fs.dir(dir);
+    }
+    for program in SID_PROGRAMS {
+        fs.foreign_program(&root, &Path::new("/usr/bin").join(program))?;
+    }
+    // As a sid system has them: its shell, and /bin the merged /usr's.
+    fs.host_file_at(
+        Path::new("/usr/bin/sh"),
+        &resolve_in(&root, Path::new("/usr/bin/dash"))?,
+    )?;
+    fs.symlink("/bin", "usr/bin");
+    for version in SID_PYTHONS {
+        fs.foreign_program(&root, Path::new(&format!("/usr/bin/python{version}")))?;
+        let library = PathBuf::from(format!("/usr/lib/python{version}"));
+        let config = format!("config-{version}-{}-linux-gnu", arch.name());
+        let left_out: Vec<&str> = PYTHON_LEFT_OUT.iter().copied().chain([&*config]).collect();
+        fs.foreign_dir(&root, &library, &left_out)?;
+        let modules = library.join("lib-dynload");
+        let found = resolve_in(&root, &modules)?;
+        for module in std::fs::read_dir(&found).with_context(|| found.display().to_string())? {
+            fs.foreign_program(&root, &modules.join(module?.file_name()))?;
+        }
+    }
+    Ok(fs)
 }
 
 /// The program file `bin` on the PATH (not a shell builtin of that name).
