@@ -319,3 +319,58 @@ fn a_restart_in_a_fork_storm_misses_no_event_and_repeats_none() {
     }
     release_state(&state);
 }
+
+/// Two runs that start at once where bpffs is not mounted (a fresh machine) mount it once:
+/// the look and the mount are one step under a lock on /sys/fs/bpf, and a run waiting on it
+/// finds the other's bpffs when its turn comes (every mount of bpffs is a filesystem of its
+/// own: a second mounted over the first would hide the first run's pins). In a mount
+/// namespace of the test's own, where bpffs is unmounted: the test holds the lock (as a run
+/// mounting would), starts `reaper-trace --mount-bpffs`, waits until the kernel lists it as
+/// waiting on that lock (`/proc/locks`), mounts bpffs itself and lets go.
+#[test]
+fn a_run_that_finds_bpffs_being_mounted_mounts_no_second() {
+    let test = "a_run_that_finds_bpffs_being_mounted_mounts_no_second";
+    let Some((dir, _)) = state_test(test) else {
+        return;
+    };
+    let out = dir.join("mount-bpffs.out");
+    let script = format!(
+        r#"while grep -q ' /sys/fs/bpf ' /proc/self/mountinfo; do umount /sys/fs/bpf || exit 9; done
+exec 9</sys/fs/bpf
+flock 9
+{reaper} --mount-bpffs >{out} 2>&1 & run=$!
+i=0
+until grep -Eq -- "-> FLOCK +ADVISORY +WRITE +$run " /proc/locks; do
+    kill -0 $run 2>/dev/null || {{ echo "it ended without waiting on the lock"; exit 9; }}
+    i=$((i+1)); [ $i -lt 6000 ] || {{ echo "it never waited on the lock"; exit 9; }}
+    sleep 0.05
+done
+mount -t bpf bpf /sys/fs/bpf
+flock -u 9
+wait $run; echo "exit $?"
+echo "mounts $(grep -c ' /sys/fs/bpf ' /proc/self/mountinfo)""#,
+        reaper = reaper_trace().display(),
+        out = out.display(),
+    );
+    let ran = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare");
+    let said = String::from_utf8_lossy(&ran.stdout);
+    let its = std::fs::read_to_string(&out).unwrap_or_default();
+    eprintln!(
+        "{test}: {said}{}\nreaper-trace: {its}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(ran.status.success(), "the script ended early");
+    assert!(said.contains("exit 0"), "--mount-bpffs succeeded");
+    assert!(
+        said.contains("mounts 1"),
+        "one bpffs at /sys/fs/bpf, not two"
+    );
+    assert!(
+        !its.contains("mounted bpffs"),
+        "it found bpffs mounted: {its}"
+    );
+}

@@ -153,6 +153,7 @@ const GUEST_PACKAGES: &[&str] = &[
     "busybox-static",
     "python3.11",
     "procps",
+    "grep",
 ];
 
 /// A fresh minimal Debian root of this machine's release for `arch` (`mmdebstrap
@@ -244,7 +245,9 @@ pub fn python_root(arch: Arch) -> Result<PathBuf> {
     mmdebstrap(&args, "sid", &dir, "sid (python3.13, python3.14)")?;
     if !here {
         for link in ["bin", "lib", "sbin"] {
-            std::os::unix::fs::symlink(format!("usr/{link}"), dir.join(link))?;
+            if dir.join(link).symlink_metadata().is_err() {
+                std::os::unix::fs::symlink(format!("usr/{link}"), dir.join(link))?;
+            }
         }
     }
     fs::write(&complete, packages)?;

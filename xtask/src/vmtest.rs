@@ -362,8 +362,8 @@ fn is_support_test(exe: &Path) -> bool {
 
 /// Test files that need the host rather than a kernel: the report's renders a page in
 /// Chromium, the Prometheus one runs a Prometheus server, the Kubernetes one a schema
-/// validator, the Hermes one a Python venv with the real gateway, the Python spawn sites'
-/// Python interpreters, none of which the guests carry (their audits come from the host kernel's run).
+/// validator, the Hermes one a Python venv with the real gateway, none of which the guests
+/// carry (their audits come from the host kernel's run).
 const HOST_ONLY_TESTS: &[&str] = &[
     "report",
     "prometheus",

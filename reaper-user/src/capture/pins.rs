@@ -180,6 +180,19 @@ pub fn mount_bpffs() -> Result<Option<String>> {
     if is_bpffs(Path::new(BPFFS)) {
         return Ok(None);
     }
+    // Every mount of bpffs is a filesystem of its own: two runs starting at once where none
+    // is mounted (a fresh machine) would each mount one, the second over the first, and the
+    // first's pins would go where nobody sees them (its next pin fails). The look and the
+    // mount are one step under an exclusive lock on the directory mounted on, which a run
+    // that opens it before the mount shares with the run that mounts (one that opens it
+    // after opens the new bpffs and sees it mounted).
+    let dir =
+        fs::File::open(BPFFS).with_context(|| format!("opening {BPFFS} to mount bpffs there"))?;
+    let _mounting = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow!("locking {BPFFS} to mount bpffs there: {e}"))?;
+    if is_bpffs(Path::new(BPFFS)) {
+        return Ok(None);
+    }
     nix::mount::mount(
         Some("bpf"),
         BPFFS,

@@ -78,6 +78,12 @@ impl BuildIds {
         self.paths.retain(|id, _| named.contains(id));
     }
 
+    /// Where `file` was seen mapped (the path of its build id), when it was.
+    pub fn path_of(&self, file: ExeKey) -> Option<PathBuf> {
+        let id = self.files.get(&file)?.as_ref()?;
+        self.paths.get(id).map(|(path, _)| path.clone())
+    }
+
     /// Whether the file of `id` is known.
     pub fn knows(&self, id: &BuildId) -> bool {
         self.paths.contains_key(id)

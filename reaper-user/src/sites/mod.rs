@@ -11,9 +11,9 @@ pub use naming::{Asked, NamedSites, Naming};
 pub use native::Located;
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
-use reaper_common::interpreter::Interpreter;
+use reaper_common::{ExeKey, interpreter::Interpreter};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
@@ -106,16 +106,17 @@ impl SpawnSites {
     /// Unwinds the stack of native site `key` copied at its first fork from there (see
     /// `reaper_common::copy`), in the mappings of the first of `holders` still running (they
     /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
-    /// is gone by now, its parent is not): the site's frames from now on. With none left (a
-    /// spawner that forked and exited at once), in what the kernel took of the spawner at the
-    /// fork (its executable's code, `exe`: the spawner's pid and the path it was exec'd
-    /// from) and the object its innermost frame is in. Failing both, the site keeps its
-    /// frame-pointer walk (located first: see [`NativeStacks::take_unwound`]).
+    /// is gone by now, its parent is not): the site's frames from now on. Failing that (a
+    /// spawner that forked and exited at once, `spawner_pid`, exec'd from `exec_path`), in
+    /// what the kernel took of it at the fork: its executable's code (see [`Self::executable`])
+    /// and the object its innermost frame is in (see [`NativeStacks::forked_in`]). Failing
+    /// both, the site keeps its frame-pointer walk (located first: see
+    /// [`NativeStacks::take_unwound`]).
     fn unwind_site(
         &mut self,
         key: SiteKey,
         holders: &[u32],
-        exe: (u32, Option<PathBuf>),
+        (spawner_pid, exec_path): (u32, Option<&Path>),
         copy: &CopiedStack,
     ) {
         if self.native.unwound(key) {
@@ -126,20 +127,28 @@ impl SpawnSites {
             .iter()
             .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
             .or_else(|| {
-                let (pid, path) = exe;
-                let exe = path.and_then(|path| {
-                    let paths = [
-                        path.clone(),
-                        proc_path(pid, "root").join(path.strip_prefix("/").ok()?),
-                    ];
-                    Checked::open_as(paths, copy.exe.file).ok()
-                });
+                let exe = self.executable(copy.exe.file, exec_path);
                 let forked_in = self.native.forked_in(key);
-                Some((pid, self.objects.unwind_taken(pid, copy, exe, forked_in)?))
+                let unwound = self
+                    .objects
+                    .unwind_taken(spawner_pid, copy, exe, forked_in)?;
+                Some((spawner_pid, unwound))
             });
         if let Some((pid, unwound)) = unwound {
             self.native.take_unwound(key, pid, &unwound);
         }
+    }
+
+    /// The executable `file` of a spawner that is gone, opened while it is that file: at the
+    /// path it was exec'd from, its links resolved (`/bin/sh` is a link to dash), or where a
+    /// process seen mapping it mapped it. Neither names it when it was exec'd by a relative
+    /// path or in another root (a container's), and no process seen since maps it.
+    fn executable(&self, file: ExeKey, exec_path: Option<&Path>) -> Option<(Checked, PathBuf)> {
+        let resolved = exec_path.and_then(|path| std::fs::canonicalize(path).ok());
+        let paths = resolved
+            .into_iter()
+            .chain(self.native.build_ids.path_of(file));
+        Checked::open_as(paths, file).ok()
     }
 
     /// Notes that native stack `stack` spawned process `child`.

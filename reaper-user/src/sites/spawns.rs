@@ -2,7 +2,7 @@
 //! and located while its spawner runs, an exec's program looked at). The graph is only read
 //! here: it answers who runs a spawner's code ([`LineageGraph::code_holders`]).
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::Path;
 
 use reaper_common::interpreter::Interpreter;
 
@@ -69,9 +69,9 @@ impl SpawnSites {
             let key = (native, node);
             self.locate_once(graph, key);
             // A native site's stack copied at its first fork: unwound too, as deep as it goes.
-            if let Some(copy) = copy {
-                let exe = (spawner.map_or(0, |(_, pid)| pid), exec_path(graph, node));
-                self.unwind_site(key, &graph.code_holders(node), exe, copy);
+            if let (Some(copy), Some((_, pid))) = (copy, spawner) {
+                let spawner = (pid, exec_path(graph, node));
+                self.unwind_site(key, &graph.code_holders(node), spawner, copy);
             }
         }
         // A JIT host's stack, copied at each fork.
@@ -159,8 +159,8 @@ impl SpawnSites {
 
 /// The path process `node` was exec'd from, when absolute (a relative one was relative to a
 /// directory it was in then).
-fn exec_path(graph: &LineageGraph, node: NodeId) -> Option<PathBuf> {
+fn exec_path(graph: &LineageGraph, node: NodeId) -> Option<&Path> {
     let filename = graph.node(node)?.filename.as_deref()?;
-    let path = PathBuf::from(std::ffi::OsStr::from_bytes(filename));
+    let path = Path::new(std::ffi::OsStr::from_bytes(filename));
     path.is_absolute().then_some(path)
 }

@@ -128,6 +128,18 @@ impl Object {
         }
     }
 
+    /// How far its code reaches from the start of its first code segment, in its own
+    /// addresses: what the kernel's `end_code` less `start_code` is for a process running it.
+    fn code_span(&self) -> Option<u64> {
+        let start = self.loads.iter().map(|&(_, vaddr, _)| vaddr).min()?;
+        let end = self
+            .loads
+            .iter()
+            .map(|&(_, vaddr, size)| vaddr.checked_add(size))
+            .max()??;
+        end.checked_sub(start)
+    }
+
     fn module(&self, name: &str, range: Range<u64>, base: u64) -> Module<Arc<[u8]>> {
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
@@ -245,17 +257,20 @@ impl Objects {
         exe: Option<(Checked, PathBuf)>,
         forked_in: Option<(Checked, PathBuf, u64)>,
     ) -> Option<Unwound> {
-        let exe = exe.map(|(file, path)| (file, path, copy.exe.start, None));
-        let forked_in =
-            forked_in.map(|(file, path, offset)| (file, path, copy.regs.pc, Some(offset)));
-        let mut maps: Vec<Mapping> = [exe, forked_in]
-            .into_iter()
-            .flatten()
-            .filter_map(|(file, path, addr, offset)| self.placed(file, path, addr, offset))
-            .collect();
-        // Two objects of one process never overlap: these did not come from one layout (a
-        // file replaced since, its segments others).
+        let exe = exe.and_then(|(file, path)| {
+            let placed = self.placed(file, path, copy.exe.start, None)?;
+            // Its code spans what the kernel saw it span (`end_code`): the layout it had.
+            let span = self.read.get(&placed.file)?.as_ref()?.code_span()?;
+            (copy.exe.start.checked_add(span)? == copy.exe.end).then_some(placed)
+        });
+        let forked_in = forked_in
+            .and_then(|(file, path, offset)| self.placed(file, path, copy.regs.pc, Some(offset)));
+        let mut maps: Vec<Mapping> = exe.into_iter().chain(forked_in).collect();
         maps.sort_by_key(|m| m.start);
+        // A static spawner forks in its executable: one mapping, placed alike both ways.
+        maps.dedup_by(|a, b| a.file == b.file && a.start == b.start);
+        // Two mappings of one process never overlap: these did not come from one layout (a
+        // file rewritten since, its segments others).
         if maps.is_empty() || maps.windows(2).any(|w| w[0].end > w[1].start) {
             return None;
         }
@@ -363,29 +378,35 @@ impl HostUnwinder {
 mod tests {
     use super::*;
 
-    /// An executable placed from where its mm says its code starts (`startcode` in
-    /// `/proc/PID/stat`), or from one code address and its file offset, puts each address of
-    /// its code at the file offset its process's mappings do.
-    #[test]
-    fn an_executable_is_placed_where_its_mappings_put_its_code() {
+    /// This process as the kernel sees its executable: its path, the mapping of its code that
+    /// holds `here`, and its mm's `start_code` and `end_code` (`/proc/self/stat`'s 26th and
+    /// 27th fields; those after the command's `)` start at the third).
+    fn own_code(here: u64) -> (PathBuf, Mapping, u64, u64) {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-        // The fields after the command's `)` start at the third, `state`: `startcode` is
-        // the 26th.
         let fields: Vec<&str> = stat
             .rsplit_once(')')
             .unwrap()
             .1
             .split_whitespace()
             .collect();
-        let start_code: u64 = fields[26 - 3].parse().unwrap();
+        let field = |n: usize| fields[n - 3].parse().unwrap();
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let maps = mappings::mappings(std::process::id()).unwrap();
-        let here = an_executable_is_placed_where_its_mappings_put_its_code as fn() as usize as u64;
         let code = maps
-            .iter()
+            .into_iter()
             .find(|m| m.executable && m.file_offset(here).is_some())
             .unwrap();
         assert_eq!(std::path::Path::new(&code.path), exe);
+        (exe, code, field(26), field(27))
+    }
+
+    /// An executable placed from where its mm says its code starts, or from one code address
+    /// and its file offset, puts each address of its code at the file offset its process's
+    /// mappings do, and its code spans what the mm says.
+    #[test]
+    fn an_executable_is_placed_where_its_mappings_put_its_code() {
+        let here = an_executable_is_placed_where_its_mappings_put_its_code as fn() as usize as u64;
+        let (exe, code, start_code, end_code) = own_code(here);
         let mut objects = Objects::default();
         let open = || Checked::open(&exe).unwrap();
         let by_start = objects
@@ -407,5 +428,40 @@ mod tests {
             None,
             "an offset in no code segment places nothing"
         );
+        let object = objects.read.get(&code.file).unwrap().as_ref().unwrap();
+        assert_eq!(Some(end_code - start_code), object.code_span(), "end_code");
+    }
+
+    /// A copy of a process that forked in its own executable (a static one) unwinds in its
+    /// executable, placed from `start_code` and from the innermost frame alike: one mapping.
+    #[test]
+    fn an_executable_placed_both_ways_is_one_mapping() {
+        let here = an_executable_placed_both_ways_is_one_mapping as fn() as usize as u64;
+        let (exe, code, start, end) = own_code(here);
+        let copy = CopiedStack {
+            regs: reaper_common::copy::UserRegs {
+                pc: here,
+                ..Default::default()
+            },
+            exe: reaper_common::copy::ExeCode {
+                file: code.file,
+                start,
+                end,
+            },
+            base: 0,
+            bytes: Vec::new(),
+        };
+        let open = || Checked::open(&exe).unwrap();
+        let offset = code.file_offset(here).unwrap();
+        let unwound = Objects::default()
+            .unwind_taken(
+                std::process::id(),
+                &copy,
+                Some((open(), exe.clone())),
+                Some((open(), exe.clone(), offset)),
+            )
+            .expect("unwound");
+        assert_eq!(unwound.maps.len(), 1, "one mapping");
+        assert_eq!(unwound.frames.first(), Some(&(Some(0), offset)), "pc in it");
     }
 }

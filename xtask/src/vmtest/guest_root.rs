@@ -35,6 +35,10 @@ const GUEST_PROGRAMS: &[(&str, &str)] = &[
     // gateways leaked by pkill.
     ("/usr/bin/pgrep", "pgrep"),
     ("/usr/bin/pkill", "pkill"),
+    // The bpffs mount test: a mount namespace of its own, the lock it holds, /proc/locks read.
+    ("/usr/bin/unshare", "unshare"),
+    ("/usr/bin/flock", "flock"),
+    ("/bin/grep", "grep"),
     // The Python spawn-site tests' interpreter: Debian's (libpython linked in), by its path
     // (this machine's PATH may name another first).
     ("/usr/bin/python3.11", "/usr/bin/python3.11"),

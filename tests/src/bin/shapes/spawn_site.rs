@@ -125,18 +125,22 @@ pub(crate) fn leak_spawn_site_c(truth: &str, frame_pointers: bool) -> Value {
 }
 
 /// `leak-spawn-site-c-exec`: as `leak-spawn-site-c-fp`, from a program that no process left
-/// runs: A execs `reaper-shapes fork-through-c-and-exit` ([`fork_through_c_and_exit`]), which
-/// forks B through the C library from C with frame pointers and exits at once. A exec'd, so
-/// the gateway's code is another program's; once A is gone, nothing maps what its stack
-/// needs unwinding in.
+/// runs: A execs `reaper-shapes fork-through-c-and-exit` ([`fork_through_c_and_exit`]), by a
+/// symbolic link beside TRUTH (as `/bin/sh` is one), which forks B through the C library from
+/// C with frame pointers and exits at once. A exec'd, so the gateway's code is another
+/// program's; once A is gone, nothing maps what its stack needs unwinding in.
 pub(crate) fn leak_spawn_site_c_exec(truth: &str) -> Value {
-    let mut found = super::leaks::orphan_spawned_by(truth, |rd, close| {
-        let exe = std::fs::read_link("/proc/self/exe").expect("its own executable");
+    let link = format!("{truth}.exe");
+    let exe = std::fs::read_link("/proc/self/exe").expect("its own executable");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(exe, &link).expect("a link to reaper-shapes");
+    let by_exec = |rd: i32, close: &[i32]| -> u32 {
         let fds: Vec<String> = [rd].iter().chain(close).map(i32::to_string).collect();
         let mut argv = vec!["reaper-shapes", "fork-through-c-and-exit"];
         argv.extend(fds.iter().map(String::as_str));
-        exec(exe.to_str().expect("a UTF-8 path"), &argv)
-    });
+        exec(&link, &argv)
+    };
+    let mut found = super::leaks::orphans_spawned_by(truth, &[&by_exec]);
     found["function"] = json!("spawn_leaky_helper_fp");
     found["file"] = json!("spawner.c");
     found
