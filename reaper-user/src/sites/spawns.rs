@@ -65,11 +65,11 @@ impl SpawnSites {
         copy: Option<&CopiedStack>,
     ) {
         let spawner = graph.current(spawner).map(|n| (n.id, n.pid));
-        if let (Some(native), Some((node, _))) = (stack.native, spawner) {
+        if let (Some(native), Some((node, pid))) = (stack.native, spawner) {
             let key = (native, node);
             self.locate_once(graph, key);
             // A native site's stack copied at its first fork: unwound too, as deep as it goes.
-            if let (Some(copy), Some((_, pid))) = (copy, spawner) {
+            if let Some(copy) = copy {
                 let spawner = (pid, exec_path(graph, node));
                 self.unwind_site(key, &graph.code_holders(node), spawner, copy);
             }
