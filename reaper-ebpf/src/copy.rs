@@ -99,7 +99,8 @@ pub fn first_at_site(stack: u64, tgid: u32, start: u64) -> bool {
     if unsafe { COPIED_SITES.get(site) }.is_some() {
         return false;
     }
-    // Two CPUs racing here both copy: the reader keeps the first it unwinds.
+    // Two CPUs racing here both copy: user space unwinds the first it takes in (the second
+    // finds that one under way or done).
     let _ = COPIED_SITES.insert(site, 1, 0);
     true
 }

@@ -46,7 +46,7 @@ pub struct SpawnStack {
 
 /// A JIT host's stack at a fork, copied for user space to unwind (see
 /// `reaper_common::copy`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CopiedStack {
     /// The forking thread's registers at the fork syscall.
     pub regs: UserRegs,

@@ -111,6 +111,10 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
                 .await;
         }
     }
+    let settled = run.borrow().copies_settled();
+    if let Some(settled) = settled {
+        settled.await;
+    }
     let to_name = run.borrow_mut().spawn_to_name(asked.id);
     let spawned = match to_name {
         Some(mut to_name) => {

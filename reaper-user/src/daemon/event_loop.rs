@@ -383,6 +383,8 @@ fn keep_house(
     drain(ring, run, &mut kernel.marks)?;
     run.keep_exact(losses, &kernel.tracked)?;
     run.look_again_for_interpreters()?;
+    // What was unwound while no record came (the checkpoint keeps a JIT host's child's).
+    run.take_unwound()?;
     kernel.marks.still_reading()?;
     follow_pidfiles(selectors, run, &mut kernel.tracked, cli.allow_init)?;
     if let Some(checkpoints) = checkpoints.as_mut() {

@@ -14,6 +14,7 @@ mod rounds;
 mod servers;
 mod session_reads;
 mod slice;
+mod unwinds;
 mod worker;
 
 use std::cell::RefCell;
@@ -89,6 +90,10 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
     let slow = worker::Worker::start("reaper-sessions")?;
     let mut sessions = session_reads::SessionReads::new(slow);
+    if tracing.run.borrow().names_spawn_sites() {
+        let unwinds = unwinds::Unwinds::start()?;
+        tracing.run.borrow_mut().unwind_on(unwinds);
+    }
     // The reader's thread alone: the slow side's threads, started before, keep the default,
     // and what starts after does not inherit it.
     slice::ask_short_slice();
@@ -488,6 +493,8 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     servers.close().await;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {
+        // It keeps the JIT hosts' children's frames: those of copies still being unwound too.
+        run.settle_copies()?;
         checkpoints.write(&mut run)?;
     }
     Ok(status)

@@ -36,6 +36,8 @@ use crate::stream::events::{Delivery, Event};
 use crate::stream::evidence::Frame;
 use crate::text::Args;
 
+use super::unwinds::Unwinds;
+
 mod answers;
 mod kill_asked;
 mod resume;
@@ -76,6 +78,10 @@ pub struct Pipeline {
     flagged_rss: flags::RssCache,
     /// `--spawn-stacks`: where each fork's stack was taken, named for flags.
     sites: Option<SpawnSites>,
+    /// The thread unwinding the sites' copies, once started (see [`Pipeline::unwind_on`]).
+    unwinds: Option<Unwinds>,
+    /// Whether the operator was told that copies go without unwinding.
+    told_not_unwound: bool,
     /// `--session-env` or `--session-cgroup`: the processes whose session is to be read.
     sessions: Option<Sessions>,
     /// Boot-time ns of the last exit record (its kernel time: no clock read per exit).
@@ -121,6 +127,8 @@ impl Pipeline {
             out,
             flagged_rss: flags::RssCache::default(),
             sites: None,
+            unwinds: None,
+            told_not_unwound: false,
             sessions: None,
             last_exit: boottime_now(),
             started: boottime_now(),
@@ -136,20 +144,86 @@ impl Pipeline {
         self.sites = Some(sites);
     }
 
+    /// Unwinds the sites' stack copies on `unwinds`' thread (see `daemon/unwinds.rs`); those
+    /// that came before it wait for it there.
+    pub(super) fn unwind_on(&mut self, unwinds: Unwinds) {
+        self.unwinds = Some(unwinds);
+        self.hand_on_copies();
+    }
+
     /// What a record's change means for spawn sites (see [`SpawnSites::on_change`]):
     /// returns an exec's interpreter; what the operator is to know is written.
-    fn spawn_sites(&mut self, change: &Change, ev: &KernelEvent) -> Result<Option<String>> {
+    fn spawn_sites(&mut self, change: &Change, ev: &mut KernelEvent) -> Result<Option<String>> {
         let Some(sites) = self.sites.as_mut() else {
             return Ok(None);
         };
         let seen = sites.on_change(&self.graph, change, ev);
         self.tell(&seen.notes)?;
+        self.hand_on_copies();
         Ok(seen.interpreter)
+    }
+
+    /// Hands the stack copies the sites took on to the unwinding thread; a copy its full
+    /// queue refuses is not unwound.
+    fn hand_on_copies(&mut self) {
+        let (Some(sites), Some(unwinds)) = (self.sites.as_mut(), self.unwinds.as_mut()) else {
+            return;
+        };
+        if !sites.has_to_unwind() {
+            return;
+        }
+        for job in sites.take_to_unwind() {
+            if let Some(job) = unwinds.hand_on(job) {
+                sites.not_handed(job);
+            }
+        }
+    }
+
+    /// Takes what the unwinding thread gave (see [`SpawnSites::take_unwound`]), hands on
+    /// what waits for it (hosts to forget come at upkeep, not with a record), and says once
+    /// when copies went without it.
+    pub fn take_unwound(&mut self) -> Result<()> {
+        self.hand_on_copies();
+        let (Some(sites), Some(unwinds)) = (self.sites.as_mut(), self.unwinds.as_mut()) else {
+            return Ok(());
+        };
+        for unwound in unwinds.take() {
+            sites.take_unwound(unwound);
+        }
+        let missed = sites.not_unwound();
+        if missed > 0 && !self.told_not_unwound {
+            self.told_not_unwound = true;
+            let note = format!(
+                "spawn sites: {missed} stack copies came faster than they were unwound and were \
+                 not (their sites keep their frame-pointer walk; a JIT host's child has no \
+                 frames); said once"
+            );
+            self.out.note(&note)?;
+        }
+        Ok(())
+    }
+
+    /// Waits here for the stack copies handed on so far to be unwound (see
+    /// `daemon/unwinds.rs`), and takes them: only at the run's end (`--check`'s verdict, the
+    /// last checkpoint), when the ring no longer waits on the reader.
+    pub fn settle_copies(&mut self) -> Result<()> {
+        if let Some(unwinds) = &self.unwinds {
+            unwinds.settle_here();
+        }
+        self.take_unwound()
+    }
+
+    /// A wait for the stack copies handed on so far to be unwound (see
+    /// `daemon/unwinds.rs`), before a spawn is named; none when nothing is under way.
+    pub fn copies_settled(&self) -> Option<impl std::future::Future<Output = ()> + use<>> {
+        self.unwinds.as_ref()?.settled()
     }
 
     /// What naming the frames that spawned each of `pids` needs (see `sites::naming`): none
     /// without `--spawn-stacks`, or when nothing is to be read.
     fn spawns_to_name(&mut self, pids: impl IntoIterator<Item = u32>) -> Option<ToName> {
+        // A note that cannot be written is the outlet's to report, not the naming's.
+        let _ = self.take_unwound();
         let sites = self.sites.as_mut()?;
         let mut naming = Naming::default();
         let asked = pids
@@ -175,6 +249,8 @@ impl Pipeline {
     /// The frames that spawned each of `pids`, named here, on the reader's thread: only at
     /// the run's end (`--check`'s verdict), when the ring no longer waits on it.
     fn spawned_at_the_end(&mut self, pids: impl IntoIterator<Item = u32>) -> SpawnedAt {
+        // A note that cannot be written is the outlet's to report, not the verdict's.
+        let _ = self.settle_copies();
         match self.spawns_to_name(pids) {
             Some(ToName { naming, asked }) => self.spawns_named(asked, Some(naming.name())),
             None => SpawnedAt::default(),
@@ -209,14 +285,14 @@ impl Pipeline {
     /// are built, not returned: a list handed back would move every event once more, a tenth
     /// of the record's cost in a fork storm.
     pub fn record(&mut self, bytes: &[u8]) -> Result<()> {
-        let Some(ev) = self.reader.take(bytes) else {
+        let Some(mut ev) = self.reader.take(bytes) else {
             return Ok(());
         };
         let change = self.graph.apply(&ev);
         if let Some(sessions) = self.sessions.as_mut() {
             sessions.on_change(&mut self.graph, &change);
         }
-        let interpreter = self.spawn_sites(&change, &ev)?;
+        let interpreter = self.spawn_sites(&change, &mut ev)?;
         self.upkeep.on_change(&self.graph, &change, ev.pid);
         let gateway = self.gateways.on_change(&self.graph, &change, ev.ts);
         if gateway.is_some() {
@@ -251,6 +327,7 @@ impl Pipeline {
     /// not mapped at their exec are looked at again.
     pub fn end_batch(&mut self) -> Result<()> {
         self.reader.end_batch();
+        self.take_unwound()?;
         self.look_again_for_interpreters()
     }
 
@@ -357,6 +434,11 @@ impl Pipeline {
             .any(|n| n.process().still_same().is_none());
         let since_exit = boottime_now().saturating_sub(self.last_exit);
         !release_pending && since_exit >= ZOMBIE_SETTLE.as_nanos() as u64
+    }
+
+    /// Whether spawns are named (`--spawn-stacks`).
+    pub fn names_spawn_sites(&self) -> bool {
+        self.sites.is_some()
     }
 
     /// Interpreters wait to be looked at again (their libpython not mapped at their exec).

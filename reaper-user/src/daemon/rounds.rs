@@ -146,6 +146,12 @@ async fn round(run: &RefCell<Pipeline>, slow: &Worker) -> Result<()> {
         let read = job.await;
         run.borrow_mut().evidence_read(read);
     }
+    // The stack copies handed on before the round's flags are unwound first: a flag raised a
+    // moment after its spawner's fork is named as one raised later.
+    let settled = run.borrow().copies_settled();
+    if let Some(settled) = settled {
+        settled.await;
+    }
     let to_name = run.borrow_mut().round_to_name();
     if let Some(mut to_name) = to_name {
         let naming = std::mem::take(&mut to_name.naming);

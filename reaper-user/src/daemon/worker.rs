@@ -1,9 +1,10 @@
 //! The slow side: a thread that reads /proc away from the ring's reader, one for the leak
-//! scan's rounds, one for the API's answers (a `why` never waits behind a round's looks) and
-//! one for the environments read for sessions (`reaper-sessions`, `session_reads`).
-//! Each takes jobs from a bounded queue, one at a time, each job with the thread's
-//! [`Lookout`] (its own /proc and socket readers); a full queue refuses a job at once, so the
-//! reader never waits to hand one over.
+//! scan's rounds, one for the API's answers (a `why` never waits behind a round's looks), one
+//! for the environments read for sessions (`reaper-sessions`, `session_reads`) and one
+//! unwinding spawn stacks' copies (`reaper-unwind`, `unwinds`).
+//! Each takes jobs from a bounded queue, one at a time, each job with the thread's own state
+//! (a [`Lookout`]: its own /proc and socket readers; the unwinder of stack copies, see
+//! `unwinds`); a full queue refuses a job at once, so the reader never waits to hand one over.
 use std::future::Future;
 use std::sync::mpsc::{self, SyncSender};
 use std::thread;
@@ -17,30 +18,38 @@ use crate::leaks::Lookout;
 /// a time, so one waits at most unless a job outlived what asked it.
 const QUEUE: usize = 8;
 
-type Job = Box<dyn FnOnce(&mut Lookout) + Send>;
+type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 
-/// A thread of the slow side. Dropped, its queue closes and the thread ends after the job it is
-/// on; it is not waited for (a job reading a process's /proc must not hold the run's close).
-pub(super) struct Worker {
-    jobs: SyncSender<Job>,
+/// A thread of the slow side, its state `S`. Dropped, its queue closes and the thread ends
+/// after the job it is on; it is not waited for (a job reading a process's /proc must not hold
+/// the run's close).
+pub(super) struct Worker<S = Lookout> {
+    jobs: SyncSender<Job<S>>,
 }
 
 impl Worker {
-    /// Starts the thread, named `name`; capabilities are a thread's, so start it once
-    /// privileges are dropped.
+    /// Starts a thread reading /proc, named `name` (see [`Worker::start_holding`]).
     pub(super) fn start(name: &str) -> Result<Worker> {
-        let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
+        Worker::start_holding(name, QUEUE)
+    }
+}
+
+impl<S: Default + 'static> Worker<S> {
+    /// Starts the thread, named `name`, with `queue` jobs at most waiting for it; its state is
+    /// made there. Capabilities are a thread's, so start it once privileges are dropped.
+    pub(super) fn start_holding(name: &str, queue: usize) -> Result<Worker<S>> {
+        let (jobs, queue) = mpsc::sync_channel::<Job<S>>(queue);
         thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let mut lookout = Lookout::default();
+                let mut state = S::default();
                 for job in queue {
                     // A job that panics (said on stderr by the panic hook) has no result; the
-                    // thread goes on with the next and readers of its own, or every later job
+                    // thread goes on with the next and a state of its own, or every later job
                     // would be refused.
-                    let job = std::panic::AssertUnwindSafe(|| job(&mut lookout));
+                    let job = std::panic::AssertUnwindSafe(|| job(&mut state));
                     if std::panic::catch_unwind(job).is_err() {
-                        lookout = Lookout::default();
+                        state = S::default();
                     }
                 }
             })
@@ -50,15 +59,15 @@ impl Worker {
 
     /// Runs `job` on the thread; its result, or none when the queue is full or
     /// the thread is gone.
-    pub(super) fn run<R, F>(&self, job: F) -> impl Future<Output = Option<R>> + use<R, F>
+    pub(super) fn run<R, F>(&self, job: F) -> impl Future<Output = Option<R>> + use<R, F, S>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Lookout) -> R + Send + 'static,
+        F: FnOnce(&mut S) -> R + Send + 'static,
     {
         let (done, result) = oneshot::channel();
-        let queued = self.post(move |lookout| {
+        let queued = self.post(move |state| {
             // The answer that asked may have gone: nobody wants the result then.
-            let _ = done.send(job(lookout));
+            let _ = done.send(job(state));
         });
         async move {
             match queued {
@@ -72,7 +81,7 @@ impl Worker {
     /// dropped, when the queue is full or the thread is gone.
     pub(super) fn post<F>(&self, job: F) -> bool
     where
-        F: FnOnce(&mut Lookout) + Send + 'static,
+        F: FnOnce(&mut S) + Send + 'static,
     {
         self.jobs.try_send(Box::new(job)).is_ok()
     }

@@ -5,7 +5,7 @@
 //! once, so a frame is named after every process that mapped its object is gone. The index
 //! is kept in the checkpoint (`--state-dir`): the next run names what this one learned.
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use object::Object as _;
 use reaper_common::ExeKey;
@@ -57,12 +57,30 @@ impl BuildIds {
         }
         let opened = m.open(pid);
         let id = opened.as_ref().and_then(|(file, _)| read_build_id(file));
-        if let (Some((id, len)), Some((_, path))) = (id, opened) {
+        self.note(m.file, id, opened.map(|(_, path)| path))
+    }
+
+    /// Notes that `file`, opened at `path`, has build id `id` (and the id's own length), as
+    /// read elsewhere (see `sites::unwinding`); returns the id, or the one known for `file`
+    /// when none was read there (a read that failed unlearns nothing).
+    pub fn note(
+        &mut self,
+        file: ExeKey,
+        id: Option<(BuildId, usize)>,
+        path: Option<PathBuf>,
+    ) -> Option<BuildId> {
+        let Some((id, len)) = id else {
+            let known = self.files.get(&file).copied().flatten();
+            if known.is_none() {
+                self.files.insert(file, None);
+            }
+            return known;
+        };
+        if let Some(path) = path {
             self.paths.entry(id).or_insert((path, len));
         }
-        let id = id.map(|(id, _)| id);
-        self.files.insert(m.file, id);
-        id
+        self.files.insert(file, Some(id));
+        Some(id)
     }
 
     /// Keeps the index within [`KEPT`] files and build ids: past it, only the build ids
@@ -87,6 +105,11 @@ impl BuildIds {
     /// Whether the file of `id` is known.
     pub fn knows(&self, id: &BuildId) -> bool {
         self.paths.contains_key(id)
+    }
+
+    /// Where the file of `id` was seen.
+    pub fn path_of_id(&self, id: &BuildId) -> Option<&Path> {
+        self.paths.get(id).map(|(path, _)| path.as_path())
     }
 
     /// The file of `id`, while it is still that file (an upgrade may have replaced it),
@@ -133,7 +156,7 @@ impl BuildIds {
 
 /// The build id of ELF file `file` (its `.note.gnu.build-id`), padded as the kernel pads it
 /// (a longer one cut, as the kernel cuts it), and its own length.
-fn read_build_id(file: &Checked) -> Option<(BuildId, usize)> {
+pub fn read_build_id(file: &Checked) -> Option<(BuildId, usize)> {
     let reader = file.reader();
     let elf = object::File::parse(&reader).ok()?;
     let bytes = elf.build_id().ok()??;
@@ -206,5 +229,24 @@ mod tests {
         next.restore(&ids.save());
         let taken_back = next.open(&id).map(|(_, p)| p);
         assert_eq!(taken_back, Some(exe), "taken back from a checkpoint");
+    }
+
+    #[test]
+    fn a_build_id_read_elsewhere_is_learned_and_a_failed_read_unlearns_nothing() {
+        let file = ExeKey { dev: 8, ino: 42 };
+        let id = [0x42; BUILD_ID_LEN];
+        let mut ids = BuildIds::default();
+        assert_eq!(
+            ids.note(file, None, None),
+            None,
+            "nothing known, nothing read"
+        );
+        let path = PathBuf::from("/usr/lib/libexample.so");
+        assert_eq!(ids.note(file, Some((id, 20)), Some(path.clone())), Some(id));
+        assert_eq!(ids.path_of(file), Some(path.clone()));
+        assert_eq!(ids.path_of_id(&id), Some(path.as_path()));
+        // The file could not be opened this time (its process's root gone): still known.
+        assert_eq!(ids.note(file, None, None), Some(id));
+        assert_eq!(ids.path_of(file), Some(path));
     }
 }

@@ -3,24 +3,26 @@
 //! own frames (see [`python`]); a fork record names both. Each native frame names its object
 //! by build id and a file offset (see [`native`]), and is named only when a flag needs it;
 //! Python frames are named then, from the spawner's memory.
-//! A JIT host's stack is copied instead and unwound here (see [`jit`]). What reads objects
-//! and perf maps to name frames runs on the slow side (see [`naming`]).
+//! A JIT host's stack is copied instead and unwound (see [`jit`]), as is a native site's first
+//! (see [`native`]), on the slow side (see [`unwinding`]). What reads objects and perf maps to
+//! name frames runs on the slow side too (see [`naming`]).
 use build_ids::SavedBuildId;
 use jit::JitStacks;
 pub use naming::{Asked, NamedSites, Naming};
 pub use native::Located;
 use native::{NativeStacks, SiteKey};
 use python::PythonStacks;
-use reaper_common::{ExeKey, interpreter::Interpreter};
+use reaper_common::interpreter::Interpreter;
+use rustc_hash::FxHashSet as HashSet;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+pub use unwinding::{Unwind, Unwinder, Unwound};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
 use crate::lineage::graph::NodeId;
 use crate::lineage::graph::saved::SavedStart;
 use crate::procfs::proc_path;
-use crate::untrusted::Checked;
 
 pub mod build_ids;
 mod jit;
@@ -31,6 +33,11 @@ pub mod python;
 mod referrers;
 mod spawns;
 mod unwind;
+mod unwinding;
+
+/// Copies waiting to be handed to the slow side (see [`SpawnSites::take_to_unwind`]); past them, a
+/// copy is not unwound (its site keeps its frame-pointer walk, its child has no JIT frames).
+pub const UNWINDS_WAITING: usize = 64;
 
 /// A live process's unwound spawn stack (see [`jit`]), as the checkpoint keeps it: the next run
 /// names it as this one would have.
@@ -48,8 +55,12 @@ pub struct SpawnSites {
     python: Option<PythonStacks>,
     /// `--spawn-stacks auto`: JIT hosts' frames.
     jit: Option<JitStacks>,
-    /// The objects copies were unwound with (JIT hosts' and native spawners').
-    objects: unwind::Objects,
+    /// Copies for the slow side to unwind, and what it is to forget.
+    to_unwind: Vec<Unwind>,
+    /// Native sites whose copy is with the slow side: one copy a site.
+    unwinding: HashSet<SiteKey>,
+    /// Copies not unwound: [`UNWINDS_WAITING`] waited already, or the slow side refused them.
+    not_unwound: u64,
 }
 
 impl SpawnSites {
@@ -65,7 +76,9 @@ impl SpawnSites {
                 python
             }),
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
-            objects: unwind::Objects::default(),
+            to_unwind: Vec::new(),
+            unwinding: HashSet::default(),
+            not_unwound: 0,
         }
     }
 
@@ -96,59 +109,121 @@ impl SpawnSites {
         }
     }
 
-    /// Unwinds a JIT host's stack copied at the fork of `child` (see [`jit`]).
-    fn unwind(&mut self, copy: &CopiedStack, spawner: NodeId, pid: u32, child: NodeId) {
+    /// Hands a JIT host's stack copied at the fork of `child` to the slow side (see [`jit`]),
+    /// unless [`jit::IN_FLIGHT`] of its copies are there already: a host forking without
+    /// pause takes no more than its share of the queue.
+    fn unwind(&mut self, copy: Box<CopiedStack>, host: NodeId, pid: u32, child: NodeId) {
         if let Some(jit) = self.jit.as_mut() {
-            jit.unwind(&mut self.objects, copy, (spawner, pid), child);
+            if !jit.unwinding(host) {
+                self.not_unwound += 1;
+                return;
+            }
+            let job = Unwind::Host {
+                host,
+                pid,
+                child,
+                copy,
+            };
+            self.hand_on(job);
         }
     }
 
-    /// Unwinds the stack of native site `key` copied at its first fork from there (see
-    /// `reaper_common::copy`), in the mappings of the first of `holders` still running (they
-    /// run the spawner's code: see [`NativeStacks::locate`]; a double fork's middle process
-    /// is gone by now, its parent is not): the site's frames from now on. Failing that (a
-    /// spawner that forked and exited at once, `spawner_pid`, exec'd from `exec_path`), in
-    /// what the kernel took of it at the fork: its executable's code (see [`Self::executable`])
-    /// and the object its innermost frame is in (see [`NativeStacks::forked_in`]). Failing
-    /// both, the site keeps its frame-pointer walk (located first: see
-    /// [`NativeStacks::take_unwound`]).
+    /// Hands the stack of native site `key`, copied at its first fork from there (see
+    /// `reaper_common::copy`), to the slow side, with what it needs to unwind it when the
+    /// processes running the spawner's code, `holders`, are gone (the spawner `spawner_pid`,
+    /// exec'd from `exec_path`: see [`Unwind::Site`]). Its frames replace the frame-pointer
+    /// walk when they go deeper (see [`NativeStacks::take_unwound`]).
     fn unwind_site(
         &mut self,
         key: SiteKey,
-        holders: &[u32],
+        holders: Vec<u32>,
         (spawner_pid, exec_path): (u32, Option<&Path>),
-        copy: &CopiedStack,
+        copy: Box<CopiedStack>,
     ) {
-        if self.native.unwound(key) {
+        if self.native.unwound(key) || !self.unwinding.insert(key) {
             return;
         }
-        // Read once per site: the unwinder is not kept (the objects it read are).
-        let unwound = holders
-            .iter()
-            .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
-            .or_else(|| {
-                let exe = self.executable(copy.exe.file, exec_path);
-                let forked_in = self.native.forked_in(key);
-                let unwound = self
-                    .objects
-                    .unwind_taken(spawner_pid, copy, exe, forked_in)?;
-                Some((spawner_pid, unwound))
-            });
-        if let Some((pid, unwound)) = unwound {
-            self.native.take_unwound(key, pid, &unwound);
+        let job = Unwind::Site {
+            key,
+            holders,
+            spawner: spawner_pid,
+            exec_path: exec_path.map(Path::to_path_buf),
+            seen_at: self.native.build_ids.path_of(copy.exe.file),
+            forked_in: self.native.forked_in(key),
+            copy,
+        };
+        self.hand_on(job);
+    }
+
+    /// Queues `job` for the slow side, unless [`UNWINDS_WAITING`] wait already.
+    fn hand_on(&mut self, job: Unwind) {
+        match self.to_unwind.len() < UNWINDS_WAITING {
+            true => self.to_unwind.push(job),
+            false => self.not_handed(job),
         }
     }
 
-    /// The executable `file` of a spawner that is gone, opened while it is that file: at the
-    /// path it was exec'd from, its links resolved (`/bin/sh` is a link to dash), or where a
-    /// process seen mapping it mapped it. Neither names it when it was exec'd by a relative
-    /// path or in another root (a container's), and no process seen since maps it.
-    fn executable(&self, file: ExeKey, exec_path: Option<&Path>) -> Option<(Checked, PathBuf)> {
-        let resolved = exec_path.and_then(|path| std::fs::canonicalize(path).ok());
-        let paths = resolved
-            .into_iter()
-            .chain(self.native.build_ids.path_of(file));
-        Checked::open_as(paths, file).ok()
+    /// What waits for the slow side to unwind (see [`unwinding`]), taken.
+    pub fn take_to_unwind(&mut self) -> Vec<Unwind> {
+        std::mem::take(&mut self.to_unwind)
+    }
+
+    /// Whether copies wait for the slow side.
+    pub fn has_to_unwind(&self) -> bool {
+        !self.to_unwind.is_empty()
+    }
+
+    /// `job` never reached the slow side (its queue was full): a site's copy is not unwound,
+    /// and hosts to forget are asked again at the next [`SpawnSites::retain`].
+    pub fn not_handed(&mut self, job: Unwind) {
+        match job {
+            Unwind::Site { key, .. } => {
+                self.unwinding.remove(&key);
+                self.not_unwound += 1;
+            }
+            Unwind::Host { host, .. } => {
+                if let Some(jit) = self.jit.as_mut() {
+                    jit.not_unwinding(host);
+                }
+                self.not_unwound += 1;
+            }
+            Unwind::Forget(hosts) => {
+                if let Some(jit) = self.jit.as_mut() {
+                    jit.forget_later(hosts);
+                }
+            }
+        }
+    }
+
+    /// Copies not unwound so far (their queue was full).
+    pub fn not_unwound(&self) -> u64 {
+        self.not_unwound
+    }
+
+    /// Takes back what the slow side unwound: a site's frames, a JIT host's stack.
+    pub fn take_unwound(&mut self, unwound: Unwound) {
+        match unwound {
+            // A site whose spawner the graph let go meanwhile is not taken back.
+            Unwound::Site {
+                key,
+                frames,
+                truncated,
+            } => {
+                if self.unwinding.remove(&key) {
+                    self.native.take_unwound(key, frames, truncated);
+                }
+            }
+            Unwound::Host {
+                host,
+                child,
+                stack,
+                frames,
+            } => {
+                if let Some(jit) = self.jit.as_mut() {
+                    jit.take_unwound(host, child, stack, frames);
+                }
+            }
+        }
     }
 
     /// Notes that native stack `stack` spawned process `child`.
@@ -160,9 +235,10 @@ impl SpawnSites {
     /// frees in the kernel the stacks that spawned no process it holds.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.native.retain(&holds);
-        self.objects.bound();
-        if let Some(jit) = self.jit.as_mut() {
-            jit.retain(&holds);
+        self.unwinding.retain(|&(_, spawner)| holds(spawner));
+        let gone = self.jit.as_mut().map(|jit| jit.retain(&holds));
+        if let Some(gone) = gone.filter(|gone| !gone.is_empty()) {
+            self.hand_on(Unwind::Forget(gone));
         }
         if let Some(python) = self.python.as_mut() {
             python.retain(holds);

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::build_ids::{BuildId, BuildIds, has_build_id};
 use super::mappings::Mapping;
 use super::referrers::Referrers;
-use super::unwind::Unwound;
+use super::unwinding::UnwoundFrame;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 use crate::untrusted::object::Sealed;
@@ -170,12 +170,13 @@ impl NativeStacks {
     }
 
     /// The object site `key`'s innermost frame is in (where its spawner forked: the C
-    /// library's fork, mostly), opened while it is the file the kernel named by build id, its
-    /// path, and the frame's offset in it.
-    pub fn forked_in(&self, key: SiteKey) -> Option<(Checked, PathBuf, u64)> {
+    /// library's fork, mostly), as the kernel named it: where a file of its build id was seen,
+    /// the id, and the frame's offset.
+    pub fn forked_in(&self, key: SiteKey) -> Option<(PathBuf, BuildId, u64)> {
         let first = self.located.get(&key)?.frames.first()?;
-        let (file, path) = self.build_ids.open(&first.build_id?)?;
-        Some((file, path, first.offset))
+        let id = first.build_id?;
+        let path = self.build_ids.path_of_id(&id)?;
+        Some((path.to_path_buf(), id, first.offset))
     }
 
     /// Whether the stack of `key` was unwound from a copy already.
@@ -183,35 +184,28 @@ impl NativeStacks {
         self.located.get(&key).is_some_and(|site| site.unwound)
     }
 
-    /// Keeps `unwound`, the copy of site `key` unwound in its spawner's mappings (process
-    /// `pid`), as the site's stack: the frames up to the first that is no file's code. The
-    /// frame-pointer walk stays when it went as deep (code that keeps frame pointers but
-    /// describes no frame to an unwinder: Go's).
-    pub fn take_unwound(&mut self, key: SiteKey, pid: u32, unwound: &Unwound) {
-        let mut frames = Vec::new();
-        let mut truncated = unwound.truncated;
-        for &(m, offset) in &unwound.frames {
-            let Some(m) = m.map(|i| &unwound.maps[i]).filter(|m| m.executable) else {
-                truncated = true;
-                break;
-            };
-            frames.push(Located {
-                build_id: self.build_ids.build_id(pid, m),
-                object: m.file(pid),
-                offset,
-            });
-        }
+    /// Keeps `frames`, site `key`'s copy unwound (see `sites::unwinding`), as the site's
+    /// stack, each file's build id learned. The frame-pointer walk stays when it went as deep
+    /// (code that keeps frame pointers but describes no frame to an unwinder: Go's).
+    pub fn take_unwound(&mut self, key: SiteKey, frames: Vec<UnwoundFrame>, truncated: bool) {
         let walked = self.located.get(&key).map_or(0, |site| site.frames.len());
-        if frames.len() > walked {
-            let unwound = true;
-            let site = Site {
-                frames,
-                truncated,
-                unwound,
-            };
-            self.located.insert(key, site);
-            self.named.remove(&key);
+        if frames.len() <= walked {
+            return;
         }
+        let frames = (frames.into_iter())
+            .map(|f| Located {
+                build_id: self.build_ids.note(f.file, f.build_id, f.object.clone()),
+                object: f.object,
+                offset: f.offset,
+            })
+            .collect();
+        let site = Site {
+            frames,
+            truncated,
+            unwound: true,
+        };
+        self.located.insert(key, site);
+        self.named.remove(&key);
     }
 
     /// An address frame, located in the executable mappings of `holder` (pid, mappings);

@@ -21,10 +21,16 @@ pub struct Seen {
 }
 
 impl SpawnSites {
-    /// Takes in record `ev`'s change to `graph`: a fork's stacks, an exec's program.
-    pub fn on_change(&mut self, graph: &LineageGraph, change: &Change, ev: &KernelEvent) -> Seen {
+    /// Takes in record `ev`'s change to `graph`: a fork's stacks (its copy taken, for the slow
+    /// side), an exec's program.
+    pub fn on_change(
+        &mut self,
+        graph: &LineageGraph,
+        change: &Change,
+        ev: &mut KernelEvent,
+    ) -> Seen {
         let mut seen = Seen::default();
-        match (change, &ev.what) {
+        match (change, &mut ev.what) {
             (
                 &Change::Forked { node, .. },
                 What::Fork {
@@ -34,7 +40,7 @@ impl SpawnSites {
                     ..
                 },
             ) => {
-                self.forked(graph, node, *spawner, *stack, copy.as_deref());
+                self.forked(graph, node, *spawner, *stack, copy.take());
                 // A pending interpreter's own fork: it runs, so the loader may be done.
                 if let (Some(python), Some(spawner)) =
                     (self.python.as_mut(), graph.current(*spawner))
@@ -53,30 +59,32 @@ impl SpawnSites {
         seen
     }
 
-    /// A fork's stacks: the native one located in its spawner's mappings (a JIT host's
-    /// copy unwound there), each noted as having spawned the child (a stack is kept while a
-    /// process it spawned is).
+    /// A fork's stacks: the native one located in its spawner's mappings (a copy of it, or
+    /// a JIT host's, handed to the slow side to unwind), each noted as having spawned the
+    /// child (a stack is kept while a process it spawned is).
     fn forked(
         &mut self,
         graph: &LineageGraph,
         child: NodeId,
         spawner: u32,
         stack: SpawnStack,
-        copy: Option<&CopiedStack>,
+        copy: Option<Box<CopiedStack>>,
     ) {
         let spawner = graph.current(spawner).map(|n| (n.id, n.pid));
-        if let (Some(native), Some((node, pid))) = (stack.native, spawner) {
-            let key = (native, node);
-            self.locate_once(graph, key);
-            // A native site's stack copied at its first fork: unwound too, as deep as it goes.
-            if let Some(copy) = copy {
-                let spawner = (pid, exec_path(graph, node));
-                self.unwind_site(key, &graph.code_holders(node), spawner, copy);
+        match (stack.native, spawner, copy) {
+            (Some(native), Some((node, pid)), copy) => {
+                let key = (native, node);
+                self.locate_once(graph, key);
+                // A native site's stack copied at its first fork: unwound too, as deep as it
+                // goes.
+                if let Some(copy) = copy {
+                    let spawner = (pid, exec_path(graph, node));
+                    self.unwind_site(key, graph.code_holders(node), spawner, copy);
+                }
             }
-        }
-        // A JIT host's stack, copied at each fork.
-        if let (Some(copy), Some(host), None) = (copy, spawner, stack.native) {
-            self.unwind(copy, host.0, host.1, child);
+            // A JIT host's stack, copied at each fork.
+            (None, Some((node, pid)), Some(copy)) => self.unwind(copy, node, pid, child),
+            _ => {}
         }
         if let Some(native) = stack.native {
             self.spawned(native, child);

@@ -11,6 +11,7 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{Object as _, ObjectSection as _};
 use reaper_common::ExeKey;
+use reaper_common::copy::ExeCode;
 
 use crate::capture::decode::CopiedStack;
 use crate::sites::mappings::{self, Mapping};
@@ -228,7 +229,9 @@ impl Objects {
         }
     }
 
-    /// Unwinds `copy`, taken in process `pid`, in its mappings now (none once it is gone).
+    /// Unwinds `copy`, taken in process `pid`, in its mappings now: none once it is gone, or
+    /// when they are not the copy's (the pid runs another program since: no mapping of the
+    /// copy's executable holds its code where the kernel saw it, see [`runs_code_of`]).
     /// `kept`: the unwinder set up for the process before, reused while its mappings are the
     /// same; the one used is returned for the next copy.
     pub fn unwind(
@@ -239,6 +242,9 @@ impl Objects {
     ) -> Option<(Unwound, HostUnwinder)> {
         let text = mappings::text(pid).ok()?;
         let maps = mappings::parse(&text);
+        if !runs_code_of(&maps, &copy.exe) {
+            return None;
+        }
         let code = mappings::executable_ranges(&text);
         let mut unwinder = self.unwinder(pid, text, &maps, kept);
         Some((unwinder.frames(copy, maps, &code), unwinder))
@@ -317,6 +323,16 @@ impl Objects {
             })
             .clone()
     }
+}
+
+/// Whether mappings `maps` hold the code of executable `exe` where the kernel saw it at the
+/// copy: an executable mapping of that file holding its `start_code`. A copy that says
+/// nothing of its executable (the probe could not read it) is taken as theirs.
+fn runs_code_of(maps: &[Mapping], exe: &ExeCode) -> bool {
+    exe.end == 0
+        || maps
+            .iter()
+            .any(|m| m.executable && m.file == exe.file && (m.start..m.end).contains(&exe.start))
 }
 
 impl HostUnwinder {
@@ -463,5 +479,41 @@ mod tests {
             .expect("unwound");
         assert_eq!(unwound.maps.len(), 1, "one mapping");
         assert_eq!(unwound.frames.first(), Some(&(Some(0), offset)), "pc in it");
+    }
+
+    /// A process's mappings are a copy's while they hold its executable's code where the
+    /// kernel saw it; another program's (a pid reused, an exec since) are not.
+    #[test]
+    fn mappings_are_a_copys_only_while_they_hold_its_executables_code() {
+        let here =
+            mappings_are_a_copys_only_while_they_hold_its_executables_code as fn() as usize as u64;
+        let (_, code, start, end) = own_code(here);
+        let maps = mappings::mappings(std::process::id()).unwrap();
+        let exe = ExeCode {
+            file: code.file,
+            start,
+            end,
+        };
+        assert!(runs_code_of(&maps, &exe), "this process's own");
+        let elsewhere = ExeCode {
+            start: start ^ (1 << 40),
+            ..exe
+        };
+        assert!(
+            !runs_code_of(&maps, &elsewhere),
+            "its code elsewhere: another layout"
+        );
+        let other = ExeCode {
+            file: ExeKey {
+                ino: code.file.ino ^ 1,
+                ..code.file
+            },
+            ..exe
+        };
+        assert!(!runs_code_of(&maps, &other), "another executable");
+        assert!(
+            runs_code_of(&maps, &ExeCode::default()),
+            "a copy that says nothing"
+        );
     }
 }

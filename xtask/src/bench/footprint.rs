@@ -213,7 +213,25 @@ pub(crate) fn memory(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 }
 
 pub(crate) fn cpu_ticks(pid: u32) -> u64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_ticks(&format!("/proc/{pid}/stat"))
+}
+
+/// The CPU ticks of the thread of process `pid` named `comm` (the main thread: the
+/// process's own command), 0 when it has none.
+pub(crate) fn thread_ticks(pid: u32, comm: &str) -> u64 {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    tasks
+        .flatten()
+        .map(|task| task.path())
+        .find(|task| fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim_end() == comm))
+        .map_or(0, |task| stat_ticks(&task.join("stat").to_string_lossy()))
+}
+
+/// utime + stime of a `stat` file.
+fn stat_ticks(path: &str) -> u64 {
+    let stat = fs::read_to_string(path).unwrap_or_default();
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15; `rest` starts at field 3.

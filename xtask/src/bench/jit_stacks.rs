@@ -1,6 +1,7 @@
 //! `--spawn-stacks` for a Node host: the fork probe's kernel cost with its stack copied
-//! (`auto`), the native stack only, and nothing; the copy's bytes in the ring; and the
-//! reader's CPU per fork (its CPU over the run less its start-up's, over the forks).
+//! (`auto`), the native stack only, and nothing; the copy's bytes in the ring; and the CPU per
+//! fork (over the run less the start-up's, over the forks): reaper-trace's, its reader's
+//! thread's and its unwinding thread's (`reaper-unwind`, where the copies are unwound).
 use std::{
     fs,
     process::{Command, Stdio},
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::footprint::cpu_ticks;
+use super::footprint::{cpu_ticks, thread_ticks};
 use super::*;
 
 /// A Node host that spawns N children from one function, writes DONE, then lingers for the
@@ -30,7 +31,7 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
     let n = opts.procs;
     println!("\n### A Node host's forks (node, {n} spawns from one function)\n");
     println!(
-        "| --spawn-stacks | sched_process_fork ns per run | reader CPU per fork |\n|---|---|---|"
+        "| --spawn-stacks | sched_process_fork ns per run | CPU per fork | its reader's thread | its unwinding thread |\n|---|---|---|---|---|"
     );
     let dir = std::env::temp_dir().join(format!("reaper-bench-node-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
@@ -58,13 +59,19 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
             let fork = prog_stats(tracer.id())?
                 .into_iter()
                 .find(|(name, _, _)| name.contains("fork"));
-            let ticks = cpu_ticks(tracer.id()).saturating_sub(start_up_ticks(bins, stacks)?);
+            let (all, reader) = start_up_ticks(bins, stacks)?;
+            let all = cpu_ticks(tracer.id()).saturating_sub(all);
+            let reader = thread_ticks(tracer.id(), "reaper-trace").saturating_sub(reader);
+            let unwinding = thread_ticks(tracer.id(), "reaper-unwind");
             // USER_HZ: 100 ticks a second.
-            let per_fork_us = ticks as f64 * 10_000.0 / n as f64;
+            let per_fork_us = |ticks: u64| ticks as f64 * 10_000.0 / n as f64;
             if let Some((_, runs, ns)) = fork {
                 println!(
-                    "| {stacks} | {:.0} | {per_fork_us:.0} µs |",
-                    ns as f64 / runs.max(1) as f64
+                    "| {stacks} | {:.0} | {:.0} µs | {:.0} µs | {:.0} µs |",
+                    ns as f64 / runs.max(1) as f64,
+                    per_fork_us(all),
+                    per_fork_us(reader),
+                    per_fork_us(unwinding),
                 );
             }
             tracer.wait()?;
@@ -82,14 +89,17 @@ pub(crate) fn node_stacks(bins: &Bins, opts: &BenchOptions) -> Result<()> {
 }
 
 /// reaper-trace's CPU ticks to start with `--spawn-stacks stacks` (its programs loaded and
-/// verified) and trace a command that does nothing.
-fn start_up_ticks(bins: &Bins, stacks: &str) -> Result<u64> {
+/// verified) and trace a command that does nothing, and its reader's thread's.
+fn start_up_ticks(bins: &Bins, stacks: &str) -> Result<(u64, u64)> {
     let mut tracer = Command::new(&bins.reaper)
         .args(["--quiet", "--spawn-stacks", stacks, "--", "sleep", "2"])
         .stdout(Stdio::null())
         .spawn()?;
     thread::sleep(Duration::from_millis(1500));
-    let ticks = cpu_ticks(tracer.id());
+    let ticks = (
+        cpu_ticks(tracer.id()),
+        thread_ticks(tracer.id(), "reaper-trace"),
+    );
     tracer.wait()?;
     Ok(ticks)
 }

@@ -1,33 +1,34 @@
 //! JIT hosts' frames (`--spawn-stacks auto`): a Node host's JavaScript, and the native code
 //! under it. Its native code keeps no frame pointers, so at each of its tracked forks the
-//! kernel copies the forking thread's stack (`JIT_HOSTS` says whose) and here it is unwound
-//! at once, while the host's mappings are there to read (see [`unwind`]), and kept located
-//! (object and offset; an address for compiled JavaScript). Frames are named only when a flag
+//! kernel copies the forking thread's stack (`JIT_HOSTS` says whose), the slow side unwinds
+//! it at once, while the host's mappings are there to read (see `sites::unwinding`), and it
+//! is kept located (object and offset; an address for compiled JavaScript). Frames are named only when a flag
 //! needs them: native ones from their objects, JavaScript ones from the host's perf map
 //! (`--perf-basic-prof`; see [`perf_map`]).
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 
 use super::native::Located;
-use super::unwind::{self, Objects};
-use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
 use crate::stream::evidence::Frame;
 
 pub mod perf_map;
 
-/// A stack as one host took it: a hash of its located frames, and the host's node.
+/// A stack as one host took it: a hash of its frames (each one's mapping and offset, as
+/// unwound; its located frames, as a checkpoint kept them), and the host's node.
 pub type Key = (u64, NodeId);
+
+/// A host's copies with the slow side at once, at most (see `SpawnSites::unwind`).
+pub const IN_FLIGHT: u32 = 16;
 
 /// The kernel's list of JIT hosts, and the stacks unwound from their copies.
 pub struct JitStacks {
     hosts: BpfHashMap<MapData, u32, u64>,
-    /// Each host's unwinder, kept while its mappings stay the same.
-    unwinders: HashMap<NodeId, unwind::HostUnwinder>,
+    /// The hosts whose copies went to the slow side (which keeps an unwinder for each), and
+    /// how many of each are there now; a gone host stays until the slow side is told.
+    unwound_for: HashMap<NodeId, u32>,
     /// Each distinct stack, located.
     located: HashMap<Key, Vec<Located>>,
     named: HashMap<Key, Vec<Frame>>,
@@ -41,7 +42,7 @@ impl JitStacks {
     pub fn new(hosts: BpfHashMap<MapData, u32, u64>) -> JitStacks {
         JitStacks {
             hosts,
-            unwinders: HashMap::new(),
+            unwound_for: HashMap::new(),
             located: HashMap::new(),
             named: HashMap::new(),
             spawned: HashMap::new(),
@@ -65,55 +66,44 @@ impl JitStacks {
         }
     }
 
-    /// Unwinds `copy`, the stack host `spawner` (process `pid`) spawned `child` at, with the
-    /// objects read so far, and keeps it located. A host already gone leaves the child
-    /// without frames.
-    pub fn unwind(
-        &mut self,
-        objects: &mut Objects,
-        copy: &CopiedStack,
-        (spawner, pid): (NodeId, u32),
-        child: NodeId,
-    ) {
-        let kept = self.unwinders.remove(&spawner);
-        let Some((unwound, unwinder)) = objects.unwind(pid, copy, kept) else {
+    /// Notes that a copy of host `host`'s stack goes to the slow side to be unwound; false,
+    /// and it does not, when [`IN_FLIGHT`] of the host's are there already.
+    pub fn unwinding(&mut self, host: NodeId) -> bool {
+        let in_flight = self.unwound_for.entry(host).or_default();
+        if *in_flight >= IN_FLIGHT {
+            return false;
+        }
+        *in_flight += 1;
+        true
+    }
+
+    /// A copy of host `host`'s stack is back from the slow side (or never got there).
+    pub fn not_unwinding(&mut self, host: NodeId) {
+        if let Some(in_flight) = self.unwound_for.get_mut(&host) {
+            *in_flight = in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Hosts gone whose unwinders the slow side was not told to forget (its queue was full):
+    /// told at the next [`JitStacks::retain`].
+    pub fn forget_later(&mut self, hosts: Vec<NodeId>) {
+        self.unwound_for
+            .extend(hosts.into_iter().map(|host| (host, 0)));
+    }
+
+    /// Keeps the stack host `host` spawned `child` at, `frames` (see `sites::unwinding`),
+    /// `stack` telling it apart: a stack this host spawned from before is kept once. None are
+    /// kept for a host the graph let go meanwhile, nor when none were unwound.
+    pub fn take_unwound(&mut self, host: NodeId, child: NodeId, stack: u64, frames: Vec<Located>) {
+        let Some(in_flight) = self.unwound_for.get_mut(&host) else {
             return;
         };
-        self.unwinders.insert(spawner, unwinder);
-        // Each frame in its mapping (its offset in the mapped file), or an address.
-        let maps = &unwound.maps;
-        let frames: Vec<_> = unwound
-            .frames
-            .iter()
-            .map(|&(m, offset)| (m.map(|i| &maps[i]), offset))
-            .collect();
+        *in_flight = in_flight.saturating_sub(1);
         if frames.is_empty() {
             return;
         }
-        let mut hasher = DefaultHasher::new();
-        for (m, offset) in &frames {
-            (m.map(|m| &m.path), offset).hash(&mut hasher);
-        }
-        let key = (hasher.finish(), spawner);
-        // A stack this host spawned from before is kept already: its files are not looked
-        // for again.
-        if let Entry::Vacant(slot) = self.located.entry(key) {
-            let mut files: HashMap<&str, Option<PathBuf>> = HashMap::new();
-            let located = frames
-                .iter()
-                .map(|&(m, offset)| Located {
-                    build_id: None,
-                    object: m.and_then(|m| {
-                        files
-                            .entry(m.path.as_str())
-                            .or_insert_with(|| m.file(pid))
-                            .clone()
-                    }),
-                    offset,
-                })
-                .collect();
-            slot.insert(located);
-        }
+        let key = (stack, host);
+        self.located.entry(key).or_insert(frames);
         self.spawned.insert(child, key);
     }
 
@@ -160,12 +150,17 @@ impl JitStacks {
     }
 
     /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds
-    /// was spawned at.
-    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
-        self.unwinders.retain(|&host, _| holds(host));
+    /// was spawned at. Returns the hosts gone whose unwinders the slow side is to forget.
+    pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let gone = (self.unwound_for.keys())
+            .copied()
+            .filter(|&host| !holds(host))
+            .collect();
+        self.unwound_for.retain(|&host, _| holds(host));
         self.spawned.retain(|&child, _| holds(child));
         let kept: HashSet<Key> = self.spawned.values().copied().collect();
         self.located.retain(|key, _| kept.contains(key));
         self.named.retain(|key, _| kept.contains(key));
+        gone
     }
 }

@@ -1,0 +1,279 @@
+//! Unwinding stack copies away from the ring's reader: a native site's (copied at its first
+//! fork from there) and a JIT host's (copied at each of its forks). Unwinding one reads the
+//! spawner's `/proc/PID/maps`, the call frame information of the objects it maps (megabytes of
+//! `.eh_frame` in files a traced process chose) and walks the copy; none of that is the
+//! reader's. The reader hands on an [`Unwind`] (see [`SpawnSites::take_to_unwind`]), a thread of
+//! the slow side holding an [`Unwinder`] does it, and the reader takes back what it gives
+//! ([`SpawnSites::take_unwound`]): the frames are the site's, or the child's, from then on.
+//!
+//! The spawner's mappings are read a moment after its fork, not at it (and used only while
+//! they hold the copy's executable where the kernel saw it: a pid that runs another program
+//! since is not read as the spawner). A native spawner gone by then is unwound in what the
+//! kernel took of it (see [`Objects::unwind_taken`]), as one gone before its fork's record
+//! was read always was; a JIT host gone by then leaves its child without frames.
+//!
+//! [`SpawnSites::take_to_unwind`]: super::SpawnSites::take_to_unwind
+//! [`SpawnSites::take_unwound`]: super::SpawnSites::take_unwound
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+
+use reaper_common::ExeKey;
+
+use super::build_ids::{BuildId, has_build_id, read_build_id};
+use super::native::{Located, SiteKey};
+use super::unwind::{HostUnwinder, Objects, Unwound as Walked};
+use crate::capture::decode::CopiedStack;
+use crate::lineage::graph::NodeId;
+use crate::untrusted::Checked;
+
+/// What the slow side is to unwind, and what of the spawner the reader knew.
+pub enum Unwind {
+    /// Native site `key`'s copy. `holders` run the spawner's code (its mappings are the
+    /// copy's, first one still running); failing them, `spawner` (its pid) is unwound in what
+    /// the kernel took of it: its executable, `copy.exe.file`, found at the path it was exec'd
+    /// from (`exec_path`, links resolved) or where a process seen mapping it did (`seen_at`),
+    /// and the object its innermost frame is in, `forked_in` (where the build id of the
+    /// kernel's frame-pointer walk was seen, that id, and the frame's offset).
+    Site {
+        key: SiteKey,
+        holders: Vec<u32>,
+        spawner: u32,
+        exec_path: Option<PathBuf>,
+        seen_at: Option<PathBuf>,
+        forked_in: Option<(PathBuf, BuildId, u64)>,
+        copy: Box<CopiedStack>,
+    },
+    /// JIT host `host`'s (process `pid`) copy, taken as it spawned `child`.
+    Host {
+        host: NodeId,
+        pid: u32,
+        child: NodeId,
+        copy: Box<CopiedStack>,
+    },
+    /// Hosts the graph no longer holds: their unwinders go.
+    Forget(Vec<NodeId>),
+}
+
+/// What an [`Unwind`] gave.
+pub enum Unwound {
+    /// Native site `key`'s frames, innermost first, up to the first that is no file's code
+    /// (none when nothing could be read: the site keeps its frame-pointer walk).
+    Site {
+        key: SiteKey,
+        frames: Vec<UnwoundFrame>,
+        truncated: bool,
+    },
+    /// The stack host `host` spawned `child` at: `stack` tells its stacks apart (the same
+    /// frames, the same hash), `frames` are its frames located (none when the host was gone,
+    /// or ran another program, before its mappings were read).
+    Host {
+        host: NodeId,
+        child: NodeId,
+        stack: u64,
+        frames: Vec<Located>,
+    },
+}
+
+/// A native frame unwound: its file (device and inode), where it was opened, the file's build
+/// id and the id's own length (read from it), and the frame's offset in it.
+pub struct UnwoundFrame {
+    pub file: ExeKey,
+    pub object: Option<PathBuf>,
+    pub build_id: Option<(BuildId, usize)>,
+    pub offset: u64,
+}
+
+/// The slow side's part: the objects read so far, and what is kept of each JIT host.
+#[derive(Default)]
+pub struct Unwinder {
+    objects: Objects,
+    hosts: HashMap<NodeId, Host>,
+}
+
+/// Files a host's cache holds before it starts over (see [`Host::files`]).
+const HOST_FILES: usize = 1024;
+
+/// A JIT host's unwinder, kept while its mappings stay the same (its rules cache then serves
+/// every fork down the same path), and where each file it maps was found (looked for until
+/// found).
+struct Host {
+    unwinder: HostUnwinder,
+    files: HashMap<ExeKey, PathBuf>,
+}
+
+impl Unwinder {
+    /// Does `job`; what it gave, for the reader (nothing for [`Unwind::Forget`]).
+    pub fn unwind(&mut self, job: Unwind) -> Option<Unwound> {
+        let unwound = match job {
+            Unwind::Site {
+                key,
+                holders,
+                spawner,
+                exec_path,
+                seen_at,
+                forked_in,
+                copy,
+            } => {
+                let taken = Taken {
+                    spawner,
+                    exec_path,
+                    seen_at,
+                    forked_in,
+                };
+                Some(self.site(key, &holders, taken, &copy))
+            }
+            Unwind::Host {
+                host,
+                pid,
+                child,
+                copy,
+            } => Some(self.host(host, pid, child, &copy)),
+            Unwind::Forget(hosts) => {
+                for host in hosts {
+                    self.hosts.remove(&host);
+                }
+                None
+            }
+        };
+        self.objects.bound();
+        unwound
+    }
+
+    /// Native site `key`'s copy, unwound in the mappings of the first of `holders` still
+    /// running, else in what the kernel took of its spawner (see [`Unwind::Site`]). Read once
+    /// per site: the unwinder is not kept (the objects it read are).
+    fn site(&mut self, key: SiteKey, holders: &[u32], taken: Taken, copy: &CopiedStack) -> Unwound {
+        let unwound = holders
+            .iter()
+            .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
+            .or_else(|| {
+                let exe = taken.executable(copy.exe.file);
+                let forked_in = taken.forked_in();
+                let walked = (self.objects).unwind_taken(taken.spawner, copy, exe, forked_in)?;
+                Some((taken.spawner, walked))
+            });
+        let (frames, truncated) = match unwound {
+            Some((pid, walked)) => native_frames(pid, &walked),
+            None => (Vec::new(), false),
+        };
+        Unwound::Site {
+            key,
+            frames,
+            truncated,
+        }
+    }
+
+    /// Host `host`'s (process `pid`) copy, taken as it spawned `child`, unwound in its
+    /// mappings with the unwinder kept for it while they are the same: no frames once it is
+    /// gone, or runs another program.
+    fn host(&mut self, host: NodeId, pid: u32, child: NodeId, copy: &CopiedStack) -> Unwound {
+        let kept = self.hosts.remove(&host);
+        let (kept, mut files) =
+            kept.map_or((None, HashMap::new()), |h| (Some(h.unwinder), h.files));
+        let Some((walked, unwinder)) = self.objects.unwind(pid, copy, kept) else {
+            return Unwound::Host {
+                host,
+                child,
+                stack: 0,
+                frames: Vec::new(),
+            };
+        };
+        // A host that maps ever new files (a day of plugins) looks for them again.
+        if files.len() > HOST_FILES {
+            files.clear();
+        }
+        // Each frame in its mapping's file, or an address: code in no file (compiled
+        // JavaScript). A file found is kept for the next forks, one not found looked for again.
+        let mut hasher = DefaultHasher::new();
+        let frames: Vec<Located> = (walked.frames.iter())
+            .map(|&(m, offset)| {
+                let object = m.and_then(|i| {
+                    let map = &walked.maps[i];
+                    if let Some(found) = files.get(&map.file) {
+                        return Some(found.clone());
+                    }
+                    let found = map.file(pid)?;
+                    files.insert(map.file, found.clone());
+                    Some(found)
+                });
+                (m.map(|i| &walked.maps[i].path), offset).hash(&mut hasher);
+                Located {
+                    build_id: None,
+                    object,
+                    offset,
+                }
+            })
+            .collect();
+        self.hosts.insert(host, Host { unwinder, files });
+        Unwound::Host {
+            host,
+            child,
+            stack: hasher.finish(),
+            frames,
+        }
+    }
+}
+
+/// What the kernel took of a native site's spawner (see [`Unwind::Site`]).
+struct Taken {
+    spawner: u32,
+    exec_path: Option<PathBuf>,
+    seen_at: Option<PathBuf>,
+    forked_in: Option<(PathBuf, BuildId, u64)>,
+}
+
+impl Taken {
+    /// The spawner's executable `file`, opened while it is that file: at the path it was
+    /// exec'd from, its links resolved (`/bin/sh` is a link to dash), or where a process seen
+    /// mapping it mapped it.
+    fn executable(&self, file: ExeKey) -> Option<(Checked, PathBuf)> {
+        let resolved = self
+            .exec_path
+            .as_deref()
+            .and_then(|p| std::fs::canonicalize(p).ok());
+        let paths = resolved.into_iter().chain(self.seen_at.clone());
+        Checked::open_as(paths, file).ok()
+    }
+
+    /// The object the spawner forked in, opened while it has the build id the kernel named,
+    /// and the frame's offset in it.
+    fn forked_in(&self) -> Option<(Checked, PathBuf, u64)> {
+        let (path, id, offset) = self.forked_in.as_ref()?;
+        let file = Checked::open(path).ok()?;
+        has_build_id(&file, id).then(|| (file, path.clone(), *offset))
+    }
+}
+
+/// A mapped file as opened: where, and its build id (and the id's own length).
+type Opened = (Option<PathBuf>, Option<(BuildId, usize)>);
+
+/// A native site's frames as `walked` in process `pid`'s mappings: up to the first that is
+/// no file's code, each file opened once for its path and build id. Whether frames were left
+/// out.
+fn native_frames(pid: u32, walked: &Walked) -> (Vec<UnwoundFrame>, bool) {
+    let mut truncated = walked.truncated;
+    let mut files: HashMap<usize, Opened> = HashMap::new();
+    let mut frames = Vec::new();
+    for &(m, offset) in &walked.frames {
+        let Some(i) = m.filter(|&i| walked.maps[i].executable) else {
+            truncated = true;
+            break;
+        };
+        let map = &walked.maps[i];
+        let (object, build_id) = files
+            .entry(i)
+            .or_insert_with(|| match map.open(pid) {
+                Some((file, path)) => (Some(path), read_build_id(&file)),
+                None => (None, None),
+            })
+            .clone();
+        frames.push(UnwoundFrame {
+            file: map.file,
+            object,
+            build_id,
+            offset,
+        });
+    }
+    (frames, truncated)
+}
