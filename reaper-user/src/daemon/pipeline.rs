@@ -195,8 +195,9 @@ impl Pipeline {
             self.told_not_unwound = true;
             let note = format!(
                 "spawn sites: {missed} stack copies came faster than they were unwound and were \
-                 not (their sites keep their frame-pointer walk; a JIT host's child has no \
-                 frames); said once"
+                 not (the unwinding thread's queue was full, or held a JIT host's share): their \
+                 sites keep their frame-pointer walk, a JIT host's children have no frames; \
+                 said once"
             );
             self.out.note(&note)?;
         }
@@ -249,8 +250,11 @@ impl Pipeline {
     /// The frames that spawned each of `pids`, named here, on the reader's thread: only at
     /// the run's end (`--check`'s verdict), when the ring no longer waits on it.
     fn spawned_at_the_end(&mut self, pids: impl IntoIterator<Item = u32>) -> SpawnedAt {
-        // A note that cannot be written is the outlet's to report, not the verdict's.
-        let _ = self.settle_copies();
+        let pids: Vec<u32> = pids.into_iter().collect();
+        if !pids.is_empty() {
+            // A note that cannot be written is the outlet's to report, not the verdict's.
+            let _ = self.settle_copies();
+        }
         match self.spawns_to_name(pids) {
             Some(ToName { naming, asked }) => self.spawns_named(asked, Some(naming.name())),
             None => SpawnedAt::default(),

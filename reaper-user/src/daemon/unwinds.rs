@@ -85,11 +85,26 @@ impl Unwinds {
         let slot = Arc::new(Mutex::new(Some(job)));
         let (taken, give, done) = (slot.clone(), self.give.clone(), self.done.clone());
         let queued = self.slow.post(move |unwinder| {
+            // Dropped last: what the job gives is in the channel before it counts as done.
             let _counted = Counted(done);
-            let job = taken.lock().ok().and_then(|mut job| job.take());
-            if let Some(unwound) = job.and_then(|job| unwinder.unwind(job)) {
-                // The run may be closing: nobody takes it then.
+            let Some(job) = taken.lock().ok().and_then(|mut job| job.take()) else {
+                return;
+            };
+            // A job that panics still gives something back, or its copy would stay under
+            // way for the reader (a host's share of the queue, a site never unwound again);
+            // the panic goes on to the worker, which starts over with a fresh unwinder.
+            let nothing = job.nothing();
+            let unwinding = std::panic::AssertUnwindSafe(|| unwinder.unwind(job));
+            let (unwound, panicked) = match std::panic::catch_unwind(unwinding) {
+                Ok(unwound) => (unwound, None),
+                Err(panic) => (nothing, Some(panic)),
+            };
+            // The run may be closing: nobody takes it then.
+            if let Some(unwound) = unwound {
                 let _ = give.send(unwound);
+            }
+            if let Some(panic) = panicked {
+                std::panic::resume_unwind(panic);
             }
         });
         if queued {
@@ -256,6 +271,15 @@ mod tests {
         let before = std::time::Instant::now();
         unwinds.settle_here();
         assert!(before.elapsed() < SETTLE_CAP, "not waited for again");
+    }
+
+    #[test]
+    fn a_copy_given_nothing_for_is_still_given_back() {
+        let Some(Unwound::Site { key, frames, .. }) = unreadable_site(3).nothing() else {
+            panic!("a site's copy comes back");
+        };
+        assert_eq!((key, frames.len()), ((3, 1), 0));
+        assert!(Unwind::Forget(vec![1]).nothing().is_none());
     }
 
     #[test]

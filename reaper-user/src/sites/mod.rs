@@ -59,7 +59,8 @@ pub struct SpawnSites {
     to_unwind: Vec<Unwind>,
     /// Native sites whose copy is with the slow side: one copy a site.
     unwinding: HashSet<SiteKey>,
-    /// Copies not unwound: [`UNWINDS_WAITING`] waited already, or the slow side refused them.
+    /// Copies not unwound: [`UNWINDS_WAITING`] waited already, the slow side's queue was
+    /// full, or their host had [`jit::IN_FLIGHT`] there already.
     not_unwound: u64,
 }
 
@@ -195,7 +196,7 @@ impl SpawnSites {
         }
     }
 
-    /// Copies not unwound so far (their queue was full).
+    /// Copies not unwound so far: their queue was full, or their host's share of it.
     pub fn not_unwound(&self) -> u64 {
         self.not_unwound
     }

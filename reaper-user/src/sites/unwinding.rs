@@ -84,6 +84,28 @@ pub struct UnwoundFrame {
     pub offset: u64,
 }
 
+impl Unwind {
+    /// What the reader is given back when this job gives nothing (it panicked): the site
+    /// keeps its frame-pointer walk, the child has no frames, and the copy is no longer
+    /// counted as under way.
+    pub fn nothing(&self) -> Option<Unwound> {
+        match *self {
+            Unwind::Site { key, .. } => Some(Unwound::Site {
+                key,
+                frames: Vec::new(),
+                truncated: false,
+            }),
+            Unwind::Host { host, child, .. } => Some(Unwound::Host {
+                host,
+                child,
+                stack: 0,
+                frames: Vec::new(),
+            }),
+            Unwind::Forget(_) => None,
+        }
+    }
+}
+
 /// The slow side's part: the objects read so far, and what is kept of each JIT host.
 #[derive(Default)]
 pub struct Unwinder {

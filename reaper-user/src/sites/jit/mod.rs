@@ -27,8 +27,10 @@ pub const IN_FLIGHT: u32 = 16;
 pub struct JitStacks {
     hosts: BpfHashMap<MapData, u32, u64>,
     /// The hosts whose copies went to the slow side (which keeps an unwinder for each), and
-    /// how many of each are there now; a gone host stays until the slow side is told.
+    /// how many of each are there now.
     unwound_for: HashMap<NodeId, u32>,
+    /// Hosts let go whose unwinders the slow side was not told to forget yet.
+    to_forget: Vec<NodeId>,
     /// Each distinct stack, located.
     located: HashMap<Key, Vec<Located>>,
     named: HashMap<Key, Vec<Frame>>,
@@ -43,6 +45,7 @@ impl JitStacks {
         JitStacks {
             hosts,
             unwound_for: HashMap::new(),
+            to_forget: Vec::new(),
             located: HashMap::new(),
             named: HashMap::new(),
             spawned: HashMap::new(),
@@ -86,9 +89,8 @@ impl JitStacks {
 
     /// Hosts gone whose unwinders the slow side was not told to forget (its queue was full):
     /// told at the next [`JitStacks::retain`].
-    pub fn forget_later(&mut self, hosts: Vec<NodeId>) {
-        self.unwound_for
-            .extend(hosts.into_iter().map(|host| (host, 0)));
+    pub fn forget_later(&mut self, mut hosts: Vec<NodeId>) {
+        self.to_forget.append(&mut hosts);
     }
 
     /// Keeps the stack host `host` spawned `child` at, `frames` (see `sites::unwinding`),
@@ -152,10 +154,13 @@ impl JitStacks {
     /// Forgets the stacks of processes the graph no longer holds, and stacks none it holds
     /// was spawned at. Returns the hosts gone whose unwinders the slow side is to forget.
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
-        let gone = (self.unwound_for.keys())
-            .copied()
-            .filter(|&host| !holds(host))
-            .collect();
+        let mut gone = std::mem::take(&mut self.to_forget);
+        gone.extend(
+            self.unwound_for
+                .keys()
+                .copied()
+                .filter(|&host| !holds(host)),
+        );
         self.unwound_for.retain(|&host, _| holds(host));
         self.spawned.retain(|&child, _| holds(child));
         let kept: HashSet<Key> = self.spawned.values().copied().collect();
