@@ -185,6 +185,7 @@ mod tests {
             exec_path: None,
             seen_at: None,
             forked_in: None,
+            walk: None,
             copy: Box::default(),
         }
     }

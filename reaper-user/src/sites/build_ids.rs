@@ -112,14 +112,6 @@ impl BuildIds {
         self.paths.get(id).map(|(path, _)| path.as_path())
     }
 
-    /// The file of `id`, while it is still that file (an upgrade may have replaced it),
-    /// opened, and its path.
-    pub fn open(&self, id: &BuildId) -> Option<(Checked, PathBuf)> {
-        let (path, _) = self.paths.get(id)?;
-        let file = Checked::open(path).ok()?;
-        has_build_id(&file, id).then(|| (file, path.clone()))
-    }
-
     /// `id` in hex, at its own length when its file is known; else as the kernel gave it
     /// (20 bytes: a shorter id is then followed by the kernel's zeros).
     pub fn show(&self, id: &BuildId) -> String {
@@ -224,11 +216,15 @@ mod tests {
         let maps = ids.learn(std::process::id()).expect("own mappings");
         assert!(maps.iter().any(|m| m.executable));
         assert!(ids.knows(&id));
-        assert_eq!(ids.open(&id).map(|(_, p)| p), Some(exe.clone()));
+        assert_eq!(ids.path_of_id(&id), Some(exe.as_path()));
         let mut next = BuildIds::default();
         next.restore(&ids.save());
-        let taken_back = next.open(&id).map(|(_, p)| p);
-        assert_eq!(taken_back, Some(exe), "taken back from a checkpoint");
+        let taken_back = next.path_of_id(&id);
+        assert_eq!(
+            taken_back,
+            Some(exe.as_path()),
+            "taken back from a checkpoint"
+        );
     }
 
     #[test]

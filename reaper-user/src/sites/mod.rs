@@ -4,8 +4,9 @@
 //! by build id and a file offset (see [`native`]), and is named only when a flag needs it;
 //! Python frames are named then, from the spawner's memory.
 //! A JIT host's stack is copied instead and unwound (see [`jit`]), as is a native site's first
-//! (see [`native`]), on the slow side (see [`unwinding`]). What reads objects and perf maps to
-//! name frames runs on the slow side too (see [`naming`]).
+//! (see [`native`]), on the slow side (see [`unwinding`]), where a native site's walk is also
+//! located when that reads its spawner's mappings (see [`locating`]). What reads objects and
+//! perf maps to name frames runs on the slow side too (see [`naming`]).
 use build_ids::SavedBuildId;
 use jit::JitStacks;
 pub use naming::{Asked, NamedSites, Naming};
@@ -20,12 +21,13 @@ pub use unwinding::{Unwind, Unwinder, Unwound};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
-use crate::lineage::graph::NodeId;
 use crate::lineage::graph::saved::SavedStart;
+use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::procfs::proc_path;
 
 pub mod build_ids;
 mod jit;
+mod locating;
 mod mappings;
 mod naming;
 mod native;
@@ -35,8 +37,9 @@ mod spawns;
 mod unwind;
 mod unwinding;
 
-/// Copies waiting to be handed to the slow side (see [`SpawnSites::take_to_unwind`]); past them, a
-/// copy is not unwound (its site keeps its frame-pointer walk, its child has no JIT frames).
+/// Jobs waiting to be handed to the slow side (see [`SpawnSites::take_to_unwind`]); past them, a
+/// copy is not unwound (its site keeps its frame-pointer walk, its child has no JIT frames), and
+/// a walk is located at its spawner's next fork from there.
 pub const UNWINDS_WAITING: usize = 64;
 
 /// A live process's unwound spawn stack (see [`jit`]), as the checkpoint keeps it: the next run
@@ -57,7 +60,8 @@ pub struct SpawnSites {
     jit: Option<JitStacks>,
     /// Copies for the slow side to unwind, and what it is to forget.
     to_unwind: Vec<Unwind>,
-    /// Native sites whose copy is with the slow side: one copy a site.
+    /// Native sites with the slow side (their copy to unwind, or their walk to locate): one
+    /// job a site at a time.
     unwinding: HashSet<SiteKey>,
     /// Copies not unwound: [`UNWINDS_WAITING`] waited already, the slow side's queue was
     /// full, or their host had [`jit::IN_FLIGHT`] there already.
@@ -129,30 +133,50 @@ impl SpawnSites {
         }
     }
 
-    /// Hands the stack of native site `key`, copied at its first fork from there (see
-    /// `reaper_common::copy`), to the slow side, with what it needs to unwind it when the
-    /// processes running the spawner's code, `holders`, are gone (the spawner `spawner_pid`,
-    /// exec'd from `exec_path`: see [`Unwind::Site`]). Its frames replace the frame-pointer
-    /// walk when they go deeper (see [`NativeStacks::take_unwound`]).
-    fn unwind_site(
+    /// Locates the native stack of `key` at a fork of its spawner (`spawner_pid`, exec'd from
+    /// `exec_path`), once: here when that reads nothing (see [`NativeStacks::locate_known`]),
+    /// else on the slow side, with the stack copied at the site's first fork when there is
+    /// one (see `reaper_common::copy`), handed on with what the slow side needs to unwind it
+    /// when the processes running the spawner's code are gone (see [`Unwind::Site`]). The
+    /// copy's frames replace the frame-pointer walk when they go deeper (see
+    /// [`NativeStacks::take_unwound`]).
+    fn locate_at_fork(
         &mut self,
+        graph: &LineageGraph,
         key: SiteKey,
-        holders: Vec<u32>,
         (spawner_pid, exec_path): (u32, Option<&Path>),
-        copy: Box<CopiedStack>,
+        copy: Option<Box<CopiedStack>>,
     ) {
-        if self.native.unwound(key) || !self.unwinding.insert(key) {
+        if self.unwinding.contains(&key) {
             return;
         }
-        let job = Unwind::Site {
-            key,
-            holders,
-            spawner: spawner_pid,
-            exec_path: exec_path.map(Path::to_path_buf),
-            seen_at: self.native.build_ids.path_of(copy.exe.file),
-            forked_in: self.native.forked_in(key),
-            copy,
+        let walk = match self.native.knows(key) {
+            true => None,
+            false => self
+                .native
+                .walk(key)
+                .and_then(|walk| self.native.locate_known(key, walk)),
         };
+        let copy = copy.filter(|_| !self.native.unwound(key));
+        let job = match (walk, copy) {
+            (walk, Some(copy)) => Unwind::Site {
+                key,
+                holders: graph.code_holders(key.1),
+                spawner: spawner_pid,
+                exec_path: exec_path.map(Path::to_path_buf),
+                seen_at: self.native.build_ids.path_of(copy.exe.file),
+                forked_in: self.native.forked_in(key, walk.as_ref()),
+                walk,
+                copy,
+            },
+            (Some(walk), None) => Unwind::Locate {
+                key,
+                holders: graph.code_holders(key.1),
+                walk,
+            },
+            (None, None) => return,
+        };
+        self.unwinding.insert(key);
         self.hand_on(job);
     }
 
@@ -182,6 +206,11 @@ impl SpawnSites {
                 self.unwinding.remove(&key);
                 self.not_unwound += 1;
             }
+            // Located at the spawner's next fork from there, if any.
+            Unwind::Locate { key, .. } => {
+                self.unwinding.remove(&key);
+            }
+            Unwind::Learn(_) => {}
             Unwind::Host { host, .. } => {
                 if let Some(jit) = self.jit.as_mut() {
                     jit.not_unwinding(host);
@@ -209,11 +238,21 @@ impl SpawnSites {
                 key,
                 frames,
                 truncated,
+                located,
             } => {
                 if self.unwinding.remove(&key) {
+                    if let Some(location) = located {
+                        self.native.take_located(key, location);
+                    }
                     self.native.take_unwound(key, frames, truncated);
                 }
             }
+            Unwound::Located { key, location } => {
+                if let (true, Some(location)) = (self.unwinding.remove(&key), location) {
+                    self.native.take_located(key, location);
+                }
+            }
+            Unwound::Learned(learned) => self.native.take_learned(learned),
             Unwound::Host {
                 host,
                 child,
@@ -256,9 +295,10 @@ impl SpawnSites {
         self.native.locate(key, holders);
     }
 
-    /// Learns the objects a gateway runs, so its spawns are named after it is gone.
+    /// Learns the objects a gateway runs (on the slow side), so its spawns are named after it
+    /// is gone.
     pub fn gateway_found(&mut self, pid: u32) {
-        self.native.build_ids.learn(pid);
+        self.hand_on(Unwind::Learn(pid));
     }
 
     /// The build ids learned, for the checkpoint.

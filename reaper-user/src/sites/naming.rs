@@ -4,14 +4,14 @@
 //! 1. [`SpawnSites::ask`], on the reader's thread, takes out of what the sites hold what
 //!    naming a process's spawn needs, owned: its frames located (each object found, its build
 //!    id in words), a Python spawner's frames (named at its fork, or now from its memory: a
-//!    few small reads), what was named already. This step still reads, on the reader's
-//!    thread, where a frame's object is known by its build id alone (its spawner gone): the
-//!    mappings of the processes that hold the site, and the build-id note of each object
-//!    they map that is not known yet (once an object, capped). A round (a scan's flags,
-//!    `--check`'s verdict, an answer) asks once a site ([`Naming`]).
+//!    few small reads), what was named already. Of the objects, it reads nothing: an object
+//!    known by its build id alone is where a file of that id was seen. A round (a scan's
+//!    flags, `--check`'s verdict, an answer) asks once a site ([`Naming`]).
 //! 2. [`Naming::name`], wherever it is called (a thread of the slow side), reads each object
 //!    (a sealed copy, symbolized: megabytes of symbols and line tables, see [`Namer`]) and a
-//!    JIT host's perf map (up to 64 MiB).
+//!    JIT host's perf map (up to 64 MiB); an object whose build id no file was seen with is
+//!    looked for in the mappings of the processes running the spawner's code (see
+//!    [`Holders`]).
 //! 3. [`SpawnSites::remember`], back on the reader's thread, keeps what was named (a site is
 //!    named once) and gives each process its frames.
 use std::sync::Arc;
@@ -20,6 +20,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 use super::SpawnSites;
 use super::jit::{self, perf_map};
+use super::locating::{Files, Learned};
+use super::mappings::mappings;
 use super::native::{Located, Named, Namer, SiteFrames, SiteKey};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::stream::evidence::Frame;
@@ -44,11 +46,13 @@ enum Part {
         compiled: Vec<u64>,
         native: Vec<Located>,
     },
-    /// A native site's frames, each located in its object, with its build id in words.
+    /// A native site's frames, each located in its object, with its build id in words; an
+    /// object not found yet is looked for among the files `holders` map.
     Native {
         site: SiteKey,
         frames: Vec<(Located, Option<String>)>,
         truncated: bool,
+        holders: Vec<u32>,
     },
 }
 
@@ -94,10 +98,13 @@ impl Naming {
     pub fn name(self) -> NamedSites {
         let mut namer = Namer::default();
         let sites = self.sites.into_iter().map(|site| {
-            let parts = (site.parts.into_iter())
+            let parts: Vec<NamedPart> = (site.parts.into_iter())
                 .map(|part| part.name(&mut namer))
                 .collect();
-            (parts, site.truncated)
+            // A native part is cut where an object was not found.
+            let cut = |part: &NamedPart| matches!(part, NamedPart::Native(_, n) if n.truncated);
+            let truncated = site.truncated || parts.iter().any(cut);
+            (parts, truncated)
         });
         let named = NamedSites {
             sites: sites.collect(),
@@ -105,6 +112,50 @@ impl Naming {
         drop(namer);
         crate::resident::give_back_freed();
         named
+    }
+}
+
+/// The files mapped by the processes running a spawner's code, read one process at a time
+/// while a frame's object is not found among those read so far.
+struct Holders {
+    pids: std::vec::IntoIter<u32>,
+    files: Files,
+    learned: Vec<Learned>,
+}
+
+impl Holders {
+    fn new(pids: Vec<u32>) -> Holders {
+        Holders {
+            pids: pids.into_iter(),
+            files: Files::default(),
+            learned: Vec::new(),
+        }
+    }
+
+    /// Frame `located` with its object found (with its build id in words, at the id's own
+    /// length when its file was found here), or none when no file of its build id is.
+    fn find(
+        &mut self,
+        located: Located,
+        build_id: Option<String>,
+    ) -> Option<(Located, Option<String>)> {
+        if located.object.is_some() {
+            return Some((located, build_id));
+        }
+        let id = located.build_id?;
+        loop {
+            let of_id = |l: &&Learned| l.path.is_some() && l.id.is_some_and(|(i, _)| i == id);
+            if let Some(found) = self.learned.iter().find(of_id) {
+                let len = found.id.map_or(id.len(), |(_, len)| len);
+                let shown = crate::text::hex(id.get(..len).unwrap_or(&id));
+                let object = found.path.clone();
+                return Some((Located { object, ..located }, Some(shown)));
+            }
+            let pid = self.pids.next()?;
+            if let Ok(maps) = mappings(pid) {
+                self.learned.extend(self.files.learn(pid, &maps));
+            }
+        }
     }
 }
 
@@ -133,13 +184,20 @@ impl Part {
                 site,
                 frames,
                 truncated,
+                holders,
             } => {
                 let mut named = Named {
                     frames: Vec::new(),
                     truncated,
                 };
-                for (located, build_id) in &frames {
-                    for mut frame in namer.name(located) {
+                let mut holders = Holders::new(holders);
+                for (located, build_id) in frames {
+                    // A frame whose object is not found ends the stack, which is then cut.
+                    let Some((located, build_id)) = holders.find(located, build_id) else {
+                        named.truncated = true;
+                        break;
+                    };
+                    for mut frame in namer.name(&located) {
                         frame.build_id = build_id.clone();
                         named.frames.push(frame);
                     }
@@ -209,12 +267,14 @@ impl SpawnSites {
                         SiteFrames::Located {
                             frames,
                             truncated: cut,
+                            holders,
                         } => {
                             truncated = cut;
                             Part::Native {
                                 site,
                                 frames,
                                 truncated: cut,
+                                holders,
                             }
                         }
                     };
@@ -266,5 +326,37 @@ impl Remembered {
             .0
             .and_then(|at| self.0.get(at).cloned())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::untrusted::Checked;
+
+    #[test]
+    fn an_object_known_by_its_build_id_alone_is_found_among_its_holders_files() {
+        let exe = std::env::current_exe().unwrap();
+        let read = super::super::build_ids::read_build_id(&Checked::open(&exe).unwrap());
+        let (id, len) = read.expect("this test binary has a build id");
+        let frame = || Located {
+            build_id: Some(id),
+            object: None,
+            offset: 0x40,
+        };
+        // The first holder is gone; the second (this test) maps the object.
+        let mut holders = Holders::new(vec![u32::MAX, std::process::id()]);
+        let (found, shown) = holders.find(frame(), None).expect("found in a holder");
+        assert_eq!(found.object.as_deref(), Some(exe.as_path()));
+        assert_eq!(found.offset, 0x40);
+        assert_eq!(
+            shown,
+            Some(crate::text::hex(&id[..len])),
+            "at the id's own length"
+        );
+        assert!(
+            Holders::new(Vec::new()).find(frame(), None).is_none(),
+            "no holder: cut"
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! Spawners' native stacks (see `reaper_common::native`): each frame the kernel named by build
 //! id and file offset is located as it is; a frame it gave as an address is located in the
 //! mappings of a process holding the spawner's code, while one runs (ASLR and the spawner's
-//! exit no longer matter after that). Frames are named only when a flag needs them.
+//! exit no longer matter after that), on the slow side (see [`super::locating`]). Frames are
+//! named only when a flag needs them.
 //!
 //! A site whose stack was copied (see `reaper_common::copy`) is located from the copy instead,
 //! unwound with its objects' call frame information: the frame-pointer walk stops in code
@@ -11,16 +12,16 @@
 //! address in no executable mapping, or an object no build id names) ends there, and the
 //! stack says it was cut ([`Site::truncated`]).
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as KernelMap, MapData};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
-use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeStack};
+use reaper_common::native::NativeStack;
 use serde::{Deserialize, Serialize};
 
 use super::build_ids::{BuildId, BuildIds, has_build_id};
-use super::mappings::Mapping;
+use super::locating::{Learned, Location, Walk};
 use super::referrers::Referrers;
 use super::unwinding::UnwoundFrame;
 use crate::lineage::graph::NodeId;
@@ -66,6 +67,8 @@ pub enum SiteFrames {
     Located {
         frames: Vec<(Located, Option<String>)>,
         truncated: bool,
+        /// Where objects not found yet are looked for (see [`NativeStacks::for_naming`]).
+        holders: Vec<u32>,
     },
 }
 
@@ -120,63 +123,86 @@ impl NativeStacks {
         self.located.contains_key(&key)
     }
 
-    /// Locates the stack of `key`. `holders` run the spawner's code (the spawner, then the
-    /// processes it shares its code with: one that has not exec'd since its fork runs its
-    /// spawner's); the first still running is read when a frame is an address, or names an
-    /// object not yet known.
+    /// The kernel's frame-pointer walk of the stack of `key`, when its store holds it.
+    pub fn walk(&self, key: SiteKey) -> Option<Walk> {
+        let stack = self.store.get(&key.0, 0).ok()?;
+        Some(Walk::new(&stack.frames, stack.len))
+    }
+
+    /// Locates `walk`, the stack of `key`, here when that reads nothing (every frame names
+    /// its object by a build id known); gives it back when a holder's mappings are to be read
+    /// (on the slow side: see [`Files::locate`] and [`NativeStacks::take_located`]).
+    ///
+    /// [`Files::locate`]: super::locating::Files::locate
+    pub fn locate_known(&mut self, key: SiteKey, walk: Walk) -> Option<Walk> {
+        if walk.wants_mappings(|id| self.build_ids.knows(id)) {
+            return Some(walk);
+        }
+        let (frames, truncated) = walk.locate(None, |_, _| (None, None));
+        self.keep_located(key, frames, truncated);
+        None
+    }
+
+    /// Keeps `location`, the walk of `key` located on the slow side: the build id of each
+    /// file it read, and the frames (unless they are there already).
+    pub fn take_located(&mut self, key: SiteKey, location: Location) {
+        self.take_learned(location.learned);
+        if !self.knows(key) {
+            self.keep_located(key, location.frames, location.truncated);
+        }
+    }
+
+    /// Keeps what the slow side learned of files a holder maps: their build ids, and where
+    /// each was found.
+    pub fn take_learned(&mut self, learned: Vec<Learned>) {
+        for l in learned {
+            self.build_ids.note(l.file, l.id, l.path);
+        }
+    }
+
+    /// Locates the stack of `key` here, reading the mappings of the first of `holders` still
+    /// running (they run the spawner's code: the spawner, then the processes it shares its
+    /// code with) when a frame is an address, or names an object not yet known: only at
+    /// start-up, when a checkpoint's sites are taken back before the ring is read.
     pub fn locate(&mut self, key: SiteKey, holders: &[u32]) {
-        let Ok(stack) = self.store.get(&key.0, 0) else {
+        let Some(walk) = self.walk(key) else {
             return;
         };
-        let frames = stack.frames.get(..stack.len as usize).unwrap_or_default();
-        let wanted = frames.iter().any(|f| match f.status {
-            FRAME_BUILD_ID => !self.build_ids.knows(&f.build_id),
-            FRAME_ADDRESS => true,
-            _ => false,
-        });
-        let maps = match wanted {
+        let maps = match walk.wants_mappings(|id| self.build_ids.knows(id)) {
             true => holders
                 .iter()
                 .find_map(|&pid| Some((pid, self.build_ids.learn(pid)?))),
             false => None,
         };
-        let mut located = Vec::new();
-        let mut truncated = stack.len as usize == frames.len() && frames.len() == NATIVE_FRAMES_MAX;
-        for f in frames {
-            let frame = match f.status {
-                FRAME_BUILD_ID => Some(Located {
-                    build_id: Some(f.build_id),
-                    object: None,
-                    offset: f.offset,
-                }),
-                FRAME_ADDRESS => self.address(f.offset, maps.as_ref()),
-                _ => continue,
-            };
-            // Past a frame that is no code, the walk read data as frame pointers.
-            let Some(frame) = frame else {
-                truncated = true;
-                break;
-            };
-            located.push(frame);
-        }
-        self.located.insert(
-            key,
-            Site {
-                frames: located,
-                truncated,
-                unwound: false,
-            },
-        );
+        let build_ids = &mut self.build_ids;
+        let (frames, truncated) = walk.locate(maps.as_ref(), |pid, m| {
+            (build_ids.build_id(pid, m), m.file(pid))
+        });
+        self.keep_located(key, frames, truncated);
+    }
+
+    fn keep_located(&mut self, key: SiteKey, frames: Vec<Located>, truncated: bool) {
+        let site = Site {
+            frames,
+            truncated,
+            unwound: false,
+        };
+        self.located.insert(key, site);
     }
 
     /// The object site `key`'s innermost frame is in (where its spawner forked: the C
     /// library's fork, mostly), as the kernel named it: where a file of its build id was seen,
-    /// the id, and the frame's offset.
-    pub fn forked_in(&self, key: SiteKey) -> Option<(PathBuf, BuildId, u64)> {
-        let first = self.located.get(&key)?.frames.first()?;
-        let id = first.build_id?;
+    /// the id, and the frame's offset. `walk`: the site's walk, when it is not located yet.
+    pub fn forked_in(&self, key: SiteKey, walk: Option<&Walk>) -> Option<(PathBuf, BuildId, u64)> {
+        let (id, offset) = match walk {
+            Some(walk) => walk.innermost()?,
+            None => {
+                let first = self.located.get(&key)?.frames.first()?;
+                (first.build_id?, first.offset)
+            }
+        };
         let path = self.build_ids.path_of_id(&id)?;
-        Some((path.to_path_buf(), id, first.offset))
+        Some((path.to_path_buf(), id, offset))
     }
 
     /// Whether the stack of `key` was unwound from a copy already.
@@ -208,57 +234,42 @@ impl NativeStacks {
         self.named.remove(&key);
     }
 
-    /// An address frame, located in the executable mappings of `holder` (pid, mappings);
-    /// none when no holder runs or no executable mapping holds it (it is no code).
-    fn address(&mut self, addr: u64, holder: Option<&(u32, Vec<Mapping>)>) -> Option<Located> {
-        let (pid, maps) = holder?;
-        let (m, offset) = maps
-            .iter()
-            .filter(|m| m.executable)
-            .find_map(|m| Some((m, m.file_offset(addr)?)))?;
-        Some(Located {
-            build_id: self.build_ids.build_id(*pid, m),
-            object: m.file(*pid),
-            offset,
-        })
-    }
-
     /// The frames of site `key` for naming (see `sites::naming`): named already, or each
-    /// located in its object (an object known by its build id found among those the
-    /// processes running the spawner's code, `holders`, map), with its build id in words.
-    /// A frame whose object is not found ends the stack, which is then cut.
-    pub fn for_naming(&mut self, key: SiteKey, holders: &[u32]) -> SiteFrames {
+    /// located in its object, with its build id in words. Nothing is read here: an object
+    /// known by its build id alone is the file where one of that id was seen, and the
+    /// naming looks for one the index does not know among those mapped by the processes
+    /// running the spawner's code, `holders`, given with the frames then.
+    pub fn for_naming(&self, key: SiteKey, holders: &[u32]) -> SiteFrames {
         if let Some(named) = self.named.get(&key) {
             return SiteFrames::Named(named.clone());
         }
         let Some(site) = self.located.get(&key) else {
             return SiteFrames::Named(Named::default());
         };
-        let unknown = |l: &Located| l.build_id.is_some_and(|id| !self.build_ids.knows(&id));
-        if site.frames.iter().any(unknown) {
-            for &pid in holders {
-                self.build_ids.learn(pid);
-            }
+        let frames: Vec<(Located, Option<String>)> = (site.frames.iter())
+            .map(|l| {
+                let object = match (l.build_id, &l.object) {
+                    (Some(id), None) => self.build_ids.path_of_id(&id).map(Path::to_path_buf),
+                    _ => l.object.clone(),
+                };
+                let build_id = l.build_id.map(|id| self.build_ids.show(&id));
+                let located = Located {
+                    object,
+                    ..l.clone()
+                };
+                (located, build_id)
+            })
+            .collect();
+        let unfound = frames.iter().any(|(l, _)| l.object.is_none());
+        SiteFrames::Located {
+            frames,
+            truncated: site.truncated,
+            holders: if unfound {
+                holders.to_vec()
+            } else {
+                Vec::new()
+            },
         }
-        let mut frames = Vec::new();
-        let mut truncated = site.truncated;
-        for l in &site.frames {
-            let object = match (l.build_id, &l.object) {
-                (Some(id), None) => self.build_ids.open(&id).map(|(_, path)| path),
-                _ => l.object.clone(),
-            };
-            if object.is_none() {
-                truncated = true;
-                break;
-            }
-            let build_id = l.build_id.map(|id| self.build_ids.show(&id));
-            let located = Located {
-                object,
-                ..l.clone()
-            };
-            frames.push((located, build_id));
-        }
-        SiteFrames::Located { frames, truncated }
     }
 
     /// Keeps site `key`'s frames as a round named them: it is named once.

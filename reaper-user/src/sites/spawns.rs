@@ -59,8 +59,9 @@ impl SpawnSites {
         seen
     }
 
-    /// A fork's stacks: the native one located in its spawner's mappings (a copy of it, or
-    /// a JIT host's, handed to the slow side to unwind), each noted as having spawned the
+    /// A fork's stacks: the native one located in its spawner's mappings (on the slow side
+    /// when they are read, with its copy), a JIT host's copy handed to the slow side to
+    /// unwind, each noted as having spawned the
     /// child (a stack is kept while a process it spawned is).
     fn forked(
         &mut self,
@@ -72,15 +73,11 @@ impl SpawnSites {
     ) {
         let spawner = graph.current(spawner).map(|n| (n.id, n.pid));
         match (stack.native, spawner, copy) {
+            // A native site's stack, located; copied at its first fork, unwound too, as deep
+            // as it goes.
             (Some(native), Some((node, pid)), copy) => {
-                let key = (native, node);
-                self.locate_once(graph, key);
-                // A native site's stack copied at its first fork: unwound too, as deep as it
-                // goes.
-                if let Some(copy) = copy {
-                    let spawner = (pid, exec_path(graph, node));
-                    self.unwind_site(key, graph.code_holders(node), spawner, copy);
-                }
+                let spawner = (pid, exec_path(graph, node));
+                self.locate_at_fork(graph, (native, node), spawner, copy);
             }
             // A JIT host's stack, copied at each fork.
             (None, Some((node, pid)), Some(copy)) => self.unwind(copy, node, pid, child),
@@ -97,9 +94,8 @@ impl SpawnSites {
         }
     }
 
-    /// Locates a native stack in the mappings of its spawner's code (see
-    /// [`NativeStacks::locate`]), once: a spawner forking the same way again costs no read
-    /// and no lineage walk.
+    /// Locates a native stack in the mappings of its spawner's code here (see
+    /// [`NativeStacks::locate`]), once: only at start-up, for a checkpoint's live processes.
     ///
     /// [`NativeStacks::locate`]: super::native::NativeStacks::locate
     fn locate_once(&mut self, graph: &LineageGraph, key: SiteKey) {

@@ -5,6 +5,8 @@
 //! reader's. The reader hands on an [`Unwind`] (see [`SpawnSites::take_to_unwind`]), a thread of
 //! the slow side holding an [`Unwinder`] does it, and the reader takes back what it gives
 //! ([`SpawnSites::take_unwound`]): the frames are the site's, or the child's, from then on.
+//! It also locates native sites' frame-pointer walks that read their spawner's mappings, and
+//! learns the objects gateways run (see [`super::locating`]).
 //!
 //! The spawner's mappings are read a moment after its fork, not at it (and used only while
 //! they hold the copy's executable where the kernel saw it: a pid that runs another program
@@ -21,6 +23,8 @@ use std::path::PathBuf;
 use reaper_common::ExeKey;
 
 use super::build_ids::{BuildId, has_build_id, read_build_id};
+use super::locating::{Files, Learned, Location, Walk};
+use super::mappings::mappings;
 use super::native::{Located, SiteKey};
 use super::unwind::{HostUnwinder, Objects, Unwound as Walked};
 use crate::capture::decode::CopiedStack;
@@ -34,7 +38,9 @@ pub enum Unwind {
     /// the kernel took of it: its executable, `copy.exe.file`, found at the path it was exec'd
     /// from (`exec_path`, links resolved) or where a process seen mapping it did (`seen_at`),
     /// and the object its innermost frame is in, `forked_in` (where the build id of the
-    /// kernel's frame-pointer walk was seen, that id, and the frame's offset).
+    /// kernel's frame-pointer walk was seen, that id, and the frame's offset). `walk`: the
+    /// site's frame-pointer walk when it is yet to be located (see [`Unwind::Locate`]): it is
+    /// located first, and names `forked_in` when the reader could not.
     Site {
         key: SiteKey,
         holders: Vec<u32>,
@@ -42,8 +48,19 @@ pub enum Unwind {
         exec_path: Option<PathBuf>,
         seen_at: Option<PathBuf>,
         forked_in: Option<(PathBuf, BuildId, u64)>,
+        walk: Option<Walk>,
         copy: Box<CopiedStack>,
     },
+    /// Native site `key`'s frame-pointer walk, to be located in the mappings of the first of
+    /// `holders` still running (see [`Files::locate`]): a site without a copy.
+    Locate {
+        key: SiteKey,
+        holders: Vec<u32>,
+        walk: Walk,
+    },
+    /// The build ids of the files process `pid` (a gateway) maps, learned so that its spawns
+    /// are named once it, and every process sharing its code, is gone.
+    Learn(u32),
     /// JIT host `host`'s (process `pid`) copy, taken as it spawned `child`.
     Host {
         host: NodeId,
@@ -59,11 +76,20 @@ pub enum Unwind {
 pub enum Unwound {
     /// Native site `key`'s frames, innermost first, up to the first that is no file's code
     /// (none when nothing could be read: the site keeps its frame-pointer walk).
+    /// `located`: its walk, when it was located here.
     Site {
         key: SiteKey,
         frames: Vec<UnwoundFrame>,
         truncated: bool,
+        located: Option<Location>,
     },
+    /// Native site `key`'s walk located (none when the job gave nothing).
+    Located {
+        key: SiteKey,
+        location: Option<Location>,
+    },
+    /// What a gateway's files were learned to be.
+    Learned(Vec<Learned>),
     /// The stack host `host` spawned `child` at: `stack` tells its stacks apart (the same
     /// frames, the same hash), `frames` are its frames located (none when the host was gone,
     /// or ran another program, before its mappings were read).
@@ -94,6 +120,11 @@ impl Unwind {
                 key,
                 frames: Vec::new(),
                 truncated: false,
+                located: None,
+            }),
+            Unwind::Locate { key, .. } => Some(Unwound::Located {
+                key,
+                location: None,
             }),
             Unwind::Host { host, child, .. } => Some(Unwound::Host {
                 host,
@@ -101,15 +132,17 @@ impl Unwind {
                 stack: 0,
                 frames: Vec::new(),
             }),
-            Unwind::Forget(_) => None,
+            Unwind::Forget(_) | Unwind::Learn(_) => None,
         }
     }
 }
 
-/// The slow side's part: the objects read so far, and what is kept of each JIT host.
+/// The slow side's part: the objects read so far (for their call frame information, and for
+/// their build ids), and what is kept of each JIT host.
 #[derive(Default)]
 pub struct Unwinder {
     objects: Objects,
+    files: Files,
     hosts: HashMap<NodeId, Host>,
 }
 
@@ -135,15 +168,24 @@ impl Unwinder {
                 exec_path,
                 seen_at,
                 forked_in,
+                walk,
                 copy,
             } => {
+                let located = walk.map(|walk| self.files.locate(&walk, &holders));
                 let taken = Taken {
                     spawner,
                     exec_path,
                     seen_at,
-                    forked_in,
+                    forked_in: forked_in.or_else(|| located.as_ref()?.forked_in(&self.files)),
                 };
-                Some(self.site(key, &holders, taken, &copy))
+                Some(self.site(key, &holders, taken, &copy, located))
+            }
+            Unwind::Locate { key, holders, walk } => Some(Unwound::Located {
+                key,
+                location: Some(self.files.locate(&walk, &holders)),
+            }),
+            Unwind::Learn(pid) => {
+                (mappings(pid).ok()).map(|maps| Unwound::Learned(self.files.learn(pid, &maps)))
             }
             Unwind::Host {
                 host,
@@ -165,7 +207,14 @@ impl Unwinder {
     /// Native site `key`'s copy, unwound in the mappings of the first of `holders` still
     /// running, else in what the kernel took of its spawner (see [`Unwind::Site`]). Read once
     /// per site: the unwinder is not kept (the objects it read are).
-    fn site(&mut self, key: SiteKey, holders: &[u32], taken: Taken, copy: &CopiedStack) -> Unwound {
+    fn site(
+        &mut self,
+        key: SiteKey,
+        holders: &[u32],
+        taken: Taken,
+        copy: &CopiedStack,
+        located: Option<Location>,
+    ) -> Unwound {
         let unwound = holders
             .iter()
             .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
@@ -183,6 +232,7 @@ impl Unwinder {
             key,
             frames,
             truncated,
+            located,
         }
     }
 
