@@ -1,8 +1,9 @@
 //! Which file each build id names. The kernel names a native frame by its object's build id
 //! and the offset in that object's file (see `reaper_common::native`); naming the frame needs
 //! the file. Files are learned from the mappings of processes that run them (a spawner, the
-//! processes it shares its code with, each gateway when found), each file's build id read
-//! once, so a frame is named after every process that mapped its object is gone. The index
+//! processes it shares its code with, each gateway when found), read on the slow side (see
+//! `sites::locating`) and noted here, each file's build id read once, so a frame is named
+//! after every process that mapped its object is gone. The index
 //! is kept in the checkpoint (`--state-dir`): the next run names what this one learned.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

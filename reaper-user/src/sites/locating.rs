@@ -8,8 +8,8 @@
 //! read; any other goes to the slow side at its first fork, and comes back as a [`Location`].
 //! The reader reads them itself only at start-up, when a checkpoint's sites are taken back
 //! before the ring is read.
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use reaper_common::ExeKey;
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeFrame};
@@ -76,6 +76,17 @@ impl Walk {
         })
     }
 
+    /// Located with nothing read: each frame named by build id kept, the stack cut at the
+    /// first address (what a walk the slow side could not locate keeps).
+    pub fn unread(&self) -> Location {
+        let (frames, truncated) = self.locate(None, |_, _| (None, None));
+        Location {
+            frames,
+            truncated,
+            learned: Vec::new(),
+        }
+    }
+
     /// The frame it forked in, when the kernel named its object by build id: the id and the
     /// frame's offset.
     pub fn innermost(&self) -> Option<(BuildId, u64)> {
@@ -130,13 +141,16 @@ impl Walk {
 const FILES_KEPT: usize = 4096;
 
 /// The files the slow side opened for their build ids, by device and inode: each read once
-/// (one not found is looked for again), up to [`FILES_KEPT`].
+/// where `maps` names it (one found only under a process's own root, a container's, is read
+/// again for each process: that path is the process's), one not found looked for again; up
+/// to [`FILES_KEPT`].
 #[derive(Default)]
 pub struct Files(HashMap<ExeKey, Learned>);
 
 impl Files {
     /// Locates `walk` in the mappings of the first of `holders` still running, the build id
-    /// of each file it maps learned.
+    /// of each file it maps read; what was learned of the files the frames are in (by build
+    /// id, or by the mapping an address is in) goes with it.
     pub fn locate(&mut self, walk: &Walk, holders: &[u32]) -> Location {
         let holder = holders
             .iter()
@@ -149,10 +163,16 @@ impl Files {
                 .get(&m.file)
                 .map_or((None, None), |l| (l.id.map(|(id, _)| id), l.path.clone()))
         });
+        let named: HashSet<BuildId> = (walk.frames.iter())
+            .filter(|f| f.status == FRAME_BUILD_ID)
+            .map(|f| f.build_id)
+            .chain(frames.iter().filter_map(|l| l.build_id))
+            .collect();
+        let of_frames = |l: &Learned| l.id.is_some_and(|(id, _)| named.contains(&id));
         Location {
             frames,
             truncated,
-            learned,
+            learned: learned.into_iter().filter(of_frames).collect(),
         }
     }
 
@@ -165,15 +185,18 @@ impl Files {
         file.path.clone()
     }
 
+    /// Where `file` was opened.
+    pub fn path_of(&self, file: ExeKey) -> Option<PathBuf> {
+        self.0.get(&file)?.path.clone()
+    }
+
     /// What process `pid`, whose mappings are `maps`, runs: each executable mapping's file
     /// opened (once a file) for its build id.
     pub fn learn(&mut self, pid: u32, maps: &[Mapping]) -> Vec<Learned> {
-        if self.0.len() > FILES_KEPT {
-            self.0.clear();
-        }
+        let mut seen = HashSet::new();
         let mut learned: Vec<Learned> = Vec::new();
         for m in maps.iter().filter(|m| m.executable) {
-            if learned.iter().any(|l| l.file == m.file) {
+            if !seen.insert(m.file) {
                 continue;
             }
             let read = match self.0.get(&m.file) {
@@ -185,7 +208,10 @@ impl Files {
                         id: opened.as_ref().and_then(|(file, _)| read_build_id(file)),
                         path: opened.map(|(_, path)| path),
                     };
-                    if read.path.is_some() {
+                    if read.path.as_deref() == Some(Path::new(&m.path)) {
+                        if self.0.len() >= FILES_KEPT {
+                            self.0.clear();
+                        }
                         self.0.insert(m.file, read.clone());
                     }
                     read
@@ -258,8 +284,8 @@ mod tests {
         assert!(Walk::new(&walk.frames[..1], 1).wants_mappings(|_| false));
         assert_eq!(walk.innermost(), Some((known, 0x10)));
         // No holder runs: the address is placed nowhere, and the stack is cut there.
-        let (frames, truncated) = walk.locate(None, |_, _| unreachable!("no mapping read"));
-        assert_eq!(frames.len(), 1);
-        assert!(truncated);
+        let unread = walk.unread();
+        assert_eq!(unread.frames.len(), 1);
+        assert!(unread.truncated);
     }
 }

@@ -63,9 +63,9 @@ pub struct SpawnSites {
     /// Native sites with the slow side (their copy to unwind, or their walk to locate): one
     /// job a site at a time.
     unwinding: HashSet<SiteKey>,
-    /// Copies not unwound: [`UNWINDS_WAITING`] waited already, the slow side's queue was
-    /// full, or their host had [`jit::IN_FLIGHT`] there already.
-    not_unwound: u64,
+    /// Jobs the slow side did not take: [`UNWINDS_WAITING`] waited already, its queue was
+    /// full, or a copy's host had [`jit::IN_FLIGHT`] there already.
+    refused: u64,
 }
 
 impl SpawnSites {
@@ -83,7 +83,7 @@ impl SpawnSites {
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             to_unwind: Vec::new(),
             unwinding: HashSet::default(),
-            not_unwound: 0,
+            refused: 0,
         }
     }
 
@@ -120,7 +120,7 @@ impl SpawnSites {
     fn unwind(&mut self, copy: Box<CopiedStack>, host: NodeId, pid: u32, child: NodeId) {
         if let Some(jit) = self.jit.as_mut() {
             if !jit.unwinding(host) {
-                self.not_unwound += 1;
+                self.refused += 1;
                 return;
             }
             let job = Unwind::Host {
@@ -198,24 +198,31 @@ impl SpawnSites {
         !self.to_unwind.is_empty()
     }
 
-    /// `job` never reached the slow side (its queue was full): a site's copy is not unwound,
-    /// and hosts to forget are asked again at the next [`SpawnSites::retain`].
+    /// `job` never reached the slow side (its queue was full): a site's copy is not unwound
+    /// and its walk is located with nothing read, a gateway's objects are not learned, and
+    /// hosts to forget are asked again at the next [`SpawnSites::retain`].
     pub fn not_handed(&mut self, job: Unwind) {
         match job {
-            Unwind::Site { key, .. } => {
+            // A walk the slow side did not take keeps what needs no reading (see
+            // `Walk::unread`).
+            Unwind::Site { key, walk, .. } => {
                 self.unwinding.remove(&key);
-                self.not_unwound += 1;
+                if let Some(walk) = walk {
+                    self.native.take_located(key, walk.unread());
+                }
+                self.refused += 1;
             }
-            // Located at the spawner's next fork from there, if any.
-            Unwind::Locate { key, .. } => {
+            Unwind::Locate { key, walk, .. } => {
                 self.unwinding.remove(&key);
+                self.native.take_located(key, walk.unread());
+                self.refused += 1;
             }
-            Unwind::Learn(_) => {}
+            Unwind::Learn(_) => self.refused += 1,
             Unwind::Host { host, .. } => {
                 if let Some(jit) = self.jit.as_mut() {
                     jit.not_unwinding(host);
                 }
-                self.not_unwound += 1;
+                self.refused += 1;
             }
             Unwind::Forget(hosts) => {
                 if let Some(jit) = self.jit.as_mut() {
@@ -225,9 +232,9 @@ impl SpawnSites {
         }
     }
 
-    /// Copies not unwound so far: their queue was full, or their host's share of it.
-    pub fn not_unwound(&self) -> u64 {
-        self.not_unwound
+    /// Jobs the slow side did not take so far (see [`SpawnSites::not_handed`]).
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// Takes back what the slow side unwound: a site's frames, a JIT host's stack.
@@ -248,7 +255,7 @@ impl SpawnSites {
                 }
             }
             Unwound::Located { key, location } => {
-                if let (true, Some(location)) = (self.unwinding.remove(&key), location) {
+                if self.unwinding.remove(&key) {
                     self.native.take_located(key, location);
                 }
             }

@@ -9,22 +9,25 @@
 //!    flags, `--check`'s verdict, an answer) asks once a site ([`Naming`]).
 //! 2. [`Naming::name`], wherever it is called (a thread of the slow side), reads each object
 //!    (a sealed copy, symbolized: megabytes of symbols and line tables, see [`Namer`]) and a
-//!    JIT host's perf map (up to 64 MiB); an object whose build id no file was seen with is
-//!    looked for in the mappings of the processes running the spawner's code (see
-//!    [`Holders`]).
+//!    JIT host's perf map (up to 64 MiB); an object no longer the file of its build id, or
+//!    whose build id no file was seen with, is looked for in the mappings of the processes
+//!    running the spawner's code (see [`Holders`]).
 //! 3. [`SpawnSites::remember`], back on the reader's thread, keeps what was named (a site is
 //!    named once) and gives each process its frames.
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
 use super::SpawnSites;
+use super::build_ids::{BuildId, has_build_id};
 use super::jit::{self, perf_map};
-use super::locating::{Files, Learned};
+use super::locating::Files;
 use super::mappings::mappings;
 use super::native::{Located, Named, Namer, SiteFrames, SiteKey};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::stream::evidence::Frame;
+use crate::untrusted::Checked;
 
 /// How a round tells sites apart: the stack a JIT host's copy was unwound to, or a
 /// spawner's Python and native stacks (the instances of one site share one naming).
@@ -115,47 +118,70 @@ impl Naming {
     }
 }
 
-/// The files mapped by the processes running a spawner's code, read one process at a time
-/// while a frame's object is not found among those read so far.
+/// Processes running a spawner's code whose mappings one site's naming reads at most.
+const HOLDERS_READ: usize = 8;
+
+/// Where a native site's objects are, for naming: an object the index named is used while it
+/// is still the file of its build id; one it did not (or one replaced since) is looked for
+/// in the files mapped by the processes running the spawner's code, read one process at a
+/// time (at most [`HOLDERS_READ`]) while it is not found among those read so far.
 struct Holders {
-    pids: std::vec::IntoIter<u32>,
+    pids: std::iter::Take<std::vec::IntoIter<u32>>,
     files: Files,
-    learned: Vec<Learned>,
+    /// Where a file of each build id read so far is, and the id's own length.
+    found: HashMap<BuildId, (PathBuf, usize)>,
+    /// Whether each object named so far is still the file of its build id.
+    checked: HashMap<(PathBuf, BuildId), bool>,
 }
 
 impl Holders {
     fn new(pids: Vec<u32>) -> Holders {
         Holders {
-            pids: pids.into_iter(),
+            pids: pids.into_iter().take(HOLDERS_READ),
             files: Files::default(),
-            learned: Vec::new(),
+            found: HashMap::default(),
+            checked: HashMap::default(),
         }
     }
 
     /// Frame `located` with its object found (with its build id in words, at the id's own
-    /// length when its file was found here), or none when no file of its build id is.
+    /// length when its file was found here), or none when it is not.
     fn find(
         &mut self,
         located: Located,
         build_id: Option<String>,
     ) -> Option<(Located, Option<String>)> {
-        if located.object.is_some() {
+        let Some(id) = located.build_id else {
+            // Placed in its mapping with no build id read: as it was found.
+            return located.object.is_some().then_some((located, build_id));
+        };
+        if let Some(path) = &located.object
+            && self.still(path, &id)
+        {
             return Some((located, build_id));
         }
-        let id = located.build_id?;
         loop {
-            let of_id = |l: &&Learned| l.path.is_some() && l.id.is_some_and(|(i, _)| i == id);
-            if let Some(found) = self.learned.iter().find(of_id) {
-                let len = found.id.map_or(id.len(), |(_, len)| len);
-                let shown = crate::text::hex(id.get(..len).unwrap_or(&id));
-                let object = found.path.clone();
+            if let Some((path, len)) = self.found.get(&id) {
+                let shown = crate::text::hex(id.get(..*len).unwrap_or(&id));
+                let object = Some(path.clone());
                 return Some((Located { object, ..located }, Some(shown)));
             }
             let pid = self.pids.next()?;
-            if let Ok(maps) = mappings(pid) {
-                self.learned.extend(self.files.learn(pid, &maps));
+            let Ok(maps) = mappings(pid) else {
+                continue;
+            };
+            for l in self.files.learn(pid, &maps) {
+                if let (Some((file_id, len)), Some(path)) = (l.id, l.path) {
+                    self.found.entry(file_id).or_insert((path, len));
+                }
             }
         }
+    }
+
+    /// Whether `path` is still a file of build id `id` (an upgrade may have replaced it).
+    fn still(&mut self, path: &Path, id: &BuildId) -> bool {
+        *(self.checked.entry((path.to_owned(), *id)))
+            .or_insert_with(|| Checked::open(path).is_ok_and(|file| has_build_id(&file, id)))
     }
 }
 
@@ -332,7 +358,6 @@ impl Remembered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::untrusted::Checked;
 
     #[test]
     fn an_object_known_by_its_build_id_alone_is_found_among_its_holders_files() {
@@ -358,5 +383,24 @@ mod tests {
             Holders::new(Vec::new()).find(frame(), None).is_none(),
             "no holder: cut"
         );
+        // An object the index named that is no longer a file of its build id is looked for.
+        let replaced = Located {
+            object: Some("/nonexistent".into()),
+            ..frame()
+        };
+        let mut holders = Holders::new(vec![std::process::id()]);
+        let (found, _) = holders
+            .find(replaced.clone(), None)
+            .expect("found in a holder");
+        assert_eq!(found.object.as_deref(), Some(exe.as_path()));
+        assert!(Holders::new(Vec::new()).find(replaced, None).is_none());
+        // One placed in its mapping with no build id read is kept as it was found.
+        let unread = Located {
+            build_id: None,
+            object: Some("/nonexistent".into()),
+            offset: 8,
+        };
+        let kept = Holders::new(Vec::new()).find(unread.clone(), None);
+        assert_eq!(kept.map(|(l, _)| l), Some(unread));
     }
 }

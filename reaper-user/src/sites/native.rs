@@ -67,7 +67,8 @@ pub enum SiteFrames {
     Located {
         frames: Vec<(Located, Option<String>)>,
         truncated: bool,
-        /// Where objects not found yet are looked for (see [`NativeStacks::for_naming`]).
+        /// Where objects not found (or replaced since) are looked for (see
+        /// [`NativeStacks::for_naming`]).
         holders: Vec<u32>,
     },
 }
@@ -236,9 +237,9 @@ impl NativeStacks {
 
     /// The frames of site `key` for naming (see `sites::naming`): named already, or each
     /// located in its object, with its build id in words. Nothing is read here: an object
-    /// known by its build id alone is the file where one of that id was seen, and the
-    /// naming looks for one the index does not know among those mapped by the processes
-    /// running the spawner's code, `holders`, given with the frames then.
+    /// known by its build id alone is the file where one of that id was seen; the naming
+    /// checks each is still that file, and looks for one not found (or replaced) among those
+    /// mapped by the processes running the spawner's code, `holders`.
     pub fn for_naming(&self, key: SiteKey, holders: &[u32]) -> SiteFrames {
         if let Some(named) = self.named.get(&key) {
             return SiteFrames::Named(named.clone());
@@ -260,15 +261,10 @@ impl NativeStacks {
                 (located, build_id)
             })
             .collect();
-        let unfound = frames.iter().any(|(l, _)| l.object.is_none());
         SiteFrames::Located {
             frames,
             truncated: site.truncated,
-            holders: if unfound {
-                holders.to_vec()
-            } else {
-                Vec::new()
-            },
+            holders: holders.to_vec(),
         }
     }
 

@@ -75,7 +75,7 @@ pub enum Unwind {
 /// What an [`Unwind`] gave.
 pub enum Unwound {
     /// Native site `key`'s frames, innermost first, up to the first that is no file's code
-    /// (none when nothing could be read: the site keeps its frame-pointer walk).
+    /// (none when nothing could be read: the site keeps its frame-pointer walk, as located).
     /// `located`: its walk, when it was located here.
     Site {
         key: SiteKey,
@@ -83,11 +83,8 @@ pub enum Unwound {
         truncated: bool,
         located: Option<Location>,
     },
-    /// Native site `key`'s walk located (none when the job gave nothing).
-    Located {
-        key: SiteKey,
-        location: Option<Location>,
-    },
+    /// Native site `key`'s walk located.
+    Located { key: SiteKey, location: Location },
     /// What a gateway's files were learned to be.
     Learned(Vec<Learned>),
     /// The stack host `host` spawned `child` at: `stack` tells its stacks apart (the same
@@ -112,19 +109,19 @@ pub struct UnwoundFrame {
 
 impl Unwind {
     /// What the reader is given back when this job gives nothing (it panicked): the site
-    /// keeps its frame-pointer walk, the child has no frames, and the copy is no longer
-    /// counted as under way.
+    /// keeps what its frame-pointer walk names with nothing read (see [`Walk::unread`]), the
+    /// child has no frames, and the job is no longer counted as under way.
     pub fn nothing(&self) -> Option<Unwound> {
         match *self {
-            Unwind::Site { key, .. } => Some(Unwound::Site {
+            Unwind::Site { key, ref walk, .. } => Some(Unwound::Site {
                 key,
                 frames: Vec::new(),
                 truncated: false,
-                located: None,
+                located: walk.as_ref().map(Walk::unread),
             }),
-            Unwind::Locate { key, .. } => Some(Unwound::Located {
+            Unwind::Locate { key, ref walk, .. } => Some(Unwound::Located {
                 key,
-                location: None,
+                location: walk.unread(),
             }),
             Unwind::Host { host, child, .. } => Some(Unwound::Host {
                 host,
@@ -172,17 +169,18 @@ impl Unwinder {
                 copy,
             } => {
                 let located = walk.map(|walk| self.files.locate(&walk, &holders));
+                // What the reader did not know yet may have been learned here since.
                 let taken = Taken {
                     spawner,
                     exec_path,
-                    seen_at,
+                    seen_at: seen_at.or_else(|| self.files.path_of(copy.exe.file)),
                     forked_in: forked_in.or_else(|| located.as_ref()?.forked_in(&self.files)),
                 };
                 Some(self.site(key, &holders, taken, &copy, located))
             }
             Unwind::Locate { key, holders, walk } => Some(Unwound::Located {
                 key,
-                location: Some(self.files.locate(&walk, &holders)),
+                location: self.files.locate(&walk, &holders),
             }),
             Unwind::Learn(pid) => {
                 (mappings(pid).ok()).map(|maps| Unwound::Learned(self.files.learn(pid, &maps)))

@@ -65,14 +65,15 @@ impl Pipeline {
         for unwound in unwinds.take() {
             sites.take_unwound(unwound);
         }
-        let missed = sites.not_unwound();
+        let missed = sites.refused();
         if missed > 0 && !self.told_not_unwound {
             self.told_not_unwound = true;
             let note = format!(
-                "spawn sites: {missed} stack copies came faster than they were unwound and were \
-                 not (the unwinding thread's queue was full, or held a JIT host's share): their \
-                 sites keep their frame-pointer walk, a JIT host's children have no frames; \
-                 said once"
+                "spawn sites: {missed} jobs of the unwinding thread (stack copies, sites to \
+                 locate, a gateway's objects) came faster than it took them and were not done \
+                 (its queue was full, or held a JIT host's share): their sites keep what their \
+                 frame-pointer walk names with nothing read (frames named by build id, the \
+                 stack cut at an address), a JIT host's children have no frames; said once"
             );
             self.out.note(&note)?;
         }
