@@ -1,7 +1,8 @@
 //! A native site's frame-pointer walk located (see [`super::native`]): each frame the kernel
 //! named by build id is kept as it is, each frame it gave as an address is placed in the
-//! executable mappings of a process running the spawner's code, and the build id of each file
-//! those map is learned (so a frame named by a build id alone is found when it is named).
+//! executable mappings of a process running the spawner's code, and where the files the
+//! frames are in were found is learned (so a frame named by a build id alone is found when
+//! it is named).
 //!
 //! Reading those mappings and files is the slow side's (see [`super::unwinding`]): a site
 //! whose frames all name objects already known is located on the reader's thread with nothing
@@ -46,12 +47,18 @@ pub struct Location {
 
 impl Location {
     /// The object its innermost frame is in (where the spawner forked), as located: the
-    /// file's path (where it was opened, or where `files` saw a file of its build id), its
-    /// build id and the frame's offset.
+    /// file's path (where it was opened, where this location or `files` saw a file of its
+    /// build id), its build id and the frame's offset.
     pub fn forked_in(&self, files: &Files) -> Option<(PathBuf, BuildId, u64)> {
         let first = self.frames.first()?;
         let id = first.build_id?;
-        let path = first.object.clone().or_else(|| files.path_of_id(&id))?;
+        let learned = || {
+            let of_id = |l: &&Learned| l.id.is_some_and(|(i, _)| i == id);
+            self.learned.iter().find(of_id)?.path.clone()
+        };
+        let path = (first.object.clone())
+            .or_else(learned)
+            .or_else(|| files.path_of_id(&id))?;
         Some((path, id, first.offset))
     }
 }
@@ -139,6 +146,8 @@ impl Walk {
 
 /// Files whose build id the slow side keeps before it starts over (see [`Files`]).
 const FILES_KEPT: usize = 4096;
+/// Processes running a spawner's code whose mappings are read for one site at most.
+pub const HOLDERS_READ: usize = 8;
 
 /// The files the slow side opened for their build ids, by device and inode: each read once
 /// where `maps` names it (one found only under a process's own root, a container's, is read
@@ -148,14 +157,24 @@ const FILES_KEPT: usize = 4096;
 pub struct Files(HashMap<ExeKey, Learned>);
 
 impl Files {
-    /// Locates `walk` in the mappings of the first of `holders` still running, the build id
-    /// of each file it maps read; what was learned of the files the frames are in (by build
-    /// id, or by the mapping an address is in) goes with it.
+    /// Locates `walk` in the mappings of the first of `holders` (at most [`HOLDERS_READ`])
+    /// that still runs the spawner's code, the build id of each file it maps read; what was
+    /// learned of the files the frames are in (by build id, or by the mapping an address is
+    /// in) goes with it. A holder read a moment after the fork may have exec'd since: it is
+    /// taken only while it maps every object the walk names by build id (a walk of addresses
+    /// alone, a Go spawner's, is taken in the first holder's).
     pub fn locate(&mut self, walk: &Walk, holders: &[u32]) -> Location {
-        let holder = holders
-            .iter()
-            .find_map(|&pid| Some((pid, mappings(pid).ok()?)));
-        let learned = holder.as_ref().map(|(pid, maps)| self.learn(*pid, maps));
+        let named: HashSet<BuildId> = (walk.frames.iter())
+            .filter(|f| f.status == FRAME_BUILD_ID)
+            .map(|f| f.build_id)
+            .collect();
+        let read = (holders.iter().take(HOLDERS_READ)).find_map(|&pid| {
+            let maps = mappings(pid).ok()?;
+            let learned = self.learn(pid, &maps);
+            let ids: HashSet<BuildId> = learned.iter().filter_map(|l| Some(l.id?.0)).collect();
+            named.is_subset(&ids).then_some(((pid, maps), learned))
+        });
+        let (holder, learned) = read.unzip();
         let learned = learned.unwrap_or_default();
         let by_file: HashMap<ExeKey, &Learned> = learned.iter().map(|l| (l.file, l)).collect();
         let (frames, truncated) = walk.locate(holder.as_ref(), |_, m| {
@@ -163,9 +182,7 @@ impl Files {
                 .get(&m.file)
                 .map_or((None, None), |l| (l.id.map(|(id, _)| id), l.path.clone()))
         });
-        let named: HashSet<BuildId> = (walk.frames.iter())
-            .filter(|f| f.status == FRAME_BUILD_ID)
-            .map(|f| f.build_id)
+        let named: HashSet<BuildId> = (named.into_iter())
             .chain(frames.iter().filter_map(|l| l.build_id))
             .collect();
         let of_frames = |l: &Learned| l.id.is_some_and(|(id, _)| named.contains(&id));
@@ -194,32 +211,31 @@ impl Files {
     /// opened (once a file) for its build id.
     pub fn learn(&mut self, pid: u32, maps: &[Mapping]) -> Vec<Learned> {
         let mut seen = HashSet::new();
-        let mut learned: Vec<Learned> = Vec::new();
-        for m in maps.iter().filter(|m| m.executable) {
-            if !seen.insert(m.file) {
-                continue;
-            }
-            let read = match self.0.get(&m.file) {
-                Some(kept) => kept.clone(),
-                None => {
-                    let opened = m.open(pid);
-                    let read = Learned {
-                        file: m.file,
-                        id: opened.as_ref().and_then(|(file, _)| read_build_id(file)),
-                        path: opened.map(|(_, path)| path),
-                    };
-                    if read.path.as_deref() == Some(Path::new(&m.path)) {
-                        if self.0.len() >= FILES_KEPT {
-                            self.0.clear();
-                        }
-                        self.0.insert(m.file, read.clone());
-                    }
-                    read
-                }
-            };
-            learned.push(read);
+        let executable = maps.iter().filter(|m| m.executable);
+        (executable.filter(|m| seen.insert(m.file)))
+            .map(|m| self.learn_file(pid, m))
+            .collect()
+    }
+
+    /// The file mapping `m` of process `pid` maps, opened for its build id (read once while
+    /// kept: see [`Files`]).
+    pub fn learn_file(&mut self, pid: u32, m: &Mapping) -> Learned {
+        if let Some(kept) = self.0.get(&m.file) {
+            return kept.clone();
         }
-        learned
+        let opened = m.open(pid);
+        let read = Learned {
+            file: m.file,
+            id: opened.as_ref().and_then(|(file, _)| read_build_id(file)),
+            path: opened.map(|(_, path)| path),
+        };
+        if read.path.as_deref() == Some(Path::new(&m.path)) {
+            if self.0.len() >= FILES_KEPT {
+                self.0.clear();
+            }
+            self.0.insert(m.file, read.clone());
+        }
+        read
     }
 }
 

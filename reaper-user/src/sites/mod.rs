@@ -199,22 +199,15 @@ impl SpawnSites {
     }
 
     /// `job` never reached the slow side (its queue was full): a site's copy is not unwound
-    /// and its walk is located with nothing read, a gateway's objects are not learned, and
-    /// hosts to forget are asked again at the next [`SpawnSites::retain`].
+    /// and its walk is located at the spawner's next fork from there, a gateway's objects are
+    /// not learned, and hosts to forget are asked again at the next [`SpawnSites::retain`].
     pub fn not_handed(&mut self, job: Unwind) {
         match job {
-            // A walk the slow side did not take keeps what needs no reading (see
-            // `Walk::unread`).
-            Unwind::Site { key, walk, .. } => {
+            // A walk the slow side did not take is located at the spawner's next fork from
+            // there; until then it is named by what needs no reading (see
+            // `NativeStacks::for_naming`).
+            Unwind::Site { key, .. } | Unwind::Locate { key, .. } => {
                 self.unwinding.remove(&key);
-                if let Some(walk) = walk {
-                    self.native.take_located(key, walk.unread());
-                }
-                self.refused += 1;
-            }
-            Unwind::Locate { key, walk, .. } => {
-                self.unwinding.remove(&key);
-                self.native.take_located(key, walk.unread());
                 self.refused += 1;
             }
             Unwind::Learn(_) => self.refused += 1,

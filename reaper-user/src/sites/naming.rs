@@ -22,8 +22,8 @@ use rustc_hash::FxHashMap as HashMap;
 use super::SpawnSites;
 use super::build_ids::{BuildId, has_build_id};
 use super::jit::{self, perf_map};
-use super::locating::Files;
-use super::mappings::mappings;
+use super::locating::{Files, HOLDERS_READ, Learned};
+use super::mappings::{Mapping, mappings};
 use super::native::{Located, Named, Namer, SiteFrames, SiteKey};
 use crate::lineage::graph::{LineageGraph, NodeId};
 use crate::stream::evidence::Frame;
@@ -100,9 +100,10 @@ impl Naming {
     /// system (see `resident`).
     pub fn name(self) -> NamedSites {
         let mut namer = Namer::default();
+        let mut files = Files::default();
         let sites = self.sites.into_iter().map(|site| {
             let parts: Vec<NamedPart> = (site.parts.into_iter())
-                .map(|part| part.name(&mut namer))
+                .map(|part| part.name(&mut namer, &mut files))
                 .collect();
             // A native part is cut where an object was not found.
             let cut = |part: &NamedPart| matches!(part, NamedPart::Native(_, n) if n.truncated);
@@ -118,34 +119,37 @@ impl Naming {
     }
 }
 
-/// Processes running a spawner's code whose mappings one site's naming reads at most.
-const HOLDERS_READ: usize = 8;
-
-/// Where a native site's objects are, for naming: an object the index named is used while it
-/// is still the file of its build id; one it did not (or one replaced since) is looked for
-/// in the files mapped by the processes running the spawner's code, read one process at a
-/// time (at most [`HOLDERS_READ`]) while it is not found among those read so far.
-struct Holders {
+/// Where a native site's objects are, for naming: an object named at its location is used
+/// while it is still the file of its build id; one not found there (or replaced since) is
+/// looked for in the files mapped by the processes running the spawner's code, read a file
+/// at a time (at most [`HOLDERS_READ`] processes) until one of its build id is found.
+struct Holders<'a> {
     pids: std::iter::Take<std::vec::IntoIter<u32>>,
-    files: Files,
+    /// The files read this round (each read once where `maps` names it).
+    files: &'a mut Files,
+    /// The holder being read: its pid, and its executable mappings not read yet.
+    reading: Option<(u32, std::vec::IntoIter<Mapping>)>,
     /// Where a file of each build id read so far is, and the id's own length.
     found: HashMap<BuildId, (PathBuf, usize)>,
     /// Whether each object named so far is still the file of its build id.
     checked: HashMap<(PathBuf, BuildId), bool>,
 }
 
-impl Holders {
-    fn new(pids: Vec<u32>) -> Holders {
+impl Holders<'_> {
+    fn new(pids: Vec<u32>, files: &mut Files) -> Holders<'_> {
         Holders {
             pids: pids.into_iter().take(HOLDERS_READ),
-            files: Files::default(),
+            files,
+            reading: None,
             found: HashMap::default(),
             checked: HashMap::default(),
         }
     }
 
     /// Frame `located` with its object found (with its build id in words, at the id's own
-    /// length when its file was found here), or none when it is not.
+    /// length when its file was found here). One with an object that is no longer its build
+    /// id's file, found nowhere else, is kept as it is (it is named by its offset); one with
+    /// no object found gives none.
     fn find(
         &mut self,
         located: Located,
@@ -166,15 +170,27 @@ impl Holders {
                 let object = Some(path.clone());
                 return Some((Located { object, ..located }, Some(shown)));
             }
-            let pid = self.pids.next()?;
-            let Ok(maps) = mappings(pid) else {
-                continue;
+            let Some(file) = self.next_file() else {
+                return located.object.is_some().then_some((located, build_id));
             };
-            for l in self.files.learn(pid, &maps) {
-                if let (Some((file_id, len)), Some(path)) = (l.id, l.path) {
-                    self.found.entry(file_id).or_insert((path, len));
-                }
+            if let (Some((file_id, len)), Some(path)) = (file.id, file.path) {
+                self.found.entry(file_id).or_insert((path, len));
             }
+        }
+    }
+
+    /// The next file a holder maps, read for its build id; none once every holder was read.
+    fn next_file(&mut self) -> Option<Learned> {
+        loop {
+            if let Some((pid, maps)) = &mut self.reading
+                && let Some(m) = maps.next()
+            {
+                return Some(self.files.learn_file(*pid, &m));
+            }
+            let pid = self.pids.next()?;
+            let maps = mappings(pid).unwrap_or_default();
+            let executable: Vec<Mapping> = maps.into_iter().filter(|m| m.executable).collect();
+            self.reading = Some((pid, executable.into_iter()));
         }
     }
 
@@ -186,7 +202,7 @@ impl Holders {
 }
 
 impl Part {
-    fn name(self, namer: &mut Namer) -> NamedPart {
+    fn name(self, namer: &mut Namer, files: &mut Files) -> NamedPart {
         match self {
             Part::Known(frames) => NamedPart::Known(frames),
             Part::Jit {
@@ -216,7 +232,7 @@ impl Part {
                     frames: Vec::new(),
                     truncated,
                 };
-                let mut holders = Holders::new(holders);
+                let mut holders = Holders::new(holders, files);
                 for (located, build_id) in frames {
                     // A frame whose object is not found ends the stack, which is then cut.
                     let Some((located, build_id)) = holders.find(located, build_id) else {
@@ -369,8 +385,9 @@ mod tests {
             object: None,
             offset: 0x40,
         };
+        let mut files = Files::default();
         // The first holder is gone; the second (this test) maps the object.
-        let mut holders = Holders::new(vec![u32::MAX, std::process::id()]);
+        let mut holders = Holders::new(vec![u32::MAX, std::process::id()], &mut files);
         let (found, shown) = holders.find(frame(), None).expect("found in a holder");
         assert_eq!(found.object.as_deref(), Some(exe.as_path()));
         assert_eq!(found.offset, 0x40);
@@ -380,7 +397,9 @@ mod tests {
             "at the id's own length"
         );
         assert!(
-            Holders::new(Vec::new()).find(frame(), None).is_none(),
+            Holders::new(Vec::new(), &mut files)
+                .find(frame(), None)
+                .is_none(),
             "no holder: cut"
         );
         // An object the index named that is no longer a file of its build id is looked for.
@@ -388,19 +407,24 @@ mod tests {
             object: Some("/nonexistent".into()),
             ..frame()
         };
-        let mut holders = Holders::new(vec![std::process::id()]);
+        let mut holders = Holders::new(vec![std::process::id()], &mut files);
         let (found, _) = holders
             .find(replaced.clone(), None)
             .expect("found in a holder");
         assert_eq!(found.object.as_deref(), Some(exe.as_path()));
-        assert!(Holders::new(Vec::new()).find(replaced, None).is_none());
+        let kept = Holders::new(Vec::new(), &mut files).find(replaced.clone(), None);
+        assert_eq!(
+            kept.map(|(l, _)| l),
+            Some(replaced),
+            "found nowhere: kept, named by offset"
+        );
         // One placed in its mapping with no build id read is kept as it was found.
         let unread = Located {
             build_id: None,
             object: Some("/nonexistent".into()),
             offset: 8,
         };
-        let kept = Holders::new(Vec::new()).find(unread.clone(), None);
+        let kept = Holders::new(Vec::new(), &mut files).find(unread.clone(), None);
         assert_eq!(kept.map(|(l, _)| l), Some(unread));
     }
 }

@@ -244,10 +244,20 @@ impl NativeStacks {
         if let Some(named) = self.named.get(&key) {
             return SiteFrames::Named(named.clone());
         }
-        let Some(site) = self.located.get(&key) else {
-            return SiteFrames::Named(Named::default());
+        // A site not located yet (its job with the slow side, or refused there) is named by
+        // what its walk names with nothing read.
+        let unread;
+        let (located, truncated) = match self.located.get(&key) {
+            Some(site) => (&site.frames, site.truncated),
+            None => {
+                let Some(walk) = self.walk(key) else {
+                    return SiteFrames::Named(Named::default());
+                };
+                unread = walk.unread();
+                (&unread.frames, unread.truncated)
+            }
         };
-        let frames: Vec<(Located, Option<String>)> = (site.frames.iter())
+        let frames: Vec<(Located, Option<String>)> = (located.iter())
             .map(|l| {
                 let object = match (l.build_id, &l.object) {
                     (Some(id), None) => self.build_ids.path_of_id(&id).map(Path::to_path_buf),
@@ -263,7 +273,7 @@ impl NativeStacks {
             .collect();
         SiteFrames::Located {
             frames,
-            truncated: site.truncated,
+            truncated,
             holders: holders.to_vec(),
         }
     }

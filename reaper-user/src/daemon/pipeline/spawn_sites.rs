@@ -71,9 +71,10 @@ impl Pipeline {
             let note = format!(
                 "spawn sites: {missed} jobs of the unwinding thread (stack copies, sites to \
                  locate, a gateway's objects) came faster than it took them and were not done \
-                 (its queue was full, or held a JIT host's share): their sites keep what their \
-                 frame-pointer walk names with nothing read (frames named by build id, the \
-                 stack cut at an address), a JIT host's children have no frames; said once"
+                 (its queue was full, or held a JIT host's share): their sites keep their \
+                 frame-pointer walk (located at the spawner's next fork from there, named \
+                 until then by what needs no reading), a JIT host's children have no frames; \
+                 said once"
             );
             self.out.note(&note)?;
         }
