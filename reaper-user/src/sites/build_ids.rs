@@ -148,7 +148,8 @@ impl BuildIds {
 }
 
 /// The build id of ELF file `file` (its `.note.gnu.build-id`), padded as the kernel pads it
-/// (a longer one cut, as the kernel cuts it), and its own length.
+/// (a longer one cut to its first 20 bytes: the kernel names no frame by such an id), and its
+/// own length.
 pub fn read_build_id(file: &Checked) -> Option<(BuildId, usize)> {
     let reader = file.reader();
     let elf = object::File::parse(&reader).ok()?;

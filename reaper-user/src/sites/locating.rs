@@ -157,23 +157,33 @@ pub const HOLDERS_READ: usize = 8;
 pub struct Files(HashMap<ExeKey, Learned>);
 
 impl Files {
-    /// Locates `walk` in the mappings of the first of `holders` (at most [`HOLDERS_READ`])
-    /// that still runs the spawner's code, the build id of each file it maps read; what was
-    /// learned of the files the frames are in (by build id, or by the mapping an address is
-    /// in) goes with it. A holder read a moment after the fork may have exec'd since: it is
-    /// taken only while it maps every object the walk names by build id (a walk of addresses
-    /// alone, a Go spawner's, is taken in the first holder's).
+    /// Locates `walk` in the mappings of one of `holders` (at most [`HOLDERS_READ`] read),
+    /// the build id of each file it maps read; what was learned of the files the frames are
+    /// in (by build id, or by the mapping an address is in) goes with it. A holder read a
+    /// moment after the fork may have exec'd since: the first that maps every object the walk
+    /// names by build id is taken (one running another program maps other objects, mostly),
+    /// else the first read (an object it maps may not be readable: a library deleted by an
+    /// upgrade, a container's root out of reach).
     pub fn locate(&mut self, walk: &Walk, holders: &[u32]) -> Location {
         let named: HashSet<BuildId> = (walk.frames.iter())
             .filter(|f| f.status == FRAME_BUILD_ID)
             .map(|f| f.build_id)
             .collect();
-        let read = (holders.iter().take(HOLDERS_READ)).find_map(|&pid| {
-            let maps = mappings(pid).ok()?;
+        let mut first = None;
+        let mut read = None;
+        for &pid in holders.iter().take(HOLDERS_READ) {
+            let Ok(maps) = mappings(pid) else {
+                continue;
+            };
             let learned = self.learn(pid, &maps);
             let ids: HashSet<BuildId> = learned.iter().filter_map(|l| Some(l.id?.0)).collect();
-            named.is_subset(&ids).then_some(((pid, maps), learned))
-        });
+            if named.is_subset(&ids) {
+                read = Some(((pid, maps), learned));
+                break;
+            }
+            first.get_or_insert(((pid, maps), learned));
+        }
+        let read = read.or(first);
         let (holder, learned) = read.unzip();
         let learned = learned.unwrap_or_default();
         let by_file: HashMap<ExeKey, &Learned> = learned.iter().map(|l| (l.file, l)).collect();

@@ -182,6 +182,9 @@ impl NativeStacks {
         self.keep_located(key, frames, truncated);
     }
 
+    /// Keeps the frames site `key` was located at; a name given it before (from what its walk
+    /// names with nothing read, see [`NativeStacks::for_naming`]) is dropped, to be named
+    /// again from them.
     fn keep_located(&mut self, key: SiteKey, frames: Vec<Located>, truncated: bool) {
         let site = Site {
             frames,
@@ -189,6 +192,7 @@ impl NativeStacks {
             unwound: false,
         };
         self.located.insert(key, site);
+        self.named.remove(&key);
     }
 
     /// The object site `key`'s innermost frame is in (where its spawner forked: the C
