@@ -53,6 +53,17 @@ struct Site {
     unwound: bool,
 }
 
+impl Site {
+    /// A site located from its frame-pointer walk (not unwound from a copy).
+    fn walked(frames: Vec<Located>, truncated: bool) -> Site {
+        Site {
+            frames,
+            truncated,
+            unwound: false,
+        }
+    }
+}
+
 /// A site's stack, named: what a flag's `spawned_at` shows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Named {
@@ -140,7 +151,7 @@ impl NativeStacks {
             return Some(walk);
         }
         let (frames, truncated) = walk.locate(None, |_, _| (None, None));
-        self.keep_located(key, frames, truncated);
+        self.keep_located(key, Site::walked(frames, truncated));
         None
     }
 
@@ -149,7 +160,8 @@ impl NativeStacks {
     pub fn take_located(&mut self, key: SiteKey, location: Location) {
         self.take_learned(location.learned);
         if !self.knows(key) {
-            self.keep_located(key, location.frames, location.truncated);
+            let site = Site::walked(location.frames, location.truncated);
+            self.keep_located(key, site);
         }
     }
 
@@ -179,18 +191,13 @@ impl NativeStacks {
         let (frames, truncated) = walk.locate(maps.as_ref(), |pid, m| {
             (build_ids.build_id(pid, m), m.file(pid))
         });
-        self.keep_located(key, frames, truncated);
+        self.keep_located(key, Site::walked(frames, truncated));
     }
 
     /// Keeps the frames site `key` was located at; a name given it before (from what its walk
     /// names with nothing read, see [`NativeStacks::for_naming`]) is dropped, to be named
     /// again from them.
-    fn keep_located(&mut self, key: SiteKey, frames: Vec<Located>, truncated: bool) {
-        let site = Site {
-            frames,
-            truncated,
-            unwound: false,
-        };
+    fn keep_located(&mut self, key: SiteKey, site: Site) {
         self.located.insert(key, site);
         self.named.remove(&key);
     }
@@ -235,8 +242,7 @@ impl NativeStacks {
             truncated,
             unwound: true,
         };
-        self.located.insert(key, site);
-        self.named.remove(&key);
+        self.keep_located(key, site);
     }
 
     /// The frames of site `key` for naming (see `sites::naming`): named already, or each
