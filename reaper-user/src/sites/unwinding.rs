@@ -51,8 +51,8 @@ pub enum Unwind {
         walk: Option<Walk>,
         copy: Box<CopiedStack>,
     },
-    /// Native site `key`'s frame-pointer walk, to be located in the mappings of the first of
-    /// `holders` still running (see [`Files::locate`]): a site without a copy.
+    /// Native site `key`'s frame-pointer walk, to be located in the mappings of one of
+    /// `holders` (see [`Files::locate`]): a site without a copy.
     Locate {
         key: SiteKey,
         holders: Vec<u32>,
