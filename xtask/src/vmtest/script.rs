@@ -33,7 +33,7 @@ pub fn script_on_each_arch(
         let init = format!(
             // In a subshell: a script that exits still ends with the mark and the power-off.
             "{}(\n{}\n)\necho \"{EXIT_MARK}$?\"\nbusybox poweroff -f\n",
-            guest_root::init_prelude(),
+            guest_root::init_prelude(*arch),
             script(*arch)
         );
         fs.data("/init", init.into_bytes(), 0o755);
