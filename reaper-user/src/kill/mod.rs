@@ -43,8 +43,13 @@ pub struct KillOptions {
     pub dry_run: bool,
 }
 
-/// A child with the same argv, from the same spawner, this soon after a kill is a respawn.
+/// A child with the same argv, forked by the same spawner this soon after a kill, is a
+/// respawn.
 const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
+/// The most kills remembered to recognise a respawn (the latest). A respawn is judged once its
+/// own flag has held for the grace, which can be long after its fork (its first look, a long
+/// `--grace`), so a kill is kept while its spawner is in the graph, not for the window alone.
+const KILLS_KEPT: usize = 256;
 
 /// What a step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -162,7 +167,7 @@ pub struct Killer {
     offered: HashMap<(NodeId, Reason), u64>,
     /// Recent kills, to recognise a respawn.
     killed: Vec<Killed>,
-    /// Spawners found respawning: their children with that argv are left alone.
+    /// Spawners found respawning: none of their children is killed for a flag.
     respawning: HashSet<NodeId>,
     /// Never signalled: pid 1, reaper-trace and its ancestors.
     protected: HashSet<u32>,
@@ -220,6 +225,9 @@ impl Killer {
         {
             // From the first signal: a respawn may be forked before this report arrives.
             let took = (r.secs.unwrap_or(0.0) * 1e9) as u64;
+            if self.killed.len() == KILLS_KEPT {
+                self.killed.remove(0);
+            }
             self.killed.push(Killed {
                 spawner,
                 argv: node.argv.clone(),
@@ -243,8 +251,8 @@ impl Killer {
         }
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
         let window = u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX);
-        self.killed.retain(|k| now.saturating_sub(k.at) < window);
-        // What the graph no longer holds can be decided on no more: let go of it.
+        // What the graph no longer holds can be decided on (or respawn) no more: let go of it.
+        self.killed.retain(|k| graph.node(k.spawner).is_some());
         self.decided.retain(|&id| graph.node(id).is_some());
         self.respawning.retain(|&id| graph.node(id).is_some());
         let still: HashSet<(NodeId, Reason)> = active.iter().map(|&(id, r, _)| (id, r)).collect();
@@ -264,13 +272,16 @@ impl Killer {
                 if self.respawning.contains(&spawner) {
                     continue;
                 }
-                // Forked after a sibling with the same argv was killed: a respawn, not a
-                // sibling that merely leaked later.
+                // Forked within the window after a sibling with the same argv was killed: a
+                // respawn, not a sibling that merely leaked later. Judged by its fork's time,
+                // however long its flag took to come and hold.
                 let forked = node.forked_at.unwrap_or(0);
-                let again = self
-                    .killed
-                    .iter()
-                    .any(|k| k.spawner == spawner && forked > k.at && k.argv == node.argv);
+                let again = self.killed.iter().any(|k| {
+                    k.spawner == spawner
+                        && k.argv == node.argv
+                        && forked > k.at
+                        && forked - k.at < window
+                });
                 if again {
                     self.respawning.insert(spawner);
                     out.respawning.push(spawner);
@@ -536,6 +547,47 @@ mod tests {
         // A flag no longer active is forgotten: raised again, its grace starts again.
         killer.decide(&graph, &[], 12 * SEC);
         assert!(killer.offered.is_empty());
+    }
+
+    #[test]
+    fn a_respawn_is_known_by_its_forks_time_however_late_its_flag_holds() {
+        use crate::lineage::graph::testing::{fork, gateway, record};
+        const SEC: u64 = 1_000_000_000;
+        // Pids above pid_max (32768 here): none is reaper-trace or one of its ancestors.
+        let (gw, supervisor, soon, late) = (40_000, 40_001, 40_002, 40_003);
+        let mut graph = LineageGraph::new(16);
+        graph.add_seed(gateway(gw));
+        record(&mut graph, SEC, (supervisor, 1), fork(gw));
+        record(&mut graph, 12 * SEC, (soon, 2), fork(supervisor));
+        record(&mut graph, 80 * SEC, (late, 3), fork(supervisor));
+        let id = |pid| graph.current(pid).unwrap().id;
+        let (mut killer, _reports) = Killer::new(KillOptions {
+            auto: true,
+            reasons: vec![Reason::Orphaned],
+            grace: Duration::from_secs(120),
+            term_timeout: Duration::from_secs(5),
+            dry_run: true,
+        });
+        // Its worker of the same argv was killed at 10 s.
+        killer.killed.push(Killed {
+            spawner: id(supervisor),
+            argv: graph.node(id(soon)).unwrap().argv.clone(),
+            at: 10 * SEC,
+        });
+        // The later one first: once a spawner is found respawning, none of its children is
+        // decided on.
+        let flags = [
+            (id(late), Reason::Orphaned, 100 * SEC),
+            (id(soon), Reason::Orphaned, 100 * SEC),
+        ];
+        killer.decide(&graph, &flags, 100 * SEC);
+        // Held for the grace long after the window: the one forked 2 s after the kill is a
+        // respawn, the one forked 70 s after it a sibling that leaked later.
+        let decided = killer.decide(&graph, &flags, 230 * SEC);
+        assert_eq!(decided.respawning, [id(supervisor)]);
+        let pids: Vec<u32> = decided.reports.iter().map(|r| r.pid).collect();
+        assert!(!pids.contains(&soon), "{pids:?}");
+        assert!(pids.contains(&late), "{pids:?}");
     }
 
     #[test]
