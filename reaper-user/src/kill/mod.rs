@@ -167,7 +167,8 @@ pub struct Killer {
     offered: HashMap<(NodeId, Reason), u64>,
     /// Recent kills, to recognise a respawn.
     killed: Vec<Killed>,
-    /// Spawners found respawning: none of their children is killed for a flag.
+    /// Spawners found respawning: `--kill` kills none of their children for a flag (a kill
+    /// asked through the API is not decided here).
     respawning: HashSet<NodeId>,
     /// Never signalled: pid 1, reaper-trace and its ancestors.
     protected: HashSet<u32>,

@@ -1,5 +1,5 @@
-//! `respawning`: with `--kill`, it forked a child with the same argv again after its child was
-//! killed. The killer finds it (see `crate::kill`); the rule keeps the spawners found until
+//! `respawning`: with `--kill`, it forked a child with the same argv again within 60 s after
+//! its child was killed. The killer finds it (see `crate::kill`); the rule keeps the spawners found until
 //! the next round of the rules, which looks at each (its sample is its flag's evidence) and
 //! raises its flag: held until it exits.
 use super::{About, Reason};
