@@ -165,7 +165,7 @@ pub struct Killer {
     /// is written a moment after its look (its peers are read first), and `since` is the
     /// look's time or the condition's start; only the flags still active are kept.
     offered: HashMap<(NodeId, Reason), u64>,
-    /// Recent kills, to recognise a respawn.
+    /// Kills that ended in an exit, to recognise a respawn (the latest [`KILLS_KEPT`]).
     killed: Vec<Killed>,
     /// Spawners found respawning: `--kill` kills none of their children for a flag (a kill
     /// asked through the API is not decided here).
