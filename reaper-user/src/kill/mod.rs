@@ -17,8 +17,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use tokio::sync::mpsc;
 
 mod asked;
+mod respawns;
 mod sequence;
 
+use respawns::{Judged, Respawns};
 use sequence::{Target, run_sequence, verify};
 
 use crate::leaks::Reason;
@@ -26,7 +28,7 @@ use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{self, boottime_now};
 use crate::stream::Stamped;
 use crate::stream::events::{AskedBy, Event, Kill, ProcText};
-use crate::text::{Args, Comm};
+use crate::text::Comm;
 
 /// `--kill` settings.
 #[derive(Clone, Debug)]
@@ -42,14 +44,6 @@ pub struct KillOptions {
     /// Decide and report, send nothing.
     pub dry_run: bool,
 }
-
-/// A child with the same argv, forked by the same spawner this soon after a kill, is a
-/// respawn.
-const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
-/// The most kills remembered to recognise a respawn (the latest). A respawn is judged once its
-/// own flag has held for the grace, which can be long after its fork (its first look, a long
-/// `--grace`), so a kill is kept while its spawner is in the graph, not for the window alone.
-const KILLS_KEPT: usize = 256;
 
 /// What a step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -146,14 +140,6 @@ pub struct Decisions {
     pub respawning: Vec<NodeId>,
 }
 
-/// A kill that ended in an exit.
-struct Killed {
-    spawner: NodeId,
-    argv: Args,
-    /// Boot-time ns.
-    at: u64,
-}
-
 /// Decides which flagged processes to kill and starts their sequences.
 pub struct Killer {
     opts: KillOptions,
@@ -165,11 +151,8 @@ pub struct Killer {
     /// is written a moment after its look (its peers are read first), and `since` is the
     /// look's time or the condition's start; only the flags still active are kept.
     offered: HashMap<(NodeId, Reason), u64>,
-    /// Kills that ended in an exit, to recognise a respawn (the latest [`KILLS_KEPT`]).
-    killed: Vec<Killed>,
-    /// Spawners found respawning: `--kill` kills none of their children for a flag (a kill
-    /// asked through the API is not decided here).
-    respawning: HashSet<NodeId>,
+    /// Kills that ended in an exit, and the spawners found respawning.
+    respawns: Respawns,
     /// Never signalled: pid 1, reaper-trace and its ancestors.
     protected: HashSet<u32>,
     reports: mpsc::UnboundedSender<KillReport>,
@@ -185,8 +168,7 @@ impl Killer {
             opts,
             decided: HashSet::default(),
             offered: HashMap::default(),
-            killed: Vec::new(),
-            respawning: HashSet::default(),
+            respawns: Respawns::default(),
             protected: self_and_ancestors(),
             reports: tx,
             counts: BTreeMap::new(),
@@ -222,18 +204,11 @@ impl Killer {
         if r.result == Outcome::Exited
             && r.secs.is_some()
             && let Some(node) = graph.node(r.node)
-            && let Some(spawner) = node.spawner
         {
             // From the first signal: a respawn may be forked before this report arrives.
             let took = (r.secs.unwrap_or(0.0) * 1e9) as u64;
-            if self.killed.len() == KILLS_KEPT {
-                self.killed.remove(0);
-            }
-            self.killed.push(Killed {
-                spawner,
-                argv: node.argv.clone(),
-                at: procfs::boottime_now().saturating_sub(took),
-            });
+            let at = procfs::boottime_now().saturating_sub(took);
+            self.respawns.killed(node, at);
         }
     }
 
@@ -251,11 +226,9 @@ impl Killer {
             return out;
         }
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
-        let window = u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX);
         // What the graph no longer holds can be decided on (or respawn) no more: let go of it.
-        self.killed.retain(|k| graph.node(k.spawner).is_some());
+        self.respawns.forget_gone(graph);
         self.decided.retain(|&id| graph.node(id).is_some());
-        self.respawning.retain(|&id| graph.node(id).is_some());
         let still: HashSet<(NodeId, Reason)> = active.iter().map(|&(id, r, _)| (id, r)).collect();
         self.offered.retain(|key, _| still.contains(key));
         for &(id, reason, since) in active {
@@ -269,25 +242,13 @@ impl Killer {
             let Some(node) = graph.node(id).filter(|n| n.alive()) else {
                 continue;
             };
-            if let Some(spawner) = node.spawner {
-                if self.respawning.contains(&spawner) {
-                    continue;
-                }
-                // Forked within the window after a sibling with the same argv was killed: a
-                // respawn, not a sibling that merely leaked later. Judged by its fork's time,
-                // however long its flag took to come and hold.
-                let forked = node.forked_at.unwrap_or(0);
-                let again = self.killed.iter().any(|k| {
-                    k.spawner == spawner
-                        && k.argv == node.argv
-                        && forked > k.at
-                        && forked - k.at < window
-                });
-                if again {
-                    self.respawning.insert(spawner);
+            match self.respawns.judge(node) {
+                Judged::LeftAlone => continue,
+                Judged::Respawn(spawner) => {
                     out.respawning.push(spawner);
                     continue;
                 }
+                Judged::NotARespawn => {}
             }
             let cause = Cause {
                 reason: Some(reason),
@@ -570,11 +531,8 @@ mod tests {
             dry_run: true,
         });
         // Its worker of the same argv was killed at 10 s.
-        killer.killed.push(Killed {
-            spawner: id(supervisor),
-            argv: graph.node(id(soon)).unwrap().argv.clone(),
-            at: 10 * SEC,
-        });
+        let worker = graph.node(id(soon)).unwrap();
+        killer.respawns.killed(worker, 10 * SEC);
         // The later one first: once a spawner is found respawning, none of its children is
         // decided on.
         let flags = [
