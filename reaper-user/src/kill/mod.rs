@@ -428,6 +428,17 @@ fn self_and_ancestors() -> HashSet<u32> {
 mod tests {
     use super::*;
 
+    /// `--kill` of `orphaned` flags held for `grace`.
+    fn orphans_killed(grace: Duration, dry_run: bool) -> KillOptions {
+        KillOptions {
+            auto: true,
+            reasons: vec![Reason::Orphaned],
+            grace,
+            term_timeout: Duration::from_secs(5),
+            dry_run,
+        }
+    }
+
     #[test]
     fn never_signals_itself_its_ancestors_or_init() {
         let p = self_and_ancestors();
@@ -458,13 +469,7 @@ mod tests {
         let mut graph = LineageGraph::new(16);
         graph.add_seed(seed(4_000_000, 1, true));
         let (flagged, _) = graph.add_seed(seed(me, 4_000_000, false));
-        let (mut killer, _reports) = Killer::new(KillOptions {
-            auto: true,
-            reasons: vec![Reason::Orphaned],
-            grace: Duration::ZERO,
-            term_timeout: Duration::from_secs(5),
-            dry_run: false,
-        });
+        let (mut killer, _reports) = Killer::new(orphans_killed(Duration::ZERO, false));
         let decided = killer.decide(&graph, &[(flagged, Reason::Orphaned, 0)], u64::MAX / 2);
         let outcomes: Vec<(u32, &str)> = decided
             .reports
@@ -485,13 +490,7 @@ mod tests {
         graph.add_seed(gateway(gw));
         record(&mut graph, 1, (helper, 1), fork(gw));
         let node = graph.current(helper).unwrap().id;
-        let (mut killer, _reports) = Killer::new(KillOptions {
-            auto: true,
-            reasons: vec![Reason::Orphaned],
-            grace: Duration::from_secs(1),
-            term_timeout: Duration::from_secs(5),
-            dry_run: true,
-        });
+        let (mut killer, _reports) = Killer::new(orphans_killed(Duration::from_secs(1), true));
         // Looked at (and `since`) at 10 s, written and offered at 10.5 s.
         let flag = [(node, Reason::Orphaned, 10 * SEC)];
         let decided = |killer: &mut Killer, now| killer.decide(&graph, &flag, now).reports.len();
@@ -523,13 +522,7 @@ mod tests {
         record(&mut graph, 12 * SEC, (soon, 2), fork(supervisor));
         record(&mut graph, 80 * SEC, (late, 3), fork(supervisor));
         let id = |pid| graph.current(pid).unwrap().id;
-        let (mut killer, _reports) = Killer::new(KillOptions {
-            auto: true,
-            reasons: vec![Reason::Orphaned],
-            grace: Duration::from_secs(120),
-            term_timeout: Duration::from_secs(5),
-            dry_run: true,
-        });
+        let (mut killer, _reports) = Killer::new(orphans_killed(Duration::from_secs(120), true));
         // Its worker of the same argv was killed at 10 s.
         let worker = graph.node(id(soon)).unwrap();
         killer.respawns.killed(worker, 10 * SEC);
