@@ -39,10 +39,7 @@ impl Instance {
             .env("REAPER_SHAPES_RELEASE", &release)
             .env("REAPER_SHAPES_GO", &go)
             .env("REAPER_SHAPES_BIN", shapes())
-            .env(
-                "REAPER_SHAPES_HOLD_CAP_SECS",
-                patience().as_secs().to_string(),
-            )
+            .env(crate::HOLD_CAP, crate::hold_cap())
             .stdin(Stdio::null());
         if let Some(prepare) = prepare {
             // SAFETY: the closures given here only write(2) to a file.

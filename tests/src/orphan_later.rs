@@ -33,10 +33,7 @@ impl OrphanLater {
             .arg(shape)
             .arg(&truth)
             .env("REAPER_SHAPES_RELEASE", &release)
-            .env(
-                "REAPER_SHAPES_HOLD_CAP_SECS",
-                patience().as_secs().to_string(),
-            )
+            .env(crate::HOLD_CAP, crate::hold_cap())
             .stdin(Stdio::null())
             .spawn()
             .expect("start the gateway");

@@ -21,6 +21,15 @@ pub fn patience() -> Duration {
     Duration::from_secs(secs)
 }
 
+/// The variable that caps how long a shape holds its leak (`reaper-shapes`' `sys::patience`).
+pub const HOLD_CAP: &str = "REAPER_SHAPES_HOLD_CAP_SECS";
+
+/// [`HOLD_CAP`]'s value for a shape a test starts: the test's own patience, so that a shape
+/// never gives up before the test waiting for it does.
+pub fn hold_cap() -> String {
+    patience().as_secs().to_string()
+}
+
 /// What a test does once the event that proves its point has arrived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Then {
@@ -141,10 +150,7 @@ fn run_until(
         .args(args)
         .envs(env.iter().copied())
         .env("REAPER_SHAPES_RELEASE", release)
-        .env(
-            "REAPER_SHAPES_HOLD_CAP_SECS",
-            patience().as_secs().to_string(),
-        )
+        .env(HOLD_CAP, hold_cap())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

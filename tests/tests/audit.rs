@@ -38,10 +38,7 @@ fn metrics_scrape_matches_the_stream() {
         .arg(shapes())
         .args(["leak-orphan", truth.to_str().unwrap()])
         .env("REAPER_SHAPES_RELEASE", &release)
-        .env(
-            "REAPER_SHAPES_HOLD_CAP_SECS",
-            patience().as_secs().to_string(),
-        )
+        .env(reaper_tests::HOLD_CAP, reaper_tests::hold_cap())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

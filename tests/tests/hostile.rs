@@ -144,10 +144,7 @@ fn a_gateway_with_a_command_line_and_environment_at_the_kernels_limits_is_read_c
         .args(["hostile-args", truth.to_str().unwrap()])
         .env("REAPER_SHAPES_GO", &go)
         .env("REAPER_SHAPES_RELEASE", &release)
-        .env(
-            "REAPER_SHAPES_HOLD_CAP_SECS",
-            reaper_tests::patience().as_secs().to_string(),
-        )
+        .env(reaper_tests::HOLD_CAP, reaper_tests::hold_cap())
         .stdin(Stdio::null())
         .spawn()
         .unwrap();

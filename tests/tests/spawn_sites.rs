@@ -287,10 +287,7 @@ fn spawn_site_across_a_restart(test: &str, in_gap: bool) {
         .arg("spawn-site-gap")
         .arg(&truth)
         .env("REAPER_SHAPES_RELEASE", &release)
-        .env(
-            "REAPER_SHAPES_HOLD_CAP_SECS",
-            reaper_tests::patience().as_secs().to_string(),
-        )
+        .env(reaper_tests::HOLD_CAP, reaper_tests::hold_cap())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
