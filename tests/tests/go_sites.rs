@@ -1,7 +1,7 @@
 //! A Go spawner (`--spawn-stacks auto`): Go keeps frame pointers and forks by a raw clone from
 //! its syscall package, so the frame-pointer walk alone gives its whole stack, named from the
 //! binary's own symbols and line tables (a Go binary carries no GNU build id, only Go's: its
-//! frames are located in the spawner's mappings when the fork record is read). Built here with
+//! frames are located in the spawner's mappings on the unwinding thread). Built here with
 //! the Go toolchain (`go`, see the prerequisites table). Needs root (see `require_root`); host
 //! only (the guests carry no Go toolchain).
 use std::path::{Path, PathBuf};
@@ -102,4 +102,82 @@ fn a_go_spawner_is_named_down_to_its_raw_fork() {
         innermost.starts_with("syscall."),
         "the walk starts at the raw fork: {frames:#?}"
     );
+}
+
+/// The same spawner across a restart of reaper-trace (`--state-dir`): the first run reads the
+/// fork of `cat` and keeps it in its checkpoint, the next takes it back with the gateway still
+/// running. A Go binary carries no GNU build id, so its walk is all addresses: the next run
+/// locates it in the gateway's mappings at start-up (on the unwinding thread, never the
+/// reader's), and its `idle` flag names the same function and line.
+#[test]
+fn a_go_spawn_read_before_a_restart_is_located_by_the_run_after_it() {
+    use reaper_tests::{end_once_checkpointed, kept_run, release_state, state_test, stream};
+    let test = "a_go_spawn_read_before_a_restart_is_located_by_the_run_after_it";
+    let Some((dir, state)) = state_test(test) else {
+        return;
+    };
+    let gateway = build_gateway(&dir);
+    let (start, release) = (dir.join("start"), dir.join("release"));
+    // The gateway forks `cat` as it starts: it waits, under its own pid, for the first run.
+    let waiting = format!(
+        "while [ ! -e '{}' ]; do sleep 0.05; done; exec '{}' '{}'",
+        start.display(),
+        gateway.display(),
+        release.display()
+    );
+    let mut shell = Command::new("sh")
+        .args(["-c", &waiting])
+        .spawn()
+        .expect("start the gateway's shell");
+    let gw = u64::from(shell.id());
+    let first_out = dir.join("first.ndjson");
+    let first = kept_run(&state, &first_out, gw, &[]);
+    reaper_tests::wait_until("the first run to be ready", || {
+        stream(&first_out).iter().any(|e| e["event"] == "ready")
+    });
+    std::fs::write(&start, b"").expect("let the gateway start");
+    let mut cat = None;
+    reaper_tests::wait_until("the first run to see the gateway fork cat", || {
+        cat = stream(&first_out)
+            .iter()
+            .find(|e| e["event"] == "fork" && reaper_tests::pid(&e["ppid"]) == gw)
+            .map(|e| reaper_tests::pid(&e["pid"]));
+        cat.is_some()
+    });
+    let cat = cat.expect("cat's fork");
+    end_once_checkpointed(first, &state, cat, libc::SIGTERM);
+    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "idle";
+    let args = [
+        "--gateway-pid",
+        &gw.to_string(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--idle-after",
+        "1s",
+        "--scan-interval",
+        "250ms",
+    ];
+    let run = run_reaper_until(
+        &args,
+        &[],
+        &release,
+        (
+            "cat flagged idle by the run after the restart",
+            Then::Release,
+        ),
+        |events| {
+            let flagged = |e: &Value| is_flag(e) && reaper_tests::pid(&e["pid"]) == cat;
+            events.iter().any(flagged)
+        },
+    );
+    let _ = shell.wait();
+    release_state(&state);
+    let _ = std::fs::remove_dir_all(&dir);
+    let proven = run.until_proof();
+    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
+    let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:#?}", run.events));
+    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    let own = frame(&frames, "main.startStdioServer");
+    assert_eq!(own["line"], line_of("if err := cmd.Start()"), "{own}");
+    frame(&frames, "syscall.forkExec");
 }

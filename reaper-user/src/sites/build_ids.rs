@@ -13,7 +13,6 @@ use reaper_common::ExeKey;
 use reaper_common::native::BUILD_ID_LEN;
 use serde::{Deserialize, Serialize};
 
-use super::mappings::{Mapping, mappings};
 use crate::text::hex;
 use crate::untrusted::Checked;
 
@@ -41,26 +40,6 @@ pub struct SavedBuildId {
 }
 
 impl BuildIds {
-    /// Learns the build ids of the code process `pid` maps. Returns its file-backed mappings,
-    /// or `None` once it is gone.
-    pub fn learn(&mut self, pid: u32) -> Option<Vec<Mapping>> {
-        let maps = mappings(pid).ok()?;
-        for m in maps.iter().filter(|m| m.executable) {
-            self.build_id(pid, m);
-        }
-        Some(maps)
-    }
-
-    /// The build id of the file `m` maps in process `pid` (read once per file).
-    pub fn build_id(&mut self, pid: u32, m: &Mapping) -> Option<BuildId> {
-        if let Some(known) = self.files.get(&m.file) {
-            return *known;
-        }
-        let opened = m.open(pid);
-        let id = opened.as_ref().and_then(|(file, _)| read_build_id(file));
-        self.note(m.file, id, opened.map(|(_, path)| path))
-    }
-
     /// Notes that `file`, opened at `path`, has build id `id` (and the id's own length), as
     /// read elsewhere (see `sites::unwinding`); returns the id, or the one known for `file`
     /// when none was read there (a read that failed unlearns nothing).
@@ -214,9 +193,12 @@ mod tests {
         let Some((id, _)) = read_build_id(&Checked::open(&exe).unwrap()) else {
             panic!("{} has a build id (the linker's default)", exe.display());
         };
+        // Learned as the slow side learns a holder's files, and noted as the reader does.
+        let maps = crate::sites::mappings::mappings(std::process::id()).expect("own mappings");
         let mut ids = BuildIds::default();
-        let maps = ids.learn(std::process::id()).expect("own mappings");
-        assert!(maps.iter().any(|m| m.executable));
+        for l in crate::sites::locating::Files::default().learn(std::process::id(), &maps) {
+            ids.note(l.file, l.id, l.path);
+        }
         assert!(ids.knows(&id));
         assert_eq!(ids.path_of_id(&id), Some(exe.as_path()));
         let mut next = BuildIds::default();

@@ -6,9 +6,9 @@
 //!
 //! Reading those mappings and files is the slow side's (see [`super::unwinding`]): a site
 //! whose frames all name objects already known is located on the reader's thread with nothing
-//! read; any other goes to the slow side at its first fork, and comes back as a [`Location`].
-//! The reader reads them itself only at start-up, when a checkpoint's sites are taken back
-//! before the ring is read.
+//! read; any other goes to the slow side at its first fork (or, for a checkpoint's live
+//! processes, in one job at start-up), and comes back as a [`Location`]. The reader reads
+//! none of them.
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 

@@ -17,7 +17,7 @@ use reaper_common::interpreter::Interpreter;
 use rustc_hash::FxHashSet as HashSet;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-pub use unwinding::{Unwind, Unwinder, Unwound};
+pub use unwinding::{ToLocate, Unwind, Unwinder, Unwound};
 
 use crate::capture::decode::CopiedStack;
 use crate::capture::loader::StackMaps;
@@ -169,11 +169,11 @@ impl SpawnSites {
                 walk,
                 copy,
             },
-            (Some(walk), None) => Unwind::Locate {
+            (Some(walk), None) => Unwind::Locate(vec![ToLocate {
                 key,
                 holders: graph.code_holders(key.1),
                 walk,
-            },
+            }]),
             (None, None) => return,
         };
         self.unwinding.insert(key);
@@ -206,8 +206,14 @@ impl SpawnSites {
             // A walk the slow side did not take is located at the spawner's next fork from
             // there; until then it is named by what needs no reading (see
             // `NativeStacks::for_naming`).
-            Unwind::Site { key, .. } | Unwind::Locate { key, .. } => {
+            Unwind::Site { key, .. } => {
                 self.unwinding.remove(&key);
+                self.refused += 1;
+            }
+            Unwind::Locate(sites) => {
+                for site in sites {
+                    self.unwinding.remove(&site.key);
+                }
                 self.refused += 1;
             }
             Unwind::Learn(_) => self.refused += 1,
@@ -247,9 +253,11 @@ impl SpawnSites {
                     self.native.take_unwound(key, frames, truncated);
                 }
             }
-            Unwound::Located { key, location } => {
-                if self.unwinding.remove(&key) {
-                    self.native.take_located(key, location);
+            Unwound::Located(sites) => {
+                for (key, location) in sites {
+                    if self.unwinding.remove(&key) {
+                        self.native.take_located(key, location);
+                    }
                 }
             }
             Unwound::Learned(learned) => self.native.take_learned(learned),
@@ -288,11 +296,6 @@ impl SpawnSites {
     /// Whether the native stack of `key` was located.
     fn knows(&self, key: SiteKey) -> bool {
         self.native.knows(key)
-    }
-
-    /// Locates the native stack of `key` (see [`NativeStacks::locate`]).
-    fn locate(&mut self, key: SiteKey, holders: &[u32]) {
-        self.native.locate(key, holders);
     }
 
     /// Learns the objects a gateway runs (on the slow side), so its spawns are named after it

@@ -173,27 +173,6 @@ impl NativeStacks {
         }
     }
 
-    /// Locates the stack of `key` here, reading the mappings of the first of `holders` still
-    /// running (they run the spawner's code: the spawner, then the processes it shares its
-    /// code with) when a frame is an address, or names an object not yet known: only at
-    /// start-up, when a checkpoint's sites are taken back before the ring is read.
-    pub fn locate(&mut self, key: SiteKey, holders: &[u32]) {
-        let Some(walk) = self.walk(key) else {
-            return;
-        };
-        let maps = match walk.wants_mappings(|id| self.build_ids.knows(id)) {
-            true => holders
-                .iter()
-                .find_map(|&pid| Some((pid, self.build_ids.learn(pid)?))),
-            false => None,
-        };
-        let build_ids = &mut self.build_ids;
-        let (frames, truncated) = walk.locate(maps.as_ref(), |pid, m| {
-            (build_ids.build_id(pid, m), m.file(pid))
-        });
-        self.keep_located(key, Site::walked(frames, truncated));
-    }
-
     /// Keeps the frames site `key` was located at; a name given it before (from what its walk
     /// names with nothing read, see [`NativeStacks::for_naming`]) is dropped, to be named
     /// again from them.

@@ -7,7 +7,7 @@ use std::path::Path;
 use reaper_common::interpreter::Interpreter;
 
 use super::native::SiteKey;
-use super::{Located, SpawnSites};
+use super::{Located, SpawnSites, ToLocate, Unwind};
 use crate::capture::decode::{CopiedStack, KernelEvent, What};
 use crate::lineage::graph::{Change, LineageGraph, NodeId, SpawnStack};
 
@@ -94,39 +94,52 @@ impl SpawnSites {
         }
     }
 
-    /// Locates a native stack in the mappings of its spawner's code here (see
-    /// [`NativeStacks::locate`]), once: only at start-up, for a checkpoint's live processes.
-    ///
-    /// [`NativeStacks::locate`]: super::native::NativeStacks::locate
-    fn locate_once(&mut self, graph: &LineageGraph, key: SiteKey) {
-        if !self.knows(key) {
-            self.locate(key, &graph.code_holders(key.1));
-        }
-    }
-
-    /// Takes back what a checkpoint kept of the spawn of `child`, a live process: its
-    /// unwound frames, and its stacks as having spawned it (the native one located again
-    /// while its spawner runs).
+    /// Takes back what a checkpoint kept of the spawns of `children`, live processes: each
+    /// one's unwound frames, and its stacks as having spawned it. The native stacks not
+    /// located yet are located while their spawners run: here when that reads nothing, else
+    /// in one job for the slow side (see [`ToLocate`]), handed on before the ring is read.
     pub fn take_back(
         &mut self,
         graph: &LineageGraph,
-        child: NodeId,
-        unwound: Option<Vec<Located>>,
+        children: impl IntoIterator<Item = (NodeId, Option<Vec<Located>>)>,
     ) {
-        let Some(node) = graph.node(child) else {
-            return;
-        };
-        let (stack, spawner) = (node.spawn_stack, node.spawner);
-        if let (Some(frames), Some(spawner)) = (unwound, spawner) {
-            self.take_back_unwound(child, spawner, frames);
+        let mut to_locate = Vec::new();
+        for (child, unwound) in children {
+            let Some(node) = graph.node(child) else {
+                continue;
+            };
+            let (stack, spawner) = (node.spawn_stack, node.spawner);
+            if let (Some(frames), Some(spawner)) = (unwound, spawner) {
+                self.take_back_unwound(child, spawner, frames);
+            }
+            if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
+                python.spawned(key, child);
+            }
+            if let (Some(key), Some(spawner)) = (stack.native, spawner) {
+                self.spawned(key, child);
+                to_locate.extend(self.walk_to_locate((key, spawner), graph));
+            }
         }
-        if let (Some(key), Some(python)) = (stack.python, self.python.as_mut()) {
-            python.spawned(key, child);
+        if !to_locate.is_empty() {
+            self.hand_on(Unwind::Locate(to_locate));
         }
-        if let (Some(key), Some(spawner)) = (stack.native, spawner) {
-            self.spawned(key, child);
-            self.locate_once(graph, (key, spawner));
+    }
+
+    /// The walk of site `key` for the slow side to locate, when it is neither located nor
+    /// there already and locating it reads a holder's mappings (else it is located here,
+    /// reading nothing).
+    fn walk_to_locate(&mut self, key: SiteKey, graph: &LineageGraph) -> Option<ToLocate> {
+        if self.knows(key) || self.unwinding.contains(&key) {
+            return None;
         }
+        let walk = self.native.walk(key)?;
+        let walk = self.native.locate_known(key, walk)?;
+        self.unwinding.insert(key);
+        Some(ToLocate {
+            key,
+            holders: graph.code_holders(key.1),
+            walk,
+        })
     }
 
     /// Looks at the program of process `pid`, found in /proc as node `node` (its exec not

@@ -51,13 +51,10 @@ pub enum Unwind {
         walk: Option<Walk>,
         copy: Box<CopiedStack>,
     },
-    /// Native site `key`'s frame-pointer walk, to be located in the mappings of one of
-    /// `holders` (see [`Files::locate`]): a site without a copy.
-    Locate {
-        key: SiteKey,
-        holders: Vec<u32>,
-        walk: Walk,
-    },
+    /// Native sites' frame-pointer walks, each to be located in the mappings of one of its
+    /// holders (see [`Files::locate`]): a site without a copy at its fork, or every site of a
+    /// checkpoint's live processes at start-up (one job, so none waits for room).
+    Locate(Vec<ToLocate>),
     /// The build ids of the files process `pid` (a gateway) maps, learned so that its spawns
     /// are named once it, and every process sharing its code, is gone.
     Learn(u32),
@@ -72,6 +69,13 @@ pub enum Unwind {
     Forget(Vec<NodeId>),
 }
 
+/// A native site's frame-pointer walk to locate: `holders` run its spawner's code.
+pub struct ToLocate {
+    pub key: SiteKey,
+    pub holders: Vec<u32>,
+    pub walk: Walk,
+}
+
 /// What an [`Unwind`] gave.
 pub enum Unwound {
     /// Native site `key`'s frames, innermost first, up to the first that is no file's code
@@ -83,8 +87,8 @@ pub enum Unwound {
         truncated: bool,
         located: Option<Location>,
     },
-    /// Native site `key`'s walk located.
-    Located { key: SiteKey, location: Location },
+    /// Native sites' walks located, each with its key.
+    Located(Vec<(SiteKey, Location)>),
     /// What a gateway's files were learned to be.
     Learned(Vec<Learned>),
     /// The stack host `host` spawned `child` at: `stack` tells its stacks apart (the same
@@ -119,10 +123,11 @@ impl Unwind {
                 truncated: false,
                 located: walk.as_ref().map(Walk::unread),
             }),
-            Unwind::Locate { key, ref walk, .. } => Some(Unwound::Located {
-                key,
-                location: walk.unread(),
-            }),
+            Unwind::Locate(ref sites) => Some(Unwound::Located(
+                (sites.iter())
+                    .map(|site| (site.key, site.walk.unread()))
+                    .collect(),
+            )),
             Unwind::Host { host, child, .. } => Some(Unwound::Host {
                 host,
                 child,
@@ -178,10 +183,11 @@ impl Unwinder {
                 };
                 Some(self.site(key, &holders, taken, &copy, located))
             }
-            Unwind::Locate { key, holders, walk } => Some(Unwound::Located {
-                key,
-                location: self.files.locate(&walk, &holders),
-            }),
+            Unwind::Locate(sites) => Some(Unwound::Located(
+                (sites.into_iter())
+                    .map(|site| (site.key, self.files.locate(&site.walk, &site.holders)))
+                    .collect(),
+            )),
             Unwind::Learn(pid) => {
                 (mappings(pid).ok()).map(|maps| Unwound::Learned(self.files.learn(pid, &maps)))
             }

@@ -6,8 +6,8 @@ use super::Pipeline;
 use crate::capture::loader::{LossCounts, TakeOver};
 use std::collections::HashMap;
 
+use crate::lineage::graph::Start;
 use crate::lineage::graph::saved::{SavedNode, SavedStart};
-use crate::lineage::graph::{NodeId, Start};
 use crate::lineage::seed::{self, TrackedMap};
 use crate::procfs::{self, Stat};
 use crate::sites::SavedUnwound;
@@ -88,14 +88,14 @@ impl Pipeline {
         sites.restore_build_ids(build_ids);
         let mut unwound: HashMap<(u32, SavedStart), &SavedUnwound> =
             unwound.iter().map(|u| ((u.pid, u.start), u)).collect();
-        let restored: Vec<NodeId> = self.graph.alive().map(|n| n.id).collect();
-        for child in restored {
-            let kept = self
-                .graph
-                .node(child)
-                .and_then(|n| unwound.remove(&(n.pid, n.start.into())));
-            sites.take_back(&self.graph, child, kept.map(|u| u.frames.clone()));
-        }
+        let graph = &self.graph;
+        let children: Vec<_> = (graph.alive())
+            .map(|n| {
+                let kept = unwound.remove(&(n.pid, n.start.into()));
+                (n.id, kept.map(|u| u.frames.clone()))
+            })
+            .collect();
+        sites.take_back(graph, children);
     }
 
     /// Losses reported so far (a checkpoint keeps them, so the next run reports only new
