@@ -191,8 +191,8 @@ impl Killer {
         &self.counts
     }
 
-    /// Notes a step reported for the stream: counts it, and remembers a kill that ended in an
-    /// exit (to recognise a respawn).
+    /// Notes a step reported for the stream: counts it, and with `--kill` remembers a kill
+    /// that ended in an exit (to recognise a respawn).
     pub fn note(&mut self, graph: &LineageGraph, r: &KillReport) {
         *self
             .counts
@@ -200,8 +200,10 @@ impl Killer {
             .or_default()
             .entry(r.result.name())
             .or_default() += 1;
-        // A sequence's exit has its duration; one found before any signal was no kill.
-        if r.result == Outcome::Exited
+        // A sequence's exit has its duration; one found before any signal was no kill. Only
+        // `--kill` judges respawns (see `decide`), and only it lets go of the kills kept.
+        if self.opts.auto
+            && r.result == Outcome::Exited
             && r.secs.is_some()
             && let Some(node) = graph.node(r.node)
         {
@@ -227,7 +229,7 @@ impl Killer {
         }
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
         // What the graph no longer holds can be decided on (or respawn) no more: let go of it.
-        self.respawns.forget_gone(graph);
+        self.respawns.forget_gone(graph, now);
         self.decided.retain(|&id| graph.node(id).is_some());
         let still: HashSet<(NodeId, Reason)> = active.iter().map(|&(id, r, _)| (id, r)).collect();
         self.offered.retain(|key, _| still.contains(key));
