@@ -13,11 +13,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use reaper_common::ExeKey;
+use reaper_common::copy::ExeCode;
 use reaper_common::native::{FRAME_ADDRESS, FRAME_BUILD_ID, NATIVE_FRAMES_MAX, NativeFrame};
 
 use super::build_ids::{BuildId, read_build_id};
 use super::mappings::{Mapping, mappings};
 use super::native::Located;
+use super::unwind::runs_code_of;
 
 /// A site's stack as the kernel's frame-pointer walk gave it.
 #[derive(Clone)]
@@ -160,11 +162,14 @@ impl Files {
     /// Locates `walk` in the mappings of one of `holders` (at most [`HOLDERS_READ`] read),
     /// the build id of each file it maps read; what was learned of the files the frames are
     /// in (by build id, or by the mapping an address is in) goes with it. A holder read a
-    /// moment after the fork may have exec'd since: the first that maps every object the walk
-    /// names by build id is taken (one running another program maps other objects, mostly),
-    /// else the first read (an object it maps may not be readable: a library deleted by an
-    /// upgrade, a container's root out of reach).
-    pub fn locate(&mut self, walk: &Walk, holders: &[u32]) -> Location {
+    /// moment after the fork may have exec'd since: with `runs`, the executable the kernel
+    /// saw the spawner run at the fork (a site's copy says), a holder whose mappings do not
+    /// run it is passed over (a walk of addresses alone, a Go spawner's, is then placed in
+    /// none rather than in another program); of those left, the first that maps every object
+    /// the walk names by build id is taken (one running another program maps other objects,
+    /// mostly), else the first read (an object it maps may not be readable: a library
+    /// deleted by an upgrade, a container's root out of reach).
+    pub fn locate(&mut self, walk: &Walk, holders: &[u32], runs: Option<&ExeCode>) -> Location {
         let named: HashSet<BuildId> = (walk.frames.iter())
             .filter(|f| f.status == FRAME_BUILD_ID)
             .map(|f| f.build_id)
@@ -175,6 +180,9 @@ impl Files {
             let Ok(maps) = mappings(pid) else {
                 continue;
             };
+            if runs.is_some_and(|exe| !runs_code_of(&maps, exe)) {
+                continue;
+            }
             let learned = self.learn(pid, &maps);
             let ids: HashSet<BuildId> = learned.iter().filter_map(|l| Some(l.id?.0)).collect();
             if named.is_subset(&ids) {
@@ -275,7 +283,7 @@ mod tests {
             walk.wants_mappings(|_| true),
             "an address is placed in mappings"
         );
-        let location = Files::default().locate(&walk, &[u32::MAX, own]);
+        let location = Files::default().locate(&walk, &[u32::MAX, own], None);
         let exe = std::env::current_exe().unwrap();
         let learned = location
             .learned
@@ -293,6 +301,36 @@ mod tests {
         assert_eq!(placed.build_id, Some(id));
         assert_eq!(placed.object.as_deref(), Some(exe.as_path()));
         assert!(!location.truncated);
+    }
+
+    /// With the executable the spawner ran at its fork, a holder that runs another program
+    /// (it exec'd since, or its pid is another process's) is passed over: an address is
+    /// placed in none rather than in the wrong program.
+    #[test]
+    fn a_holder_not_running_the_spawners_executable_is_passed_over() {
+        let own = std::process::id();
+        let walk = Walk::new(&[frame(FRAME_ADDRESS, [0; 20], own_code())], 1);
+        let maps = mappings(own).expect("own mappings");
+        let code = (maps.iter())
+            .find(|m| m.executable && (m.start..m.end).contains(&own_code()))
+            .expect("this test's code is mapped");
+        let ours = ExeCode {
+            file: code.file,
+            start: own_code(),
+            end: own_code() + 1,
+        };
+        let placed = Files::default().locate(&walk, &[own], Some(&ours));
+        assert_eq!(placed.frames.len(), 1, "runs its executable: placed");
+        let another = ExeCode {
+            file: ExeKey {
+                dev: code.file.dev,
+                ino: code.file.ino.wrapping_add(1),
+            },
+            ..ours
+        };
+        let passed_over = Files::default().locate(&walk, &[own], Some(&another));
+        assert!(passed_over.frames.is_empty(), "{:?}", passed_over.frames);
+        assert!(passed_over.truncated, "the stack is cut at the address");
     }
 
     #[test]

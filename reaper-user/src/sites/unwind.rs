@@ -328,7 +328,7 @@ impl Objects {
 /// Whether mappings `maps` hold the code of executable `exe` where the kernel saw it at the
 /// copy: an executable mapping of that file holding its `start_code`. A copy that says
 /// nothing of its executable (the probe could not read it) is taken as theirs.
-fn runs_code_of(maps: &[Mapping], exe: &ExeCode) -> bool {
+pub(super) fn runs_code_of(maps: &[Mapping], exe: &ExeCode) -> bool {
     exe.end == 0
         || maps
             .iter()

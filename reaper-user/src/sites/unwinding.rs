@@ -173,7 +173,7 @@ impl Unwinder {
                 walk,
                 copy,
             } => {
-                let located = walk.map(|walk| self.files.locate(&walk, &holders));
+                let located = walk.map(|walk| self.files.locate(&walk, &holders, Some(&copy.exe)));
                 // What the reader did not know yet may have been learned here since.
                 let taken = Taken {
                     spawner,
@@ -185,7 +185,7 @@ impl Unwinder {
             }
             Unwind::Locate(sites) => Some(Unwound::Located(
                 (sites.into_iter())
-                    .map(|site| (site.key, self.files.locate(&site.walk, &site.holders)))
+                    .map(|site| (site.key, self.files.locate(&site.walk, &site.holders, None)))
                     .collect(),
             )),
             Unwind::Learn(pid) => {
