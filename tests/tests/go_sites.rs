@@ -111,72 +111,24 @@ fn a_go_spawner_is_named_down_to_its_raw_fork() {
 /// reader's), and its `idle` flag names the same function and line.
 #[test]
 fn a_go_spawn_read_before_a_restart_is_located_by_the_run_after_it() {
-    use reaper_tests::{end_once_checkpointed, kept_run, release_state, state_test, stream};
     let test = "a_go_spawn_read_before_a_restart_is_located_by_the_run_after_it";
-    let Some((dir, state)) = state_test(test) else {
+    // The gateway forks `cat` as it starts: under its pid, a shell waits for the trigger.
+    let start = |dir: &Path| {
+        let gateway = build_gateway(dir);
+        let waiting = format!(
+            "while [ ! -e '{trigger}' ]; do sleep 0.05; done; exec '{gateway}' '{release}'",
+            trigger = dir.join("trigger").display(),
+            gateway = gateway.display(),
+            release = dir.join("release").display(),
+        );
+        Command::new("sh")
+            .args(["-c", &waiting])
+            .spawn()
+            .expect("start the gateway's shell")
+    };
+    let Some(frames) = reaper_tests::spawned_at_across_a_restart(test, start, "cat") else {
         return;
     };
-    let gateway = build_gateway(&dir);
-    let (start, release) = (dir.join("start"), dir.join("release"));
-    // The gateway forks `cat` as it starts: it waits, under its own pid, for the first run.
-    let waiting = format!(
-        "while [ ! -e '{}' ]; do sleep 0.05; done; exec '{}' '{}'",
-        start.display(),
-        gateway.display(),
-        release.display()
-    );
-    let mut shell = Command::new("sh")
-        .args(["-c", &waiting])
-        .spawn()
-        .expect("start the gateway's shell");
-    let gw = u64::from(shell.id());
-    let first_out = dir.join("first.ndjson");
-    let first = kept_run(&state, &first_out, gw, &[]);
-    reaper_tests::wait_until("the first run to be ready", || {
-        stream(&first_out).iter().any(|e| e["event"] == "ready")
-    });
-    std::fs::write(&start, b"").expect("let the gateway start");
-    let mut cat = None;
-    reaper_tests::wait_until("the first run to see the gateway fork cat", || {
-        cat = stream(&first_out)
-            .iter()
-            .find(|e| e["event"] == "fork" && reaper_tests::pid(&e["ppid"]) == gw)
-            .map(|e| reaper_tests::pid(&e["pid"]));
-        cat.is_some()
-    });
-    let cat = cat.expect("cat's fork");
-    end_once_checkpointed(first, &state, cat, libc::SIGTERM);
-    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "idle";
-    let args = [
-        "--gateway-pid",
-        &gw.to_string(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--idle-after",
-        "1s",
-        "--scan-interval",
-        "250ms",
-    ];
-    let run = run_reaper_until(
-        &args,
-        &[],
-        &release,
-        (
-            "cat flagged idle by the run after the restart",
-            Then::Release,
-        ),
-        |events| {
-            let flagged = |e: &Value| is_flag(e) && reaper_tests::pid(&e["pid"]) == cat;
-            events.iter().any(flagged)
-        },
-    );
-    let _ = shell.wait();
-    release_state(&state);
-    let _ = std::fs::remove_dir_all(&dir);
-    let proven = run.until_proof();
-    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
-    let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:#?}", run.events));
-    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
     let own = frame(&frames, "main.startStdioServer");
     assert_eq!(own["line"], line_of("if err := cmd.Start()"), "{own}");
     frame(&frames, "syscall.forkExec");
