@@ -125,7 +125,7 @@ pub fn escape_for_terminal(bytes: &[u8]) -> String {
 /// A process's arguments as the kernel and /proc lay them out: each one followed by a NUL, in
 /// one block. One allocation holds them all, shared (cloning is a count) by the lineage graph,
 /// a child that has not exec'd yet, and the events that name the process.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Args(Rc<[u8]>);
 
 impl Args {

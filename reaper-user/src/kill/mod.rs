@@ -207,9 +207,10 @@ impl Killer {
             && r.secs.is_some()
             && let Some(node) = graph.node(r.node)
         {
-            // From the first signal: a respawn may be forked before this report arrives.
+            // From the first signal (the exit's time less the sequence's): a respawn may be
+            // forked before this report is read.
             let took = (r.secs.unwrap_or(0.0) * 1e9) as u64;
-            let at = procfs::boottime_now().saturating_sub(took);
+            let at = r.at.saturating_sub(took);
             self.respawns.killed(node, at);
         }
     }

@@ -12,28 +12,46 @@ use crate::text::Args;
 /// A child with the same argv, forked by the same spawner this soon after a kill, is a
 /// respawn.
 const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
+/// How long after a window's end it is taken as passed: the records of forks made just
+/// before its end are read by then, however slow the ring was.
+const PASSED_AFTER: Duration = Duration::from_secs(10);
 
-/// The time after kills of one spawner's children of one argv in which a child it forks
-/// with that argv is a respawn: the kills' windows, merged where they overlap (boot-time ns,
-/// both ends excluded).
+/// One spawner's children of one argv.
+type Key = (NodeId, Args);
+
+/// A time after kills of a [`Key`]'s children in which a child the spawner forks with that
+/// argv is a respawn: the kills' windows, merged where they overlap (boot-time ns, both ends
+/// excluded).
+#[derive(Clone, Copy)]
 struct Window {
-    spawner: NodeId,
-    argv: Args,
     from: u64,
     to: u64,
 }
 
+impl Window {
+    fn holds(self, forked: u64) -> bool {
+        self.from < forked && forked < self.to
+    }
+}
+
+/// A window that has passed, kept while a child its spawner forked within it lives: `witness`,
+/// one such child (looked for again when it is gone).
+struct Passed {
+    window: Window,
+    witness: NodeId,
+}
+
 /// The kills remembered and the spawners found respawning. A respawn is judged once its own
 /// flag has held for the grace, which can be long after its fork (its first look, a long
-/// `--grace`): a window is kept while it is open, and as it passes the children forked
-/// within it are kept instead, while they live. So what is kept is bounded by the kills of
-/// one window and by the live processes, however many kills a day brings.
+/// `--grace`): a window is kept while it is open, then while a child forked within it lives.
+/// So what is kept is bounded by the kills of a minute (each window once, whatever the
+/// children) and by the live processes, however many kills a day brings; each kill and each
+/// judgement is a look-up, and the graph is walked once in a round, only when a window passed
+/// or a witness is gone.
 #[derive(Default)]
 pub(super) struct Respawns {
-    /// Windows still open.
-    windows: Vec<Window>,
-    /// Live children forked within windows that have passed, with the argv killed in each.
-    forked_within: HashMap<NodeId, Vec<Args>>,
+    open: HashMap<Key, Vec<Window>>,
+    passed: HashMap<Key, Vec<Passed>>,
     /// Spawners found respawning: `--kill` kills none of their children for a flag (a kill
     /// asked through the API is not decided here).
     respawning: HashSet<NodeId>,
@@ -55,57 +73,76 @@ impl Respawns {
         let Some(spawner) = node.spawner else {
             return;
         };
-        let to = at.saturating_add(window_ns());
-        let same = |w: &&mut Window| w.spawner == spawner && w.argv == node.argv;
-        match self
-            .windows
-            .iter_mut()
-            .filter(same)
-            .find(|w| w.from <= at && at < w.to)
-        {
+        let to = at.saturating_add(ns(RESPAWN_WINDOW));
+        let windows = self.open.entry((spawner, node.argv.clone())).or_default();
+        match windows.iter_mut().find(|w| w.from <= at && at < w.to) {
             Some(open) => open.to = open.to.max(to),
-            None => self.windows.push(Window {
-                spawner,
-                argv: node.argv.clone(),
-                from: at,
-                to,
-            }),
+            None => windows.push(Window { from: at, to }),
         }
     }
 
     /// Lets go of what can be judged a respawn no more at boot-time `now`: what the graph no
     /// longer holds, the kills of spawners found respawning (their children are judged no
-    /// more), and each window that has passed, its spawner's live children forked within it
-    /// kept instead (one pass over the live processes, when a window passed).
+    /// more), and each window that has passed with no child forked within it alive.
     pub(super) fn forget_gone(&mut self, graph: &LineageGraph, now: u64) {
         self.respawning.retain(|&id| graph.node(id).is_some());
-        let alive = |id: NodeId| graph.node(id).is_some_and(Node::alive);
-        self.forked_within.retain(|&id, _| alive(id));
         let respawning = &self.respawning;
-        self.windows
-            .retain(|w| graph.node(w.spawner).is_some() && !respawning.contains(&w.spawner));
-        if self.windows.iter().all(|w| now < w.to) {
+        let kept =
+            |&(spawner, _): &Key| graph.node(spawner).is_some() && !respawning.contains(&spawner);
+        self.open.retain(|key, _| kept(key));
+        self.passed.retain(|key, _| kept(key));
+        let alive = |id: NodeId| graph.node(id).is_some_and(Node::alive);
+        let passed_at = now.saturating_sub(ns(PASSED_AFTER));
+        let mut to_witness: Vec<(Key, Window)> = Vec::new();
+        self.open.retain(|key, windows| {
+            windows.retain(|w| match passed_at >= w.to {
+                true => {
+                    to_witness.push((key.clone(), *w));
+                    false
+                }
+                false => true,
+            });
+            !windows.is_empty()
+        });
+        self.passed.retain(|key, windows| {
+            windows.retain(|p| match alive(p.witness) {
+                true => true,
+                false => {
+                    to_witness.push((key.clone(), p.window));
+                    false
+                }
+            });
+            !windows.is_empty()
+        });
+        if to_witness.is_empty() {
             return;
         }
-        let (passed, open) = std::mem::take(&mut self.windows)
-            .into_iter()
-            .partition(|w| now >= w.to);
-        self.windows = open;
-        let mut by_spawner: HashMap<NodeId, Vec<Window>> = HashMap::default();
-        for w in passed {
-            by_spawner.entry(w.spawner).or_default().push(w);
-        }
+        // One pass over the graph: the live children of the spawners concerned, by fork time.
+        let spawners: HashSet<NodeId> = to_witness.iter().map(|((s, _), _)| *s).collect();
+        let mut forks: HashMap<NodeId, Vec<(u64, NodeId)>> = HashMap::default();
         for child in graph.alive() {
-            let (Some(spawner), Some(forked)) = (child.spawner, child.forked_at) else {
+            if let (Some(spawner), Some(forked)) = (child.spawner, child.forked_at)
+                && spawners.contains(&spawner)
+            {
+                forks.entry(spawner).or_default().push((forked, child.id));
+            }
+        }
+        for children in forks.values_mut() {
+            children.sort_unstable();
+        }
+        for (key, window) in to_witness {
+            let Some(children) = forks.get(&key.0) else {
                 continue;
             };
-            // Its argv is compared when it is judged: its exec may be yet to come.
-            let windows = by_spawner.get(&spawner).into_iter().flatten();
-            for w in windows.filter(|w| w.from < forked && forked < w.to) {
-                let argvs = self.forked_within.entry(child.id).or_default();
-                if !argvs.contains(&w.argv) {
-                    argvs.push(w.argv.clone());
-                }
+            // The first child forked after the window began: a witness if before its end.
+            let at = children.partition_point(|&(forked, _)| forked <= window.from);
+            if let Some(&(forked, witness)) = children.get(at)
+                && window.holds(forked)
+            {
+                self.passed
+                    .entry(key)
+                    .or_default()
+                    .push(Passed { window, witness });
             }
         }
     }
@@ -121,12 +158,14 @@ impl Respawns {
             return Judged::LeftAlone;
         }
         let forked = node.forked_at.unwrap_or(0);
-        let within_passed =
-            (self.forked_within.get(&node.id)).is_some_and(|argvs| argvs.contains(&node.argv));
-        let within_open = self.windows.iter().any(|w| {
-            w.spawner == spawner && w.argv == node.argv && w.from < forked && forked < w.to
-        });
-        match within_passed || within_open {
+        let key = (spawner, node.argv.clone());
+        let open = self.open.get(&key).into_iter().flatten();
+        let passed = self.passed.get(&key).into_iter().flatten();
+        let again = open
+            .copied()
+            .chain(passed.map(|p| p.window))
+            .any(|w| w.holds(forked));
+        match again {
             true => {
                 self.respawning.insert(spawner);
                 Judged::Respawn(spawner)
@@ -136,9 +175,8 @@ impl Respawns {
     }
 }
 
-/// [`RESPAWN_WINDOW`] in ns.
-fn window_ns() -> u64 {
-    u64::try_from(RESPAWN_WINDOW.as_nanos()).unwrap_or(u64::MAX)
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -149,17 +187,18 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
-    /// However many kills come after it, a kill's window is kept while it is open, and the
-    /// children forked within it once it has passed, while they live; a window with none goes
-    /// as it passes.
+    /// However many kills come after it, a kill's window is kept while it is open, then while
+    /// a child forked within it lives; a window with none goes as it passes. A child forked
+    /// within it with another argv is no respawn.
     #[test]
     fn a_kill_is_known_while_a_child_forked_within_its_window_lives() {
         // Pids above pid_max (32768 here): none is a real process.
-        let (gw, supervisor, respawned) = (40_000, 40_001, 40_002);
+        let (gw, supervisor, respawned, other) = (40_000, 40_001, 40_002, 40_003);
         let mut graph = LineageGraph::new(16);
         graph.add_seed(gateway(gw));
         record(&mut graph, SEC, (supervisor, 1), fork(gw));
         record(&mut graph, 12 * SEC, (respawned, 2), fork(supervisor));
+        record(&mut graph, 13 * SEC, (other, 3), fork(supervisor));
         let node = |graph: &LineageGraph, pid| graph.current(pid).unwrap().clone();
         let mut respawns = Respawns::default();
         // The supervisor's worker (the respawn's node stands in for it), killed at 10 s; then
@@ -171,49 +210,52 @@ mod tests {
             respawns.killed(&helper, 11 * SEC + i * SEC / 10);
         }
         respawns.forget_gone(&graph, 50 * SEC);
-        assert_eq!(
-            respawns.windows.len(),
-            1_001,
-            "windows open: every kill kept"
-        );
+        assert_eq!(respawns.open.len(), 1_001, "windows open: every kill kept");
         // Every window passed: the gateway forked nothing within them, the supervisor did.
         respawns.forget_gone(&graph, 200 * SEC);
-        assert!(respawns.windows.is_empty());
+        assert!(respawns.open.is_empty());
         assert_eq!(
-            respawns.forked_within.len(),
+            respawns.passed.len(),
             1,
-            "only the live child forked within"
+            "only the window a live child was forked in"
         );
+        let mut stranger = node(&graph, other);
+        stranger.argv = Args::from_list(["another"]);
+        assert!(matches!(respawns.judge(&stranger), Judged::NotARespawn));
         assert!(matches!(
             respawns.judge(&node(&graph, respawned)),
             Judged::Respawn(_)
         ));
-        // Its spawner found respawning: its children are left alone from now on.
-        assert!(matches!(
-            respawns.judge(&node(&graph, respawned)),
-            Judged::LeftAlone
-        ));
+        // Its spawner found respawning: its children are left alone, and its kills go.
+        assert!(matches!(respawns.judge(&stranger), Judged::LeftAlone));
+        respawns.forget_gone(&graph, 201 * SEC);
+        assert!(respawns.passed.is_empty());
     }
 
-    /// Kills of one argv close together are one window; a child forked within one that has
-    /// passed is let go when it exits.
+    /// Kills of one argv close together are one window; once it has passed, it goes with the
+    /// last child forked within it.
     #[test]
-    fn kills_close_together_are_one_window_and_its_children_go_when_they_exit() {
-        let (gw, supervisor, child) = (40_000, 40_001, 40_002);
+    fn kills_close_together_are_one_window_that_goes_with_its_last_child() {
+        let (gw, supervisor, first, second) = (40_000, 40_001, 40_002, 40_003);
         let mut graph = LineageGraph::new(16);
         graph.add_seed(gateway(gw));
         record(&mut graph, SEC, (supervisor, 1), fork(gw));
-        record(&mut graph, 12 * SEC, (child, 2), fork(supervisor));
-        let worker = graph.current(child).unwrap().clone();
+        record(&mut graph, 12 * SEC, (first, 2), fork(supervisor));
+        record(&mut graph, 14 * SEC, (second, 3), fork(supervisor));
+        let worker = graph.current(first).unwrap().clone();
         let mut respawns = Respawns::default();
         for i in 0..100 {
             respawns.killed(&worker, 10 * SEC + i * SEC);
         }
-        assert_eq!(respawns.windows.len(), 1);
+        assert_eq!(respawns.open.values().flatten().count(), 1);
         respawns.forget_gone(&graph, 200 * SEC);
-        assert_eq!(respawns.forked_within.len(), 1);
-        record(&mut graph, 220 * SEC, (child, 2), What::Exit { status: 0 });
+        assert_eq!(respawns.passed.values().flatten().count(), 1);
+        // Its witness exits: another child forked within it keeps it.
+        record(&mut graph, 220 * SEC, (first, 2), What::Exit { status: 0 });
         respawns.forget_gone(&graph, 230 * SEC);
-        assert!(respawns.forked_within.is_empty());
+        assert_eq!(respawns.passed.values().flatten().count(), 1);
+        record(&mut graph, 240 * SEC, (second, 3), What::Exit { status: 0 });
+        respawns.forget_gone(&graph, 250 * SEC);
+        assert!(respawns.passed.is_empty());
     }
 }

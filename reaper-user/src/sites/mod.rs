@@ -63,6 +63,9 @@ pub struct SpawnSites {
     /// Native sites with the slow side (their copy to unwind, or their walk to locate): one
     /// job a site at a time.
     unwinding: HashSet<SiteKey>,
+    /// Native sites of a checkpoint's live processes whose walks the slow side locates (one
+    /// job at start-up): a fork from one meanwhile still hands on its copy, without the walk.
+    locating: HashSet<SiteKey>,
     /// Jobs the slow side did not take: [`UNWINDS_WAITING`] waited already, its queue was
     /// full, or a copy's host had [`jit::IN_FLIGHT`] there already.
     refused: u64,
@@ -83,6 +86,7 @@ impl SpawnSites {
             jit: interpreters.then(|| JitStacks::new(maps.jit_hosts)),
             to_unwind: Vec::new(),
             unwinding: HashSet::default(),
+            locating: HashSet::default(),
             refused: 0,
         }
     }
@@ -150,7 +154,7 @@ impl SpawnSites {
         if self.unwinding.contains(&key) {
             return;
         }
-        let walk = match self.native.knows(key) {
+        let walk = match self.native.knows(key) || self.locating.contains(&key) {
             true => None,
             false => self
                 .native
@@ -211,10 +215,11 @@ impl SpawnSites {
                 self.refused += 1;
             }
             Unwind::Locate(sites) => {
-                for site in sites {
+                for site in &sites {
                     self.unwinding.remove(&site.key);
+                    self.locating.remove(&site.key);
                 }
-                self.refused += 1;
+                self.refused += sites.len() as u64;
             }
             Unwind::Learn(_) => self.refused += 1,
             Unwind::Host { host, .. } => {
@@ -255,7 +260,8 @@ impl SpawnSites {
             }
             Unwound::Located(sites) => {
                 for (key, location) in sites {
-                    if self.unwinding.remove(&key) {
+                    // A start-up job's, or a fork's without a copy.
+                    if self.locating.remove(&key) || self.unwinding.remove(&key) {
                         self.native.take_located(key, location);
                     }
                 }
@@ -284,6 +290,7 @@ impl SpawnSites {
     pub fn retain(&mut self, holds: impl Fn(NodeId) -> bool) {
         self.native.retain(&holds);
         self.unwinding.retain(|&(_, spawner)| holds(spawner));
+        self.locating.retain(|&(_, spawner)| holds(spawner));
         let gone = self.jit.as_mut().map(|jit| jit.retain(&holds));
         if let Some(gone) = gone.filter(|gone| !gone.is_empty()) {
             self.hand_on(Unwind::Forget(gone));

@@ -129,12 +129,12 @@ impl SpawnSites {
     /// there already and locating it reads a holder's mappings (else it is located here,
     /// reading nothing).
     fn walk_to_locate(&mut self, key: SiteKey, graph: &LineageGraph) -> Option<ToLocate> {
-        if self.knows(key) || self.unwinding.contains(&key) {
+        if self.knows(key) || self.locating.contains(&key) {
             return None;
         }
         let walk = self.native.walk(key)?;
         let walk = self.native.locate_known(key, walk)?;
-        self.unwinding.insert(key);
+        self.locating.insert(key);
         Some(ToLocate {
             key,
             holders: graph.code_holders(key.1),

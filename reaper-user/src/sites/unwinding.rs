@@ -185,7 +185,7 @@ impl Unwinder {
             }
             Unwind::Locate(sites) => Some(Unwound::Located(
                 (sites.into_iter())
-                    .map(|site| (site.key, self.files.locate(&site.walk, &site.holders, None)))
+                    .map(|site| (site.key, self.locate_one(&site)))
                     .collect(),
             )),
             Unwind::Learn(pid) => {
@@ -206,6 +206,15 @@ impl Unwinder {
         };
         self.objects.bound();
         unwound
+    }
+
+    /// `site`'s walk located; one that panics keeps what its walk names with nothing read
+    /// (the other sites of its job are located all the same: a start-up job holds many).
+    fn locate_one(&mut self, site: &ToLocate) -> Location {
+        let files = &mut self.files;
+        let locating =
+            std::panic::AssertUnwindSafe(|| files.locate(&site.walk, &site.holders, None));
+        std::panic::catch_unwind(locating).unwrap_or_else(|_| site.walk.unread())
     }
 
     /// Native site `key`'s copy, unwound in the mappings of the first of `holders` still
