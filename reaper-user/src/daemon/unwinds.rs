@@ -96,7 +96,8 @@ impl Unwinds {
             let nothing = job.nothing();
             let unwinding = std::panic::AssertUnwindSafe(|| unwinder.unwind(job));
             let (unwound, panicked) = match std::panic::catch_unwind(unwinding) {
-                Ok(unwound) => (unwound, None),
+                // One site of a batch may have panicked, the others located.
+                Ok(unwound) => (unwound, unwinder.take_panic()),
                 Err(panic) => (nothing, Some(panic)),
             };
             // The run may be closing: nobody takes it then.

@@ -13,7 +13,7 @@ use crate::text::Args;
 /// respawn.
 const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
 /// How long after a window's end it is taken as passed: the records of forks made just
-/// before its end are read by then, however slow the ring was.
+/// before its end are read by then, unless the ring lags by more than that.
 const PASSED_AFTER: Duration = Duration::from_secs(10);
 
 /// One spawner's children of one argv.
@@ -34,8 +34,9 @@ impl Window {
     }
 }
 
-/// A window that has passed, kept while a child its spawner forked within it lives: `witness`,
-/// one such child (looked for again when it is gone).
+/// A window that has passed, kept while a child its spawner forked within it lives that may
+/// yet be judged a respawn of it (its argv the window's, or not exec'd yet): `witness`, one
+/// such child (looked for again when it is gone or runs another argv).
 struct Passed {
     window: Window,
     witness: NodeId,
@@ -75,8 +76,12 @@ impl Respawns {
         };
         let to = at.saturating_add(ns(RESPAWN_WINDOW));
         let windows = self.open.entry((spawner, node.argv.clone())).or_default();
-        match windows.iter_mut().find(|w| w.from <= at && at < w.to) {
-            Some(open) => open.to = open.to.max(to),
+        // Kills are reported in the order their sequences end, not begin: merged either way.
+        match windows.iter_mut().find(|w| w.from < to && at < w.to) {
+            Some(open) => {
+                open.from = open.from.min(at);
+                open.to = open.to.max(to);
+            }
             None => windows.push(Window { from: at, to }),
         }
     }
@@ -91,7 +96,9 @@ impl Respawns {
             |&(spawner, _): &Key| graph.node(spawner).is_some() && !respawning.contains(&spawner);
         self.open.retain(|key, _| kept(key));
         self.passed.retain(|key, _| kept(key));
-        let alive = |id: NodeId| graph.node(id).is_some_and(Node::alive);
+        // A child that may yet be judged a respawn of `key`'s kills.
+        let may_respawn =
+            |n: &Node, (_, argv): &Key| n.alive() && (n.argv == *argv || n.execs == 0);
         let passed_at = now.saturating_sub(ns(PASSED_AFTER));
         let mut to_witness: Vec<(Key, Window)> = Vec::new();
         self.open.retain(|key, windows| {
@@ -105,7 +112,8 @@ impl Respawns {
             !windows.is_empty()
         });
         self.passed.retain(|key, windows| {
-            windows.retain(|p| match alive(p.witness) {
+            let witnessed = |p: &Passed| graph.node(p.witness).is_some_and(|n| may_respawn(n, key));
+            windows.retain(|p| match witnessed(p) {
                 true => true,
                 false => {
                     to_witness.push((key.clone(), p.window));
@@ -119,26 +127,28 @@ impl Respawns {
         }
         // One pass over the graph: the live children of the spawners concerned, by fork time.
         let spawners: HashSet<NodeId> = to_witness.iter().map(|((s, _), _)| *s).collect();
-        let mut forks: HashMap<NodeId, Vec<(u64, NodeId)>> = HashMap::default();
+        let mut forks: HashMap<NodeId, Vec<(u64, &Node)>> = HashMap::default();
         for child in graph.alive() {
             if let (Some(spawner), Some(forked)) = (child.spawner, child.forked_at)
                 && spawners.contains(&spawner)
             {
-                forks.entry(spawner).or_default().push((forked, child.id));
+                forks.entry(spawner).or_default().push((forked, child));
             }
         }
         for children in forks.values_mut() {
-            children.sort_unstable();
+            children.sort_unstable_by_key(|&(forked, child)| (forked, child.id));
         }
         for (key, window) in to_witness {
             let Some(children) = forks.get(&key.0) else {
                 continue;
             };
-            // The first child forked after the window began: a witness if before its end.
-            let at = children.partition_point(|&(forked, _)| forked <= window.from);
-            if let Some(&(forked, witness)) = children.get(at)
-                && window.holds(forked)
-            {
+            // The children forked within the window: the first that may yet respawn is its
+            // witness.
+            let from = children.partition_point(|&(forked, _)| forked <= window.from);
+            let mut within =
+                (children[from..].iter()).take_while(|&&(forked, _)| window.holds(forked));
+            if let Some(&(_, witness)) = within.find(|&&(_, n)| may_respawn(n, &key)) {
+                let witness = witness.id;
                 self.passed
                     .entry(key)
                     .or_default()
@@ -247,6 +257,8 @@ mod tests {
         for i in 0..100 {
             respawns.killed(&worker, 10 * SEC + i * SEC);
         }
+        // One whose sequence began earlier, reported later: merged too.
+        respawns.killed(&worker, 5 * SEC);
         assert_eq!(respawns.open.values().flatten().count(), 1);
         respawns.forget_gone(&graph, 200 * SEC);
         assert_eq!(respawns.passed.values().flatten().count(), 1);

@@ -162,6 +162,10 @@ impl SpawnSites {
                 .and_then(|walk| self.native.locate_known(key, walk)),
         };
         let copy = copy.filter(|_| !self.native.unwound(key));
+        let unlocated = match walk.is_none() && copy.is_some() && self.locating.contains(&key) {
+            true => self.native.walk(key),
+            false => None,
+        };
         let job = match (walk, copy) {
             (walk, Some(copy)) => Unwind::Site {
                 key,
@@ -169,7 +173,8 @@ impl SpawnSites {
                 spawner: spawner_pid,
                 exec_path: exec_path.map(Path::to_path_buf),
                 seen_at: self.native.build_ids.path_of(copy.exe.file),
-                forked_in: self.native.forked_in(key, walk.as_ref()),
+                // Named from the walk itself while it is with the slow side (start-up's).
+                forked_in: (self.native).forked_in(key, walk.as_ref().or(unlocated.as_ref())),
                 walk,
                 copy,
             },
@@ -216,10 +221,11 @@ impl SpawnSites {
             }
             Unwind::Locate(sites) => {
                 for site in &sites {
-                    self.unwinding.remove(&site.key);
-                    self.locating.remove(&site.key);
+                    if !self.locating.remove(&site.key) {
+                        self.unwinding.remove(&site.key);
+                    }
                 }
-                self.refused += sites.len() as u64;
+                self.refused += 1;
             }
             Unwind::Learn(_) => self.refused += 1,
             Unwind::Host { host, .. } => {

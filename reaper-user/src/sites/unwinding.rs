@@ -146,6 +146,9 @@ pub struct Unwinder {
     objects: Objects,
     files: Files,
     hosts: HashMap<NodeId, Host>,
+    /// A panic caught while locating one site of a job, for the worker to start over with
+    /// a fresh unwinder once the job's other sites are given back (see [`Unwinder::take_panic`]).
+    panicked: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// Files a host's cache holds before it starts over (see [`Host::files`]).
@@ -209,12 +212,22 @@ impl Unwinder {
     }
 
     /// `site`'s walk located; one that panics keeps what its walk names with nothing read
-    /// (the other sites of its job are located all the same: a start-up job holds many).
+    /// (the other sites of its job are located all the same: a start-up job holds many), and
+    /// its panic is kept for the worker.
     fn locate_one(&mut self, site: &ToLocate) -> Location {
         let files = &mut self.files;
         let locating =
             std::panic::AssertUnwindSafe(|| files.locate(&site.walk, &site.holders, None));
-        std::panic::catch_unwind(locating).unwrap_or_else(|_| site.walk.unread())
+        std::panic::catch_unwind(locating).unwrap_or_else(|panic| {
+            self.panicked.get_or_insert(panic);
+            site.walk.unread()
+        })
+    }
+
+    /// A panic caught within the last job (see [`Unwinder::locate_one`]), to go on with once
+    /// what the job gave is given back.
+    pub fn take_panic(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.panicked.take()
     }
 
     /// Native site `key`'s copy, unwound in the mappings of the first of `holders` still
