@@ -515,15 +515,11 @@ mod tests {
 
     #[test]
     fn a_respawn_is_known_by_its_forks_time_however_late_its_flag_holds() {
-        use crate::lineage::graph::testing::{fork, gateway, record};
         const SEC: u64 = 1_000_000_000;
         // Pids above pid_max (32768 here): none is reaper-trace or one of its ancestors.
-        let (gw, supervisor, soon, late) = (40_000, 40_001, 40_002, 40_003);
-        let mut graph = LineageGraph::new(16);
-        graph.add_seed(gateway(gw));
-        record(&mut graph, SEC, (supervisor, 1), fork(gw));
-        record(&mut graph, 12 * SEC, (soon, 2), fork(supervisor));
-        record(&mut graph, 80 * SEC, (late, 3), fork(supervisor));
+        let (supervisor, soon, late) = (40_001, 40_002, 40_003);
+        let graph =
+            crate::lineage::graph::testing::supervised(&[(soon, 12 * SEC), (late, 80 * SEC)]);
         let id = |pid| graph.current(pid).unwrap().id;
         let (mut killer, _reports) = Killer::new(orphans_killed(Duration::from_secs(120), true));
         // Its worker of the same argv was killed at 10 s.

@@ -193,7 +193,7 @@ fn ns(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::capture::decode::What;
-    use crate::lineage::graph::testing::{fork, gateway, record};
+    use crate::lineage::graph::testing::{record, supervised};
 
     const SEC: u64 = 1_000_000_000;
 
@@ -202,13 +202,8 @@ mod tests {
     /// within it with another argv is no respawn.
     #[test]
     fn a_kill_is_known_while_a_child_forked_within_its_window_lives() {
-        // Pids above pid_max (32768 here): none is a real process.
-        let (gw, supervisor, respawned, other) = (40_000, 40_001, 40_002, 40_003);
-        let mut graph = LineageGraph::new(16);
-        graph.add_seed(gateway(gw));
-        record(&mut graph, SEC, (supervisor, 1), fork(gw));
-        record(&mut graph, 12 * SEC, (respawned, 2), fork(supervisor));
-        record(&mut graph, 13 * SEC, (other, 3), fork(supervisor));
+        let (supervisor, respawned, other) = (40_001, 40_002, 40_003);
+        let graph = supervised(&[(respawned, 12 * SEC), (other, 13 * SEC)]);
         let node = |graph: &LineageGraph, pid| graph.current(pid).unwrap().clone();
         let mut respawns = Respawns::default();
         // The supervisor's worker (the respawn's node stands in for it), killed at 10 s; then
@@ -246,12 +241,8 @@ mod tests {
     /// last child forked within it.
     #[test]
     fn kills_close_together_are_one_window_that_goes_with_its_last_child() {
-        let (gw, supervisor, first, second) = (40_000, 40_001, 40_002, 40_003);
-        let mut graph = LineageGraph::new(16);
-        graph.add_seed(gateway(gw));
-        record(&mut graph, SEC, (supervisor, 1), fork(gw));
-        record(&mut graph, 12 * SEC, (first, 2), fork(supervisor));
-        record(&mut graph, 14 * SEC, (second, 3), fork(supervisor));
+        let (first, second) = (40_002, 40_003);
+        let mut graph = supervised(&[(first, 12 * SEC), (second, 14 * SEC)]);
         let worker = graph.current(first).unwrap().clone();
         let mut respawns = Respawns::default();
         for i in 0..100 {

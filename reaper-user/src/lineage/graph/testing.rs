@@ -51,3 +51,17 @@ pub fn record(g: &mut LineageGraph, ts: u64, (pid, start): (u32, u64), what: Wha
         what,
     })
 }
+
+/// The gateway that runs a supervisor, as the killer's tests meet them: gateway 40,000 (pids
+/// above `pid_max`, so none is a real process), supervisor 40,001 forked by it at 1 s, and
+/// `children` forked by the supervisor, each `(pid, boot-time ns)`.
+pub fn supervised(children: &[(u32, u64)]) -> LineageGraph {
+    const SEC: u64 = 1_000_000_000;
+    let mut graph = LineageGraph::new(16);
+    graph.add_seed(gateway(40_000));
+    record(&mut graph, SEC, (40_001, 1), fork(40_000));
+    for (start, &(pid, at)) in (2..).zip(children) {
+        record(&mut graph, at, (pid, start), fork(40_001));
+    }
+    graph
+}
