@@ -3,7 +3,7 @@
 //! Two outlets, one rule each: JSON carries them losslessly (a lossy string plus, only when
 //! the bytes are not UTF-8, the exact bytes in base64), and a terminal never receives a raw
 //! control character (C0, DEL, C1) or a bidi override from them.
-use std::{borrow::Cow, fmt::Write as _, rc::Rc};
+use std::{borrow::Cow, fmt::Write as _, sync::Arc};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 
@@ -126,7 +126,7 @@ pub fn escape_for_terminal(bytes: &[u8]) -> String {
 /// one block. One allocation holds them all, shared (cloning is a count) by the lineage graph,
 /// a child that has not exec'd yet, and the events that name the process.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Args(Rc<[u8]>);
+pub struct Args(Arc<[u8]>);
 
 impl Args {
     /// At most `max` arguments of a NUL-separated block (`/proc/PID/cmdline`, or argv read at
@@ -143,9 +143,9 @@ impl Args {
             .filter(|(_, b)| **b == 0)
             .nth(max - 1)
             .map(|(i, _)| i);
-        let bytes: Rc<[u8]> = match cut_at {
-            Some(end) => Rc::from(&args[..=end]),
-            None if args.len() < block.len() => Rc::from(block),
+        let bytes: Arc<[u8]> = match cut_at {
+            Some(end) => Arc::from(&args[..=end]),
+            None if args.len() < block.len() => Arc::from(block),
             // Cut mid-argument (argv is copied at exec up to a size): its NUL is added.
             None => args.iter().copied().chain([0]).collect(),
         };
@@ -159,12 +159,12 @@ impl Args {
             block.extend_from_slice(a.as_ref());
             block.push(0);
         }
-        Args(Rc::from(block))
+        Args(Arc::from(block))
     }
 
     /// No arguments.
     pub fn none() -> Args {
-        Args(Rc::from(&[][..]))
+        Args(Arc::from(&[][..]))
     }
 
     /// Each argument's bytes.

@@ -2,7 +2,7 @@
 //! does not decode is an error the caller reports.
 use std::{
     mem::{offset_of, size_of},
-    rc::Rc,
+    sync::Arc,
 };
 
 use anyhow::{Result, bail};
@@ -80,7 +80,7 @@ pub enum What {
         old_tid: u32,
         comm: Comm,
         /// Shared with the lineage graph, which keeps them.
-        filename: Rc<[u8]>,
+        filename: Arc<[u8]>,
         argv: Args,
         truncated: bool,
         /// The interpreter the program file is, told by its name (see
@@ -282,7 +282,7 @@ fn decode_exec(bytes: &[u8]) -> Result<What> {
     Ok(What::Exec {
         old_tid: u32_at(bytes, offset_of!(ExecEvent, old_tid)),
         comm: Comm::from_c(&bytes[comm_at..comm_at + COMM_LEN]),
-        filename: Rc::from(c_bytes(&bytes[filename_at..][..filename_len])),
+        filename: Arc::from(c_bytes(&bytes[filename_at..][..filename_len])),
         argv,
         truncated: cut || flags & (EXEC_ARGV_TRUNCATED | EXEC_FILENAME_TRUNCATED) != 0,
         interpreter: Interpreter::of_program(&bytes[program_at..program_at + COMM_LEN]),

@@ -489,7 +489,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     }
     run.close(account, gateway_code)?;
     // The followers have had the summary: their streams end, and the API with them.
-    run.output().end_followers();
+    run.output().end_followers()?;
     servers.close().await;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {

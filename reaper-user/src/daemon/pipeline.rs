@@ -156,7 +156,7 @@ impl Pipeline {
     /// event, the command's end).
     pub fn write(&mut self, found: impl IntoIterator<Item = Stamped>) -> Result<()> {
         for s in found {
-            self.out.event(s.ts, &s.event)?;
+            self.out.event(s.ts, *s.event)?;
         }
         Ok(())
     }
@@ -181,7 +181,7 @@ impl Pipeline {
             self.learn_gateway_code(ev.pid);
         }
         if let Some(event) = change.event(&self.graph, ev.pid, interpreter) {
-            self.out.event(ev.ts, &event)?;
+            self.out.event(ev.ts, event)?;
         }
         if let Change::Exited { node, .. } = change {
             self.last_exit = ev.ts;
@@ -192,7 +192,7 @@ impl Pipeline {
                     continue;
                 }
                 if let Some(event) = flags::change_event(&self.graph, &cleared, ev.ts) {
-                    self.out.event(ev.ts, &event)?;
+                    self.out.event(ev.ts, event)?;
                 }
             }
             self.cleared_at_exit(ev.pid, ev.ts)?;
@@ -368,7 +368,7 @@ impl Pipeline {
             sites.retain(|id| self.graph.node(id).is_some());
         }
         self.gateways.retain(|id| self.graph.node(id).is_some());
-        self.out.events(now, &found)?;
+        self.out.events(now, found)?;
         if let Some(began) = began {
             self.set_gauges(began);
         }
@@ -451,7 +451,7 @@ impl Pipeline {
                 }
             }
         }
-        self.out.event(boottime_now(), &verdict)?;
+        self.out.event(boottime_now(), verdict.clone())?;
         Ok((verdict, code))
     }
 
@@ -475,7 +475,7 @@ impl Pipeline {
             inspector: &mut self.inspector,
         };
         let summary = closing.summary(figures);
-        self.out.event(boottime_now(), &summary)?;
+        self.out.event(boottime_now(), summary)?;
         self.out.end_status();
         let active = self.inspector.held().by_node();
         let tree = crate::output::tree::render_alive_tree(&self.graph, &active);

@@ -1,6 +1,6 @@
 //! What the inspector finds: the reasons a process is flagged, the evidence a flag carries,
 //! and the changes (a flag starts or stops holding) it returns to the run.
-use std::rc::Rc;
+use std::sync::Arc;
 
 use super::peers::Holder;
 use super::sampler::Sample;
@@ -40,7 +40,7 @@ pub struct Flagged {
 #[derive(Clone, Debug)]
 pub struct Crowd {
     /// The executable's path.
-    pub exe: Rc<[u8]>,
+    pub exe: Arc<[u8]>,
     /// The instances' command line, with the values they differ in as `*`.
     pub pattern: String,
     /// Live instances of the kind under the gateway instance.

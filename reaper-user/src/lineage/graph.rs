@@ -6,7 +6,7 @@
 //! kept while they have retained descendants (lineage must always resolve) and otherwise up to
 //! a bounded number, oldest pruned first.
 use std::collections::{BTreeSet, VecDeque};
-use std::rc::Rc;
+use std::sync::Arc;
 
 // Keys are kernel pids and internal ids, not attacker-chosen strings: a fast hash is safe,
 // and hashing is a good part of the cost of every event.
@@ -49,7 +49,7 @@ pub struct Node {
     pub cgroup_id: Option<u64>,
     pub comm: Comm,
     /// Shared with the events and with children that have not exec'd: cloning is a count.
-    pub filename: Option<Rc<[u8]>>,
+    pub filename: Option<Arc<[u8]>>,
     pub argv: Args,
     pub execs: u32,
     pub forked_at: Option<u64>,
@@ -68,7 +68,7 @@ pub struct Node {
     /// The agent session that begins here (`--session-env` or `--session-cgroup`): its
     /// environment (or cgroup) names it, and its spawner is in another or none (see
     /// [`session`]).
-    pub session: Option<Rc<[u8]>>,
+    pub session: Option<Arc<[u8]>>,
     /// Its environment waits to be read for its session: what it names is not known yet.
     pub session_pending: bool,
     /// Part of the graph after an event loss, until re-verified from /proc.

@@ -5,6 +5,7 @@ pub mod junit;
 pub mod lines;
 pub mod logfile;
 pub mod metrics;
+pub mod ndjson;
 pub mod outlet;
 pub mod serve;
 pub mod status;
@@ -14,20 +15,23 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 
-use crate::output::follow::{Follower, Followers};
+use crate::output::follow::Follower;
 use crate::output::human::{human_line, human_lines};
 use crate::output::metrics::Metrics;
+use crate::output::ndjson::NdjsonLines;
 use crate::output::outlet::Outlet;
 use crate::output::status::StatusLine;
 use crate::procfs::boottime_now;
-use crate::stream::events::{Counts, Envelope, Event, Note};
+use crate::stream::events::{Counts, Event, Note};
 
 /// Writes the event stream. NDJSON goes to each of `json` (stdout with `--json`, the file of
-/// `--output`); readable lines go to `human` (stdout by default, stderr with `--json`). Every
-/// event is also counted in the metrics. Operator notes go to `notes` (standard error) and, as
-/// `note` events, into the NDJSON stream.
+/// `--output`: made and written off the reader's thread once detached, see [`ndjson`]);
+/// readable lines go to `human` (stdout by default, stderr with `--json`). Every event is also
+/// counted in the metrics. Operator notes go to `notes` (standard error) and, as `note`
+/// events, into the NDJSON stream.
 pub struct Output {
-    json: Vec<Box<dyn Write + Send>>,
+    /// The NDJSON stream's lines, to its outlets and the API's followers.
+    lines: NdjsonLines,
     human: Option<Box<dyn Write + Send>>,
     notes: Option<Box<dyn Write + Send>>,
     /// Notes told before `ready` (and when), for the stream: written right after it (see
@@ -41,13 +45,8 @@ pub struct Output {
     seq: u64,
     /// Boot-time ns at start, for relative times in human lines.
     t0: u64,
-    /// One NDJSON line is built here, then written at once: serialising straight into the
-    /// boxed writer costs a dynamic call per token.
-    line: Vec<u8>,
     /// Readable lines only for findings (see [`Event::is_finding`]): `--check` in a CI log.
     findings_only: bool,
-    /// The API's followers of the stream.
-    followers: Followers,
     /// The outlets written through (a handle of each): detached from the reader's thread
     /// once privileges are dropped, and asked at each flush what they dropped; with the
     /// lines each dropped in the stall under way (none: it keeps up).
@@ -61,7 +60,7 @@ impl Output {
         t0: u64,
     ) -> Self {
         Output {
-            json,
+            lines: NdjsonLines::new(json),
             human,
             notes: None,
             held_notes: Some(Vec::new()),
@@ -70,9 +69,7 @@ impl Output {
             status: None,
             seq: 0,
             t0,
-            line: Vec::with_capacity(1024),
             findings_only: false,
-            followers: Followers::default(),
             outlets: Vec::new(),
         }
     }
@@ -82,10 +79,13 @@ impl Output {
         self.outlets = outlets.into_iter().map(|o| (o, None)).collect();
     }
 
-    /// From now on each outlet is written by a thread of its own, never by the reader's (see
-    /// [`outlet`]). Called once privileges are dropped: threads started before would keep
-    /// them.
+    /// From now on the NDJSON lines are made by a thread of their own and each outlet is
+    /// written by a thread of its own, never by the reader's (see [`ndjson`], [`outlet`]).
+    /// Called once privileges are dropped: threads started before would keep them.
     pub fn detach_outlets(&mut self) -> Result<()> {
+        self.lines
+            .detach()
+            .context("starting the thread that writes the NDJSON stream")?;
         for (outlet, _) in &self.outlets {
             outlet
                 .detach()
@@ -97,6 +97,7 @@ impl Output {
     /// The run's end: what is still written waits for room in a slow outlet rather than being
     /// dropped, and an outlet still behind says how many lines it dropped in its stall.
     pub fn end_stalls(&mut self) -> Result<()> {
+        self.lines.catch_up().context("writing an NDJSON event")?;
         let mut said = Vec::new();
         for (outlet, stall) in &mut self.outlets {
             outlet.wait_for_room();
@@ -178,7 +179,7 @@ impl Output {
                 held.push((boottime_now(), text.to_owned()));
                 Ok(())
             }
-            None => self.record(boottime_now(), &Note::event(text)),
+            None => self.record(boottime_now(), Note::event(text)),
         }
     }
 
@@ -186,59 +187,51 @@ impl Output {
     /// as they are told.
     pub fn ready_written(&mut self) -> Result<()> {
         for (ts, text) in self.held_notes.take().unwrap_or_default() {
-            self.record(ts, &Note::event(&text))?;
+            self.record(ts, Note::event(&text))?;
         }
         Ok(())
     }
 
     /// Emits one event stamped `ts`.
-    pub fn event(&mut self, ts: u64, body: &Event) -> Result<()> {
-        self.record(ts, body)?;
-        if self.shows(body) {
-            self.write_human(ts, &human_line(ts, body))?;
+    pub fn event(&mut self, ts: u64, body: Event) -> Result<()> {
+        if self.shows(&body) {
+            self.write_human(ts, &human_line(ts, &body))?;
         }
-        Ok(())
+        self.record(ts, body)
     }
 
     /// Emits a batch of findings stamped `ts` (one leak scan's): every event in the NDJSON
     /// stream, and the readable lines folded (see [`human_lines`]).
-    pub fn events(&mut self, ts: u64, bodies: &[Event]) -> Result<()> {
-        for body in bodies {
-            self.record(ts, body)?;
-        }
+    pub fn events(&mut self, ts: u64, bodies: Vec<Event>) -> Result<()> {
         if self.human.is_some() {
             let shown: Vec<&Event> = bodies.iter().filter(|b| self.shows(b)).collect();
             for line in human_lines(ts, &shown) {
                 self.write_human(ts, &line)?;
             }
         }
+        for body in bodies {
+            self.record(ts, body)?;
+        }
         Ok(())
     }
 
-    /// Counts one event and writes its NDJSON line.
-    fn record(&mut self, ts: u64, body: &Event) -> Result<()> {
-        self.metrics.observe(body);
-        self.counts.observe(body);
-        let mut dropped = 0;
-        if !self.json.is_empty() || !self.followers.is_empty() {
-            let env = Envelope {
-                event: body.name(),
-                seq: self.seq,
-                ts,
-                body,
-            };
-            self.line.clear();
-            env.write_json(&mut self.line)
-                .context("serialising an NDJSON event")?;
-            self.line.push(b'\n');
-            for w in &mut self.json {
-                w.write_all(&self.line).context("writing an NDJSON event")?;
-            }
-            if !self.followers.is_empty() {
-                dropped = self.followers.offer(body, &self.line);
-            }
+    /// Counts one event and hands it on for its NDJSON line.
+    fn record(&mut self, ts: u64, body: Event) -> Result<()> {
+        self.metrics.observe(&body);
+        self.counts.observe(&body);
+        if self.lines.wanted() {
+            self.lines
+                .push(self.seq, ts, body)
+                .context("writing an NDJSON event")?;
         }
         self.seq += 1;
+        Ok(())
+    }
+
+    /// Says how many of the API's followers were dropped for not keeping up since it was last
+    /// said.
+    fn say_followers_dropped(&mut self) -> Result<()> {
+        let dropped = self.lines.take_followers_dropped();
         if dropped > 0 {
             self.note(&format!(
                 "dropped {dropped} follower(s) of the API's event stream: they did not keep up \
@@ -250,22 +243,24 @@ impl Output {
 
     /// Sends the stream's lines from now on to `follower` too.
     pub fn follow(&mut self, follower: Follower) {
-        self.followers.add(follower);
+        self.lines.follow(follower);
     }
 
     /// Ends every follower's stream (the run's end).
-    pub fn end_followers(&mut self) {
-        self.followers.end();
+    pub fn end_followers(&mut self) -> Result<()> {
+        self.lines
+            .end_followers()
+            .context("writing an NDJSON event")
     }
 
     /// The API's followers now.
     pub fn followers(&self) -> usize {
-        self.followers.len()
+        self.lines.followers()
     }
 
     /// The API's followers dropped so far because they did not keep up.
     pub fn followers_dropped(&self) -> u64 {
-        self.followers.dropped
+        self.lines.followers_dropped()
     }
 
     /// How many events were written so far: every change to the lineage is one, so a
@@ -333,16 +328,16 @@ impl Output {
     }
 
     /// Flushes both outlets and the followers' lines (after every batch of events, so a
-    /// reader sees them at once), and says what an outlet that did not keep up dropped.
+    /// reader sees them at once), and says what an outlet or the followers that did not keep
+    /// up dropped.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.followers.flush();
-        for w in &mut self.json {
-            w.flush()?;
-        }
+        self.lines.flush()?;
         if let Some(w) = self.human.as_mut() {
             w.flush()?;
         }
-        self.say_dropped().map_err(io::Error::other)
+        self.say_followers_dropped()
+            .and_then(|()| self.say_dropped())
+            .map_err(io::Error::other)
     }
 }
 
@@ -410,20 +405,22 @@ mod tests {
         );
         out.set_outlets(vec![stalled.handle()]);
         out.detach_outlets().unwrap();
-        out.event(0, &Event::Ready(Ready::default())).unwrap();
+        out.event(0, Event::Ready(Ready::default())).unwrap();
         out.ready_written().unwrap();
         for pid in 0..50 {
-            out.event(1, &Event::Setsid(Setsid { pid, sid: pid }))
+            out.event(1, Event::Setsid(Setsid { pid, sid: pid }))
                 .unwrap();
             out.flush().unwrap();
         }
-        let notes = |stream: &Kept| -> Vec<String> {
+        let notes = |out: &mut Output, stream: &Kept| -> Vec<String> {
+            // The NDJSON thread has written what it was handed.
+            out.lines.catch_up().unwrap();
             let all = stream.events();
             all.into_iter()
                 .filter(|e| e.starts_with("note: "))
                 .collect()
         };
-        let said = notes(&stream);
+        let said = notes(&mut out, &stream);
         assert_eq!(said.len(), 1, "{said:?}");
         assert!(said[0].contains("stdout does not keep up"), "{said:?}");
         // The reader comes back: what waited is taken, and the count is said.
@@ -437,7 +434,7 @@ mod tests {
             std::thread::yield_now();
         }
         out.flush().unwrap();
-        let said = notes(&stream);
+        let said = notes(&mut out, &stream);
         assert_eq!(said.len(), 2, "{said:?}");
         assert!(said[1].contains("stdout keeps up again: "), "{said:?}");
         let dropped: u64 = said[1]
@@ -458,10 +455,10 @@ mod tests {
         out.set_notes(Some(Box::new(stderr.clone())));
         out.note("at start-up").unwrap();
         assert_eq!(stream.events(), Vec::<String>::new(), "held until ready");
-        out.event(1, &Event::Ready(Ready::default())).unwrap();
+        out.event(1, Event::Ready(Ready::default())).unwrap();
         out.ready_written().unwrap();
         out.note("later").unwrap();
-        out.event(2, &Event::Setsid(Setsid { pid: 7, sid: 7 }))
+        out.event(2, Event::Setsid(Setsid { pid: 7, sid: 7 }))
             .unwrap();
         assert_eq!(
             stream.events(),

@@ -237,3 +237,9 @@ pub fn signal_name(sig: i32) -> Cow<'static, str> {
 
 #[cfg(test)]
 mod tests;
+
+/// Events are serialised off the reader's thread (see `crate::output::serializer`).
+const _: fn() = || {
+    fn sent<T: Send + 'static>() {}
+    sent::<Event>();
+};

@@ -1,7 +1,7 @@
 //! The stream's lossless text fields: a process's name, path or arguments as readable text and,
 //! only when the bytes are not UTF-8, a `*_b64` twin with the exact bytes. Shared by every
 //! event that names a process (see [`super::events`]) and read back by the audit report.
-use std::{borrow::Cow, rc::Rc};
+use std::{borrow::Cow, sync::Arc};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use crate::text::{Args, Comm, escape_for_terminal, exact_b64, lossy};
 #[derive(Clone, Debug)]
 pub enum ProcBytes {
     Comm(Comm),
-    Shared(Rc<[u8]>),
+    Shared(Arc<[u8]>),
 }
 
 impl ProcBytes {
@@ -37,8 +37,8 @@ impl From<&[u8]> for ProcBytes {
     }
 }
 
-impl From<Rc<[u8]>> for ProcBytes {
-    fn from(b: Rc<[u8]>) -> Self {
+impl From<Arc<[u8]>> for ProcBytes {
+    fn from(b: Arc<[u8]>) -> Self {
         ProcBytes::Shared(b)
     }
 }
@@ -109,7 +109,7 @@ macro_rules! read_named {
                 b64: Option<String>,
             }
             let n = Named::deserialize(d)?;
-            let bytes: Rc<[u8]> = exact_bytes(n.text, n.b64).into();
+            let bytes: Arc<[u8]> = exact_bytes(n.text, n.b64).into();
             Ok(ProcText::new($name, bytes))
         }
     };

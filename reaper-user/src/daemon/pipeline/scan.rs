@@ -411,7 +411,7 @@ impl Pipeline {
         if let Some(judging) = self.judging.as_mut() {
             for change in judging.take_cleared(pid) {
                 if let Some(event) = flags::change_event(&self.graph, &change, ts) {
-                    self.out.event(ts, &event)?;
+                    self.out.event(ts, event)?;
                 }
             }
             return Ok(());
@@ -426,7 +426,7 @@ impl Pipeline {
             judged.skip.insert(at);
             let change = &judged.round.changes[at];
             if let Some(event) = flags::change_event(&self.graph, change, ts) {
-                self.out.event(ts, &event)?;
+                self.out.event(ts, event)?;
             }
         }
         Ok(())

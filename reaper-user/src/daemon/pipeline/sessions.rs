@@ -108,7 +108,7 @@ impl Pipeline {
             start: node.start.boottime_ns(),
             session: ProcText::new("session", kept),
         });
-        self.out.event(now, &event)
+        self.out.event(now, event)
     }
 
     /// The session reads of `ids` were given up (their job was refused, or panicked): each

@@ -27,7 +27,7 @@
 //!   server owns its own session, and no end is seen apart from its own, see `leaks`).
 //!
 //! A double fork or `( cmd & )` inside a running session ends nothing: the owner is above it.
-use std::rc::Rc;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -77,7 +77,7 @@ pub fn session_value(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec
 /// The session a process is in: its value, and the process where it begins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOf {
-    pub value: Rc<[u8]>,
+    pub value: Arc<[u8]>,
     /// The process where it begins (the nearest on the spawn chain, itself included, whose
     /// environment names it).
     pub top: NodeId,
@@ -180,7 +180,7 @@ impl LineageGraph {
 
     /// The value the gateway above `id` (or `id`, a gateway) carries itself: its
     /// environment's, not a session.
-    fn ambient_of(&self, id: NodeId) -> Option<Rc<[u8]>> {
+    fn ambient_of(&self, id: NodeId) -> Option<Arc<[u8]>> {
         self.gateway_of(id)?.session.clone()
     }
 
@@ -213,7 +213,7 @@ pub struct SessionsOf<'g> {
 #[derive(Clone, Default)]
 struct Known {
     session: Option<SessionOf>,
-    ambient: Option<Rc<[u8]>>,
+    ambient: Option<Arc<[u8]>>,
 }
 
 impl<'g> SessionsOf<'g> {

@@ -15,7 +15,7 @@
 //! positional argument (`worker 4711`) makes each instance its own kind.
 //!
 //! A kind is formed once per exec of a process (see the inspector), not per scan.
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::text::Args;
 
@@ -34,7 +34,7 @@ struct Slot {
 /// A process's kind: its executable and the shape of its command line.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Kind {
-    exe: Rc<[u8]>,
+    exe: Arc<[u8]>,
     slots: Vec<Slot>,
     /// The shape alone (executable, fixed parts, where values go): what instances share.
     key: Vec<u8>,
@@ -42,7 +42,7 @@ pub struct Kind {
 
 impl Kind {
     /// The kind of a process that executed `exe` with `argv`.
-    pub fn of(exe: Rc<[u8]>, argv: &Args) -> Kind {
+    pub fn of(exe: Arc<[u8]>, argv: &Args) -> Kind {
         let mut slots = Vec::new();
         let mut args = argv.iter().peekable();
         if let Some(zero) = args.next() {
