@@ -413,3 +413,87 @@ fn gone() -> io::Error {
         "the thread that writes the NDJSON stream has ended",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::events::Setsid;
+
+    /// A writer whose bytes the test reads back.
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Broken;
+
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn setsid(pid: u32) -> Event {
+        Event::Setsid(Setsid { pid, sid: pid })
+    }
+
+    #[test]
+    fn lines_made_on_the_thread_arrive_whole_numbered_and_in_order() {
+        let kept = Kept::default();
+        let mut lines = NdjsonLines::new(vec![Box::new(kept.clone())]);
+        lines.push(0, 1, setsid(1)).unwrap();
+        lines.flush().unwrap();
+        assert!(
+            kept.0.lock().unwrap().ends_with(b"\n"),
+            "before the detach: at once"
+        );
+        lines.detach().unwrap();
+        // More than a batch, and a flush part-way.
+        for seq in 1..3 * BATCH as u64 {
+            lines.push(seq, 1, setsid(seq as u32)).unwrap();
+            if seq == 100 {
+                lines.flush().unwrap();
+            }
+        }
+        lines.catch_up().unwrap();
+        let text = String::from_utf8(kept.0.lock().unwrap().clone()).unwrap();
+        let seqs: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(seqs, (0..3 * BATCH as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_write_that_fails_on_the_thread_fails_a_later_event_or_flush() {
+        let mut lines = NdjsonLines::new(vec![Box::new(Broken)]);
+        lines.detach().unwrap();
+        lines.push(0, 1, setsid(1)).unwrap();
+        let cap = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let failed = loop {
+            let tried = lines.flush().and_then(|()| lines.push(1, 1, setsid(1)));
+            match tried {
+                Err(e) => break e,
+                Ok(()) => assert!(std::time::Instant::now() < cap, "the error never came"),
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(failed.kind(), io::ErrorKind::BrokenPipe);
+        assert!(lines.catch_up().is_err(), "and every later one");
+    }
+}
