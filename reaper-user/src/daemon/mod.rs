@@ -6,6 +6,7 @@ mod answers;
 mod checkpoints;
 mod command;
 mod descriptors;
+mod dozing;
 mod event_loop;
 mod kept;
 mod outlets;
@@ -88,7 +89,7 @@ async fn trace(cli: &Cli, mut tracing: Tracing) -> Result<i32> {
     };
     let slow = worker::Worker::start("reaper-rounds")?;
     let mut rounds = rounds::Rounds::new(tracing.run.clone(), slow);
-    let slow = worker::Worker::start("reaper-sessions")?;
+    let slow = dozing::Dozing::start("reaper-sessions")?;
     let mut sessions = session_reads::SessionReads::new(slow);
     if tracing.run.borrow().names_spawn_sites() {
         let unwinds = unwinds::Unwinds::start()?;

@@ -1,6 +1,7 @@
 //! Reading which agent session each process is in (`--session-env` or `--session-cgroup`)
-//! on a thread of the slow side of its own ([`Worker`]): a round's looks or a `why` never
-//! wait behind a storm's execs, nor these behind them.
+//! on a thread of the slow side of its own ([`Dozing`]: handed a read without being woken
+//! while reads keep coming): a round's looks or a `why` never wait behind a storm's execs,
+//! nor these behind them.
 //!
 //! The event loop hands on what waits at the end of a turn when no read is under way (what
 //! comes meanwhile waits for the next; while records stream, it is gathered first, see
@@ -14,14 +15,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::Result;
 use tokio::sync::Notify;
 
+use super::dozing::Dozing;
 use super::pipeline::Pipeline;
-use super::worker::Worker;
 use crate::lineage::graph::NodeId;
 use crate::lineage::sessions::Read;
 
 /// The session reads of a run: at most one under way.
 pub(super) struct SessionReads {
-    slow: Worker,
+    slow: Dozing,
     under_way: bool,
     done: Arc<Done>,
 }
@@ -82,7 +83,7 @@ impl Drop for Leave {
 }
 
 impl SessionReads {
-    pub(super) fn new(slow: Worker) -> SessionReads {
+    pub(super) fn new(slow: Dozing) -> SessionReads {
         SessionReads {
             slow,
             under_way: false,
@@ -122,9 +123,9 @@ impl SessionReads {
             ids: to_read.ids(),
             found: None,
         };
-        // A job the queue refuses (full, or its thread gone) is dropped here, and with it
-        // `leave`: its outcome, given up, is taken at the next turn like any other.
-        self.slow.post(move |_| {
+        // A job the thread refuses (its slot full, or the thread gone) is dropped here, and
+        // with it `leave`: its outcome, given up, is taken at the next turn like any other.
+        self.slow.post(move || {
             let mut leave = leave;
             leave.found = Some(to_read.read());
         });
@@ -207,9 +208,9 @@ mod tests {
     #[tokio::test]
     async fn a_read_that_panics_or_is_refused_is_given_up_not_lost() {
         let done = Arc::new(Done::default());
-        let worker = Worker::start("reaper-test").unwrap();
+        let slow = Dozing::start("reaper-test").unwrap();
         let read = leave(&done, vec![1, 2]);
-        assert!(worker.post(move |_| {
+        assert!(slow.post(move || {
             let _read = read;
             panic!("a read's bug");
         }));
@@ -217,23 +218,19 @@ mod tests {
         let woke = tokio::time::timeout(patience, done.wake.notified()).await;
         assert!(woke.is_ok(), "a read that panicked never left its outcome");
         assert!(matches!(outcome(&done), Some(Outcome::GivenUp(ids)) if ids == [1, 2]));
-        // Refused (the thread held, its queue full): the job, dropped at once, leaves its
+        // Refused (the thread held, its slot full): the job, dropped at once, leaves its
         // outcome as it goes.
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (on_it, started) = std::sync::mpsc::channel::<()>();
-        assert!(worker.post(move |_| {
+        assert!(slow.post(move || {
             on_it.send(()).unwrap();
             held.recv().unwrap_or_default()
         }));
-        // The thread is on the holding job before the queue fills behind it.
+        // The thread is on the holding job before the slot fills behind it.
         started.recv().unwrap();
-        let mut queued = 0;
-        while worker.post(|_| {}) {
-            queued += 1;
-            assert!(queued < 100, "the queue is bounded");
-        }
+        assert!(slow.post(|| {}));
         let read = leave(&done, vec![3]);
-        assert!(!worker.post(move |_| drop(read)));
+        assert!(!slow.post(move || drop(read)));
         assert!(matches!(outcome(&done), Some(Outcome::GivenUp(ids)) if ids == [3]));
         release.send(()).unwrap();
     }

@@ -1,7 +1,7 @@
 //! The slow side: a thread that reads /proc away from the ring's reader, one for the leak
-//! scan's rounds, one for the API's answers (a `why` never waits behind a round's looks), one
-//! for the environments read for sessions (`reaper-sessions`, `session_reads`) and one
-//! unwinding spawn stacks' copies (`reaper-unwind`, `unwinds`).
+//! scan's rounds, one for the API's answers (a `why` never waits behind a round's looks) and
+//! one unwinding spawn stacks' copies (`reaper-unwind`, `unwinds`); the environments read for
+//! sessions have a thread that dozes between jobs instead (`reaper-sessions`, `dozing`).
 //! Each takes jobs from a bounded queue, one at a time, each job with the thread's own state
 //! (a [`Lookout`]: its own /proc and socket readers; the unwinder of stack copies, see
 //! `unwinds`); a full queue refuses a job at once, so the reader never waits to hand one over.
