@@ -10,15 +10,18 @@
 //! an [`super::outlet::Outlet`] (it never waits on a slow reader of stdout) or a follower's
 //! bounded queue, so what holds it is CPU alone; the batches waiting for it are bounded, and
 //! a reader that gets that far ahead waits for it, as it would have made the lines itself.
+//! While batches keep coming the thread dozes between them rather than waiting to be woken
+//! (see [`DOZE`]), so that handing one over costs the reader no wake-up of another CPU.
 //!
 //! Before the detach (start-up, and every test that does not detach), each line is made and
 //! written at once on the caller's thread. A write that failed on the thread fails the next
 //! event or flush, as a write of the reader's own would have.
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::output::follow::{Follower, Followers};
 use crate::stream::events::{Envelope, Event};
@@ -27,6 +30,12 @@ use crate::stream::events::{Envelope, Event};
 const BATCH: usize = 1024;
 /// Batches that may wait for the thread before the reader waits for it: some 16,000 events.
 const WAITING_BATCHES: usize = 16;
+/// After a message, the thread looks for the next every [`DOZE`] for [`AWAKE_FOR`] before it
+/// sleeps until one comes: a message sent to a thread asleep in its wait costs the reader a
+/// futex call that wakes another CPU (as much as making the lines did in a fork storm); one
+/// sent while it dozes costs nothing but the send.
+const DOZE: Duration = Duration::from_millis(2);
+const AWAKE_FOR: Duration = Duration::from_millis(50);
 
 /// The stream's lines, made here or by their thread (see the module's comment).
 pub struct NdjsonLines {
@@ -352,7 +361,21 @@ impl Sink {
     /// The thread: takes the reader's messages in order until it goes, or until a write fails
     /// (the error is kept for the reader; nothing more is written).
     fn serve(mut self, from: Receiver<Message>) {
-        for message in from {
+        let mut last = Instant::now();
+        loop {
+            let message = match from.try_recv() {
+                Ok(message) => message,
+                Err(TryRecvError::Empty) if last.elapsed() < AWAKE_FOR => {
+                    std::thread::sleep(DOZE);
+                    continue;
+                }
+                Err(TryRecvError::Empty) => match from.recv() {
+                    Ok(message) => message,
+                    Err(_) => break,
+                },
+                Err(TryRecvError::Disconnected) => break,
+            };
+            last = Instant::now();
             let done = match message {
                 Message::Events(mut batch) => {
                     let wrote = batch.iter().try_for_each(|numbered| self.write(numbered));
