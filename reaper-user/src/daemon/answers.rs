@@ -129,8 +129,8 @@ async fn process(run: &RefCell<Pipeline>, slow: &Worker, pid: u32) -> Option<cra
 
 /// Sends `value` as JSON, written into a buffer of `size` bytes (the last answer's of its
 /// kind, or 0: grown as needed), which is then set to this answer's. Serialized here, on the
-/// reader's thread: the answers share the run's strings (`Rc`), which cannot cross to
-/// another.
+/// reader's thread: the answers borrow the run's parts (not `Send`: `Rc`, `RefCell`), which
+/// cannot cross to another.
 fn send_json(reply: oneshot::Sender<Answer>, value: &impl Serialize, size: &mut usize) {
     let mut json = Vec::with_capacity(*size);
     let written = serde_json::to_writer(&mut json, value).is_ok();

@@ -89,6 +89,9 @@ impl Drop for Dozing {
 impl Shared {
     /// The thread: each job as it comes, dozing for a while after each.
     fn serve(&self) {
+        // However the thread ends, the slot is closed and a job left in it dropped (a job
+        // leaves its outcome as it goes), or posts would be taken that nothing runs.
+        let _closing = Closing(self);
         let mut last_job: Option<Instant> = None;
         loop {
             let job = {
@@ -125,6 +128,20 @@ impl Shared {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             last_job = Some(Instant::now());
         }
+    }
+}
+
+/// Closes the slot when the thread ends.
+struct Closing<'a>(&'a Shared);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let left = {
+            let mut slot = self.0.slot();
+            slot.closed = true;
+            slot.job.take()
+        };
+        drop(left);
     }
 }
 

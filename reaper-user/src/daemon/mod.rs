@@ -69,8 +69,8 @@ const DETACH_SETTLE: Duration = Duration::from_millis(20);
 pub async fn run(cli: Cli) -> Result<i32> {
     let tracing = start(&cli).await?;
     // The API's answers are a task of their own beside the event loop, on this thread: the
-    // run's parts share their strings within it (`Rc`), and the answers borrow them between
-    // the event loop's wake-ups.
+    // run's parts stay on it (`Rc`, `RefCell`), and the answers borrow them between the event
+    // loop's wake-ups.
     let local = tokio::task::LocalSet::new();
     local.run_until(trace(&cli, tracing)).await
 }
@@ -490,7 +490,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
     }
     run.close(account, gateway_code)?;
     // The followers have had the summary: their streams end, and the API with them.
-    run.output().end_followers()?;
+    run.output().end_followers();
     servers.close().await;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {

@@ -65,8 +65,11 @@ pub(super) fn output_for(cli: &Cli, t0: u64) -> Result<Output> {
     };
     let mut out = Output::new(json, human, t0);
     out.set_findings_only(cli.check && !cli.verbose);
+    // No status line among the NDJSON lines on one terminal: they are written by a thread of
+    // their own, and one would land on the line drawn.
+    let json_on_the_terminal = cli.json && one_terminal;
     out.set_status(StatusLine::for_stderr(
-        !cli.quiet,
+        !cli.quiet && !json_on_the_terminal,
         Box::new(stderr.handle()),
     ));
     // Notes are lines of their own on stderr; with `--quiet` too: they are about the audit

@@ -54,7 +54,7 @@ impl Done {
 enum Outcome {
     /// Each process read and what its environment (or cgroup) names.
     Found(Vec<(NodeId, Read)>),
-    /// The read never finished (it panicked, or the queue refused it): each keeps what an
+    /// The read never finished (it panicked, or its thread refused it): each keeps what an
     /// earlier read found.
     GivenUp(Vec<NodeId>),
 }

@@ -77,8 +77,8 @@ impl<S: Default + 'static> Worker<S> {
         }
     }
 
-    /// Queues `job`, which delivers its own result (see `session_reads`); false, the job
-    /// dropped, when the queue is full or the thread is gone.
+    /// Queues `job`, which delivers its own result (see `unwinds`); false, the job dropped,
+    /// when the queue is full or the thread is gone.
     pub(super) fn post<F>(&self, job: F) -> bool
     where
         F: FnOnce(&mut S) + Send + 'static,

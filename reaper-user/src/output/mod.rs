@@ -98,6 +98,8 @@ impl Output {
     /// dropped, and an outlet still behind says how many lines it dropped in its stall.
     pub fn end_stalls(&mut self) -> Result<()> {
         self.lines.catch_up().context("writing an NDJSON event")?;
+        // Before the summary, which is the stream's last line.
+        self.say_followers_dropped()?;
         let mut said = Vec::new();
         for (outlet, stall) in &mut self.outlets {
             outlet.wait_for_room();
@@ -246,11 +248,11 @@ impl Output {
         self.lines.follow(follower);
     }
 
-    /// Ends every follower's stream (the run's end).
-    pub fn end_followers(&mut self) -> Result<()> {
-        self.lines
-            .end_followers()
-            .context("writing an NDJSON event")
+    /// Ends every follower's stream (the run's end, after the summary). A write that fails
+    /// this late goes unsaid, as the summary's own would: the checkpoint after it is still
+    /// written.
+    pub fn end_followers(&mut self) {
+        let _ = self.lines.end_followers();
     }
 
     /// The API's followers now.

@@ -7,9 +7,10 @@
 //! outlets: a thread started before would keep them), the reader numbers each event, keeps
 //! it in a batch and hands whole batches to the thread (at a flush, when one is full, before
 //! a follower is added), which makes the lines and writes them. Everything it writes to is
-//! an [`super::outlet::Outlet`] (it never waits on a slow reader of stdout) or a follower's
-//! bounded queue, so what holds it is CPU alone; the batches waiting for it are bounded, and
-//! a reader that gets that far ahead waits for it, as it would have made the lines itself.
+//! an [`super::outlet::Outlet`] (it never waits on a slow reader of stdout, until the run's
+//! end, when every outlet waits for room) or a follower's bounded queue, so what holds it is
+//! CPU alone; the messages waiting for it are bounded, and a reader that gets that far ahead
+//! waits for it, as it would have made the lines itself.
 //! While batches keep coming the thread dozes between them rather than waiting to be woken
 //! (see [`DOZE`]), so that handing one over costs the reader no wake-up of another CPU.
 //!
@@ -28,8 +29,9 @@ use crate::stream::events::{Envelope, Event};
 
 /// Events handed to the thread at once, at most.
 const BATCH: usize = 1024;
-/// Batches that may wait for the thread before the reader waits for it: some 16,000 events.
-const WAITING_BATCHES: usize = 16;
+/// Messages (batches among them) that may wait for the thread before the reader waits for
+/// it: some 16,000 events at most.
+const WAITING: usize = 16;
 /// After a message, the thread looks for the next every [`DOZE`] for [`AWAKE_FOR`] before it
 /// sleeps until one comes: a message sent to a thread asleep in its wait costs the reader a
 /// futex call that wakes another CPU (as much as making the lines did in a fork storm); one
@@ -165,7 +167,7 @@ impl NdjsonLines {
         self.followers_added += 1;
         let _ = self.hand_on();
         match &mut self.place {
-            Place::Here(sink) => sink.followers.add(follower),
+            Place::Here(sink) => sink.follow(follower),
             Place::Away { .. } => {
                 if self.send(Message::Follow(Box::new(follower))).is_err() {
                     self.shared.let_go(1, 0);
@@ -191,7 +193,8 @@ impl NdjsonLines {
         }
     }
 
-    /// Waits until every line handed on so far is written to the outlets (the run's end).
+    /// Waits until every line handed on so far is made and written into the outlets' buffers
+    /// (the run's end; a flush hands those on).
     pub fn catch_up(&mut self) -> io::Result<()> {
         self.hand_on()?;
         if let Place::Away { .. } = self.place {
@@ -232,7 +235,7 @@ impl NdjsonLines {
         let Place::Here(sink) = std::mem::replace(&mut self.place, Place::Gone) else {
             unreachable!("matched above")
         };
-        let (to, from) = sync_channel(WAITING_BATCHES);
+        let (to, from) = sync_channel(WAITING);
         // The sink comes back if the thread cannot be started.
         let handoff = Arc::new(Mutex::new(Some(sink)));
         let theirs = Arc::clone(&handoff);
@@ -335,27 +338,50 @@ impl Sink {
             w.write_all(&self.line)?;
         }
         if !self.followers.is_empty() {
-            let before = self.followers.len();
-            let dropped = self.followers.offer(&numbered.event, &self.line);
-            self.shared.let_go(before - self.followers.len(), dropped);
+            Self::with_followers(&mut self.followers, &self.shared, 0, |f| {
+                f.offer(&numbered.event, &self.line)
+            });
         }
         Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let before = self.followers.len();
-        self.followers.flush();
-        self.shared.let_go(before - self.followers.len(), 0);
+        Self::with_followers(&mut self.followers, &self.shared, 0, |f| {
+            f.flush();
+            0
+        });
         for w in &mut self.writers {
             w.flush()?;
         }
         Ok(())
     }
 
+    fn follow(&mut self, follower: Follower) {
+        // Adding one sends the lines gathered so far, and lets go of those gone meanwhile.
+        Self::with_followers(&mut self.followers, &self.shared, 1, |f| {
+            f.add(follower);
+            0
+        });
+    }
+
     fn end_followers(&mut self) {
-        let before = self.followers.len();
-        self.followers.end();
-        self.shared.let_go(before, 0);
+        Self::with_followers(&mut self.followers, &self.shared, 0, |f| {
+            f.end();
+            0
+        });
+    }
+
+    /// Does `what` to the followers, adding `added` of them and returning how many it dropped
+    /// for not keeping up; every follower let go on the way is counted.
+    fn with_followers(
+        followers: &mut Followers,
+        shared: &Shared,
+        added: usize,
+        what: impl FnOnce(&mut Followers) -> u64,
+    ) {
+        let before = followers.len() + added;
+        let dropped = what(followers);
+        shared.let_go(before.saturating_sub(followers.len()), dropped);
     }
 
     /// The thread: takes the reader's messages in order until it goes, or until a write fails
@@ -388,7 +414,7 @@ impl Sink {
                     wrote
                 }
                 Message::Follow(follower) => {
-                    self.followers.add(*follower);
+                    self.follow(*follower);
                     Ok(())
                 }
                 Message::Flush => self.flush(),

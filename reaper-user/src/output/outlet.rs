@@ -26,8 +26,6 @@ use std::thread::JoinHandle;
 pub const WAITING: usize = 64 << 20;
 /// A handle's buffer is handed on when it reaches this, at its last complete line.
 const BUFFERED: usize = 64 << 10;
-/// A hand-over at least this long passes the buffer itself on rather than a copy.
-const SWAPPED: usize = BUFFERED / 2;
 
 /// A handle of one outlet (see the module's comment).
 pub struct Outlet {
@@ -57,9 +55,6 @@ struct Counts {
     dropped: AtomicU64,
     /// The first error writing, once the thread met one: every later write fails with it.
     failed: Mutex<Option<(io::ErrorKind, String)>>,
-    /// A full buffer the thread has written, given back for the next full one: a stream's
-    /// buffers are handed on with no allocation, copy or fresh pages each.
-    spare: Mutex<Option<Vec<u8>>>,
 }
 
 /// Where the outlet's writer is.
@@ -142,7 +137,6 @@ impl Outlet {
                     counts
                         .waiting
                         .fetch_sub(bytes.capacity(), Ordering::Relaxed);
-                    counts.give_back(bytes);
                 }
                 // The writer's own end (a file's last flush) runs here, off the reader.
                 drop(writer);
@@ -217,22 +211,10 @@ impl Outlet {
                     self.buf.drain(..end);
                     return Ok(());
                 }
-                let bytes = if end >= SWAPPED {
-                    // A full buffer goes as it is; the partial line after it starts a spare.
-                    let mut next = counts
-                        .spare()
-                        .unwrap_or_else(|| Vec::with_capacity(BUFFERED));
-                    next.extend_from_slice(&self.buf[end..]);
-                    self.buf.truncate(end);
-                    std::mem::replace(&mut self.buf, next)
-                } else {
-                    // Copied out at its length (a copy of what one write(2) takes anyway):
-                    // what waits holds no more memory than it counts, however small each
-                    // flush is.
-                    let bytes = self.buf[..end].to_vec();
-                    self.buf.drain(..end);
-                    bytes
-                };
+                // Copied out at its length (a copy of what one write(2) takes anyway): what
+                // waits holds no more memory than it counts, however small each flush is.
+                let bytes = self.buf[..end].to_vec();
+                self.buf.drain(..end);
                 counts
                     .waiting
                     .fetch_add(bytes.capacity(), Ordering::Relaxed);
@@ -268,26 +250,6 @@ impl Shared {
 }
 
 impl Counts {
-    /// The spare buffer, if the thread gave one back.
-    fn spare(&self) -> Option<Vec<u8>> {
-        self.spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-
-    /// Keeps a written buffer as the spare if it is a full one of the usual size (one that a
-    /// long line grew is let go) and none is kept.
-    fn give_back(&self, mut bytes: Vec<u8>) {
-        if (SWAPPED..=2 * BUFFERED).contains(&bytes.capacity()) {
-            bytes.clear();
-            self.spare
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert(bytes);
-        }
-    }
-
     fn failed(&self) -> Option<(io::ErrorKind, String)> {
         self.failed
             .lock()

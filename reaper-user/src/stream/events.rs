@@ -238,7 +238,7 @@ pub fn signal_name(sig: i32) -> Cow<'static, str> {
 #[cfg(test)]
 mod tests;
 
-/// Events are serialised off the reader's thread (see `crate::output::serializer`).
+/// Events are serialised off the reader's thread (see `crate::output::ndjson`).
 const _: fn() = || {
     fn sent<T: Send + 'static>() {}
     sent::<Event>();
