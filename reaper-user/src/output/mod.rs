@@ -350,9 +350,9 @@ mod tests {
     use super::*;
     use crate::stream::events::{Ready, Setsid};
 
-    /// A writer whose bytes the test reads back.
+    /// A writer whose bytes the test reads back (the NDJSON lines' tests use it too).
     #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
+    pub(super) struct Kept(pub(super) Arc<Mutex<Vec<u8>>>);
 
     impl Write for Kept {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

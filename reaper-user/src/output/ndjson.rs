@@ -466,21 +466,8 @@ fn gone() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::tests::Kept;
     use crate::stream::events::Setsid;
-
-    /// A writer whose bytes the test reads back.
-    #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Kept {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     struct Broken;
 
