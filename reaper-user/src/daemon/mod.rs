@@ -489,8 +489,10 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         }
     }
     run.close(account, gateway_code)?;
-    // The followers have had the summary: their streams end, and the API with them.
-    run.output().end_followers();
+    // The followers have had the summary: their streams end, and the API with them. A write
+    // of the stream's last lines that failed (a full disk) fails the run, once the checkpoint
+    // is written.
+    let ended = run.output().end_followers();
     servers.close().await;
     // After the summary: a checkpoint that cannot be written does not cost the audit's end.
     if let Some(checkpoints) = checkpoints.as_mut() {
@@ -498,6 +500,7 @@ async fn close(cli: &Cli, tracing: Tracing, stop: Stop) -> Result<i32> {
         run.settle_copies()?;
         checkpoints.write(&mut run)?;
     }
+    ended?;
     Ok(status)
 }
 

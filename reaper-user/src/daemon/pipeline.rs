@@ -480,7 +480,7 @@ impl Pipeline {
         let active = self.inspector.held().by_node();
         let tree = crate::output::tree::render_alive_tree(&self.graph, &active);
         self.out.human_block(&tree)?;
-        self.out.flush()?;
+        self.out.last_flush()?;
         Ok(())
     }
 }

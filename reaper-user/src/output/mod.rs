@@ -115,7 +115,8 @@ impl Output {
         for text in said {
             self.note(&text)?;
         }
-        Ok(())
+        // The followers' count the summary gives includes what these notes cost them.
+        self.lines.catch_up().context("writing an NDJSON event")
     }
 
     /// Says when an outlet stops keeping up (its lines are dropped from then on) and when it
@@ -248,11 +249,12 @@ impl Output {
         self.lines.follow(follower);
     }
 
-    /// Ends every follower's stream (the run's end, after the summary). A write that fails
-    /// this late goes unsaid, as the summary's own would: the checkpoint after it is still
-    /// written.
-    pub fn end_followers(&mut self) {
-        let _ = self.lines.end_followers();
+    /// Ends every follower's stream (the run's end, after the summary), once the NDJSON
+    /// thread has written everything: the error it met writing the last lines, if any.
+    pub fn end_followers(&mut self) -> Result<()> {
+        self.lines
+            .end_followers()
+            .context("writing an NDJSON event")
     }
 
     /// The API's followers now.
@@ -327,6 +329,16 @@ impl Output {
             w.write_all(text.as_bytes()).context("writing output")?;
         }
         Ok(())
+    }
+
+    /// The run's last flush, after the summary: it says nothing more (the summary is the
+    /// stream's last line).
+    pub fn last_flush(&mut self) -> io::Result<()> {
+        self.lines.flush()?;
+        match self.human.as_mut() {
+            Some(w) => w.flush(),
+            None => Ok(()),
+        }
     }
 
     /// Flushes both outlets and the followers' lines (after every batch of events, so a
