@@ -8,7 +8,10 @@
 //! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`
 //! or while the API is served (root may ask it to end another user's process).
 //! Everything else leaves the effective, permitted, inheritable, ambient and bounding sets, and
-//! no_new_privs is set, so nothing it could ever exec regains privileges.
+//! no_new_privs is set, so nothing it could ever exec regains privileges. A bounding set can
+//! only be narrowed with CAP_SETPCAP: a service manager that started it with a bounding set
+//! of its own and without that capability (the package's unit) keeps the set as it gave it,
+//! which no_new_privs and the emptied other sets make moot.
 use anyhow::{Context, Result, bail};
 use caps::{CapSet, Capability, CapsHashSet};
 
@@ -32,8 +35,10 @@ pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
     if threads != 1 {
         bail!("dropping privileges with {threads} threads would leave some privileged");
     }
-    // The bounding set first: dropping from it needs CAP_SETPCAP, which goes next.
-    for cap in caps::all() {
+    // The bounding set first: dropping from it needs CAP_SETPCAP, which goes next. Without
+    // it, the set is the one the service manager chose (see the module's doc).
+    let narrows = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
+    for cap in caps::all().into_iter().filter(|_| narrows) {
         if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
             caps::drop(None, CapSet::Bounding, cap)
                 .with_context(|| format!("dropping {cap} from the bounding set"))?;

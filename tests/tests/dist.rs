@@ -137,6 +137,9 @@ fn assert_lintian_clean(deb: &Path) {
 #[path = "dist/pods.rs"]
 mod pods;
 
+#[path = "dist/booted.rs"]
+mod booted;
+
 /// In a module of their own, so that `cargo xtask test --no-dist` leaves them out by name
 /// (`--skip installed_artifacts::`) rather than letting them skip.
 mod installed_artifacts {
@@ -162,6 +165,7 @@ mod installed_artifacts {
         assert_version(&chroot(&root, &["reaper-trace", "--version"]));
         let listed = chroot(&root, &["dpkg", "-L", "reaper-trace"]);
         assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
+        assert_static_pie_of(&root.join("usr/bin/reaper-trace"), std::env::consts::ARCH);
         // The page is the CLI's own, and the unit runs the packaged binary with its defaults.
         let page = ok(Command::new("zcat").arg(root.join("usr/share/man/man1/reaper-trace.1.gz")));
         assert!(
@@ -183,6 +187,13 @@ mod installed_artifacts {
         )
         .unwrap();
         assert!(completion.contains("--gateway-pidfile"), "{completion}");
+        booted::assert_unit_starts_under_systemd(
+            test,
+            &root,
+            std::env::consts::ARCH,
+            |args| chroot(&root, args),
+            "REAPER_DEBIAN_KERNEL",
+        );
         removal_releases_the_state(&root, &dir);
     }
 
@@ -226,7 +237,14 @@ mod installed_artifacts {
         assert_version(&in_root(&["reaper-trace", "--version"]));
         let listed = in_root(&["dpkg", "-L", "reaper-trace"]);
         assert_packaged(&root, &String::from_utf8_lossy(&listed.stdout));
-        assert_machine(&root.join("usr/bin/reaper-trace"), &arch);
+        assert_static_pie_of(&root.join("usr/bin/reaper-trace"), &arch);
+        booted::assert_unit_starts_under_systemd(
+            test,
+            &root,
+            &arch,
+            in_root,
+            "REAPER_OTHER_DEBIAN_KERNEL",
+        );
         let removed = in_root(&["dpkg", "-r", "reaper-trace"]);
         assert!(removed.status.success(), "dpkg -r: {}", said(&removed));
         assert!(!root.join("usr/bin/reaper-trace").exists(), "removed");
@@ -270,7 +288,7 @@ mod installed_artifacts {
             .arg(&theirs)
             .args(["--strip-components=1", "-C"])
             .arg(root.join("opt")));
-        assert_machine(&root.join("opt/reaper-trace"), &arch);
+        assert_static_pie_of(&root.join("opt/reaper-trace"), &arch);
         assert_version(&emulated_chroot(
             &arch,
             &root,
@@ -278,15 +296,31 @@ mod installed_artifacts {
         ));
     }
 
-    /// Fails unless ELF file `binary` is `arch`'s code (its `e_machine`).
-    fn assert_machine(binary: &Path, arch: &str) {
-        let binary = std::fs::read(binary).unwrap();
-        let machine = u16::from_le_bytes([binary[0x12], binary[0x13]]);
+    /// Fails unless ELF file `binary` is `arch`'s code (its `e_machine`) and static-pie: no
+    /// program interpreter (`PT_INTERP`), position-independent (`ET_DYN`), so that the
+    /// kernel loads its code at a random address on every architecture.
+    fn assert_static_pie_of(binary: &Path, arch: &str) {
+        let elf = std::fs::read(binary).unwrap();
+        let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]);
         let expected = match arch {
             "aarch64" => 183,
             _ => 62,
         };
-        assert_eq!(machine, expected, "e_machine of {arch}");
+        assert_eq!(u16_at(0x12), expected, "e_machine of {arch}");
+        const ET_DYN: u16 = 3;
+        assert_eq!(
+            u16_at(0x10),
+            ET_DYN,
+            "{arch}'s binary is not position-independent"
+        );
+        const PT_INTERP: u32 = 3;
+        let table = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+        let (size, count) = (usize::from(u16_at(0x36)), usize::from(u16_at(0x38)));
+        let interpreted = (0..count).any(|i| {
+            let at = table + i * size;
+            u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == PT_INTERP
+        });
+        assert!(!interpreted, "{arch}'s binary names a loader: not static");
     }
 
     /// A bind mount undone however the test ends.

@@ -1,5 +1,8 @@
 //! The architectures reaper-trace is built for, and what each needs from this machine.
-use std::process::{Command, Stdio};
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -94,17 +97,24 @@ impl Arch {
     }
 
     /// Cargo's environment for building its binaries on this machine: none for this
-    /// machine's own; for another, Debian's cross gcc as the linker, and the C library linked
-    /// in (`crt-static`), so that its binaries need no loader or library of theirs to run
-    /// (in a guest, or here under qemu-user to list their tests).
+    /// machine's own; for another, the C library linked in (`crt-static`), so that its
+    /// binaries need no loader or library of theirs to run (in a guest, or here under
+    /// qemu-user to list their tests), by Debian's cross gcc through `xtask/static-pie-gcc`,
+    /// which makes them static-pie as this machine's are (Rust's aarch64 glibc target would
+    /// link them at a fixed address).
     pub fn cargo_env(self) -> Vec<(String, String)> {
         if self == Arch::host() {
             return Vec::new();
         }
         let var = self.triple().to_uppercase().replace('-', "_");
+        let linker = Path::new(env!("CARGO_MANIFEST_DIR")).join("static-pie-gcc");
         vec![
             (
                 format!("CARGO_TARGET_{var}_LINKER"),
+                linker.display().to_string(),
+            ),
+            (
+                "REAPER_CROSS_GCC".into(),
                 format!("{}-linux-gnu-gcc", self.name()),
             ),
             (

@@ -157,17 +157,19 @@ const GUEST_PACKAGES: &[&str] = &[
 ];
 
 /// A fresh minimal Debian root of this machine's release for `arch` (`mmdebstrap
-/// --variant=minbase` from Debian's archive), as a tarball: made once, cached, and linked at
-/// `target/test-tools/debian-root[-ARCH].tar` for the package's tests. Another architecture's
-/// root is made with its programs run under qemu-user (`tests/emulated.sh`: nothing is
-/// registered on the machine), its maintainer scripts included: a root as Debian installs it.
+/// --variant=minbase` from Debian's archive) with systemd as its init, as Debian installs
+/// it (the package's tests boot it, and systemd starts the package's unit), as a tarball:
+/// made once, cached, and linked at `target/test-tools/debian-root[-ARCH].tar` for the
+/// package's tests. Another architecture's root is made with its programs run under
+/// qemu-user (`tests/emulated.sh`: nothing is registered on the machine), its maintainer
+/// scripts included: a root as Debian installs it.
 pub fn test_root(root: &Path, arch: Arch) -> Result<PathBuf> {
     let release = machine_release().unwrap_or_else(|_| "bookworm".into());
     let suffix = match arch == Arch::host() {
         true => String::new(),
         false => format!("-{}", arch.deb()),
     };
-    let cached = cache("roots").join(format!("{release}-minbase{suffix}.tar"));
+    let cached = cache("roots").join(format!("{release}-minbase-systemd{suffix}.tar"));
     if !cached.is_file() {
         fs::create_dir_all(cached.parent().context("cache dir")?)?;
         eprintln!(
@@ -179,7 +181,12 @@ pub fn test_root(root: &Path, arch: Arch) -> Result<PathBuf> {
         // The emulating namespace cannot mount /sys (it has no network namespace of its
         // own), and no maintainer script of minbase needs /proc or /sys: every root is made
         // without them.
-        let args = ["--variant=minbase", &arch_arg, "--skip=chroot/mount"];
+        let args = [
+            "--variant=minbase",
+            "--include=systemd-sysv",
+            &arch_arg,
+            "--skip=chroot/mount",
+        ];
         let by = match arch == Arch::host() {
             true => Command::new("mmdebstrap"),
             false => {

@@ -10,10 +10,10 @@
 //!   (no base image is pulled), one image index with an image for each platform, which podman
 //!   and Kubernetes pick per node: `podman run oci-archive:...`, or `podman load -i`.
 //!
-//! The binaries are static through glibc's `crt-static` (the only Rust standard library this
-//! machine has is glibc's), aarch64's linked by Debian's cross gcc: reaper-trace resolves no
-//! host names and loads no NSS module, which is what makes a static glibc binary unsafe
-//! elsewhere.
+//! The binaries are static-pie through glibc's `crt-static` (the only Rust standard library
+//! this machine has is glibc's), aarch64's linked by Debian's cross gcc (`Arch::cargo_env`):
+//! reaper-trace resolves no host names and loads no NSS module, which is what makes a static
+//! glibc binary unsafe elsewhere.
 use std::{
     fs,
     os::unix::fs::PermissionsExt,
@@ -84,10 +84,10 @@ pub fn run(root: &Path) -> Result<Artifacts> {
         let binary = static_binary(root, &out, arch)?;
         packages.push(Packages {
             arch,
-            tarball: tarball(root, &out, arch, &binary.path, &docs)?,
+            tarball: tarball(root, &out, arch, &binary, &docs)?,
             deb: deb(root, &out, arch, &binary, &docs)?,
         });
-        binaries.push((arch, binary.path));
+        binaries.push((arch, binary));
     }
     let artifacts = Artifacts {
         packages,
@@ -100,16 +100,10 @@ pub fn run(root: &Path) -> Result<Artifacts> {
     Ok(artifacts)
 }
 
-/// A static binary [`static_binary`] made.
-struct Static {
-    path: PathBuf,
-    /// Whether it is position-independent (static-pie).
-    pie: bool,
-}
-
 /// Builds reaper-trace for `arch`, statically linked, and strips a copy of it in `out`; checks
-/// that the copy is static (no program interpreter) and is code of `arch`.
-fn static_binary(root: &Path, out: &Path, arch: Arch) -> Result<Static> {
+/// that the copy is static-pie (no program interpreter, position-independent: the kernel
+/// loads it at a random address) and is code of `arch`.
+fn static_binary(root: &Path, out: &Path, arch: Arch) -> Result<PathBuf> {
     let args = [
         "build",
         "--release",
@@ -154,10 +148,13 @@ fn static_binary(root: &Path, out: &Path, arch: Arch) -> Result<Static> {
             arch.name()
         );
     }
-    Ok(Static {
-        path: binary,
-        pie: shape.pie,
-    })
+    if !shape.pie {
+        bail!(
+            "{} is not position-independent: its code would not be randomized",
+            binary.display()
+        );
+    }
+    Ok(binary)
 }
 
 /// What [`static_binary`] checks of an executable.
@@ -218,9 +215,9 @@ fn tarball(root: &Path, out: &Path, arch: Arch, binary: &Path, docs: &Path) -> R
     Ok(tarball)
 }
 
-fn deb(root: &Path, out: &Path, arch: Arch, binary: &Static, docs: &Path) -> Result<PathBuf> {
+fn deb(root: &Path, out: &Path, arch: Arch, binary: &Path, docs: &Path) -> Result<PathBuf> {
     let stage = out.join(format!("deb-{}", arch.deb()));
-    install(&binary.path, &stage.join("usr/bin/reaper-trace"), 0o755)?;
+    install(binary, &stage.join("usr/bin/reaper-trace"), 0o755)?;
     for page in ["reaper-trace.1", "reaper-trace-report.1"] {
         let to = stage.join("usr/share/man/man1").join(page);
         install(&docs.join("man").join(page), &to, 0o644)?;
@@ -267,19 +264,11 @@ fn deb(root: &Path, out: &Path, arch: Arch, binary: &Static, docs: &Path) -> Res
         0o644,
     )?;
     // Static on purpose (one binary for every Debian release, nothing to keep in step): a
-    // static-pie executable (x86_64's) looks to lintian like a library that names no C
-    // library; a static one that is not position-independent (aarch64's: Rust's glibc target
-    // there links no static-pie) is one lintian asks a reason for.
-    let overridden = match binary.pie {
-        true => "shared-library-lacks-prerequisites",
-        false => "statically-linked-binary",
-    };
+    // static-pie executable looks to lintian like a library that names no C library.
     write(
         &stage.join("usr/share/lintian/overrides/reaper-trace"),
-        format!(
-            "# Static on purpose: it needs no shared library at all.\n\
-             reaper-trace: {overridden} [usr/bin/reaper-trace]\n"
-        ),
+        "# Static on purpose: it needs no shared library at all.\n\
+         reaper-trace: shared-library-lacks-prerequisites [usr/bin/reaper-trace]\n",
         0o644,
     )?;
     let control = stage.join("DEBIAN");

@@ -9,6 +9,10 @@ use anyhow::{Context, Result};
 
 use crate::{arch::Arch, debian, npm, pypi, vmtest};
 
+/// The Debian kernel series the package's roots are booted on, with systemd starting its unit
+/// (`tests/tests/dist/booted.rs`): one of the matrix's, so that it is fetched once.
+const UNIT_KERNEL_SERIES: &str = "6.12";
+
 /// The variables that name the fixtures to the tests.
 pub type TestEnv = Vec<(&'static str, OsString)>;
 
@@ -42,6 +46,19 @@ pub fn fetch(root: &Path, dist: bool, vm: bool) -> JoinHandle<Result<TestEnv>> {
             env.push(("REAPER_DEBIAN_ROOT", own.into()));
             let other = debian::test_root(&root, Arch::other())?;
             env.push(("REAPER_OTHER_DEBIAN_ROOT", other.into()));
+            // The kernels those roots boot on, with systemd starting the package's unit.
+            for (arch, variable) in [
+                (Arch::host(), "REAPER_DEBIAN_KERNEL"),
+                (Arch::other(), "REAPER_OTHER_DEBIAN_KERNEL"),
+            ] {
+                let series = vmtest::Kernel::Debian {
+                    series: UNIT_KERNEL_SERIES.into(),
+                    arch,
+                };
+                for (_, _, kernel) in vmtest::debian_kernels(&[series])? {
+                    env.push((variable, kernel.image.into()));
+                }
+            }
         }
         if vm {
             vmtest::debian_kernels(&vmtest::default_kernels()?)?;

@@ -149,12 +149,13 @@ pub const TOOLS: &[Tool] = &[
     tool("aarch64-linux-gnu-strip", Debian("binutils-aarch64-linux-gnu"), &[Dist], "strips the packages' arm64 binary"),
     tool("qemu-aarch64-static", Debian("qemu-user-static"), &[Dist, Vm], "runs arm64 programs here: the arm64 Debian root's (tests/emulated.sh), the arm64 test binaries' lists of tests"),
     tool("arch-test", Debian("arch-test"), &[Dist], "mmdebstrap's check that the arm64 root's programs run here"),
+    tool("cpio", Debian("cpio"), &[Dist], "packs the package's booted roots"),
     tool("podman", Debian("podman"), &[Dist], "runs the image as the DaemonSet does"),
     tool("runc", Debian("runc"), &[Dist], "podman's runtime in the image tests"),
     // The kernel matrix.
-    tool("qemu-system-x86_64", Debian("qemu-system-x86"), &[Vm], "boots each kernel of the matrix"),
+    tool("qemu-system-x86_64", Debian("qemu-system-x86"), &[Dist, Vm], "boots each kernel of the matrix; boots the package's x86_64 root, where systemd starts its unit"),
     tool("busybox", Debian("busybox-static"), &[Vm], "the guests' init"),
-    tool("qemu-system-aarch64", Debian("qemu-system-arm"), &[Vm], "boots each arm64 kernel of the matrix"),
+    tool("qemu-system-aarch64", Debian("qemu-system-arm"), &[Dist, Vm], "boots each arm64 kernel of the matrix; boots the package's arm64 root, where systemd starts its unit"),
     tool("readelf", Debian("binutils"), &[Vm], "the libraries of the arm64 guests' programs (ldd cannot run them here)"),
     // The bench and its peers.
     tool("bpftool", Debian("bpftool"), &[Bench], "names the programs in the hook-cost table; map sizes"),

@@ -428,6 +428,26 @@ impl Probes {
     }
 }
 
+/// Why a syscall's tracepoint was refused, when the kernel's setting says it: with a
+/// `perf_event_paranoid` of 3 (Debian's kernels), perf events open for CAP_SYS_ADMIN alone,
+/// whatever CAP_PERFMON says (EACCES).
+fn refused_by_paranoia(e: &anyhow::Error) -> &'static str {
+    let denied = e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EACCES))
+    });
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|level| level.trim().parse::<i32>().ok());
+    match (denied, paranoid) {
+        (true, Some(level)) if level >= 3 => {
+            " (perf_event_paranoid is 3 here: the kernel opens it for CAP_SYS_ADMIN alone)"
+        }
+        _ => "",
+    }
+}
+
 /// Attaches the wanted setsid hook, or the best available one, degrading with a note.
 fn attach_setsid(
     ebpf: &mut Ebpf,
@@ -453,7 +473,10 @@ fn attach_setsid(
         })();
         match attached {
             Ok(()) => return SetsidHook::Tracepoint,
-            Err(e) => notes.push(format!("syscalls/sys_exit_setsid unavailable: {e:#}")),
+            Err(e) => notes.push(format!(
+                "syscalls/sys_exit_setsid unavailable: {e:#}{}",
+                refused_by_paranoia(&e)
+            )),
         }
     }
     let attached = (|| -> Result<()> {
