@@ -2,7 +2,7 @@
 //! no longer needs, it gives up.
 //!
 //! Loading and attaching needed CAP_BPF and CAP_PERFMON, and CAP_SYS_ADMIN only to mount
-//! tracefs (kernels from 5.11 charge BPF memory to the cgroup, not to RLIMIT_MEMLOCK, so no
+//! tracefs or to open the setsid tracepoint where `perf_event_paranoid` is 3 (Debian's) (kernels from 5.11 charge BPF memory to the cgroup, not to RLIMIT_MEMLOCK, so no
 //! CAP_SYS_RESOURCE); from then on the maps and the ring are used through fds it already holds,
 //! which needs no capability. What stays: CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (reading other
 //! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`
@@ -37,11 +37,14 @@ pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
     }
     // The bounding set first: dropping from it needs CAP_SETPCAP, which goes next. Without
     // it, the set is the one the service manager chose (see the module's doc).
-    let narrows = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
-    for cap in caps::all().into_iter().filter(|_| narrows) {
-        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-            caps::drop(None, CapSet::Bounding, cap)
-                .with_context(|| format!("dropping {cap} from the bounding set"))?;
+    let narrows = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)
+        .context("reading the effective capabilities")?;
+    if narrows {
+        for cap in caps::all() {
+            if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+                caps::drop(None, CapSet::Bounding, cap)
+                    .with_context(|| format!("dropping {cap} from the bounding set"))?;
+            }
         }
     }
     caps::clear(None, CapSet::Ambient).context("clearing the ambient capabilities")?;

@@ -97,31 +97,44 @@ impl Arch {
     }
 
     /// Cargo's environment for building its binaries on this machine: none for this
-    /// machine's own; for another, the C library linked in (`crt-static`), so that its
-    /// binaries need no loader or library of theirs to run (in a guest, or here under
-    /// qemu-user to list their tests), by Debian's cross gcc through `xtask/static-pie-gcc`,
-    /// which makes them static-pie as this machine's are (Rust's aarch64 glibc target would
-    /// link them at a fixed address).
+    /// machine's own; for another, [`Arch::static_env`]'s, so that its binaries need no loader
+    /// or library of theirs to run (in a guest, or here under qemu-user to list their tests).
     pub fn cargo_env(self) -> Vec<(String, String)> {
-        if self == Arch::host() {
-            return Vec::new();
+        match self == Arch::host() {
+            true => Vec::new(),
+            false => self.static_env(),
         }
+    }
+
+    /// Cargo's environment for its static-pie binaries (the packages'): the C library linked
+    /// in (`crt-static`), another architecture's by Debian's cross gcc, and aarch64's through
+    /// `xtask/static-pie-gcc`, since Rust's glibc target for aarch64 would link them at a
+    /// fixed address (x86_64's links static-pie itself).
+    pub fn static_env(self) -> Vec<(String, String)> {
         let var = self.triple().to_uppercase().replace('-', "_");
-        let linker = Path::new(env!("CARGO_MANIFEST_DIR")).join("static-pie-gcc");
-        vec![
-            (
-                format!("CARGO_TARGET_{var}_LINKER"),
-                linker.display().to_string(),
-            ),
-            (
-                "REAPER_CROSS_GCC".into(),
-                format!("{}-linux-gnu-gcc", self.name()),
-            ),
-            (
-                format!("CARGO_TARGET_{var}_RUSTFLAGS"),
-                "-C target-feature=+crt-static".into(),
-            ),
-        ]
+        let mut env = vec![(
+            format!("CARGO_TARGET_{var}_RUSTFLAGS"),
+            "-C target-feature=+crt-static".to_owned(),
+        )];
+        let gcc = match self == Arch::host() {
+            true => "cc".to_owned(),
+            false => format!("{}-linux-gnu-gcc", self.name()),
+        };
+        match self {
+            Arch::Aarch64 => {
+                let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("static-pie-gcc");
+                env.push((
+                    format!("CARGO_TARGET_{var}_LINKER"),
+                    wrapper.display().to_string(),
+                ));
+                env.push(("REAPER_STATIC_PIE_CC".to_owned(), gcc));
+            }
+            Arch::X86_64 if self != Arch::host() => {
+                env.push((format!("CARGO_TARGET_{var}_LINKER"), gcc));
+            }
+            Arch::X86_64 => {}
+        }
+        env
     }
 
     /// The command that runs one of its programs here: the program itself on this machine's

@@ -116,14 +116,8 @@ fn static_binary(root: &Path, out: &Path, arch: Arch) -> Result<PathBuf> {
     ];
     // Only the target's flags: build scripts and the nested eBPF build stay as they are.
     // Another architecture's are `vmtest`'s own (one build serves both).
-    let mut env = arch.cargo_env();
-    if arch == Arch::host() {
-        let var = arch.triple().to_uppercase().replace('-', "_");
-        env.push((
-            format!("CARGO_TARGET_{var}_RUSTFLAGS"),
-            "-C target-feature=+crt-static".into(),
-        ));
-    } else {
+    let env = arch.static_env();
+    if arch != Arch::host() {
         arch.ensure_std()?;
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

@@ -429,9 +429,9 @@ impl Probes {
 }
 
 /// Why a syscall's tracepoint was refused, when the kernel's setting says it: with a
-/// `perf_event_paranoid` of 3 (Debian's kernels), perf events open for CAP_SYS_ADMIN alone,
-/// whatever CAP_PERFMON says (EACCES).
-fn refused_by_paranoia(e: &anyhow::Error) -> &'static str {
+/// `perf_event_paranoid` of 3 or more (Debian's kernels: 3), perf events open for
+/// CAP_SYS_ADMIN alone, whatever CAP_PERFMON says (EACCES).
+fn refused_by_paranoia(e: &anyhow::Error) -> String {
     let denied = e.chain().any(|cause| {
         cause
             .downcast_ref::<std::io::Error>()
@@ -441,10 +441,10 @@ fn refused_by_paranoia(e: &anyhow::Error) -> &'static str {
         .ok()
         .and_then(|level| level.trim().parse::<i32>().ok());
     match (denied, paranoid) {
-        (true, Some(level)) if level >= 3 => {
-            " (perf_event_paranoid is 3 here: the kernel opens it for CAP_SYS_ADMIN alone)"
-        }
-        _ => "",
+        (true, Some(level)) if level >= 3 => format!(
+            " (perf_event_paranoid is {level} here: the kernel opens it for CAP_SYS_ADMIN alone)"
+        ),
+        _ => String::new(),
     }
 }
 
