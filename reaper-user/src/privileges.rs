@@ -2,7 +2,8 @@
 //! no longer needs, it gives up.
 //!
 //! Loading and attaching needed CAP_BPF and CAP_PERFMON, and CAP_SYS_ADMIN only to mount
-//! tracefs or to open the setsid tracepoint where `perf_event_paranoid` is 3 (Debian's) (kernels from 5.11 charge BPF memory to the cgroup, not to RLIMIT_MEMLOCK, so no
+//! tracefs or to open the setsid tracepoint where `perf_event_paranoid` is 3 (Debian's)
+//! (kernels from 5.11 charge BPF memory to the cgroup, not to RLIMIT_MEMLOCK, so no
 //! CAP_SYS_RESOURCE); from then on the maps and the ring are used through fds it already holds,
 //! which needs no capability. What stays: CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (reading other
 //! users' /proc/PID/fd, fdinfo, io and syscall, and `pidfd_getfd`), and CAP_KILL with `--kill`

@@ -11,8 +11,8 @@
 //!   and Kubernetes pick per node: `podman run oci-archive:...`, or `podman load -i`.
 //!
 //! The binaries are static-pie through glibc's `crt-static` (the only Rust standard library
-//! this machine has is glibc's), aarch64's linked by Debian's cross gcc (`Arch::cargo_env`):
-//! reaper-trace resolves no host names and loads no NSS module, which is what makes a static
+//! this machine has is glibc's; `Arch::static_env`), aarch64's linked through
+//! `xtask/static-pie-gcc` (by Debian's cross gcc on another machine): reaper-trace resolves no host names and loads no NSS module, which is what makes a static
 //! glibc binary unsafe elsewhere.
 use std::{
     fs,
