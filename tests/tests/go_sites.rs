@@ -7,12 +7,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use reaper_tests::{Then, frame, require_root, run_reaper_until, scratch};
+use reaper_tests::{Then, frame, frame_holding, require_root, run_reaper_until, scratch};
 use serde_json::Value;
 
 /// The gateway's source: it holds `cat` on a pipe, started from `startStdioServer`.
 fn gateway_source() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("go/leaky_gateway.go")
+    go_source("leaky_gateway")
+}
+
+/// The Go program `name`'s source.
+fn go_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("go/{name}.go"))
 }
 
 /// The line of `gateway_source()` that holds `text`.
@@ -20,14 +25,19 @@ fn line_of(text: &str) -> u64 {
     reaper_tests::line_of(&gateway_source(), text)
 }
 
-/// Builds the gateway into `dir` with a Go cache of its own (the same build on a machine that
-/// never built Go before); returns the binary.
+/// Builds the gateway into `dir` (see [`build_go`]).
 fn build_gateway(dir: &Path) -> PathBuf {
-    let gateway = dir.join("leaky_gateway");
+    build_go(dir, "leaky_gateway")
+}
+
+/// Builds Go program `name` into `dir` with a Go cache of its own (the same build on a machine
+/// that never built Go before); returns the binary.
+fn build_go(dir: &Path, name: &str) -> PathBuf {
+    let gateway = dir.join(name);
     let built = Command::new("go")
         .args(["build", "-o"])
         .arg(&gateway)
-        .arg(gateway_source())
+        .arg(go_source(name))
         .env("GOCACHE", dir.join("go-cache"))
         .env("GOPATH", dir.join("go-path"))
         .env("GO111MODULE", "off")
@@ -132,4 +142,66 @@ fn a_go_spawn_read_before_a_restart_is_located_by_the_run_after_it() {
     let own = frame(&frames, "main.startStdioServer");
     assert_eq!(own["line"], line_of("if err := cmd.Start()"), "{own}");
     frame(&frames, "syscall.forkExec");
+}
+
+/// A static Go gateway (it maps no C library) starts its helper through a C spawner that
+/// forks it by glibc's `fork()` and exits at once (`sh -c 'helper &'`): no process the run
+/// reads maps that C library, and the spawner is gone before its stack copy is unwound. The
+/// library is found from the spawner's executable (the libraries it names) by the build id the
+/// kernel named its frame by, and the helper's `orphaned` flag names the C function that
+/// forked it, past the C library, down to the spawner's `main`.
+#[test]
+fn a_c_spawner_of_a_static_gateway_gone_at_once_is_named_past_its_c_library() {
+    let test = "a_c_spawner_of_a_static_gateway_gone_at_once_is_named_past_its_c_library";
+    if !require_root(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let gateway = build_go(&dir, "c_spawner_gateway");
+    let image = std::fs::read(&gateway).unwrap();
+    assert!(
+        !image.windows(9).any(|w| w == b"libc.so.6"),
+        "the Go gateway is static: it names no C library"
+    );
+    let release = dir.join("release");
+    let shapes = reaper_tests::shapes();
+    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "orphaned";
+    let args = [
+        "--scan-interval",
+        "250ms",
+        "--",
+        gateway.to_str().unwrap(),
+        release.to_str().unwrap(),
+        shapes.to_str().unwrap(),
+        "fork-through-c-and-exit",
+    ];
+    let run = run_reaper_until(
+        &args,
+        &[],
+        &release,
+        ("the helper flagged orphaned", Then::Release),
+        |events| events.iter().any(is_flag),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let proven = run.until_proof();
+    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
+    let flag = flag.unwrap_or_else(|| panic!("no orphaned flag: {:#?}", run.events));
+    let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
+    eprintln!("{test}: {frames:#?}");
+    frame_holding(&frames, "fork");
+    let own = frame(&frames, "spawn_leaky_helper_fp");
+    assert!(
+        own["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("spawner.c")),
+        "{own}"
+    );
+    frame_holding(&frames, "fork_through_c_and_exit");
+    assert!(
+        frames.iter().any(|f| f["function"] == "main"
+            && f["object"]
+                .as_str()
+                .is_some_and(|o| o.ends_with("reaper-shapes"))),
+        "down to the spawner's main: {frames:#?}"
+    );
 }

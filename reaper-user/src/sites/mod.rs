@@ -31,6 +31,7 @@ mod locating;
 mod mappings;
 mod naming;
 mod native;
+mod needed;
 pub mod python;
 mod referrers;
 mod spawns;

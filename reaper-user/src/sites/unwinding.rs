@@ -26,6 +26,7 @@ use super::build_ids::{BuildId, has_build_id, read_build_id};
 use super::locating::{Files, Learned, Location, Walk};
 use super::mappings::mappings;
 use super::native::{Located, SiteKey};
+use super::needed::library_of;
 use super::unwind::{HostUnwinder, Objects, Unwound as Walked};
 use crate::capture::decode::CopiedStack;
 use crate::lineage::graph::NodeId;
@@ -176,6 +177,7 @@ impl Unwinder {
                 walk,
                 copy,
             } => {
+                let innermost = walk.as_ref().and_then(Walk::innermost);
                 let located = walk.map(|walk| self.files.locate(&walk, &holders, Some(&copy.exe)));
                 // What the reader did not know yet may have been learned here since.
                 let taken = Taken {
@@ -183,6 +185,7 @@ impl Unwinder {
                     exec_path,
                     seen_at: seen_at.or_else(|| self.files.path_of(copy.exe.file)),
                     forked_in: forked_in.or_else(|| located.as_ref()?.forked_in(&self.files)),
+                    innermost,
                 };
                 Some(self.site(key, &holders, taken, &copy, located))
             }
@@ -246,7 +249,7 @@ impl Unwinder {
             .find_map(|&pid| Some((pid, self.objects.unwind(pid, copy, None)?.0)))
             .or_else(|| {
                 let exe = taken.executable(copy.exe.file);
-                let forked_in = taken.forked_in();
+                let forked_in = taken.forked_in(exe.as_ref());
                 let walked = (self.objects).unwind_taken(taken.spawner, copy, exe, forked_in)?;
                 Some((taken.spawner, walked))
             });
@@ -319,6 +322,9 @@ struct Taken {
     exec_path: Option<PathBuf>,
     seen_at: Option<PathBuf>,
     forked_in: Option<(PathBuf, BuildId, u64)>,
+    /// The frame it forked in as the kernel's walk named it (build id and offset), for a
+    /// `forked_in` whose file no process the run read mapped.
+    innermost: Option<(BuildId, u64)>,
 }
 
 impl Taken {
@@ -335,9 +341,15 @@ impl Taken {
     }
 
     /// The object the spawner forked in, opened while it has the build id the kernel named,
-    /// and the frame's offset in it.
-    fn forked_in(&self) -> Option<(Checked, PathBuf, u64)> {
-        let (path, id, offset) = self.forked_in.as_ref()?;
+    /// and the frame's offset in it: where a file of that id was seen, else, none seen, the
+    /// library of that id its executable `exe` names (see [`library_of`]).
+    fn forked_in(&self, exe: Option<&(Checked, PathBuf)>) -> Option<(Checked, PathBuf, u64)> {
+        let Some((path, id, offset)) = self.forked_in.as_ref() else {
+            let (id, offset) = self.innermost?;
+            let (exe, exe_path) = exe?;
+            let (file, path) = library_of(exe, exe_path, &id)?;
+            return Some((file, path, offset));
+        };
         let file = Checked::open(path).ok()?;
         has_build_id(&file, id).then(|| (file, path.clone(), *offset))
     }
