@@ -12,7 +12,8 @@
 //! no_new_privs is set, so nothing it could ever exec regains privileges. A bounding set can
 //! only be narrowed with CAP_SETPCAP: a service manager that started it with a bounding set
 //! of its own and without that capability (the package's unit) keeps the set as it gave it,
-//! which no_new_privs and the emptied other sets make moot.
+//! which no_new_privs and the emptied other sets make moot; so does one that refuses it (a
+//! seccomp filter, an LSM), and the rest is given up all the same.
 use anyhow::{Context, Result, bail};
 use caps::{CapSet, Capability, CapsHashSet};
 
@@ -28,8 +29,9 @@ pub fn runtime_needs(kill: bool) -> CapsHashSet {
 }
 
 /// Drops every capability but `keep` from this process and sets no_new_privs. Capabilities
-/// belong to threads: this must run while the process has one thread.
-pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
+/// belong to threads: this must run while the process has one thread. Returns why the
+/// bounding set could not be narrowed, when it was refused: everything else was dropped.
+pub fn drop_all_but(keep: &CapsHashSet) -> Result<Option<anyhow::Error>> {
     let threads = std::fs::read_dir("/proc/self/task")
         .map(|d| d.count())
         .unwrap_or(1);
@@ -40,14 +42,10 @@ pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
     // it, the set is the one the service manager chose (see the module's doc).
     let narrows = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)
         .context("reading the effective capabilities")?;
-    if narrows {
-        for cap in caps::all() {
-            if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-                caps::drop(None, CapSet::Bounding, cap)
-                    .with_context(|| format!("dropping {cap} from the bounding set"))?;
-            }
-        }
-    }
+    let refused = match narrows {
+        true => narrow_bounding(keep).err(),
+        false => None,
+    };
     caps::clear(None, CapSet::Ambient).context("clearing the ambient capabilities")?;
     caps::clear(None, CapSet::Inheritable).context("clearing the inheritable capabilities")?;
     let permitted = caps::read(None, CapSet::Permitted).context("reading capabilities")?;
@@ -57,6 +55,17 @@ pub fn drop_all_but(keep: &CapsHashSet) -> Result<()> {
     // SAFETY: plain prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         bail!("setting no_new_privs: {}", std::io::Error::last_os_error());
+    }
+    Ok(refused)
+}
+
+/// Drops every capability but `keep` from the bounding set; stops at the first refused.
+fn narrow_bounding(keep: &CapsHashSet) -> Result<()> {
+    for cap in caps::all() {
+        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .with_context(|| format!("dropping {cap} from the bounding set"))?;
+        }
     }
     Ok(())
 }

@@ -15,16 +15,32 @@ const KILL: u64 = 1 << 5;
 /// Starts reaper-trace with `args`, waits for `ready`, and returns its capability sets and
 /// no_new_privs from /proc/PID/status.
 fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
-    let mut child = Command::new(reaper_trace())
-        .args(["--json", "--quiet"])
+    privileges_after_ready_in(args, |_| {}).0
+}
+
+/// [`privileges_after_ready`], with `setup` applied to the command first; also returns what
+/// reaper-trace wrote on stderr.
+fn privileges_after_ready_in(
+    args: &[&str],
+    setup: impl FnOnce(&mut Command),
+) -> ((u64, u64, u64, u64, String), String) {
+    let mut cmd = Command::new(reaper_trace());
+    cmd.args(["--json", "--quiet"])
         .args(args)
         // The gateway lives until the test closes its stdin: no window to race.
         .args(["--", "sh", "-c", "read line || true"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    setup(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    // Read to its end on a thread of its own: a full pipe never holds the run.
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let ready = lines
         .by_ref()
@@ -50,8 +66,10 @@ fn privileges_after_ready(args: &[&str]) -> (u64, u64, u64, u64, String) {
     let nnp = field("NoNewPrivs:");
     drop(child.stdin.take()); // the gateway reads EOF and exits 0
     for _ in lines {}
-    assert!(child.wait().unwrap().success());
-    (sets.0, sets.1, sets.2, sets.3, nnp)
+    let status = child.wait().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    ((sets.0, sets.1, sets.2, sets.3, nnp), stderr)
 }
 
 #[test]
@@ -70,6 +88,76 @@ fn after_attach_only_inspection_privileges_remain() {
             (INSPECT | KILL, INSPECT | KILL, INSPECT | KILL),
             "{args:?}: CAP_KILL kept (the API serves `reaper-trace kill`)"
         );
+    }
+}
+
+/// A bounding set the kernel refuses to narrow (here a seccomp filter refuses
+/// `prctl(PR_CAPBSET_DROP)`, as an LSM may): it keeps what it holds, says so, and every other
+/// capability is given up all the same: the effective and permitted sets are what inspection
+/// and the API need, and no_new_privs is set.
+#[test]
+fn a_refused_bounding_set_drop_gives_up_the_rest() {
+    if !require_root("a_refused_bounding_set_drop_gives_up_the_rest") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let bounding_before = caps::read(None, caps::CapSet::Bounding).unwrap();
+    let ((eff, prm, bnd, inh, nnp), stderr) = privileges_after_ready_in(&[], |cmd| {
+        // SAFETY: one prctl installing a filter built before, between fork and exec.
+        unsafe { cmd.pre_exec(refuse_bounding_drops) };
+    });
+    eprintln!("{stderr}");
+    assert!(
+        stderr.contains("from the bounding set")
+            && stderr.contains("the bounding set keeps what it still holds"),
+        "the refusal is said: {stderr}"
+    );
+    assert!(!stderr.contains("keeping full privileges"), "{stderr}");
+    assert_eq!((eff, prm, inh), (INSPECT | KILL, INSPECT | KILL, 0));
+    let bounding: u64 = bounding_before.iter().map(|c| 1 << c.index()).sum();
+    assert_eq!(bnd, bounding, "the bounding set as it was given");
+    assert_eq!(nnp, "1");
+}
+
+/// Installs a seccomp filter on this process that fails `prctl(PR_CAPBSET_DROP, ...)` with
+/// EPERM and allows everything else (on this architecture's system calls; arguments read as
+/// little-endian, as both supported architectures are).
+fn refuse_bounding_drops() -> std::io::Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7;
+    const LOAD_WORD: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JUMP_IF_EQUAL: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RETURN: u16 = 0x06; // BPF_RET | BPF_K
+    const ALLOW: u32 = 0x7fff_0000; // SECCOMP_RET_ALLOW
+    const FAIL_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32; // SECCOMP_RET_ERRNO
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut filter = [
+        op(LOAD_WORD, 0, 0, 4), // seccomp_data.arch
+        op(JUMP_IF_EQUAL, 0, 5, AUDIT_ARCH),
+        op(LOAD_WORD, 0, 0, 0), // seccomp_data.nr
+        op(JUMP_IF_EQUAL, 0, 3, libc::SYS_prctl as u32),
+        op(LOAD_WORD, 0, 0, 16), // seccomp_data.args[0], its low half
+        op(JUMP_IF_EQUAL, 0, 1, libc::PR_CAPBSET_DROP as u32),
+        op(RETURN, 0, 0, FAIL_EPERM),
+        op(RETURN, 0, 0, ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // SAFETY: `program` points at `filter`, both alive for the call; the kernel copies it.
+    let set = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &program as *const libc::sock_fprog,
+        )
+    };
+    match set {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 

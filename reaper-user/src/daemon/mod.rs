@@ -296,8 +296,16 @@ async fn start(cli: &Cli) -> Result<Tracing> {
     // end another user's process). A failure leaves the run correct but less hardened: say
     // so, go on.
     let may_kill = cli.kill || cli.api != crate::cli::Api::Off;
-    if let Err(e) = privileges::drop_all_but(&privileges::runtime_needs(may_kill)) {
-        let note = format!("warning: {e:#}; keeping full privileges");
+    let note = match privileges::drop_all_but(&privileges::runtime_needs(may_kill)) {
+        Ok(None) => None,
+        Ok(Some(refused)) => Some(format!(
+            "warning: {refused:#}; the bounding set keeps what it still holds (no_new_privs \
+             and the emptied inheritable and ambient sets keep that out of reach); every \
+             other capability was given up"
+        )),
+        Err(e) => Some(format!("warning: {e:#}; keeping full privileges")),
+    };
+    if let Some(note) = note {
         run.output().note(&note)?;
     }
     // The outlets are written on threads of their own from now on (a stalled stdout or disk
