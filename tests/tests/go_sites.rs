@@ -51,6 +51,44 @@ fn build_go(dir: &Path, name: &str) -> PathBuf {
     gateway
 }
 
+/// Runs Go program `name` (built here, see [`build_go`]) as the gateway, with its release
+/// file and then `gateway_args` as its arguments, until a flag of `reason` is raised
+/// (`options` given to reaper-trace besides `--scan-interval 250ms`); returns that flag. A
+/// Go gateway links no C library (Go's defaults: no cgo): checked here.
+fn first_flag_of_go_gateway(
+    test: &str,
+    name: &str,
+    gateway_args: &[&str],
+    (reason, options): (&str, &[&str]),
+) -> Value {
+    let dir = scratch(test);
+    let gateway = build_go(&dir, name);
+    let image = std::fs::read(&gateway).unwrap();
+    assert!(
+        !image.windows(9).any(|w| w == b"libc.so.6"),
+        "the Go gateway is static: it names no C library"
+    );
+    let release = dir.join("release");
+    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == reason;
+    let mut args = options.to_vec();
+    args.extend(["--scan-interval", "250ms", "--"]);
+    args.extend([gateway.to_str().unwrap(), release.to_str().unwrap()]);
+    args.extend(gateway_args);
+    let run = run_reaper_until(
+        &args,
+        &[],
+        &release,
+        (&format!("a flag {reason}"), Then::Release),
+        |events| events.iter().any(is_flag),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let proven = run.until_proof();
+    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
+    let flag = flag.unwrap_or_else(|| panic!("no {reason} flag: {:#?}", run.events));
+    eprintln!("{test}: {:#}", flag["spawned_at"]);
+    flag.clone()
+}
+
 /// The `idle` flag of the gateway's `cat`: `spawned_at` names the function that started it
 /// (file and line), its caller, and the path through `os/exec` and `syscall` down to the raw
 /// fork, with no frame cut.
@@ -60,33 +98,14 @@ fn a_go_spawner_is_named_down_to_its_raw_fork() {
     if !require_root(test) {
         return;
     }
-    let dir = scratch(test);
-    let gateway = build_gateway(&dir);
-    let release = dir.join("release");
-    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "idle";
-    let args = [
-        "--idle-after",
-        "1s",
-        "--scan-interval",
-        "250ms",
-        "--",
-        gateway.to_str().unwrap(),
-        release.to_str().unwrap(),
-    ];
-    let run = run_reaper_until(
-        &args,
+    let flag = first_flag_of_go_gateway(
+        test,
+        "leaky_gateway",
         &[],
-        &release,
-        ("the gateway's cat flagged idle", Then::Release),
-        |events| events.iter().any(is_flag),
+        ("idle", &["--idle-after", "1s"]),
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    let proven = run.until_proof();
-    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
-    let flag = flag.unwrap_or_else(|| panic!("no idle flag: {:#?}", run.events));
     assert_eq!(flag["comm"], "cat", "{flag}");
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
-    eprintln!("{frames:#?}");
     assert_ne!(
         flag["spawned_at_truncated"], true,
         "the walk reached the end of the stack: {frames:#?}"
@@ -156,38 +175,10 @@ fn a_c_spawner_of_a_static_gateway_gone_at_once_is_named_past_its_c_library() {
     if !require_root(test) {
         return;
     }
-    let dir = scratch(test);
-    let gateway = build_go(&dir, "c_spawner_gateway");
-    let image = std::fs::read(&gateway).unwrap();
-    assert!(
-        !image.windows(9).any(|w| w == b"libc.so.6"),
-        "the Go gateway is static: it names no C library"
-    );
-    let release = dir.join("release");
     let shapes = reaper_tests::shapes();
-    let is_flag = |e: &Value| e["event"] == "flag" && e["reason"] == "orphaned";
-    let args = [
-        "--scan-interval",
-        "250ms",
-        "--",
-        gateway.to_str().unwrap(),
-        release.to_str().unwrap(),
-        shapes.to_str().unwrap(),
-        "fork-through-c-and-exit",
-    ];
-    let run = run_reaper_until(
-        &args,
-        &[],
-        &release,
-        ("the helper flagged orphaned", Then::Release),
-        |events| events.iter().any(is_flag),
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let proven = run.until_proof();
-    let flag = proven.all("flag").into_iter().find(|e| is_flag(e));
-    let flag = flag.unwrap_or_else(|| panic!("no orphaned flag: {:#?}", run.events));
+    let spawner = [shapes.to_str().unwrap(), "fork-through-c-and-exit"];
+    let flag = first_flag_of_go_gateway(test, "c_spawner_gateway", &spawner, ("orphaned", &[]));
     let frames = flag["spawned_at"].as_array().cloned().unwrap_or_default();
-    eprintln!("{test}: {frames:#?}");
     frame_holding(&frames, "fork");
     let own = frame(&frames, "spawn_leaky_helper_fp");
     assert!(
