@@ -10,6 +10,7 @@ pub mod outlet;
 pub mod serve;
 pub mod status;
 pub mod tree;
+mod writer_thread;
 
 use std::io::{self, Write};
 

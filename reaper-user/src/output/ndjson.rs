@@ -18,13 +18,14 @@
 //! written at once on the caller's thread. A write that failed on the thread fails the next
 //! event or flush, as a write of the reader's own would have.
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::output::follow::{Follower, Followers};
+use crate::output::writer_thread::{self, FirstError};
 use crate::stream::events::{Envelope, Event};
 
 /// Events handed to the thread at once, at most.
@@ -94,8 +95,7 @@ struct Sink {
 #[derive(Default)]
 struct Shared {
     /// The first error writing; every later event or flush fails with it.
-    failed: Mutex<Option<(io::ErrorKind, String)>>,
-    has_failed: AtomicBool,
+    failed: FirstError,
     /// Followers the sink let go (they went away, or did not keep up).
     followers_gone: AtomicUsize,
     /// Followers dropped for not keeping up: in all, and not yet said.
@@ -236,28 +236,13 @@ impl NdjsonLines {
             unreachable!("matched above")
         };
         let (to, from) = sync_channel(WAITING);
-        // The sink comes back if the thread cannot be started.
-        let handoff = Arc::new(Mutex::new(Some(sink)));
-        let theirs = Arc::clone(&handoff);
-        let started = std::thread::Builder::new()
-            .name("reaper-ndjson".into())
-            .spawn(move || {
-                let taken = theirs.lock().unwrap_or_else(PoisonError::into_inner).take();
-                if let Some(sink) = taken {
-                    sink.serve(from);
-                }
-            });
-        match started {
+        match writer_thread::start("reaper-ndjson".into(), sink, |sink| sink.serve(from)) {
             Ok(thread) => {
                 self.place = Place::Away { to, thread };
                 Ok(())
             }
-            Err(e) => {
-                let back = handoff
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                self.place = back.map_or(Place::Gone, Place::Here);
+            Err((e, sink)) => {
+                self.place = Place::Here(sink);
                 Err(e)
             }
         }
@@ -293,19 +278,7 @@ impl NdjsonLines {
 
     /// The error the thread met, if it did.
     fn check(&self) -> io::Result<()> {
-        if !self.shared.has_failed.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let failed = self
-            .shared
-            .failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        match failed {
-            Some((kind, text)) => Err(io::Error::new(kind, text)),
-            None => Ok(()),
-        }
+        self.shared.failed.check(str::to_string)
     }
 }
 
@@ -438,9 +411,7 @@ impl Sink {
 
 impl Shared {
     fn fail(&self, e: &io::Error) {
-        *self.failed.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((e.kind(), e.to_string()));
-        self.has_failed.store(true, Ordering::Relaxed);
+        self.failed.keep(e);
     }
 
     /// `gone` followers were let go, `dropped` of them for not keeping up.

@@ -21,6 +21,8 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
+use super::writer_thread::{self, FirstError};
+
 /// Bytes that may wait for one outlet's thread; the same bound as a full disk's backlog
 /// (see [`super::logfile`]).
 pub const WAITING: usize = 64 << 20;
@@ -54,7 +56,7 @@ struct Counts {
     /// Lines dropped since the last [`Outlet::take_dropped`].
     dropped: AtomicU64,
     /// The first error writing, once the thread met one: every later write fails with it.
-    failed: Mutex<Option<(io::ErrorKind, String)>>,
+    failed: FirstError,
 }
 
 /// Where the outlet's writer is.
@@ -118,40 +120,29 @@ impl Outlet {
         };
         let (to, from) = channel::<Vec<u8>>();
         let counts = Arc::clone(&self.shared.counts);
-        // The writer comes back if the thread cannot be started.
-        let handoff = Arc::new(Mutex::new(Some(writer)));
-        let theirs = Arc::clone(&handoff);
-        let started = std::thread::Builder::new()
-            .name(format!("outlet {}", self.shared.name))
-            .spawn(move || {
-                let taken = theirs.lock().unwrap_or_else(PoisonError::into_inner).take();
-                let Some(mut writer) = taken else { return };
-                for bytes in from {
-                    if counts.failed().is_none() {
-                        let wrote = writer.write_all(&bytes).and_then(|()| writer.flush());
-                        if let Err(e) = wrote {
-                            *counts.failed.lock().unwrap_or_else(PoisonError::into_inner) =
-                                Some((e.kind(), e.to_string()));
-                        }
+        let name = format!("outlet {}", self.shared.name);
+        let started = writer_thread::start(name, writer, move |mut writer| {
+            for bytes in from {
+                if !counts.failed.met() {
+                    let wrote = writer.write_all(&bytes).and_then(|()| writer.flush());
+                    if let Err(e) = wrote {
+                        counts.failed.keep(&e);
                     }
-                    counts
-                        .waiting
-                        .fetch_sub(bytes.capacity(), Ordering::Relaxed);
                 }
-                // The writer's own end (a file's last flush) runs here, off the reader.
-                drop(writer);
-            });
+                counts
+                    .waiting
+                    .fetch_sub(bytes.capacity(), Ordering::Relaxed);
+            }
+            // The writer's own end (a file's last flush) runs here, off the reader.
+            drop(writer);
+        });
         match started {
             Ok(thread) => {
                 *place = Place::Away { to, thread };
                 Ok(())
             }
-            Err(e) => {
-                let back = handoff
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                *place = back.map_or(Place::Gone, Place::Here);
+            Err((e, writer)) => {
+                *place = Place::Here(writer);
                 Err(e)
             }
         }
@@ -235,10 +226,7 @@ impl Shared {
 
     /// The error the thread met, if it did.
     fn check(&self) -> io::Result<()> {
-        match self.counts.failed() {
-            Some((kind, text)) => Err(io::Error::new(kind, format!("{}: {text}", self.name))),
-            None => Ok(()),
-        }
+        (self.counts.failed).check(|text| format!("{}: {text}", self.name))
     }
 
     fn gone(&self) -> io::Error {
@@ -246,15 +234,6 @@ impl Shared {
             io::ErrorKind::BrokenPipe,
             format!("{}: its writer thread has ended", self.name),
         )
-    }
-}
-
-impl Counts {
-    fn failed(&self) -> Option<(io::ErrorKind, String)> {
-        self.failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
