@@ -106,6 +106,85 @@ fn a_process_holding_as_many_fds_as_its_limit_allows_is_judged_on_a_bounded_look
     assert!(listed + omitted <= 16_384, "{listed} + {omitted}");
 }
 
+/// A process that leaves 8,000 children unreaped: each is a zombie /proc shows, and the
+/// reader looks for a few of them a turn, each less often as it stays (it looked for every
+/// one at every turn: 8,000 reads of /proc ten times a second, a third of a core here). Its
+/// read calls (`syscr` of its /proc/PID/io, which counts them whatever the machine's speed)
+/// settle once their flags are raised, to a few hundred a second, while they are held
+/// (checked).
+#[test]
+fn a_process_leaving_thousands_of_zombies_costs_a_few_reads_a_turn() {
+    if !require_root("a_process_leaving_thousands_of_zombies_costs_a_few_reads_a_turn") {
+        return;
+    }
+    const SETTLED: u64 = 2000;
+    let mut seen = None;
+    let (run, ready) = run_hostile(
+        &["--zombie-after", "2s"],
+        "hostile-zombies",
+        "a zombie flag, then reaper-trace's reads settled",
+        |events, r| {
+            let zombies = r["prepared"]["zombies"].as_array().unwrap();
+            let Some(first) = zombies.first().map(pid) else {
+                return true; // said below
+            };
+            if seen.is_some() || flag_of(events, first).is_none() {
+                return seen.is_some();
+            }
+            let started = events.iter().find(|e| e["event"] == "ready").unwrap();
+            let reaper = parent_of(pid(&started["gateway"][0])).expect("reaper-trace's pid");
+            // Settling: the flags of 8,000 zombies raised and written.
+            let (settling, mut each) = (Instant::now(), Vec::new());
+            while each.last().is_none_or(|&n| n >= SETTLED)
+                && settling.elapsed() < reaper_tests::patience()
+            {
+                let reads = read_calls(reaper);
+                std::thread::sleep(Duration::from_secs(1));
+                each.push(read_calls(reaper) - reads);
+            }
+            let reads = read_calls(reaper);
+            std::thread::sleep(Duration::from_secs(2));
+            let after = read_calls(reaper) - reads;
+            // Counted while they were held: the shape lets them go at its own cap.
+            seen = Some((each, after, is_zombie(first)));
+            true
+        },
+    );
+    assert_whole(&run, &ready["children"]);
+    let zombies = ready["prepared"]["zombies"].as_array().unwrap();
+    assert_eq!(zombies.len(), 8000, "{}", ready["prepared"]);
+    let (each, after, held) = seen.expect("a zombie's flag");
+    eprintln!("reaper-trace's read calls each second once flagged {each:?}, then {after} in 2 s");
+    assert!(
+        held,
+        "the zombies were let go before reaper-trace settled: {each:?}"
+    );
+    assert!(
+        each.last().is_some_and(|&n| n < SETTLED),
+        "reaper-trace's read calls each second while the zombies were held: {each:?}"
+    );
+    assert!(
+        after < 2 * SETTLED,
+        "{after} read calls in the 2 s after it settled"
+    );
+}
+
+/// The read calls process `pid` made so far (`syscr` of its /proc/PID/io).
+fn read_calls(pid: u64) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    let syscr = io.lines().find_map(|l| l.strip_prefix("syscr:"));
+    syscr
+        .and_then(|n| n.trim().parse().ok())
+        .expect("syscr in /proc/PID/io")
+}
+
+/// Whether process `pid` is a zombie now.
+fn is_zombie(pid: u64) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('Z'))
+}
+
 #[test]
 fn a_process_with_sixty_thousand_mappings_costs_a_bounded_read() {
     if !require_root("a_process_with_sixty_thousand_mappings_costs_a_bounded_read") {

@@ -128,6 +128,11 @@ pub struct LineageGraph {
     /// Counts kept as nodes change state, so "is anything left?" never walks the graph.
     live: usize,
     zombies: usize,
+    /// The zombies in the order their exits were recorded, among entries of processes reaped
+    /// or pruned since (let go once they outnumber the zombies: see
+    /// [`LineageGraph::set_exited`]): a walk of the zombies is as long as they are, not as
+    /// the graph (10,000 live processes and one zombie).
+    exit_order: VecDeque<NodeId>,
     /// Gateway nodes, oldest first: pruned like any node, once reaped with no retained
     /// descendant (a gateway that restarts every second is a node a second).
     gateways: BTreeSet<NodeId>,
@@ -156,6 +161,7 @@ impl LineageGraph {
             retain_dead,
             live: 0,
             zombies: 0,
+            exit_order: VecDeque::new(),
             gateways: BTreeSet::new(),
             live_gateways: 0,
             session_values: 0,
@@ -227,9 +233,12 @@ impl LineageGraph {
             .collect()
     }
 
-    /// Exited processes not yet reaped.
+    /// Exited processes not yet reaped, in the order their exits were recorded (the kernel's
+    /// order of exit, but for exits on two CPUs within the same few microseconds).
     pub fn zombies(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.values().filter(|n| n.zombie())
+        (self.exit_order.iter())
+            .filter_map(|&id| self.nodes.get(id))
+            .filter(|n| n.zombie())
     }
 
     /// The gateways the graph holds, alive or not, oldest first.
@@ -458,7 +467,8 @@ impl LineageGraph {
         let Some(node) = self.nodes.get_mut(id) else {
             return;
         };
-        if node.exited.is_none() && node.reaped_at.is_none() {
+        let becomes_zombie = node.exited.is_none() && node.reaped_at.is_none();
+        if becomes_zombie {
             self.live -= 1;
             self.zombies += 1;
             if node.is_gateway {
@@ -472,6 +482,16 @@ impl LineageGraph {
         let ppid = node.ppid;
         if let Some(parent) = self.current_id(ppid).and_then(|p| self.nodes.get_mut(p)) {
             parent.real_children.remove(&id);
+        }
+        if becomes_zombie {
+            self.exit_order.push_back(id);
+            // Most are reaped within milliseconds; what they leave is let go once it
+            // outnumbers the zombies, and such a walk lets go of at least half of what it
+            // walks: a constant work an exit, amortized.
+            if self.exit_order.len() > 2 * self.zombies + 64 {
+                let nodes = &self.nodes;
+                (self.exit_order).retain(|&id| nodes.get(id).is_some_and(Node::zombie));
+            }
         }
     }
 

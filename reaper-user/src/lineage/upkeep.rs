@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use reaper_common::EventKind;
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::graph::{Change, LineageGraph, NodeId, Seed};
 use super::seed::{TrackedMap, seed_of};
@@ -50,7 +50,23 @@ pub struct Upkeep {
     /// Live processes the kernel does not follow: their end is learnt from /proc.
     unfollowed: HashSet<NodeId>,
     pending_reparents: Vec<PendingReparent>,
+    /// Zombies /proc still showed when last looked at: when to look again (see
+    /// [`Upkeep::check_released`]).
+    lingering: HashMap<NodeId, Recheck>,
 }
+
+/// When a zombie still in /proc is looked at again, and the wait that led there.
+struct Recheck {
+    at: u64,
+    wait: u64,
+}
+
+/// The first wait before a zombie /proc still shows is looked at again; each look doubles it.
+const RECHECK_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two looks at a zombie /proc still shows.
+const RECHECK_MOST: Duration = Duration::from_secs(32);
+/// Zombies looked for in /proc a turn, at most.
+const RELEASE_READS: usize = 32;
 
 impl Upkeep {
     /// Goes on from a checkpoint: `reported` losses are not reported again; `resync`: the
@@ -112,24 +128,59 @@ impl Upkeep {
     ///
     /// `min_age`: how long ago the exit must be ([`FREE_LAG`] while tracing; zero once the
     /// probes are detached, since no free can come any more).
+    ///
+    /// A zombie /proc still shows (its parent has not reaped it) is looked at again after
+    /// twice the wait of the last look, from [`RECHECK_FIRST`] to [`RECHECK_MOST`], and at most
+    /// [`RELEASE_READS`] are read a turn: a process that leaves thousands of children
+    /// unreaped costs the reader a few reads a turn, not thousands. Zombies are walked in
+    /// the order they exited, up to the first too young to look at.
     pub fn check_released(&mut self, graph: &mut LineageGraph, min_age: Duration) -> Vec<Stamped> {
         if graph.zombie_count() == 0 {
-            return Vec::new(); // the common case: no walk of the graph
+            self.lingering.clear();
+            return Vec::new(); // the common case: nothing to walk
         }
         let now = boottime_now();
-        let lagging: Vec<NodeId> = graph
-            .zombies()
-            .filter(|n| {
-                n.exited
-                    .as_ref()
-                    .is_some_and(|e| now.saturating_sub(e.ts) >= min_age.as_nanos() as u64)
-            })
-            .filter(|n| n.process().still_same().is_none())
-            .map(|n| n.id)
-            .collect();
+        let settled = now.saturating_sub(min_age.as_nanos() as u64);
+        // The probes detached: no free can come, every zombie is looked at now.
+        let last_look = min_age.is_zero();
+        let mut reads = 0;
+        let mut lagging = Vec::new();
+        for n in graph.zombies() {
+            let Some(exited) = n.exited.as_ref() else {
+                continue;
+            };
+            // The rest exited later (but for exits a few microseconds apart on two CPUs,
+            // looked at on the next turn).
+            if exited.ts > settled {
+                break;
+            }
+            if !last_look {
+                if self.lingering.get(&n.id).is_some_and(|r| r.at > now) {
+                    continue;
+                }
+                if reads == RELEASE_READS {
+                    break;
+                }
+            }
+            reads += 1;
+            match n.process().still_same() {
+                None => lagging.push(n.id),
+                Some(_) => {
+                    let first = RECHECK_FIRST.as_nanos() as u64 / 2;
+                    let r = (self.lingering.entry(n.id)).or_insert(Recheck { at: 0, wait: first });
+                    r.wait = (r.wait * 2).min(RECHECK_MOST.as_nanos() as u64);
+                    r.at = now.saturating_add(r.wait);
+                }
+            }
+        }
         let mut found = Vec::new();
         for id in lagging {
+            self.lingering.remove(&id);
             report_gone(graph, id, &mut found);
+        }
+        // Those reaped since (their free came): as many as the zombies at most.
+        if self.lingering.len() > graph.zombie_count() {
+            (self.lingering).retain(|&id, _| graph.node(id).is_some_and(|n| n.zombie()));
         }
         found
     }
@@ -331,4 +382,59 @@ pub fn snapshot(graph: &LineageGraph, id: NodeId) -> Option<Stamped> {
         placement: placement::read(n.pid),
     });
     Some(Stamped::new(boottime_now(), ev))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::decode::What;
+    use crate::identity::ticks_per_second;
+    use crate::lineage::graph::testing::record;
+
+    /// Forty processes the graph holds as zombies (their exits recorded long ago) that /proc
+    /// still shows: at most [`RELEASE_READS`] of them are read a turn, and none again before
+    /// its wait is over; nothing is reported gone.
+    #[test]
+    fn zombies_proc_still_shows_are_read_a_few_a_turn_then_each_after_its_wait() {
+        let mut children: Vec<std::process::Child> = (0..40)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("600")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut g = LineageGraph::new(100);
+        for child in &children {
+            let stat = procfs::read_stat(child.id()).unwrap();
+            g.add_seed(seed_of(&stat, false));
+            let start = stat.start_ticks * (1_000_000_000 / ticks_per_second());
+            record(&mut g, 1, (stat.pid, start), What::Exit { status: 0 });
+        }
+        assert_eq!(g.zombie_count(), 40);
+        let mut upkeep = Upkeep::default();
+        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
+        assert_eq!(upkeep.lingering.len(), RELEASE_READS);
+        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
+        assert_eq!(upkeep.lingering.len(), 40);
+        let due = |u: &Upkeep| -> Vec<u64> { u.lingering.values().map(|r| r.at).collect() };
+        let (before, now) = (due(&upkeep), boottime_now());
+        assert!(before.iter().all(|&at| at > now), "each waits");
+        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
+        let (mut after, mut before) = (due(&upkeep), before);
+        after.sort();
+        before.sort();
+        assert_eq!(after, before, "none read again before its wait is over");
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Reaped (by this test), the probes detached: every one looked at in one turn,
+        // reported reaped from /proc.
+        let found = upkeep.check_released(&mut g, Duration::ZERO);
+        let reaped = |s: &Stamped| matches!(&*s.event, Event::Reaped(r) if r.from_proc);
+        assert_eq!(found.iter().filter(|s| reaped(s)).count(), 40, "{found:?}");
+        assert_eq!(g.zombie_count(), 0);
+        assert!(upkeep.lingering.is_empty());
+    }
 }

@@ -442,3 +442,27 @@ fn gateways_that_come_and_go_are_pruned_like_any_process() {
     assert_eq!(g.live_gateways(), 1);
     assert_counts(&g);
 }
+
+/// A zombie left unreaped while 10,000 others exit and are reaped: the walk of the zombies
+/// finds it alone, in exit order with a later one, and what it walks stays within twice the
+/// zombies (not the 10,000 exits recorded).
+#[test]
+fn the_zombies_walk_is_as_long_as_the_zombies_not_as_the_exits_recorded() {
+    let mut g = LineageGraph::new(100);
+    gateway(&mut g, 100);
+    let kept = node_of(g.apply(&fork(200, 5_000, 100, 100)));
+    g.apply(&ev(1, 200, 5_000, What::Exit { status: 0 }));
+    for i in 0..10_000u32 {
+        let (pid, start) = (1000 + i % 20_000, 10_000 + u64::from(i));
+        g.apply(&fork(pid, start, 100, 100));
+        g.apply(&ev(2, pid, start, What::Exit { status: 0 }));
+        // As an exit leaves it (the reap that follows leaves it as it is).
+        assert!(g.exit_order.len() <= 2 * g.zombie_count() + 64);
+        g.apply(&ev(3, pid, start, What::Free));
+    }
+    let later = node_of(g.apply(&fork(300, 50_000, 100, 100)));
+    g.apply(&ev(4, 300, 50_000, What::Exit { status: 0 }));
+    let zombies: Vec<NodeId> = g.zombies().map(|n| n.id).collect();
+    assert_eq!(zombies, [kept, later]);
+    assert_counts(&g);
+}

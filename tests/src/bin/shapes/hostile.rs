@@ -123,6 +123,16 @@ pub(crate) fn many_fds(truth: &str) -> Value {
     })
 }
 
+/// `hostile-zombies`: the orphan leaves 8,000 children unreaped, each exited at once: as many
+/// zombies that /proc shows for as long as it lives (killed at the end, they are reaped by
+/// whoever takes them).
+pub(crate) fn many_zombies(truth: &str) -> Value {
+    beside_a_fork_loop(truth, || {
+        let zombies: Vec<u32> = (0..8000).map(|_| fork_then(|| 0)).collect();
+        json!({ "zombies": zombies })
+    })
+}
+
 /// `hostile-maps`: the orphan holds 60,000 mappings (alternately read-only and writable, so
 /// that none merge), then forks, so that its mappings are read for the site it forked from.
 pub(crate) fn many_mappings(truth: &str) -> Value {

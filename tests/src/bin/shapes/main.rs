@@ -84,6 +84,7 @@ fn main() {
         "hostile-loop" => hostile::fork_loop_when_let_go(truth),
         "hostile-fds" => hostile::many_fds(truth),
         "hostile-maps" => hostile::many_mappings(truth),
+        "hostile-zombies" => hostile::many_zombies(truth),
         "hostile-peers" => hostile::many_peers(truth),
         "hostile-args" => hostile::huge_args(truth),
         "hostile-args-run" => hostile::huge_args_run(truth),
