@@ -59,13 +59,24 @@ pub fn drop_all_but(keep: &CapsHashSet) -> Result<Option<anyhow::Error>> {
     Ok(refused)
 }
 
-/// Drops every capability but `keep` from the bounding set; stops at the first refused.
+/// Drops every capability but `keep` from the bounding set, each tried (a refusal of one,
+/// an LSM's, leaves the others dropped); an error names those refused.
 fn narrow_bounding(keep: &CapsHashSet) -> Result<()> {
+    let mut refused = Vec::new();
+    let mut first = None;
     for cap in caps::all() {
-        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-            caps::drop(None, CapSet::Bounding, cap)
-                .with_context(|| format!("dropping {cap} from the bounding set"))?;
+        if !keep.contains(&cap)
+            && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false)
+            && let Err(e) = caps::drop(None, CapSet::Bounding, cap)
+        {
+            refused.push(cap.to_string());
+            first.get_or_insert(e);
         }
     }
-    Ok(())
+    let Some(e) = first else {
+        return Ok(());
+    };
+    refused.sort();
+    let what = format!("dropping {} from the bounding set", refused.join(", "));
+    Err(anyhow::Error::new(e).context(what))
 }

@@ -107,8 +107,8 @@ fn a_process_holding_as_many_fds_as_its_limit_allows_is_judged_on_a_bounded_look
 }
 
 /// A process that leaves 8,000 children unreaped: each is a zombie /proc shows, and the
-/// reader looks for a few of them a turn, each less often as it stays (it looked for every
-/// one at every turn: 8,000 reads of /proc ten times a second, a third of a core here). Its
+/// reader looks for 32 of them a turn, in turns (it looked for every one at every turn:
+/// 8,000 reads of /proc ten times a second, a third of a core here). Its
 /// read calls (`syscr` of its /proc/PID/io, which counts them whatever the machine's speed)
 /// settle once their flags are raised, to a few hundred a second, while they are held
 /// (checked).

@@ -103,7 +103,8 @@ fn a_refused_bounding_set_drop_gives_up_the_rest() {
     use std::os::unix::process::CommandExt;
     let bounding_before = caps::read(None, caps::CapSet::Bounding).unwrap();
     let ((eff, prm, bnd, inh, nnp), stderr) = privileges_after_ready_in(&[], |cmd| {
-        // SAFETY: one prctl installing a filter built before, between fork and exec.
+        // SAFETY: one prctl installing a filter built on the child's stack, between fork
+        // and exec.
         unsafe { cmd.pre_exec(refuse_bounding_drops) };
     });
     eprintln!("{stderr}");

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use reaper_common::EventKind;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashSet as HashSet;
 
 use super::graph::{Change, LineageGraph, NodeId, Seed};
 use super::seed::{TrackedMap, seed_of};
@@ -50,23 +50,29 @@ pub struct Upkeep {
     /// Live processes the kernel does not follow: their end is learnt from /proc.
     unfollowed: HashSet<NodeId>,
     pending_reparents: Vec<PendingReparent>,
-    /// Zombies /proc still showed when last looked at: when to look again (see
-    /// [`Upkeep::check_released`]).
-    lingering: HashMap<NodeId, Recheck>,
+    /// The zombie (its exit time and node) whose release was the last looked for: the next
+    /// turn goes on after it (see [`Upkeep::check_released`]).
+    released_cursor: Option<(u64, NodeId)>,
 }
 
-/// When a zombie still in /proc is looked at again, and the wait that led there.
-struct Recheck {
-    at: u64,
-    wait: u64,
-}
-
-/// The first wait before a zombie /proc still shows is looked at again; each look doubles it.
-const RECHECK_FIRST: Duration = Duration::from_secs(1);
-/// The longest wait between two looks at a zombie /proc still shows.
-const RECHECK_MOST: Duration = Duration::from_secs(32);
 /// Zombies looked for in /proc a turn, at most.
 const RELEASE_READS: usize = 32;
+
+/// Up to `cap` of the zombies `zombies()` gives (each its exit time and node, in exit order),
+/// those after `cursor` first, then from the first: each in its turn.
+fn in_turn<I: Iterator<Item = (u64, NodeId)>>(
+    zombies: impl Fn() -> I,
+    cursor: Option<(u64, NodeId)>,
+    cap: usize,
+) -> Vec<(u64, NodeId)> {
+    let Some(cursor) = cursor else {
+        return zombies().take(cap).collect();
+    };
+    let mut chosen: Vec<(u64, NodeId)> = zombies().filter(|&z| z > cursor).take(cap).collect();
+    let left = cap - chosen.len();
+    chosen.extend(zombies().filter(|&z| z <= cursor).take(left));
+    chosen
+}
 
 impl Upkeep {
     /// Goes on from a checkpoint: `reported` losses are not reported again; `resync`: the
@@ -129,58 +135,41 @@ impl Upkeep {
     /// `min_age`: how long ago the exit must be ([`FREE_LAG`] while tracing; zero once the
     /// probes are detached, since no free can come any more).
     ///
-    /// A zombie /proc still shows (its parent has not reaped it) is looked at again after
-    /// twice the wait of the last look, from [`RECHECK_FIRST`] to [`RECHECK_MOST`], and at most
-    /// [`RELEASE_READS`] are read a turn: a process that leaves thousands of children
-    /// unreaped costs the reader a few reads a turn, not thousands. Zombies are walked in
-    /// the order they exited, up to the first too young to look at.
+    /// At most [`RELEASE_READS`] zombies are read a turn, taken in turns (those after the
+    /// last read first, then from the oldest): a process that leaves thousands of children
+    /// unreaped costs the reader a few reads a turn, not thousands, and a zombie among them is
+    /// looked at again within as many turns as there are zombies over that cap; with fewer,
+    /// every one is looked at every turn. Zombies are walked in the order they exited, up to
+    /// the first too young to look at.
     pub fn check_released(&mut self, graph: &mut LineageGraph, min_age: Duration) -> Vec<Stamped> {
         if graph.zombie_count() == 0 {
-            self.lingering.clear();
+            self.released_cursor = None;
             return Vec::new(); // the common case: nothing to walk
         }
         let now = boottime_now();
         let settled = now.saturating_sub(min_age.as_nanos() as u64);
         // The probes detached: no free can come, every zombie is looked at now.
-        let last_look = min_age.is_zero();
-        let mut reads = 0;
-        let mut lagging = Vec::new();
-        for n in graph.zombies() {
-            let Some(exited) = n.exited.as_ref() else {
-                continue;
-            };
-            // The rest exited later (but for exits a few microseconds apart on two CPUs,
-            // looked at on the next turn).
-            if exited.ts > settled {
-                break;
-            }
-            if !last_look {
-                if self.lingering.get(&n.id).is_some_and(|r| r.at > now) {
-                    continue;
-                }
-                if reads == RELEASE_READS {
-                    break;
-                }
-            }
-            reads += 1;
-            match n.process().still_same() {
-                None => lagging.push(n.id),
-                Some(_) => {
-                    let first = RECHECK_FIRST.as_nanos() as u64 / 2;
-                    let r = (self.lingering.entry(n.id)).or_insert(Recheck { at: 0, wait: first });
-                    r.wait = (r.wait * 2).min(RECHECK_MOST.as_nanos() as u64);
-                    r.at = now.saturating_add(r.wait);
-                }
-            }
-        }
+        let cap = match min_age.is_zero() {
+            true => usize::MAX,
+            false => RELEASE_READS,
+        };
+        let old_enough = || {
+            (graph.zombies())
+                .filter_map(|n| Some((n.exited.as_ref()?.ts, n.id)))
+                // The rest exited later (but for exits a few microseconds apart on two
+                // CPUs, looked at on the next turn).
+                .take_while(|&(ts, _)| ts <= settled)
+        };
+        let this_turn = in_turn(old_enough, self.released_cursor, cap);
+        self.released_cursor = this_turn.last().copied();
+        let lagging: Vec<NodeId> = (this_turn.iter())
+            .filter_map(|&(_, id)| graph.node(id))
+            .filter(|n| n.process().still_same().is_none())
+            .map(|n| n.id)
+            .collect();
         let mut found = Vec::new();
         for id in lagging {
-            self.lingering.remove(&id);
             report_gone(graph, id, &mut found);
-        }
-        // Those reaped since (their free came): as many as the zombies at most.
-        if self.lingering.len() > graph.zombie_count() {
-            (self.lingering).retain(|&id, _| graph.node(id).is_some_and(|n| n.zombie()));
         }
         found
     }
@@ -391,21 +380,53 @@ mod tests {
     use crate::identity::ticks_per_second;
     use crate::lineage::graph::testing::record;
 
-    /// Forty processes the graph holds as zombies (their exits recorded long ago) that /proc
-    /// still shows: at most [`RELEASE_READS`] of them are read a turn, and none again before
-    /// its wait is over; nothing is reported gone.
+    /// Zombies are taken in turns, `cap` a turn: those after the last taken first, then from
+    /// the first; with no more than `cap`, every one every turn.
     #[test]
-    fn zombies_proc_still_shows_are_read_a_few_a_turn_then_each_after_its_wait() {
-        let mut children: Vec<std::process::Child> = (0..40)
-            .map(|_| {
-                std::process::Command::new("sleep")
-                    .arg("600")
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+    fn zombies_are_looked_at_in_turns_of_at_most_the_cap() {
+        let zombies: Vec<(u64, NodeId)> = (1..=10).map(|i| (i * 100, i)).collect();
+        let all = || zombies.iter().copied();
+        let ids = |t: &[(u64, NodeId)]| t.iter().map(|&(_, id)| id).collect::<Vec<_>>();
+        let first = in_turn(all, None, 4);
+        assert_eq!(ids(&first), [1, 2, 3, 4]);
+        let second = in_turn(all, first.last().copied(), 4);
+        assert_eq!(ids(&second), [5, 6, 7, 8]);
+        let third = in_turn(all, second.last().copied(), 4);
+        assert_eq!(ids(&third), [9, 10, 1, 2], "then from the first");
+        // The last one taken reaped since: the turn goes on after where it was.
+        let fourth = in_turn(|| all().filter(|&(_, id)| id != 2), Some((200, 2)), 4);
+        assert_eq!(ids(&fourth), [3, 4, 5, 6]);
+        let few = in_turn(|| all().take(3), Some((200, 2)), 4);
+        assert_eq!(ids(&few), [3, 1, 2], "fewer than the cap: every one");
+    }
+
+    /// Forty processes the graph holds as zombies (their exits recorded long ago) that /proc
+    /// still shows are not reported; once reaped (here by this test) and the probes detached,
+    /// every one is, in one turn.
+    #[test]
+    fn zombies_gone_from_proc_are_reported_reaped_and_those_it_shows_are_not() {
+        /// Killed and waited for however the test ends.
+        struct Children(Vec<std::process::Child>);
+        impl Drop for Children {
+            fn drop(&mut self) {
+                for child in &mut self.0 {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+        let children = Children(
+            (0..40)
+                .map(|_| {
+                    std::process::Command::new("sleep")
+                        .arg("600")
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        );
         let mut g = LineageGraph::new(100);
-        for child in &children {
+        for child in &children.0 {
             let stat = procfs::read_stat(child.id()).unwrap();
             g.add_seed(seed_of(&stat, false));
             let start = stat.start_ticks * (1_000_000_000 / ticks_per_second());
@@ -413,28 +434,13 @@ mod tests {
         }
         assert_eq!(g.zombie_count(), 40);
         let mut upkeep = Upkeep::default();
-        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
-        assert_eq!(upkeep.lingering.len(), RELEASE_READS);
-        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
-        assert_eq!(upkeep.lingering.len(), 40);
-        let due = |u: &Upkeep| -> Vec<u64> { u.lingering.values().map(|r| r.at).collect() };
-        let (before, now) = (due(&upkeep), boottime_now());
-        assert!(before.iter().all(|&at| at > now), "each waits");
-        assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
-        let (mut after, mut before) = (due(&upkeep), before);
-        after.sort();
-        before.sort();
-        assert_eq!(after, before, "none read again before its wait is over");
-        for child in &mut children {
-            let _ = child.kill();
-            let _ = child.wait();
+        for _ in 0..3 {
+            assert!(upkeep.check_released(&mut g, FREE_LAG).is_empty());
         }
-        // Reaped (by this test), the probes detached: every one looked at in one turn,
-        // reported reaped from /proc.
+        drop(children);
         let found = upkeep.check_released(&mut g, Duration::ZERO);
         let reaped = |s: &Stamped| matches!(&*s.event, Event::Reaped(r) if r.from_proc);
         assert_eq!(found.iter().filter(|s| reaped(s)).count(), 40, "{found:?}");
         assert_eq!(g.zombie_count(), 0);
-        assert!(upkeep.lingering.is_empty());
     }
 }

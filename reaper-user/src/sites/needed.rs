@@ -10,8 +10,11 @@
 //! need are not followed: the C library is named by the executable itself.
 //!
 //! The executable and every candidate are files a traced process may control: opened as
-//! [`Checked`], read in bounded pieces, at most [`NEEDED_READ`] names and [`RUN_PATHS_READ`]
-//! run paths taken from it.
+//! [`Checked`], read in bounded pieces; of its dynamic section, the first [`ENTRIES_READ`]
+//! entries are read, and [`NEEDED_READ`] names and [`RUN_PATHS_READ`] run paths taken, each
+//! of a bounded length; [`CANDIDATES_OPENED`] files are opened at most. The candidates are
+//! found in reaper-trace's own mount namespace: a spawner in a container of its own finds
+//! none there.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -25,6 +28,13 @@ use crate::untrusted::Checked;
 const NEEDED_READ: usize = 32;
 /// Run paths of one executable that are looked in, at most.
 const RUN_PATHS_READ: usize = 8;
+/// Entries of its dynamic section read, at most (a linker writes a few dozen).
+const ENTRIES_READ: usize = 1024;
+/// Files opened for their build id for one executable, at most.
+const CANDIDATES_OPENED: usize = 64;
+/// The longest library name (a file name), and the longest run path list, taken.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
 
 /// Where the dynamic loader looks for a library no run path holds, on this architecture
 /// (Debian's multiarch directories first, then those of other distributions).
@@ -59,6 +69,9 @@ pub fn library_of(exe: &Checked, exe_path: &Path, id: &BuildId) -> Option<(Check
     let mut tried = HashSet::new();
     for name in &needed {
         for dir in &dirs {
+            if tried.len() == CANDIDATES_OPENED {
+                return None;
+            }
             // Links resolved (`libfoo.so.1` is a link to its version), each file tried once.
             let Ok(path) = std::fs::canonicalize(dir.join(name)) else {
                 continue;
@@ -85,29 +98,34 @@ fn dynamic_names(exe: &Checked) -> Option<(Vec<String>, Vec<String>)> {
     let table = (file.elf_section_table())
         .dynamic_table(file.endian(), &reader)
         .ok()?;
-    let (mut needed, mut runpath, mut rpath) = (Vec::new(), Vec::new(), Vec::new());
-    for entry in &table {
-        let list = match entry.tag {
-            elf::DT_NEEDED => &mut needed,
-            elf::DT_RUNPATH => &mut runpath,
-            elf::DT_RPATH => &mut rpath,
+    let (mut needed, mut runpath, mut rpath) = (Vec::new(), None, None);
+    // Each kept only while its cap is not met, and only at a bounded length: what is taken
+    // is bounded before anything is copied, whatever the section holds.
+    for entry in table.iter().take(ENTRIES_READ) {
+        let (room, longest) = match entry.tag {
+            elf::DT_NEEDED => (needed.len() < NEEDED_READ, NAME_MAX),
+            elf::DT_RUNPATH => (runpath.is_none(), PATH_MAX),
+            elf::DT_RPATH => (rpath.is_none(), PATH_MAX),
             _ => continue,
         };
-        let Some(text) = table
-            .string(entry)
-            .ok()
-            .and_then(|s| std::str::from_utf8(s).ok())
-        else {
+        let text = (table.string(entry).ok())
+            .filter(|s| room && s.len() <= longest)
+            .and_then(|s| std::str::from_utf8(s).ok());
+        let Some(text) = text else {
             continue;
         };
-        list.push(text.to_string());
+        match entry.tag {
+            elf::DT_NEEDED if !text.contains('/') && !text.is_empty() => {
+                needed.push(text.to_string());
+            }
+            elf::DT_RUNPATH => runpath = Some(text.to_string()),
+            elf::DT_RPATH => rpath = Some(text.to_string()),
+            _ => {}
+        }
     }
-    needed.retain(|name| !name.contains('/') && !name.is_empty());
-    needed.truncate(NEEDED_READ);
     // The loader ignores DT_RPATH where DT_RUNPATH is given.
-    let run_paths = if runpath.is_empty() { rpath } else { runpath };
-    let run_paths: Vec<String> = (run_paths.iter())
-        .flat_map(|list| list.split(':'))
+    let run_paths = runpath.or(rpath).unwrap_or_default();
+    let run_paths: Vec<String> = (run_paths.split(':'))
         .filter(|dir| !dir.is_empty())
         .take(RUN_PATHS_READ)
         .map(str::to_string)
