@@ -129,9 +129,9 @@ pub struct LineageGraph {
     live: usize,
     zombies: usize,
     /// The zombies in the order their exits were recorded, among entries of processes reaped
-    /// or pruned since (let go once they outnumber the zombies: see
-    /// [`LineageGraph::set_exited`]): a walk of the zombies is as long as they are, not as
-    /// the graph (10,000 live processes and one zombie).
+    /// or pruned since (let go of when an exit finds them more than twice the zombies: see
+    /// [`LineageGraph::set_exited`]): a walk of the zombies is about as long as they are, not
+    /// as the graph (10,000 live processes and one zombie).
     exit_order: VecDeque<NodeId>,
     /// Gateway nodes, oldest first: pruned like any node, once reaped with no retained
     /// descendant (a gateway that restarts every second is a node a second).
@@ -233,8 +233,8 @@ impl LineageGraph {
             .collect()
     }
 
-    /// Exited processes not yet reaped, in the order their exits were recorded (the kernel's
-    /// order of exit, but for exits on two CPUs within the same few microseconds).
+    /// Exited processes not yet reaped, in the order their exits were recorded (for exits read
+    /// from the ring, the kernel's order, but for exits on two CPUs a few microseconds apart).
     pub fn zombies(&self) -> impl Iterator<Item = &Node> {
         (self.exit_order.iter())
             .filter_map(|&id| self.nodes.get(id))

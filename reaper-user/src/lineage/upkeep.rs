@@ -137,9 +137,9 @@ impl Upkeep {
     ///
     /// At most [`RELEASE_READS`] zombies are read a turn, taken in turns (those after the
     /// last read first, then from the oldest): a process that leaves thousands of children
-    /// unreaped costs the reader a few reads a turn, not thousands, and a zombie among them is
-    /// looked at again within as many turns as there are zombies over that cap; with fewer,
-    /// every one is looked at every turn. Zombies are walked in the order they exited, up to
+    /// unreaped costs the reader a few reads a turn, not thousands, and each zombie is looked
+    /// at again within a turn for every [`RELEASE_READS`] of them; with fewer, every one is
+    /// looked at every turn. Zombies are walked in the order they exited, up to
     /// the first too young to look at.
     pub fn check_released(&mut self, graph: &mut LineageGraph, min_age: Duration) -> Vec<Stamped> {
         if graph.zombie_count() == 0 {
