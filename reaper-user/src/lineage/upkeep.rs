@@ -59,18 +59,23 @@ pub struct Upkeep {
 const RELEASE_READS: usize = 32;
 
 /// Up to `cap` of the zombies `zombies()` gives (each its exit time and node, in exit order),
-/// those after `cursor` first, then from the first: each in its turn.
+/// those after `cursor` in that order first, then from the first: each in its turn. Split by
+/// place, not by exit time, as the order is nearly sorted only (two CPUs' exits a few
+/// microseconds apart): after the cursor's own place, or where a zombie that exited later
+/// than it begins when it was reaped since.
 fn in_turn<I: Iterator<Item = (u64, NodeId)>>(
     zombies: impl Fn() -> I,
     cursor: Option<(u64, NodeId)>,
     cap: usize,
 ) -> Vec<(u64, NodeId)> {
-    let Some(cursor) = cursor else {
-        return zombies().take(cap).collect();
-    };
-    let mut chosen: Vec<(u64, NodeId)> = zombies().filter(|&z| z > cursor).take(cap).collect();
+    let after = cursor.map_or(0, |cursor| {
+        (zombies().position(|z| z.1 == cursor.1).map(|at| at + 1))
+            .or_else(|| zombies().position(|z| z > cursor))
+            .unwrap_or(usize::MAX)
+    });
+    let mut chosen: Vec<(u64, NodeId)> = zombies().skip(after).take(cap).collect();
     let left = cap - chosen.len();
-    chosen.extend(zombies().filter(|&z| z <= cursor).take(left));
+    chosen.extend(zombies().take(after).take(left));
     chosen
 }
 
@@ -135,11 +140,11 @@ impl Upkeep {
     /// `min_age`: how long ago the exit must be ([`FREE_LAG`] while tracing; zero once the
     /// probes are detached, since no free can come any more).
     ///
-    /// At most [`RELEASE_READS`] zombies are read a turn, taken in turns (those after the
-    /// last read first, then from the oldest): a process that leaves thousands of children
-    /// unreaped costs the reader a few reads a turn, not thousands, and each zombie is looked
-    /// at again within a turn for every [`RELEASE_READS`] of them; with fewer, every one is
-    /// looked at every turn. Zombies are walked in the order they exited, up to
+    /// At most [`RELEASE_READS`] zombies are read a turn (a leak scan), taken in turns (those
+    /// after the last read first, then from the oldest): a process that leaves thousands of
+    /// children unreaped costs the reader a few reads a turn, not thousands, and each zombie
+    /// is looked at again within a turn for every [`RELEASE_READS`] of them (while no more
+    /// than that come of age each turn); with fewer, every one is looked at every turn. Zombies are walked in the order they exited, up to
     /// the first too young to look at.
     pub fn check_released(&mut self, graph: &mut LineageGraph, min_age: Duration) -> Vec<Stamped> {
         if graph.zombie_count() == 0 {
@@ -398,6 +403,22 @@ mod tests {
         assert_eq!(ids(&fourth), [3, 4, 5, 6]);
         let few = in_turn(|| all().take(3), Some((200, 2)), 4);
         assert_eq!(ids(&few), [3, 1, 2], "fewer than the cap: every one");
+        let gone_last = in_turn(|| all().take(3), Some((1000, 10)), 4);
+        assert_eq!(ids(&gone_last), [1, 2, 3], "after the last: from the first");
+    }
+
+    /// Two exits recorded out of their time order (two CPUs a few microseconds apart) where a
+    /// turn ends: the one recorded after the cursor is taken next, never skipped.
+    #[test]
+    fn a_zombie_recorded_out_of_time_order_still_comes_in_its_turn() {
+        let mut zombies: Vec<(u64, NodeId)> = (1..=5).map(|i| (i * 100, i)).collect();
+        zombies.swap(2, 3); // 4 (at 400) recorded before 3 (at 300)
+        let all = || zombies.iter().copied();
+        let ids = |t: &[(u64, NodeId)]| t.iter().map(|&(_, id)| id).collect::<Vec<_>>();
+        let first = in_turn(all, None, 3);
+        assert_eq!(ids(&first), [1, 2, 4]);
+        let second = in_turn(all, first.last().copied(), 3);
+        assert_eq!(ids(&second), [3, 5, 1]);
     }
 
     /// Forty processes the graph holds as zombies (their exits recorded long ago) that /proc

@@ -10,9 +10,10 @@
 //! need are not followed: the C library is named by the executable itself.
 //!
 //! The executable and every candidate are files a traced process may control: opened as
-//! [`Checked`], read in bounded pieces; of its dynamic section, the first [`ENTRIES_READ`]
-//! entries are read, and [`NEEDED_READ`] names and [`RUN_PATHS_READ`] run paths taken, each
-//! of a bounded length; [`CANDIDATES_OPENED`] files are opened at most. The candidates are
+//! [`Checked`], read in bounded pieces (its dynamic section one of them); the first
+//! [`ENTRIES_READ`] entries of that section are looked at, [`NEEDED_READ`] names and
+//! [`RUN_PATHS_READ`] run paths taken, each of a bounded length; [`CANDIDATES_OPENED`] files
+//! are opened at most. The candidates are
 //! found in reaper-trace's own mount namespace: a spawner in a container of its own finds
 //! none there.
 use std::collections::HashSet;
@@ -34,7 +35,7 @@ const ENTRIES_READ: usize = 1024;
 const CANDIDATES_OPENED: usize = 64;
 /// The longest library name (a file name), and the longest run path list, taken.
 const NAME_MAX: usize = 255;
-const PATH_MAX: usize = 4096;
+const PATH_MAX: usize = 4095;
 
 /// Where the dynamic loader looks for a library no run path holds, on this architecture
 /// (Debian's multiarch directories first, then those of other distributions).
@@ -99,8 +100,7 @@ fn dynamic_names(exe: &Checked) -> Option<(Vec<String>, Vec<String>)> {
         .dynamic_table(file.endian(), &reader)
         .ok()?;
     let (mut needed, mut runpath, mut rpath) = (Vec::new(), None, None);
-    // Each kept only while its cap is not met, and only at a bounded length: what is taken
-    // is bounded before anything is copied, whatever the section holds.
+    // Each string read only while its list has room, and kept only at a bounded length.
     for entry in table.iter().take(ENTRIES_READ) {
         let (room, longest) = match entry.tag {
             elf::DT_NEEDED => (needed.len() < NEEDED_READ, NAME_MAX),
@@ -108,8 +108,11 @@ fn dynamic_names(exe: &Checked) -> Option<(Vec<String>, Vec<String>)> {
             elf::DT_RPATH => (rpath.is_none(), PATH_MAX),
             _ => continue,
         };
+        if !room {
+            continue;
+        }
         let text = (table.string(entry).ok())
-            .filter(|s| room && s.len() <= longest)
+            .filter(|s| s.len() <= longest)
             .and_then(|s| std::str::from_utf8(s).ok());
         let Some(text) = text else {
             continue;
