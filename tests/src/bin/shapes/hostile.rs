@@ -123,12 +123,12 @@ pub(crate) fn many_fds(truth: &str) -> Value {
     })
 }
 
-/// `hostile-zombies`: the orphan leaves 8,000 children unreaped, each exited at once: as many
+/// `hostile-zombies`: the orphan leaves 2,000 children unreaped, each exited at once: as many
 /// zombies that /proc shows for as long as it lives (killed at the end, they are reaped by
 /// whoever takes them).
 pub(crate) fn many_zombies(truth: &str) -> Value {
     beside_a_fork_loop(truth, || {
-        let zombies: Vec<u32> = (0..8000).map(|_| fork_then(|| 0)).collect();
+        let zombies: Vec<u32> = (0..2000).map(|_| fork_then(|| 0)).collect();
         json!({ "zombies": zombies })
     })
 }
