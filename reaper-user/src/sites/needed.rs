@@ -13,9 +13,8 @@
 //! [`Checked`], read in bounded pieces (its dynamic section one of them); the first
 //! [`ENTRIES_READ`] entries of that section are looked at, [`NEEDED_READ`] names and
 //! [`RUN_PATHS_READ`] run paths taken, each of a bounded length; [`CANDIDATES_OPENED`] files
-//! are opened at most. The candidates are
-//! found in reaper-trace's own mount namespace: a spawner in a container of its own finds
-//! none there.
+//! are tried at most. The candidates are found in reaper-trace's own mount namespace: a
+//! spawner in a container of its own finds none there.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -29,9 +28,9 @@ use crate::untrusted::Checked;
 const NEEDED_READ: usize = 32;
 /// Run paths of one executable that are looked in, at most.
 const RUN_PATHS_READ: usize = 8;
-/// Entries of its dynamic section read, at most (a linker writes a few dozen).
+/// Entries of its dynamic section looked at, at most (a linker writes a few dozen).
 const ENTRIES_READ: usize = 1024;
-/// Files opened for their build id for one executable, at most.
+/// Files tried for their build id for one executable, at most.
 const CANDIDATES_OPENED: usize = 64;
 /// The longest library name (a file name), and the longest run path list, taken.
 const NAME_MAX: usize = 255;
