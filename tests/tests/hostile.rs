@@ -134,14 +134,7 @@ fn a_process_leaving_thousands_of_zombies_costs_a_few_reads_a_turn() {
             let started = events.iter().find(|e| e["event"] == "ready").unwrap();
             let reaper = parent_of(pid(&started["gateway"][0])).expect("reaper-trace's pid");
             // Settling: the flags of 2,000 zombies raised and written.
-            let (settling, mut each) = (Instant::now(), Vec::new());
-            while each.last().is_none_or(|&n| n >= SETTLED)
-                && settling.elapsed() < reaper_tests::patience()
-            {
-                let reads = read_calls(reaper);
-                std::thread::sleep(Duration::from_secs(1));
-                each.push(read_calls(reaper) - reads);
-            }
+            let each = each_second_until_below(|| read_calls(reaper) as f64, SETTLED as f64);
             let reads = read_calls(reaper);
             std::thread::sleep(Duration::from_secs(2));
             let after = read_calls(reaper) - reads;
@@ -160,7 +153,7 @@ fn a_process_leaving_thousands_of_zombies_costs_a_few_reads_a_turn() {
         "the zombies were let go before reaper-trace settled: {each:?}"
     );
     assert!(
-        each.last().is_some_and(|&n| n < SETTLED),
+        each.last().is_some_and(|&n| n < SETTLED as f64),
         "reaper-trace's read calls each second while the zombies were held: {each:?}"
     );
     assert!(
@@ -446,6 +439,18 @@ fn a_library_path_swapped_for_a_fifo_a_socket_or_a_device_blocks_nothing() {
     );
 }
 
+/// How much a counter `count` grew in each second, until a second's growth is under `below`
+/// (capped by the tests' patience): a settling waited for, not a window.
+fn each_second_until_below(count: impl Fn() -> f64, below: f64) -> Vec<f64> {
+    let (settling, mut each) = (Instant::now(), Vec::new());
+    while each.last().is_none_or(|&n| n >= below) && settling.elapsed() < reaper_tests::patience() {
+        let before = count();
+        std::thread::sleep(Duration::from_secs(1));
+        each.push(count() - before);
+    }
+    each
+}
+
 /// CPU seconds process `pid` used so far (user and system).
 fn cpu_secs(pid: u64) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -524,15 +529,7 @@ fn a_flood_of_idle_connections_starves_neither_the_metrics_nor_the_api_nor_the_r
                 // closing the one idle longest) until none is left: then holding the rest
                 // costs next to nothing. A loop retrying an accept that cannot succeed
                 // spins a whole core for as long as the flood lasts, and never settles.
-                let settling = Instant::now();
-                let mut spent = Vec::new();
-                while spent.last().is_none_or(|&s| s >= 0.25)
-                    && settling.elapsed() < reaper_tests::patience()
-                {
-                    let cpu = cpu_secs(reaper);
-                    std::thread::sleep(Duration::from_secs(1));
-                    spent.push(cpu_secs(reaper) - cpu);
-                }
+                let spent = each_second_until_below(|| cpu_secs(reaper), 0.25);
                 let cpu = cpu_secs(reaper);
                 std::thread::sleep(Duration::from_secs(2));
                 let after = cpu_secs(reaper) - cpu;
