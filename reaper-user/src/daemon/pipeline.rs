@@ -97,9 +97,6 @@ pub struct Pipeline {
     /// The processes whose sessions a restart reads again, while any of them waits (see
     /// [`Pipeline::sessions_kept_as`]).
     sessions_rereading: Vec<NodeId>,
-    /// The graph's count of nodes dropped when the sites and the announcer last let go of the
-    /// ids it no longer holds: they look again only once it moved, not at every round.
-    ids_checked_at: Option<u64>,
 }
 
 /// How long after the `-- CMD` gateway's spawn a question naming a process waits for the
@@ -139,7 +136,6 @@ impl Pipeline {
             judged: None,
             command_gateway_spawned: None,
             sessions_rereading: Vec::new(),
-            ids_checked_at: None,
         }
     }
 
@@ -368,17 +364,10 @@ impl Pipeline {
                 (flag.detail.spawned_at, flag.detail.spawned_at_truncated) = site.clone();
             }
         }
-        let dropped = self.graph.nodes_dropped();
-        if self.ids_checked_at != Some(dropped) {
-            if let Some(sites) = self.sites.as_mut() {
-                sites.retain(|id| self.graph.node(id).is_some());
-            }
-            self.gateways.retain(|id| self.graph.node(id).is_some());
-            self.ids_checked_at = Some(dropped);
-        }
         if let Some(sites) = self.sites.as_mut() {
-            sites.bound();
+            sites.retain(|id| self.graph.node(id).is_some());
         }
+        self.gateways.retain(|id| self.graph.node(id).is_some());
         self.out.events(now, found)?;
         if let Some(began) = began {
             self.set_gauges(began);

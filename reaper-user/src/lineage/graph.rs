@@ -251,12 +251,6 @@ impl LineageGraph {
         self.live_gateways
     }
 
-    /// How many nodes the graph ever let go of (pruned): a node id held elsewhere can have
-    /// gone only when this moved.
-    pub fn nodes_dropped(&self) -> u64 {
-        self.nodes.removed()
-    }
-
     /// How many processes are alive (not exited).
     pub fn live_count(&self) -> usize {
         self.live

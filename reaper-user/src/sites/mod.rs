@@ -307,11 +307,6 @@ impl SpawnSites {
         }
     }
 
-    /// Keeps what was learned of the files read within its bound (see [`NativeStacks::bound`]).
-    pub fn bound(&mut self) {
-        self.native.bound();
-    }
-
     /// Whether the native stack of `key` was located.
     fn knows(&self, key: SiteKey) -> bool {
         self.native.knows(key)

@@ -123,11 +123,6 @@ impl NativeStacks {
             self.located.retain(|(stack, _), _| !freed.contains(stack));
             self.named.retain(|(stack, _), _| !freed.contains(stack));
         }
-    }
-
-    /// Keeps the files and build ids learned within their bound (see [`BuildIds::bound`]):
-    /// they grow with the files read, not with the processes the graph lets go of.
-    pub fn bound(&mut self) {
         let located = &self.located;
         self.build_ids.bound(|| {
             let frames = located.values().flat_map(|site| &site.frames);

@@ -86,12 +86,6 @@ impl Nodes {
         true
     }
 
-    /// How many nodes were ever removed: holders of node ids need to look for ids gone only
-    /// when it moved.
-    pub fn removed(&self) -> u64 {
-        self.created - 1 - self.len as u64
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }
@@ -120,10 +114,8 @@ mod tests {
         let second = nodes.next_id();
         nodes.insert(graph.blank_for_test(second, 11));
         assert!(second > first, "ids sort by creation");
-        assert_eq!(nodes.removed(), 0);
         assert!(nodes.remove(first));
         assert!(!nodes.remove(first), "removed once");
-        assert_eq!(nodes.removed(), 1, "counted once");
         let third = nodes.next_id();
         assert_eq!(slot_of(third), slot_of(first), "the freed slot is reused");
         nodes.insert(graph.blank_for_test(third, 12));
@@ -131,6 +123,5 @@ mod tests {
         assert_eq!(nodes.get(third).map(|n| n.pid), Some(12));
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes.values().count(), 2);
-        assert_eq!(nodes.removed(), 1, "a reused slot is no removal");
     }
 }
