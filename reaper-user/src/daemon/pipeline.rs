@@ -365,9 +365,9 @@ impl Pipeline {
             }
         }
         if let Some(sites) = self.sites.as_mut() {
-            sites.retain(|id| self.graph.node(id).is_some());
+            sites.retain(|id| self.graph.holds(id));
         }
-        self.gateways.retain(|id| self.graph.node(id).is_some());
+        self.gateways.retain(|id| self.graph.holds(id));
         self.out.events(now, found)?;
         if let Some(began) = began {
             self.set_gauges(began);

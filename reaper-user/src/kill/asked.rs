@@ -23,7 +23,7 @@ impl Killer {
     ) -> Started {
         let mut all = Started::default();
         // What the graph no longer holds can be decided on no more: let go of it.
-        self.decided.retain(|&id| graph.node(id).is_some());
+        self.decided.retain(|&id| graph.holds(id));
         let dry_run = dry_run || self.opts.dry_run;
         for &id in nodes {
             let Some(node) = graph.node(id).filter(|n| n.alive()) else {

@@ -231,7 +231,7 @@ impl Killer {
         let grace = u64::try_from(self.opts.grace.as_nanos()).unwrap_or(u64::MAX);
         // What the graph no longer holds can be decided on (or respawn) no more: let go of it.
         self.respawns.forget_gone(graph, now);
-        self.decided.retain(|&id| graph.node(id).is_some());
+        self.decided.retain(|&id| graph.holds(id));
         let still: HashSet<(NodeId, Reason)> = active.iter().map(|&(id, r, _)| (id, r)).collect();
         self.offered.retain(|key, _| still.contains(key));
         for &(id, reason, since) in active {

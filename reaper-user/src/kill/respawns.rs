@@ -90,10 +90,9 @@ impl Respawns {
     /// longer holds, the kills of spawners found respawning (their children are judged no
     /// more), and each window that has passed with no child forked within it alive.
     pub(super) fn forget_gone(&mut self, graph: &LineageGraph, now: u64) {
-        self.respawning.retain(|&id| graph.node(id).is_some());
+        self.respawning.retain(|&id| graph.holds(id));
         let respawning = &self.respawning;
-        let kept =
-            |&(spawner, _): &Key| graph.node(spawner).is_some() && !respawning.contains(&spawner);
+        let kept = |&(spawner, _): &Key| graph.holds(spawner) && !respawning.contains(&spawner);
         self.open.retain(|key, _| kept(key));
         self.passed.retain(|key, _| kept(key));
         // A child that may yet be judged a respawn of `key`'s kills.

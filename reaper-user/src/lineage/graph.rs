@@ -216,9 +216,14 @@ impl LineageGraph {
         self.current_id(pid).and_then(|id| self.nodes.get(id))
     }
 
+    /// Whether the graph still holds node `id` (it was not pruned).
+    pub fn holds(&self, id: NodeId) -> bool {
+        self.nodes.contains(id)
+    }
+
     /// Live processes (not exited), in no particular order.
     pub fn alive(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.values().filter(|n| n.alive())
+        self.nodes.alive()
     }
 
     /// The processes that keep a session value (where a session begins, or a gateway's own),
@@ -480,6 +485,7 @@ impl LineageGraph {
         // so that a parent's list holds its live children only (a gateway's thousands of
         // retained dead children would make every fork's insert a big, cold table's).
         let ppid = node.ppid;
+        self.nodes.exited(id);
         if let Some(parent) = self.current_id(ppid).and_then(|p| self.nodes.get_mut(p)) {
             parent.real_children.remove(&id);
         }

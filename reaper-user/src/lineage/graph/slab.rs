@@ -3,6 +3,12 @@
 //! 300-byte node). A [`NodeId`] is the node's creation number in its high 32 bits, so ids
 //! still sort by age, and its slot in the low 32 bits; a freed slot is reused by a later node,
 //! whose id differs, so an id held after its node was pruned finds nothing.
+//!
+//! Beside the nodes, two small tables say what a round asks of every node without reading
+//! one: which id each slot holds (8 bytes a slot, where a node is some 300: whether the graph
+//! still holds an id is one warm read, not a cold node's), and which slots hold a live
+//! process (a bit each: the live processes are found without walking the ten thousand
+//! retained dead ones a day-long audit keeps).
 use super::{Node, NodeId};
 
 const SLOT_BITS: u32 = 32;
@@ -15,6 +21,10 @@ fn slot_of(id: NodeId) -> usize {
 /// The nodes of the graph, by id.
 pub struct Nodes {
     slots: Vec<Option<Node>>,
+    /// The id of each slot's node; 0 (no id) for a free slot.
+    ids: Vec<NodeId>,
+    /// A bit a slot: whether its node is alive (not exited; see [`Nodes::exited`]).
+    live: Vec<u64>,
     /// Slots freed by pruning, reused last-freed first.
     free: Vec<u32>,
     len: usize,
@@ -26,6 +36,8 @@ impl Default for Nodes {
     fn default() -> Self {
         Nodes {
             slots: Vec::new(),
+            ids: Vec::new(),
+            live: Vec::new(),
             // In a steady stream one slot is freed per node pruned and taken by the next
             // node: room for a few, so that the first prune allocates nothing.
             free: Vec::with_capacity(64),
@@ -46,12 +58,19 @@ impl Nodes {
     pub fn insert(&mut self, node: Node) {
         debug_assert_eq!(node.id, self.next_id(), "a node is made for the next id");
         let slot = slot_of(node.id);
+        let (id, alive) = (node.id, node.alive());
         if self.free.last().is_some_and(|&f| f as usize == slot) {
             self.free.pop();
             self.slots[slot] = Some(node);
+            self.ids[slot] = id;
         } else {
             self.slots.push(Some(node));
+            self.ids.push(id);
+            if self.live.len() * 64 < self.slots.len() {
+                self.live.push(0);
+            }
         }
+        self.set_live(slot, alive);
         self.created += 1;
         self.len += 1;
     }
@@ -68,7 +87,23 @@ impl Nodes {
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
-        self.get(id).is_some()
+        self.ids.get(slot_of(id)) == Some(&id)
+    }
+
+    /// Node `id` exited: no longer among the live ones (see [`Nodes::alive`]). The one way a
+    /// node stops being alive (a node never comes back to life).
+    pub fn exited(&mut self, id: NodeId) {
+        if self.contains(id) {
+            self.set_live(slot_of(id), false);
+        }
+    }
+
+    fn set_live(&mut self, slot: usize, alive: bool) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        match alive {
+            true => self.live[word] |= bit,
+            false => self.live[word] &= !bit,
+        }
     }
 
     /// Drops node `id` where it lies (a node is not moved out only to be dropped); its slot
@@ -81,7 +116,10 @@ impl Nodes {
             return false;
         }
         *slot = None;
-        self.free.push(slot_of(id) as u32);
+        let slot = slot_of(id);
+        self.ids[slot] = 0;
+        self.set_live(slot, false);
+        self.free.push(slot as u32);
         self.len -= 1;
         true
     }
@@ -97,12 +135,30 @@ impl Nodes {
     pub fn values(&self) -> impl Iterator<Item = &Node> {
         self.slots.iter().flatten()
     }
+
+    /// The live nodes, in slot order (as [`Nodes::values`] has them), without reading a dead
+    /// one. Each is checked alive as well: an exit is told by [`Nodes::exited`].
+    pub fn alive(&self) -> impl Iterator<Item = &Node> {
+        let slots = self.live.iter().enumerate().flat_map(|(word, &bits)| {
+            let mut bits = bits;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let bit = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    word * 64 + bit
+                })
+            })
+        });
+        slots
+            .filter_map(|slot| self.slots[slot].as_ref())
+            .filter(|n| n.alive())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lineage::graph::LineageGraph;
+    use crate::lineage::graph::{ExitInfo, LineageGraph};
 
     #[test]
     fn a_pruned_nodes_id_finds_nothing_once_its_slot_is_reused() {
@@ -123,5 +179,47 @@ mod tests {
         assert_eq!(nodes.get(third).map(|n| n.pid), Some(12));
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes.values().count(), 2);
+    }
+
+    #[test]
+    fn the_live_nodes_are_found_by_their_bits_as_a_walk_of_every_node_finds_them() {
+        let mut graph = LineageGraph::new(0);
+        let mut nodes = Nodes::default();
+        let mut ids = Vec::new();
+        // Three words of bits, the last one partly used.
+        for pid in 0..150 {
+            let id = nodes.next_id();
+            nodes.insert(graph.blank_for_test(id, pid));
+            ids.push(id);
+        }
+        let walked = |nodes: &Nodes| -> Vec<NodeId> {
+            (nodes.values().filter(|n| n.alive()))
+                .map(|n| n.id)
+                .collect()
+        };
+        let found = |nodes: &Nodes| -> Vec<NodeId> { nodes.alive().map(|n| n.id).collect() };
+        assert_eq!(found(&nodes), ids);
+        // Some exit, some of those are pruned, and their slots go to new, live nodes.
+        for &id in ids.iter().step_by(3) {
+            nodes.get_mut(id).unwrap().exited = Some(ExitInfo {
+                ts: 1,
+                status: None,
+            });
+            nodes.exited(id);
+        }
+        for &id in ids.iter().step_by(6) {
+            assert!(nodes.remove(id));
+            assert!(!nodes.contains(id));
+        }
+        for pid in 200..210 {
+            let id = nodes.next_id();
+            nodes.insert(graph.blank_for_test(id, pid));
+        }
+        assert_eq!(found(&nodes), walked(&nodes));
+        assert_eq!(found(&nodes).len(), 150 - 50 + 10);
+        // An id the graph no longer holds is told no longer alive to no effect.
+        nodes.exited(ids[0]);
+        assert_eq!(found(&nodes), walked(&nodes));
+        assert!(ids.iter().skip(1).step_by(3).all(|&id| nodes.contains(id)));
     }
 }
