@@ -139,19 +139,36 @@ impl Nodes {
     /// The live nodes, in slot order (as [`Nodes::values`] has them), without reading a dead
     /// one. Each is checked alive as well: an exit is told by [`Nodes::exited`].
     pub fn alive(&self) -> impl Iterator<Item = &Node> {
-        let slots = self.live.iter().enumerate().flat_map(|(word, &bits)| {
-            let mut bits = bits;
-            std::iter::from_fn(move || {
-                (bits != 0).then(|| {
-                    let bit = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    word * 64 + bit
-                })
-            })
-        });
+        let slots = LiveSlots {
+            words: &self.live,
+            word: 0,
+            bits: self.live.first().copied().unwrap_or(0),
+        };
         slots
             .filter_map(|slot| self.slots[slot].as_ref())
             .filter(|n| n.alive())
+    }
+}
+
+/// The slots whose bit is set, in order.
+struct LiveSlots<'a> {
+    words: &'a [u64],
+    /// The word being read, and its bits not yet returned.
+    word: usize,
+    bits: u64,
+}
+
+impl Iterator for LiveSlots<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while self.bits == 0 {
+            self.word += 1;
+            self.bits = *self.words.get(self.word)?;
+        }
+        let bit = self.bits.trailing_zeros() as usize;
+        self.bits &= self.bits - 1;
+        Some(self.word * 64 + bit)
     }
 }
 
