@@ -12,7 +12,11 @@ use rustc_hash::FxHashSet as HashSet;
 use super::{FULL_SCAN_EVERY, Inspector, Look};
 use crate::identity::ProcessId;
 use crate::leaks::sampler::{Sample, Sampler};
-use crate::leaks::{channels, findings::Evidence, peers::PeerIndex};
+use crate::leaks::{
+    channels,
+    findings::Evidence,
+    peers::{PeerIndex, PidSet},
+};
 use crate::lineage::graph::{LineageGraph, Node, NodeId};
 use crate::procfs::{
     facts,
@@ -26,7 +30,7 @@ use crate::text::Comm;
 #[derive(Default)]
 pub struct Near {
     among: Vec<(u32, Comm)>,
-    known: HashSet<u32>,
+    known: PidSet,
 }
 
 impl Near {
@@ -39,12 +43,9 @@ impl Near {
     }
 }
 
-/// Every live pid the graph holds, in a set made its size at once (a `why` makes one of
-/// 10,000 on the reader's thread: growing it rehashed it a dozen times).
-fn live_pids(graph: &LineageGraph) -> HashSet<u32> {
-    let mut known = HashSet::with_capacity_and_hasher(graph.live_count(), Default::default());
-    known.extend(graph.alive().map(|n| n.pid));
-    known
+/// Every live pid the graph holds.
+fn live_pids(graph: &LineageGraph) -> PidSet {
+    graph.alive().map(|n| n.pid).collect()
 }
 
 /// Reads what evidence needs from /proc and the kernel's sockets: a process's sample, and the
@@ -173,7 +174,7 @@ fn gather(peers: &mut PeerIndex, id: NodeId, sample: Sample, near: &Near) -> Evi
 fn add_peers(
     peers: &mut PeerIndex,
     among: impl Iterator<Item = (u32, Comm)>,
-    known: &HashSet<u32>,
+    known: &PidSet,
     evidence: &mut [&mut Evidence],
 ) {
     if evidence.is_empty() {
