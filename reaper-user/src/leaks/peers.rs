@@ -26,8 +26,17 @@ pub struct PidSet {
     words: Vec<u64>,
 }
 
+/// No pid reaches this (the kernel's `PID_MAX_LIMIT` on 64-bit machines).
+const PID_LIMIT: u32 = 1 << 22;
+
 impl PidSet {
+    /// Puts `pid` in, unless no process can have it (a damaged kept state's): left out, a scan
+    /// of /proc reads it like any process the graph does not know, and the set stays within
+    /// 512 KiB.
     pub fn insert(&mut self, pid: u32) {
+        if pid >= PID_LIMIT {
+            return;
+        }
         let word = pid as usize / 64;
         if word >= self.words.len() {
             self.words.resize(word + 1, 0);
@@ -268,6 +277,11 @@ mod tests {
         for pid in [0, 2, 62, 65, 32_766, 4_194_302, 4_194_304, u32::MAX] {
             assert!(!set.contains(pid), "{pid}");
         }
+        let past: PidSet = [u32::MAX].into_iter().collect();
+        assert!(
+            past.words.is_empty(),
+            "no pid is that large: nothing held for it"
+        );
         assert!(!PidSet::default().contains(0));
     }
 

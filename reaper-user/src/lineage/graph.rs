@@ -481,11 +481,11 @@ impl LineageGraph {
             }
         }
         node.exited = Some(info);
+        let ppid = node.ppid;
+        self.nodes.exited(id);
         // An exited process is nobody's orphan to be: its real parent stops listing it now,
         // so that a parent's list holds its live children only (a gateway's thousands of
         // retained dead children would make every fork's insert a big, cold table's).
-        let ppid = node.ppid;
-        self.nodes.exited(id);
         if let Some(parent) = self.current_id(ppid).and_then(|p| self.nodes.get_mut(p)) {
             parent.real_children.remove(&id);
         }

@@ -87,7 +87,8 @@ impl Nodes {
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
-        self.ids.get(slot_of(id)) == Some(&id)
+        // 0 marks a free slot, and is no node's id.
+        id != 0 && self.ids.get(slot_of(id)) == Some(&id)
     }
 
     /// Node `id` exited: no longer among the live ones (see [`Nodes::alive`]). The one way a
@@ -238,5 +239,18 @@ mod tests {
         nodes.exited(ids[0]);
         assert_eq!(found(&nodes), walked(&nodes));
         assert!(ids.iter().skip(1).step_by(3).all(|&id| nodes.contains(id)));
+        assert!(
+            !nodes.contains(0),
+            "0 is no id, though a free slot holds it"
+        );
+        assert_eq!(Nodes::default().alive().count(), 0, "an empty slab");
+        // Exactly one word of bits, its last slot live.
+        let mut word = Nodes::default();
+        for pid in 0..64 {
+            let id = word.next_id();
+            word.insert(graph.blank_for_test(id, pid));
+        }
+        assert_eq!((word.live.len(), word.alive().count()), (1, 64));
+        assert_eq!(word.alive().last().map(|n| n.pid), Some(63));
     }
 }

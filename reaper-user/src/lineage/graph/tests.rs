@@ -231,6 +231,11 @@ fn a_free_after_a_release_learnt_from_proc_is_a_duplicate() {
 /// The kept counts agree with a walk of the graph.
 fn assert_counts(g: &LineageGraph) {
     assert_eq!(g.live_count(), g.alive().count(), "live");
+    let live_walked: Vec<NodeId> = (g.nodes.values().filter(|n| n.alive()))
+        .map(|n| n.id)
+        .collect();
+    let live: Vec<NodeId> = g.alive().map(|n| n.id).collect();
+    assert_eq!(live, live_walked, "the live nodes' bits");
     assert_eq!(g.zombie_count(), g.zombies().count(), "zombies");
     let walked: Vec<u32> = g
         .nodes
