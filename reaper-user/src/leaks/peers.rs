@@ -10,6 +10,7 @@
 //! the machine, which is cheap once in a while and costly every second.
 use std::time::{Duration, Instant};
 
+use bit_set::BitSet;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::FdFact;
@@ -22,38 +23,23 @@ use crate::text::Comm;
 /// new flags, on the reader's thread, and asked of only by a scan of /proc: at 10,000 live
 /// processes a hash set's inserts took 0.3 ms.
 #[derive(Default)]
-pub struct PidSet {
-    words: Vec<u64>,
-}
+pub struct PidSet(BitSet);
 
 /// No pid reaches this (the kernel's `PID_MAX_LIMIT` on 64-bit machines).
 const PID_LIMIT: u32 = 1 << 22;
 
 impl PidSet {
-    /// Puts `pid` in, unless no process can have it (a damaged kept state's): left out, a scan
-    /// of /proc reads it like any process the graph does not know, and the set stays within
-    /// 512 KiB.
-    pub fn insert(&mut self, pid: u32) {
-        if pid >= PID_LIMIT {
-            return;
-        }
-        let word = pid as usize / 64;
-        if word >= self.words.len() {
-            self.words.resize(word + 1, 0);
-        }
-        self.words[word] |= 1 << (pid % 64);
-    }
-
     pub fn contains(&self, pid: u32) -> bool {
-        (self.words.get(pid as usize / 64)).is_some_and(|w| w & (1 << (pid % 64)) != 0)
+        self.0.contains(pid as usize)
     }
 }
 
+/// Every pid in, but one no process can have (a damaged kept state's): left out, a scan of
+/// /proc reads it like any process the graph does not know, and the set stays within 512 KiB.
 impl FromIterator<u32> for PidSet {
     fn from_iter<I: IntoIterator<Item = u32>>(pids: I) -> PidSet {
-        let mut set = PidSet::default();
-        pids.into_iter().for_each(|pid| set.insert(pid));
-        set
+        let possible = pids.into_iter().filter(|&pid| pid < PID_LIMIT);
+        PidSet(possible.map(|pid| pid as usize).collect())
     }
 }
 
@@ -279,7 +265,7 @@ mod tests {
         }
         let past: PidSet = [u32::MAX].into_iter().collect();
         assert!(
-            past.words.is_empty(),
+            past.0.get_ref().is_empty(),
             "no pid is that large: nothing held for it"
         );
         assert!(!PidSet::default().contains(0));

@@ -9,6 +9,8 @@
 //! still holds an id is one warm read, not a cold node's), and which slots hold a live
 //! process (a bit each: the live processes are found without walking the ten thousand
 //! retained dead ones a day-long audit keeps).
+use bit_set::BitSet;
+
 use super::{Node, NodeId};
 
 const SLOT_BITS: u32 = 32;
@@ -23,8 +25,8 @@ pub struct Nodes {
     slots: Vec<Option<Node>>,
     /// The id of each slot's node; 0 (no id) for a free slot.
     ids: Vec<NodeId>,
-    /// A bit a slot: whether its node is alive (not exited; see [`Nodes::exited`]).
-    live: Vec<u64>,
+    /// The slots whose node is alive (not exited; see [`Nodes::exited`]).
+    live: BitSet,
     /// Slots freed by pruning, reused last-freed first.
     free: Vec<u32>,
     len: usize,
@@ -37,7 +39,7 @@ impl Default for Nodes {
         Nodes {
             slots: Vec::new(),
             ids: Vec::new(),
-            live: Vec::new(),
+            live: BitSet::new(),
             // In a steady stream one slot is freed per node pruned and taken by the next
             // node: room for a few, so that the first prune allocates nothing.
             free: Vec::with_capacity(64),
@@ -66,11 +68,11 @@ impl Nodes {
         } else {
             self.slots.push(Some(node));
             self.ids.push(id);
-            if self.live.len() * 64 < self.slots.len() {
-                self.live.push(0);
-            }
         }
-        self.set_live(slot, alive);
+        match alive {
+            true => self.live.insert(slot),
+            false => self.live.remove(slot),
+        };
         self.created += 1;
         self.len += 1;
     }
@@ -95,15 +97,7 @@ impl Nodes {
     /// node stops being alive (a node never comes back to life).
     pub fn exited(&mut self, id: NodeId) {
         if self.contains(id) {
-            self.set_live(slot_of(id), false);
-        }
-    }
-
-    fn set_live(&mut self, slot: usize, alive: bool) {
-        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
-        match alive {
-            true => self.live[word] |= bit,
-            false => self.live[word] &= !bit,
+            self.live.remove(slot_of(id));
         }
     }
 
@@ -119,7 +113,7 @@ impl Nodes {
         *slot = None;
         let slot = slot_of(id);
         self.ids[slot] = 0;
-        self.set_live(slot, false);
+        self.live.remove(slot);
         self.free.push(slot as u32);
         self.len -= 1;
         true
@@ -140,36 +134,9 @@ impl Nodes {
     /// The live nodes, in slot order (as [`Nodes::values`] has them), without reading a dead
     /// one. Each is checked alive as well: an exit is told by [`Nodes::exited`].
     pub fn alive(&self) -> impl Iterator<Item = &Node> {
-        let slots = LiveSlots {
-            words: &self.live,
-            word: 0,
-            bits: self.live.first().copied().unwrap_or(0),
-        };
-        slots
+        (self.live.iter())
             .filter_map(|slot| self.slots[slot].as_ref())
             .filter(|n| n.alive())
-    }
-}
-
-/// The slots whose bit is set, in order.
-struct LiveSlots<'a> {
-    words: &'a [u64],
-    /// The word being read, and its bits not yet returned.
-    word: usize,
-    bits: u64,
-}
-
-impl Iterator for LiveSlots<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        while self.bits == 0 {
-            self.word += 1;
-            self.bits = *self.words.get(self.word)?;
-        }
-        let bit = self.bits.trailing_zeros() as usize;
-        self.bits &= self.bits - 1;
-        Some(self.word * 64 + bit)
     }
 }
 
@@ -250,7 +217,7 @@ mod tests {
             let id = word.next_id();
             word.insert(graph.blank_for_test(id, pid));
         }
-        assert_eq!((word.live.len(), word.alive().count()), (1, 64));
+        assert_eq!(word.alive().count(), 64);
         assert_eq!(word.alive().last().map(|n| n.pid), Some(63));
     }
 }
