@@ -310,8 +310,38 @@ fn warn_if_short_of_disk(root: &Path) {
     }
 }
 
+/// The workspace's and the fuzz crate's lock files hold every dependency the manifests name:
+/// a build would otherwise rewrite a stale one silently, and `.ci/run` fails a run that leaves
+/// the checkout changed, an hour later. `--locked` makes it an error here, in seconds.
+fn check_lock_files(root: &Path) -> Result<()> {
+    for manifest in ["Cargo.toml", "fuzz/Cargo.toml"] {
+        let args = [
+            "metadata",
+            "--locked",
+            "--format-version",
+            "1",
+            "--manifest-path",
+            manifest,
+        ];
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(args)
+            .current_dir(root)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("running cargo {}", args.join(" ")))?;
+        if !out.success() {
+            bail!(
+                "{manifest}'s lock file is out of date: `cargo update --workspace \
+                 --manifest-path {manifest}` brings it up to date; commit it"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn test(root: &Path, vm: bool, dist: bool, order: host_tests::Order) -> Result<()> {
     warn_if_short_of_disk(root);
+    check_lock_files(root)?;
     let fetching = fixtures::fetch(root, dist, vm);
     cargo(root, &["fmt", "--all", "--", "--check"]).context("formatting: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
@@ -474,6 +504,12 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_files_hold_what_the_manifests_name() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        check_lock_files(root).unwrap();
+    }
 
     #[test]
     fn docs_testing_md_says_the_disk_a_run_takes_as_the_warning_does() {
