@@ -58,7 +58,8 @@ pub enum Source {
 /// One program.
 #[derive(Debug)]
 pub struct Tool {
-    /// Its name on the PATH, or an absolute path where a test names one.
+    /// Its name on the PATH, or an absolute path where a test names one (or where a file
+    /// stands for a library: a header of a C library).
     pub program: &'static str,
     pub source: Source,
     pub needed_by: &'static [Need],
@@ -94,6 +95,10 @@ pub const TOOLS: &[Tool] = &[
     tool("bpf-linker", Crate("bpf-linker"), ALL, "links the eBPF programs (`cargo xtask setup`)"),
     tool("cc", Debian("gcc"), ALL, "links the binaries; builds the spawn-site shapes' C spawner (tests/build.rs)"),
     tool("aarch64-linux-gnu-gcc", Debian("gcc-aarch64-linux-gnu"), &[Test, Dist, Vm], "builds the spawn-site shapes' C spawner for aarch64 (the workspace's clippy for aarch64); links the arm64 guests' binaries and the arm64 packages' binary"),
+    // The compilers' C libraries: Debian has the compilers only recommend them, and the
+    // installs below leave recommendations out. A header stands for each.
+    tool("/usr/include/stdio.h", Debian("libc6-dev"), ALL, "the C library `cc` compiles and links against"),
+    tool("/usr/aarch64-linux-gnu/include/stdio.h", Debian("libc6-dev-arm64-cross"), &[Test, Dist, Vm], "the arm64 C library `aarch64-linux-gnu-gcc` compiles and links against"),
     tool("apt-get", Debian("apt"), ALL, "installs this table's Debian packages and fetches kernels"),
     tool("apt-cache", Debian("apt"), &[Vm], "finds the newest kernel of each series"),
     tool("git", Debian("git"), &[Test, Dist, Bench], "the commit `--version` names; `bench --before` worktrees"),
