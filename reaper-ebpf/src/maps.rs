@@ -1,5 +1,7 @@
 //! Maps and load-time globals shared by the probes. Each static is named as in
 //! `reaper_common::names`, which is how the loader finds it.
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
@@ -219,7 +221,10 @@ pub fn tracked_current(start: impl FnOnce() -> Option<u64>) -> Option<(u32, u64)
 #[inline(always)]
 pub fn count_loss(slot: u32) {
     if let Some(counter) = LOSSES.get_ptr_mut(slot) {
-        // SAFETY: per-CPU value, no concurrent writer on this CPU while the program runs.
-        unsafe { *counter += 1 };
+        // SAFETY: a valid, 8-byte aligned map value. Added atomically though it is this
+        // CPU's: BTF tracepoint programs nest when they are different programs, and the free
+        // probe runs from an RCU callback, in a softirq that may interrupt a fork or exit
+        // probe on this very CPU between a plain add's load and its store, losing a count.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
     }
 }
