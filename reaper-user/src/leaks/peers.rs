@@ -25,9 +25,6 @@ use crate::text::Comm;
 #[derive(Default)]
 pub struct PidSet(BitSet);
 
-/// No pid reaches this (the kernel's `PID_MAX_LIMIT` on 64-bit machines).
-const PID_LIMIT: u32 = 1 << 22;
-
 impl PidSet {
     pub fn contains(&self, pid: u32) -> bool {
         self.0.contains(pid as usize)
@@ -38,7 +35,7 @@ impl PidSet {
 /// /proc reads it like any process the graph does not know, and the set stays within 512 KiB.
 impl FromIterator<u32> for PidSet {
     fn from_iter<I: IntoIterator<Item = u32>>(pids: I) -> PidSet {
-        let possible = pids.into_iter().filter(|&pid| pid < PID_LIMIT);
+        let possible = pids.into_iter().filter(|&pid| pid < procfs::PID_MAX_LIMIT);
         PidSet(possible.map(|pid| pid as usize).collect())
     }
 }

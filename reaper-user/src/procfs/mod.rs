@@ -34,6 +34,10 @@ pub struct Stat {
     pub start_ticks: u64,
 }
 
+/// The kernel's largest `pid_max` on 64-bit machines (`PID_MAX_LIMIT`): no process has a pid
+/// this high; a file that says one (a damaged checkpoint, an odd audit) is wrong.
+pub const PID_MAX_LIMIT: u32 = 1 << 22;
+
 /// `PF_KTHREAD`: a kernel thread.
 pub const PF_KTHREAD: u64 = 0x0020_0000;
 

@@ -7,7 +7,14 @@
 //! use, not for the range: a page of [`PAGE`] pids exists while one of its pids names a node.
 //! Emptied pages are kept for the next ones (a few): as pids advance, the range in use moves
 //! page by page, and the steady state allocates nothing.
+//!
+//! No process has a pid past the kernel's limit, but a file can say one (a damaged
+//! checkpoint, an audit read back by `--from`): those few are kept in a hash map beside the
+//! table, so that an odd number grows nothing but that map, by one entry.
+use rustc_hash::FxHashMap;
+
 use super::NodeId;
+use crate::procfs::PID_MAX_LIMIT;
 
 const PAGE_BITS: u32 = 6;
 /// Pids per page: 64 ids are 512 bytes, eight cache lines.
@@ -23,13 +30,12 @@ struct Page {
 
 /// How many emptied pages are kept for reuse.
 const SPARE_PAGES: usize = 16;
-/// The kernel's largest pid_max on 64-bit hosts (`PID_MAX_LIMIT`): the table of pages covers
-/// it from the start. It is allocated zeroed and untouched, so only the parts of it whose pids
-/// are in use become resident (4 KiB per 32768 pids), and it never grows on the record's path.
-const PID_LIMIT: usize = 1 << 22;
 
 /// Pid → the newest node with that pid.
 pub struct PidIndex {
+    /// A page a [`PAGE`] pids, up to the kernel's limit, from the start: allocated zeroed and
+    /// untouched, so only the parts whose pids are in use become resident (4 KiB per 32768
+    /// pids), and it never grows.
     pages: Vec<Option<Box<Page>>>,
     /// Emptied pages (all zero), for the next pages needed.
     #[expect(
@@ -37,13 +43,16 @@ pub struct PidIndex {
         reason = "a page moves to and from the table without a copy"
     )]
     spare: Vec<Box<Page>>,
+    /// The nodes of pids past the table (read from a file, never from the kernel).
+    beyond: FxHashMap<u32, NodeId>,
 }
 
 impl Default for PidIndex {
     fn default() -> Self {
         PidIndex {
-            pages: vec![None; PID_LIMIT >> PAGE_BITS],
+            pages: vec![None; (PID_MAX_LIMIT >> PAGE_BITS) as usize],
             spare: Vec::with_capacity(SPARE_PAGES),
+            beyond: FxHashMap::default(),
         }
     }
 }
@@ -55,7 +64,10 @@ fn split(pid: u32) -> (usize, usize) {
 impl PidIndex {
     pub fn get(&self, pid: u32) -> Option<NodeId> {
         let (page, slot) = split(pid);
-        let id = self.pages.get(page)?.as_ref()?.ids[slot];
+        let Some(page) = self.pages.get(page) else {
+            return self.beyond.get(&pid).copied();
+        };
+        let id = page.as_ref()?.ids[slot];
         (id != 0).then_some(id)
     }
 
@@ -63,12 +75,12 @@ impl PidIndex {
     pub fn insert(&mut self, pid: u32, id: NodeId) {
         debug_assert_ne!(id, 0, "no node's id is 0");
         let (page, slot) = split(pid);
-        // Only a pid over the kernel's limit, which no process has, is past the table.
-        if self.pages.len() <= page {
-            self.pages.resize_with(page + 1, || None);
-        }
+        let Some(page) = self.pages.get_mut(page) else {
+            self.beyond.insert(pid, id);
+            return;
+        };
         let spare = &mut self.spare;
-        let page = self.pages[page].get_or_insert_with(|| {
+        let page = page.get_or_insert_with(|| {
             spare.pop().unwrap_or_else(|| {
                 Box::new(Page {
                     ids: [0; PAGE],
@@ -85,7 +97,11 @@ impl PidIndex {
     /// Forgets `pid`'s node; its page goes with its last pid.
     pub fn remove(&mut self, pid: u32) {
         let (index, slot) = split(pid);
-        let Some(Some(page)) = self.pages.get_mut(index) else {
+        let Some(page) = self.pages.get_mut(index) else {
+            self.beyond.remove(&pid);
+            return;
+        };
+        let Some(page) = page else {
             return;
         };
         if page.ids[slot] == 0 {
@@ -125,5 +141,23 @@ mod tests {
         );
         index.insert(4_194_303, 1);
         assert_eq!(index.get(4_194_303), Some(1));
+    }
+
+    #[test]
+    fn a_pid_past_the_kernels_limit_is_kept_beside_the_table_which_never_grows() {
+        let mut index = PidIndex::default();
+        let table = index.pages.len();
+        for pid in [1 << 22, u32::MAX] {
+            assert_eq!(index.get(pid), None);
+            index.insert(pid, 5);
+            index.insert(pid, 6);
+            assert_eq!(index.get(pid), Some(6), "{pid}");
+        }
+        assert_eq!(index.pages.len(), table, "the table did not grow");
+        assert!(index.pages.iter().all(Option::is_none));
+        index.remove(u32::MAX);
+        assert_eq!((index.get(u32::MAX), index.get(1 << 22)), (None, Some(6)));
+        index.remove(1 << 22);
+        assert!(index.beyond.is_empty());
     }
 }
