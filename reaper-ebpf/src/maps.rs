@@ -222,9 +222,9 @@ pub fn tracked_current(start: impl FnOnce() -> Option<u64>) -> Option<(u32, u64)
 pub fn count_loss(slot: u32) {
     if let Some(counter) = LOSSES.get_ptr_mut(slot) {
         // SAFETY: a valid, 8-byte aligned map value. Added atomically though it is this
-        // CPU's: BTF tracepoint programs nest when they are different programs, and the free
-        // probe runs from an RCU callback, in a softirq that may interrupt a fork or exit
-        // probe on this very CPU between a plain add's load and its store, losing a count.
+        // CPU's: raw and BTF tracepoint programs have no CPU-wide guard against nesting, and
+        // the free probe runs from an RCU callback, usually in a softirq, which can interrupt
+        // any other probe on this CPU between a plain add's load and its store.
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
     }
 }

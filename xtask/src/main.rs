@@ -44,7 +44,7 @@ commands:
   demo             trace the bundled leaky example gateway for a few seconds
   run [ARGS...]    build (release) and run reaper-trace with ARGS
   test [--no-vm] [--no-dist] [--reverse]
-                   fmt and clippy checks, unit tests, the kernel integration tests on this
+                   lock files, fmt and clippy checks, unit tests, the kernel integration tests on this
                    kernel, 15 s of each fuzz target; unless --no-dist, `dist` and the tests
                    of its package, binary and image; unless --no-vm, the integration tests
                    on Debian's 5.10 (the refusal), 6.1 and 6.12 under qemu; with --reverse,
@@ -331,8 +331,9 @@ fn check_lock_files(root: &Path) -> Result<()> {
             .with_context(|| format!("running cargo {}", args.join(" ")))?;
         if !out.success() {
             bail!(
-                "{manifest}'s lock file is out of date: `cargo update --workspace \
-                 --manifest-path {manifest}` brings it up to date; commit it"
+                "`cargo metadata --locked` failed for {manifest} (cargo's error above); a \
+                 lock file out of date is brought up to date by `cargo update --workspace \
+                 --manifest-path {manifest}` at the top of the checkout: commit it"
             );
         }
     }

@@ -10,7 +10,9 @@ use crate::{
 
 #[btf_tracepoint(function = "sched_process_free")]
 pub fn sched_process_free(ctx: BtfTracePointContext) -> u32 {
-    // Runs from an RCU callback: `current` is unrelated, only the argument counts.
+    // Runs from an RCU callback: `current` is unrelated, only the argument counts. Usually in
+    // a softirq, which can interrupt another probe on this CPU: so no per-CPU scratch map
+    // here (theirs are theirs alone only while nothing nests into them).
     let task = Task(ctx.arg::<*const u8>(0));
     let pid = task.pid();
     let Some(entry) = TRACKED.get_ptr_mut(pid) else {

@@ -33,9 +33,9 @@ const SPARE_PAGES: usize = 16;
 
 /// Pid → the newest node with that pid.
 pub struct PidIndex {
-    /// A page a [`PAGE`] pids, up to the kernel's limit, from the start: allocated zeroed and
-    /// untouched, so only the parts whose pids are in use become resident (4 KiB per 32768
-    /// pids), and it never grows.
+    /// A slot for each page of [`PAGE`] pids up to the kernel's limit, from the start:
+    /// zeroed and untouched, so only the parts whose pids are in use become resident (4 KiB
+    /// per 32768 pids), and it never grows.
     pages: Vec<Option<Box<Page>>>,
     /// Emptied pages (all zero), for the next pages needed.
     #[expect(
@@ -154,6 +154,16 @@ mod tests {
             assert_eq!(index.get(pid), Some(6), "{pid}");
         }
         assert_eq!(index.pages.len(), table, "the table did not grow");
+        index.insert(5, 7);
+        index.insert((1 << 22) | 5, 8);
+        assert_eq!((index.get(5), index.get((1 << 22) | 5)), (Some(7), Some(8)));
+        index.remove((1 << 22) | 5);
+        assert_eq!(
+            index.get(5),
+            Some(7),
+            "5 and the pid past the limit with 5's low bits are two pids"
+        );
+        index.remove(5);
         assert!(index.pages.iter().all(Option::is_none));
         index.remove(u32::MAX);
         assert_eq!((index.get(u32::MAX), index.get(1 << 22)), (None, Some(6)));
