@@ -69,10 +69,10 @@ impl Nodes {
             self.slots.push(Some(node));
             self.ids.push(id);
         }
-        match alive {
-            true => self.live.insert(slot),
-            false => self.live.remove(slot),
-        };
+        // A free slot's bit was cleared when its node was removed, and a new slot has none.
+        if alive {
+            self.live.insert(slot);
+        }
         self.created += 1;
         self.len += 1;
     }
@@ -134,7 +134,8 @@ impl Nodes {
     /// The live nodes, in slot order (as [`Nodes::values`] has them), without reading a dead
     /// one. Each is checked alive as well: an exit is told by [`Nodes::exited`].
     pub fn alive(&self) -> impl Iterator<Item = &Node> {
-        (self.live.iter())
+        self.live
+            .iter()
             .filter_map(|slot| self.slots[slot].as_ref())
             .filter(|n| n.alive())
     }
